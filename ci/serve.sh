@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Serves the default model: fetches it (cached), builds the release binary, starts the server
+# on 127.0.0.1:8080 (override with --bind ADDR or ORCHD_BIND; --config PATH for a TOML file).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ci/fetch-model.sh >/dev/null
+exec cargo run --release -p orchestratord -- "$@"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# The project's test command: fetches the default model (cached) and runs every test of the
+# workspace, real model included.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ci/fetch-model.sh >/dev/null
+cargo test --workspace --all-targets "$@"

@@ -1,0 +1,22 @@
+//! Wire types of orchestratord: requests, responses, SSE payloads, the error envelope and its
+//! stable codes. Serde for the wire, utoipa for the generated OpenAPI documents.
+
+pub mod capabilities;
+pub mod error;
+pub mod pool;
+pub mod session;
+pub mod sse;
+pub mod task;
+
+/// The API version; equals OpenAPI `info.version` and `Capabilities.api_version`.
+pub const API_VERSION: &str = "1.0.0";
+
+pub use capabilities::{Capabilities, PoolCapability, QueueCapability};
+pub use error::{ErrorCode, ErrorEnvelope};
+pub use pool::{DrainRequest, PoolHealth, PoolList, PoolMetrics, ReloadRequest, ReloadResponse};
+pub use session::SessionInfo;
+pub use sse::{SseEnd, SseError, SseMetrics, SseStarted, SseToken};
+pub use task::{
+    AdmissionResponse, ChatTurn, Priority, StopField, StreamLinks, TaskRecord, TaskRequest,
+    TaskState, TaskStatus, TaskTimings, TerminalEvent, TranscriptEvent,
+};

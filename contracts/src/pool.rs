@@ -1,0 +1,76 @@
+//! Control-plane bodies: pool health, drain, reload.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Counters and gauges of one pool.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PoolMetrics {
+    pub slots_busy: u32,
+    pub tasks_started: u64,
+    pub tasks_finished: u64,
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+    pub restarts: u64,
+    pub model_load_ms: u64,
+    /// Smoothed task service time (EWMA), when measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_ms_ewma: Option<u64>,
+    /// While draining: time left until running tasks are ended.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline_remaining_ms: Option<u64>,
+}
+
+/// `GET /v1/pools/{id}/health`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"pool_id": "default", "live": true, "ready": true, "draining": false, "state": "ready", "model_ref": "SmolLM2-135M-Instruct.Q4_1.gguf", "engine": "candle", "engine_version": "0.1.0+candle-0.11.1", "slots_total": 4, "slots_free": 3, "queue_depth": 0, "last_error": null, "metrics": {"slots_busy": 1, "tasks_started": 10, "tasks_finished": 9, "reloads_ok": 0, "reloads_failed": 0, "restarts": 0, "model_load_ms": 820}}))]
+pub struct PoolHealth {
+    pub pool_id: String,
+    pub live: bool,
+    pub ready: bool,
+    pub draining: bool,
+    /// `loading` | `ready` | `draining` | `drained` | `reloading` | `unready`
+    pub state: String,
+    pub model_ref: String,
+    pub engine: String,
+    pub engine_version: String,
+    pub slots_total: u32,
+    pub slots_free: u32,
+    /// Queued tasks this pool could serve.
+    pub queue_depth: u32,
+    pub last_error: Option<String>,
+    pub metrics: PoolMetrics,
+}
+
+/// `GET /v1/pools`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PoolList {
+    pub pools: Vec<PoolHealth>,
+}
+
+/// `POST /v1/pools/{id}/drain`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"deadline_ms": 5000}))]
+pub struct DrainRequest {
+    /// Running tasks still going after this many ms end with a retriable error.
+    pub deadline_ms: u64,
+}
+
+/// `POST /v1/pools/{id}/reload`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"new_model_ref": "/models/SmolLM2-135M-Instruct.Q4_1.gguf"}))]
+pub struct ReloadRequest {
+    /// Path of the GGUF to serve instead.
+    pub new_model_ref: String,
+}
+
+/// 200 reply of a successful reload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"pool_id": "default", "model_ref": "/models/SmolLM2-135M-Instruct.Q4_1.gguf", "load_ms": 910}))]
+pub struct ReloadResponse {
+    pub pool_id: String,
+    pub model_ref: String,
+    pub load_ms: u64,
+}

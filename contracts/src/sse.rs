@@ -1,0 +1,63 @@
+//! Payloads of the five SSE events of `GET /v1/tasks/{id}/stream`.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::error::ErrorCode;
+
+/// First event of every stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"queue_position": 2, "predicted_start_ms": 840}))]
+pub struct SseStarted {
+    /// Tasks ahead of this one when it was admitted.
+    pub queue_position: u32,
+    /// Predicted wait until a slot starts it, from the measured service rate.
+    pub predicted_start_ms: u64,
+}
+
+/// One generated token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"t": " Paris", "i": 5}))]
+pub struct SseToken {
+    /// Text the token completed (may be empty while a character is incomplete).
+    pub t: String,
+    /// Zero-based index of the token.
+    pub i: u32,
+}
+
+/// Scheduling signals, at most once per configured interval. Additive only.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"queue_depth": 3, "on_time_probability": 0.97, "tokens_out": 12, "tokens_budget_remaining": 3900, "time_budget_remaining_ms": 58000}))]
+pub struct SseMetrics {
+    pub queue_depth: u32,
+    /// Estimated probability the task finishes by its deadline (1.0 without a deadline).
+    pub on_time_probability: f64,
+    pub tokens_out: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tokens_budget_remaining: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub time_budget_remaining_ms: Option<u64>,
+}
+
+/// Successful terminal event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"tokens_out": 24, "decode_time_ms": 410, "decode_ms": 410, "finish_reason": "stop"}))]
+pub struct SseEnd {
+    pub tokens_out: u32,
+    pub decode_time_ms: u64,
+    /// Same as `decode_time_ms` (older name, kept for clients of the draft spec).
+    pub decode_ms: u64,
+    /// `stop` | `length` | `cancelled`
+    pub finish_reason: String,
+}
+
+/// Failing terminal event; nothing follows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"code": "QUEUE_FULL_DROP_LRU", "message": "evicted from a full queue by a newer task", "retriable": true, "retry_after_ms": 1200}))]
+pub struct SseError {
+    pub code: ErrorCode,
+    pub message: String,
+    pub retriable: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
+}

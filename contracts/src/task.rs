@@ -1,0 +1,213 @@
+//! Task submission, admission and the per-task record.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::error::ErrorCode;
+use crate::sse::{SseEnd, SseError};
+
+/// Scheduling class: `interactive` tasks always leave the queue before `batch` tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Priority {
+    #[default]
+    Interactive,
+    Batch,
+}
+
+impl Priority {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Interactive => "interactive",
+            Self::Batch => "batch",
+        }
+    }
+}
+
+/// One chat turn.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ChatTurn {
+    /// `system` | `user` | `assistant`
+    pub role: String,
+    pub content: String,
+}
+
+/// A stop sequence or a list of them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum StopField {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl StopField {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Self::One(s) => vec![s],
+            Self::Many(v) => v,
+        }
+    }
+}
+
+/// A generation task. Exactly one of `prompt` or `messages` is required; the rest is optional.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"prompt": "Write a haiku about the sea.", "max_tokens": 32, "priority": "interactive", "seed": 7, "session_id": "s-42"}))]
+pub struct TaskRequest {
+    /// Raw prompt text, tokenized as is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    /// Chat turns, rendered with the model's own chat template.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<ChatTurn>>,
+    /// Tokens to generate at most (default from config).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// Model to run; defaults to the default pool's model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Client idempotency key: resubmitting an existing id returns that task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority: Option<Priority>,
+    /// Sampling seed; a random one is chosen and recorded when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// 0 = greedy (default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<StopField>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f32>,
+    /// Pin override: run on this pool only, never elsewhere.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_id: Option<String>,
+    /// The task must finish within this many ms of submission; infeasible ones are refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// Output packaging hint (`text` | `json` | `edits`); unknown values are ignored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_mode: Option<String>,
+}
+
+/// Where to read a task's events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct StreamLinks {
+    /// Path of the SSE stream.
+    pub sse: String,
+}
+
+/// 202 reply of `POST /v1/tasks`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"task_id": "6f1c0d9e-2b7a-4c1e-9a43-1f0d7f2b9c11", "queue_position": 0, "predicted_start_ms": 0, "backoff_ms": 0, "streams": {"sse": "/v1/tasks/6f1c0d9e-2b7a-4c1e-9a43-1f0d7f2b9c11/stream"}}))]
+pub struct AdmissionResponse {
+    pub task_id: String,
+    pub queue_position: u32,
+    pub predicted_start_ms: u64,
+    /// Advisory pause before submitting more work (0 when the queue is short).
+    pub backoff_ms: u64,
+    pub streams: StreamLinks,
+}
+
+/// Where a task is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskState {
+    Queued,
+    Running,
+    Completed,
+    Cancelled,
+    Failed,
+}
+
+/// How a task ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(tag = "event", rename_all = "lowercase")]
+pub enum TerminalEvent {
+    End(SseEnd),
+    Error(SseError),
+}
+
+/// One event of the transcript, as streamed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TranscriptEvent {
+    /// `started` | `token` | `metrics` | `end` | `error`
+    pub event: String,
+    #[schema(value_type = Object)]
+    pub data: serde_json::Value,
+}
+
+/// Timings of a task, in ms.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TaskTimings {
+    /// Submission to the start of decoding on a slot.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queued_ms: Option<u64>,
+    /// Submission to the first token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<u64>,
+    /// First token to the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub decode_time_ms: Option<u64>,
+    /// Submission to the terminal event.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_ms: Option<u64>,
+}
+
+/// The per-task record (artifact): params with the prompt redacted, placement, timings,
+/// terminal event and transcript. Every admitted task leaves one, failed ones too.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TaskRecord {
+    pub task_id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_id: Option<String>,
+    pub correlation_id: String,
+    pub priority: Priority,
+    /// The request with `prompt` and message contents replaced by `[redacted N chars]`.
+    #[schema(value_type = Object)]
+    pub params: serde_json::Value,
+    pub seed: u64,
+    pub max_tokens: u32,
+    pub prompt_tokens: u32,
+    pub tokens_out: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_version: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model_ref: Option<String>,
+    pub ctx: u32,
+    pub timings: TaskTimings,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub terminal: Option<TerminalEvent>,
+    pub transcript: Vec<TranscriptEvent>,
+}
+
+/// `GET /v1/tasks/{id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct TaskStatus {
+    pub task_id: String,
+    pub state: TaskState,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<ErrorCode>,
+    pub record: TaskRecord,
+}

@@ -1,0 +1,297 @@
+//! The public face of the engine: load a GGUF, then submit sequences to its decode thread.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::SyncSender;
+use std::sync::Arc;
+use std::time::Instant;
+
+use candle_core::Device;
+
+use crate::chat_template::{ChatMessage, ChatTemplate, TemplateSource};
+use crate::error::{EngineError, Result};
+use crate::hparams::{md_str, Hparams};
+use crate::model::{KvCache, Model};
+use crate::scheduler::{Command, GenerateRequest, Scheduler, Shared};
+use crate::tokenizer::GgufTokenizer;
+use crate::weights::{GgufFile, WeightFormat};
+
+/// Which device runs the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeviceChoice {
+    #[default]
+    Cpu,
+    /// CUDA device ordinal; needs the `cuda` cargo feature.
+    Cuda(usize),
+}
+
+impl std::str::FromStr for DeviceChoice {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        if s == "cpu" {
+            return Ok(Self::Cpu);
+        }
+        if s == "cuda" {
+            return Ok(Self::Cuda(0));
+        }
+        if let Some(n) = s.strip_prefix("cuda:") {
+            return n
+                .parse()
+                .map(Self::Cuda)
+                .map_err(|_| format!("bad CUDA ordinal in {s:?}"));
+        }
+        Err(format!("unknown device {s:?} (cpu | cuda | cuda:N)"))
+    }
+}
+
+impl std::fmt::Display for DeviceChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => write!(f, "cpu"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl DeviceChoice {
+    fn open(self) -> Result<Device> {
+        match self {
+            Self::Cpu => Ok(Device::Cpu),
+            Self::Cuda(n) => {
+                #[cfg(feature = "cuda")]
+                {
+                    Device::new_cuda(n).map_err(|e| EngineError::Device(e.to_string()))
+                }
+                #[cfg(not(feature = "cuda"))]
+                {
+                    Err(EngineError::Device(format!(
+                        "cuda:{n} requested but this build has no `cuda` feature"
+                    )))
+                }
+            }
+        }
+    }
+}
+
+/// How to load and run a model.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub model_path: PathBuf,
+    /// Sequences decoded together (one KV cache row each).
+    pub slots: usize,
+    /// Tokens per sequence (prompt + output); 0 = the model's trained context.
+    pub ctx: usize,
+    /// Compute threads for this engine; 0 = candle's default (physical cores).
+    pub threads: usize,
+    pub device: DeviceChoice,
+    pub weight_format: WeightFormat,
+}
+
+impl EngineOptions {
+    pub fn new(model_path: impl Into<PathBuf>) -> Self {
+        Self {
+            model_path: model_path.into(),
+            slots: 4,
+            ctx: 2048,
+            threads: 0,
+            device: DeviceChoice::Cpu,
+            weight_format: WeightFormat::Auto,
+        }
+    }
+}
+
+/// What was loaded, for capabilities and health.
+#[derive(Debug, Clone)]
+pub struct ModelInfo {
+    pub model_path: PathBuf,
+    /// `general.name` from the GGUF, or the file stem.
+    pub name: String,
+    pub architecture: String,
+    pub ctx: usize,
+    pub ctx_train: usize,
+    pub slots: usize,
+    pub vocab: usize,
+    pub device: DeviceChoice,
+    pub threads: usize,
+    pub weight_format: WeightFormat,
+    pub template: TemplateSource,
+    pub load_ms: u64,
+    /// Bytes reserved for the KV cache of all slots.
+    pub kv_cache_bytes: usize,
+}
+
+/// Version of this engine, reported in capabilities.
+pub const ENGINE_NAME: &str = "candle";
+pub const ENGINE_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+candle-0.11.1");
+
+/// A loaded model with its decode thread. Cheap to share behind an `Arc`.
+pub struct CandleEngine {
+    info: ModelInfo,
+    tokenizer: Arc<GgufTokenizer>,
+    template: ChatTemplate,
+    commands: SyncSender<Command>,
+    shared: Arc<Shared>,
+}
+
+impl CandleEngine {
+    /// Loads the model and starts its decode thread.
+    pub fn load(opts: EngineOptions) -> Result<Self> {
+        let started = Instant::now();
+        if opts.slots == 0 {
+            return Err(EngineError::InvalidParams(
+                "slots must be at least 1".into(),
+            ));
+        }
+        let device = opts.device.open()?;
+        let mut file = GgufFile::open(&opts.model_path)?;
+        let md = &file.content.metadata;
+        let hp = Hparams::from_metadata(md)?;
+        let tokenizer = Arc::new(GgufTokenizer::from_metadata(md)?);
+        let tok_text = |key: &str| {
+            crate::hparams::md_u32(md, key)
+                .ok()
+                .and_then(|id| tokenizer.token_text(id))
+                .unwrap_or_default()
+        };
+        let template = ChatTemplate::new(
+            md_str(md, "tokenizer.chat_template"),
+            tok_text("tokenizer.ggml.bos_token_id"),
+            tok_text("tokenizer.ggml.eos_token_id"),
+        )?;
+        let name = md_str(md, "general.name")
+            .map(str::to_string)
+            .unwrap_or_else(|| file_stem(&opts.model_path));
+        let ctx = if opts.ctx == 0 {
+            hp.ctx_train
+        } else {
+            opts.ctx
+        };
+        if ctx > hp.ctx_train {
+            return Err(EngineError::InvalidParams(format!(
+                "ctx {ctx} exceeds the model's trained context {}",
+                hp.ctx_train
+            )));
+        }
+        let weights = file.load_weights(&hp, &device, opts.weight_format)?;
+        let model = Model::new(hp.clone(), weights, device.clone(), ctx)?;
+        let vocab = model.vocab()?;
+        let cache = KvCache::new(&hp, opts.slots, ctx, &device)?;
+        let threads = if opts.threads == 0 {
+            candle_core::utils::get_num_threads()
+        } else {
+            opts.threads
+        };
+        let shared = Arc::new(Shared {
+            in_flight: AtomicUsize::new(0),
+            alive: AtomicBool::new(true),
+        });
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("candle-compute-{i}"))
+            .build()
+            .map_err(|e| EngineError::Device(format!("thread pool: {e}")))?;
+        let (tx, rx) = std::sync::mpsc::sync_channel(opts.slots * 2);
+        let scheduler = Scheduler::new(model, cache, tokenizer.clone(), opts.slots, shared.clone());
+        std::thread::Builder::new()
+            .name("candle-decode".into())
+            .spawn(move || pool.install(move || scheduler.run(rx)))
+            .map_err(|e| EngineError::Device(format!("cannot start decode thread: {e}")))?;
+        let info = ModelInfo {
+            model_path: opts.model_path.clone(),
+            name,
+            architecture: hp.architecture.clone(),
+            ctx,
+            ctx_train: hp.ctx_train,
+            slots: opts.slots,
+            vocab,
+            device: opts.device,
+            threads,
+            weight_format: opts.weight_format,
+            template: template.source(),
+            load_ms: started.elapsed().as_millis() as u64,
+            kv_cache_bytes: KvCache::bytes(&hp, opts.slots, ctx),
+        };
+        tracing::info!(model = %info.name, ctx, slots = opts.slots, threads, load_ms = info.load_ms, "model loaded");
+        Ok(Self {
+            info,
+            tokenizer,
+            template,
+            commands: tx,
+            shared,
+        })
+    }
+
+    pub fn info(&self) -> &ModelInfo {
+        &self.info
+    }
+
+    pub fn tokenizer(&self) -> &GgufTokenizer {
+        &self.tokenizer
+    }
+
+    /// Renders chat turns with the model's template.
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+        self.template.render(messages)
+    }
+
+    /// Whether the decode thread still runs.
+    pub fn is_alive(&self) -> bool {
+        self.shared.alive.load(Ordering::SeqCst)
+    }
+
+    /// Sequences submitted and not yet finished.
+    pub fn in_flight(&self) -> usize {
+        self.shared.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Checks that a prompt of `prompt_tokens` can generate `max_tokens` within the context.
+    pub fn check_fits(&self, prompt_tokens: usize, max_tokens: usize) -> Result<()> {
+        if prompt_tokens == 0 {
+            return Err(EngineError::InvalidParams("the prompt is empty".into()));
+        }
+        if prompt_tokens + max_tokens > self.info.ctx {
+            return Err(EngineError::ContextOverflow {
+                prompt_tokens,
+                max_tokens,
+                ctx: self.info.ctx,
+            });
+        }
+        Ok(())
+    }
+
+    /// Starts a sequence. Events arrive on `req.events`; fails at once when all slots are busy.
+    pub fn submit(&self, req: GenerateRequest) -> Result<()> {
+        req.sampling.validate()?;
+        if req.max_tokens == 0 {
+            return Err(EngineError::InvalidParams(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
+        self.check_fits(req.prompt_tokens.len(), req.max_tokens)?;
+        if !self.is_alive() {
+            return Err(EngineError::Stopped);
+        }
+        let slots = self.info.slots;
+        self.shared
+            .in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < slots).then_some(n + 1)
+            })
+            .map_err(|_| EngineError::NoFreeSlot(slots))?;
+        if self
+            .commands
+            .send(Command::Submit(Box::new(req), Instant::now()))
+            .is_err()
+        {
+            self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return Err(EngineError::Stopped);
+        }
+        Ok(())
+    }
+}
+
+fn file_stem(p: &Path) -> String {
+    p.file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "model".into())
+}

@@ -1,0 +1,27 @@
+//! engine-candle: GGUF inference of llama-family models on candle, with continuous batching.
+//!
+//! Pure library: no HTTP, no queues. Load a model with [`CandleEngine::load`], then
+//! [`CandleEngine::submit`] sequences; each streams [`SeqEvent`]s through its own bounded channel.
+
+mod chat_template;
+mod engine;
+mod error;
+mod hparams;
+mod model;
+mod sampling;
+mod scheduler;
+mod text_stream;
+mod tokenizer;
+mod weights;
+
+pub use chat_template::{ChatMessage, ChatTemplate, TemplateSource, CHATML_FALLBACK};
+pub use engine::{
+    CandleEngine, DeviceChoice, EngineOptions, ModelInfo, ENGINE_NAME, ENGINE_VERSION,
+};
+pub use error::{EngineError, Result};
+pub use hparams::{Hparams, RopeStyle};
+pub use sampling::{argmax, Sampler, SamplingParams, REPEAT_WINDOW};
+pub use scheduler::{Finish, FinishReason, GenerateRequest, SeqEvent};
+pub use text_stream::{Pushed, TextStream};
+pub use tokenizer::GgufTokenizer;
+pub use weights::WeightFormat;

@@ -1,0 +1,299 @@
+//! The llama-family forward pass over per-sequence KV cache rows, batched across sequences.
+//!
+//! candle's stock `quantized_llama` keeps one cache inside the model and one position for the
+//! whole batch. Here the cache is a preallocated `[slots, kv_heads, ctx, head_dim]` tensor per
+//! layer; each running sequence owns one row and has its own position, so sequences of any
+//! length decode together in one batched pass and join or leave between steps.
+
+use candle_core::{DType, Device, Module, Tensor};
+
+use crate::error::{EngineError, Result};
+use crate::hparams::{Hparams, RopeStyle};
+use crate::weights::Weights;
+
+/// Largest number of prompt tokens pushed through one prefill pass (bounds attention memory).
+pub const PREFILL_CHUNK: usize = 256;
+
+pub(crate) struct Model {
+    pub hp: Hparams,
+    w: Weights,
+    pub device: Device,
+    cos: Tensor,
+    sin: Tensor,
+    ctx: usize,
+}
+
+/// Preallocated key/value storage for `slots` sequences of up to `ctx` tokens.
+pub(crate) struct KvCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+}
+
+impl KvCache {
+    pub fn new(hp: &Hparams, slots: usize, ctx: usize, device: &Device) -> Result<Self> {
+        let shape = (slots, hp.n_head_kv, ctx, hp.head_dim);
+        let mut k = Vec::with_capacity(hp.n_layer);
+        let mut v = Vec::with_capacity(hp.n_layer);
+        for _ in 0..hp.n_layer {
+            k.push(Tensor::zeros(shape, DType::F32, device)?);
+            v.push(Tensor::zeros(shape, DType::F32, device)?);
+        }
+        Ok(Self { k, v })
+    }
+
+    /// Bytes the cache holds for `slots` x `ctx` tokens.
+    pub fn bytes(hp: &Hparams, slots: usize, ctx: usize) -> usize {
+        2 * hp.n_layer * slots * hp.n_head_kv * ctx * hp.head_dim * std::mem::size_of::<f32>()
+    }
+
+    /// Copies the first `len` positions of row `from` into row `to`.
+    pub fn move_row(&self, from: usize, to: usize, len: usize) -> Result<()> {
+        if from == to || len == 0 {
+            return Ok(());
+        }
+        for cache in self.k.iter().chain(self.v.iter()) {
+            let src = cache.narrow(0, from, 1)?.narrow(2, 0, len)?.contiguous()?;
+            cache.narrow(0, to, 1)?.slice_set(&src, 2, 0)?;
+        }
+        Ok(())
+    }
+}
+
+impl Model {
+    pub fn new(hp: Hparams, w: Weights, device: Device, ctx: usize) -> Result<Self> {
+        let half = hp.head_dim / 2;
+        let mut inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / hp.rope_base.powf(2.0 * i as f32 / hp.head_dim as f32))
+            .collect();
+        if let Some(f) = &w.rope_freqs {
+            if f.len() != half {
+                return Err(EngineError::BadModel(format!(
+                    "rope_freqs has {} entries, expected {half}",
+                    f.len()
+                )));
+            }
+            for (x, d) in inv_freq.iter_mut().zip(f) {
+                *x /= *d;
+            }
+        }
+        let mut angles = Vec::with_capacity(ctx * half);
+        for p in 0..ctx {
+            let pos = p as f32 / hp.rope_linear_factor;
+            angles.extend(inv_freq.iter().map(|f| pos * f));
+        }
+        let angles = Tensor::from_vec(angles, (ctx, half), &device)?;
+        Ok(Self {
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+            hp,
+            w,
+            device,
+            ctx,
+        })
+    }
+
+    pub fn ctx(&self) -> usize {
+        self.ctx
+    }
+
+    fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+        Ok(match self.hp.rope_style {
+            RopeStyle::Interleaved => candle_nn::rotary_emb::rope_i(x, cos, sin)?,
+            RopeStyle::Halves => candle_nn::rotary_emb::rope(x, cos, sin)?,
+        })
+    }
+
+    fn qkv(&self, li: usize, h: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let l = &self.w.layers[li];
+        let add = |t: Tensor, b: &Option<Tensor>| -> Result<Tensor> {
+            Ok(match b {
+                Some(b) => t.broadcast_add(b)?,
+                None => t,
+            })
+        };
+        let q = add(l.wq.forward(h)?, &l.bq)?;
+        let k = add(l.wk.forward(h)?, &l.bk)?;
+        let v = add(l.wv.forward(h)?, &l.bv)?;
+        Ok((q, k, v))
+    }
+
+    fn mlp_and_output(&self, li: usize, x: &Tensor, attn: &Tensor) -> Result<Tensor> {
+        let l = &self.w.layers[li];
+        let x = (x + l.wo.forward(attn)?)?;
+        let h = candle_nn::ops::rms_norm(&x, &l.ffn_norm, self.hp.rms_eps)?;
+        let gate = candle_nn::ops::silu(&l.w_gate.forward(&h)?)?;
+        let up = l.w_up.forward(&h)?;
+        Ok((&x + l.w_down.forward(&(gate * up)?)?)?)
+    }
+
+    fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        let x = candle_nn::ops::rms_norm(x, &self.w.out_norm, self.hp.rms_eps)?;
+        Ok(self.w.output.forward(&x)?)
+    }
+
+    fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
+        let ids = Tensor::new(tokens, &self.device)?;
+        Ok(self.w.tok_embd.embedding(&ids)?)
+    }
+
+    /// Runs `tokens` (positions `start..start+len`) of the sequence in cache `row` and returns
+    /// the logits `[vocab]` of the last token.
+    pub fn prefill(
+        &self,
+        cache: &KvCache,
+        row: usize,
+        tokens: &[u32],
+        start: usize,
+    ) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(EngineError::InvalidParams("empty prompt".into()));
+        }
+        if start + tokens.len() > self.ctx {
+            return Err(EngineError::ContextOverflow {
+                prompt_tokens: start + tokens.len(),
+                max_tokens: 0,
+                ctx: self.ctx,
+            });
+        }
+        let mut last = None;
+        let mut pos = start;
+        for chunk in tokens.chunks(PREFILL_CHUNK) {
+            last = Some(self.prefill_chunk(cache, row, chunk, pos)?);
+            pos += chunk.len();
+        }
+        let logits = last.ok_or_else(|| EngineError::InvalidParams("empty prompt".into()))?;
+        Ok(logits.flatten_all()?.to_vec1::<f32>()?)
+    }
+
+    fn prefill_chunk(
+        &self,
+        cache: &KvCache,
+        row: usize,
+        tokens: &[u32],
+        p0: usize,
+    ) -> Result<Tensor> {
+        let hp = &self.hp;
+        let (t, nh, nkv, hd, g) = (
+            tokens.len(),
+            hp.n_head,
+            hp.n_head_kv,
+            hp.head_dim,
+            hp.group_size(),
+        );
+        let total = p0 + t;
+        let cos = self.cos.narrow(0, p0, t)?;
+        let sin = self.sin.narrow(0, p0, t)?;
+        // causal mask over [g*t, total]: row r = gi*t + ti may see columns <= p0 + ti
+        let mut mask = Vec::with_capacity(g * t * total);
+        for _ in 0..g {
+            for ti in 0..t {
+                mask.extend((0..total).map(|c| {
+                    if c <= p0 + ti {
+                        0f32
+                    } else {
+                        f32::NEG_INFINITY
+                    }
+                }));
+            }
+        }
+        let mask = Tensor::from_vec(mask, (g * t, total), &self.device)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut x = self.embed(tokens)?;
+        for li in 0..hp.n_layer {
+            let l = &self.w.layers[li];
+            let h = candle_nn::ops::rms_norm(&x, &l.attn_norm, hp.rms_eps)?;
+            let (q, k, v) = self.qkv(li, &h)?;
+            let q = q.reshape((1, t, nh, hd))?.transpose(1, 2)?.contiguous()?;
+            let q = (self.rope(&q, &cos, &sin)? * scale)?;
+            let k = k.reshape((1, t, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+            let k = self.rope(&k, &cos, &sin)?;
+            let v = v.reshape((1, t, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+            let kc = cache.k[li].narrow(0, row, 1)?;
+            let vc = cache.v[li].narrow(0, row, 1)?;
+            kc.slice_set(&k, 2, p0)?;
+            vc.slice_set(&v, 2, p0)?;
+            let keys = kc.narrow(2, 0, total)?;
+            let vals = vc.narrow(2, 0, total)?;
+            let q = q.reshape((1, nkv, g * t, hd))?;
+            let att = q.matmul(&keys.t()?)?.broadcast_add(&mask)?;
+            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            let out = att
+                .matmul(&vals)?
+                .reshape((1, nh, t, hd))?
+                .transpose(1, 2)?
+                .contiguous()?
+                .reshape((t, nh * hd))?;
+            x = self.mlp_and_output(li, &x, &out)?;
+        }
+        self.logits(&x.narrow(0, t - 1, 1)?)
+    }
+
+    /// One decode step for the sequences in cache rows `0..tokens.len()`: row `b` feeds
+    /// `tokens[b]` at position `positions[b]`. Returns logits `[rows, vocab]`.
+    pub fn decode(
+        &self,
+        cache: &KvCache,
+        tokens: &[u32],
+        positions: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
+        let hp = &self.hp;
+        let b = tokens.len();
+        let (nh, nkv, hd, g) = (hp.n_head, hp.n_head_kv, hp.head_dim, hp.group_size());
+        if b == 0 || positions.len() != b {
+            return Err(EngineError::InvalidParams(
+                "decode batch is empty or inconsistent".into(),
+            ));
+        }
+        let max_pos = positions.iter().copied().max().unwrap_or(0);
+        if max_pos >= self.ctx {
+            return Err(EngineError::ContextOverflow {
+                prompt_tokens: max_pos + 1,
+                max_tokens: 0,
+                ctx: self.ctx,
+            });
+        }
+        let span = max_pos + 1;
+        let pos_u32: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
+        let pos_t = Tensor::new(pos_u32.as_slice(), &self.device)?;
+        let cos = self.cos.index_select(&pos_t, 0)?.reshape((b, 1, hd / 2))?;
+        let sin = self.sin.index_select(&pos_t, 0)?.reshape((b, 1, hd / 2))?;
+        let mut idx = Vec::with_capacity(b * nkv * hd);
+        for &p in &pos_u32 {
+            idx.extend(std::iter::repeat_n(p, nkv * hd));
+        }
+        let idx = Tensor::from_vec(idx, (b, nkv, 1, hd), &self.device)?;
+        let mut mask = Vec::with_capacity(b * span);
+        for &p in positions {
+            mask.extend((0..span).map(|c| if c <= p { 0f32 } else { f32::NEG_INFINITY }));
+        }
+        let mask = Tensor::from_vec(mask, (b, 1, 1, span), &self.device)?;
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut x = self.embed(tokens)?;
+        for li in 0..hp.n_layer {
+            let l = &self.w.layers[li];
+            let h = candle_nn::ops::rms_norm(&x, &l.attn_norm, hp.rms_eps)?;
+            let (q, k, v) = self.qkv(li, &h)?;
+            let q = (self.rope(&q.reshape((b, nh, 1, hd))?, &cos, &sin)? * scale)?;
+            let k = self.rope(&k.reshape((b, nkv, 1, hd))?, &cos, &sin)?;
+            let v = v.reshape((b, nkv, 1, hd))?;
+            let kc = cache.k[li].narrow(0, 0, b)?;
+            let vc = cache.v[li].narrow(0, 0, b)?;
+            kc.scatter_set(&idx, &k, 2)?;
+            vc.scatter_set(&idx, &v, 2)?;
+            let keys = kc.narrow(2, 0, span)?;
+            let vals = vc.narrow(2, 0, span)?;
+            let q = q.reshape((b, nkv, g, hd))?;
+            let att = q.matmul(&keys.t()?)?.broadcast_add(&mask)?;
+            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            let out = att.matmul(&vals)?.reshape((b, nh * hd))?;
+            x = self.mlp_and_output(li, &x, &out)?;
+        }
+        let logits = self.logits(&x)?;
+        Ok(logits.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+    }
+
+    /// Vocabulary size of the output layer.
+    pub fn vocab(&self) -> Result<usize> {
+        Ok(self.w.tok_embd.shape().dims2()?.0)
+    }
+}

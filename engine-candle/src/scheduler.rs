@@ -1,0 +1,418 @@
+//! The decode thread: continuous batching over the cache rows of one loaded model.
+//!
+//! New sequences are prefilled between steps and join the batch; every step decodes all running
+//! sequences in one forward pass; finished or cancelled sequences leave at once and the last row
+//! moves into the freed one so the batch stays dense.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::Sender;
+use tokio_util::sync::CancellationToken;
+
+use crate::model::{KvCache, Model};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::text_stream::TextStream;
+use crate::tokenizer::GgufTokenizer;
+
+/// Why a sequence ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-sequence token or a stop sequence.
+    Stop,
+    /// `max_tokens` reached (or the context filled up).
+    Length,
+    /// The cancellation token fired or the receiver went away.
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+            Self::Cancelled => "cancelled",
+        }
+    }
+}
+
+/// Timings and counts of a finished sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    pub reason: FinishReason,
+    pub prompt_tokens: usize,
+    /// Tokens emitted as `Token` events.
+    pub tokens_out: usize,
+    /// Time from submission until the sequence was prefilled (waiting for a row included).
+    pub prefill_ms: u64,
+    /// Time from the first generated token to the end.
+    pub decode_ms: u64,
+}
+
+/// What a running sequence reports, in order: `Token`* then one `Done` or `Failed`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SeqEvent {
+    /// One generated token and the text it completed (may be empty while a UTF-8 character or
+    /// a possible stop sequence is incomplete).
+    Token {
+        id: u32,
+        text: String,
+        index: usize,
+    },
+    Done(Finish),
+    Failed(String),
+}
+
+/// A generation request for one sequence.
+pub struct GenerateRequest {
+    pub prompt_tokens: Vec<u32>,
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    pub cancel: CancellationToken,
+    pub events: Sender<SeqEvent>,
+}
+
+pub(crate) enum Command {
+    Submit(Box<GenerateRequest>, Instant),
+}
+
+struct Running {
+    req: GenerateRequest,
+    sampler: Sampler,
+    text: TextStream,
+    tokens: Vec<u32>,
+    /// Tokens already in the cache row.
+    pos: usize,
+    /// Token to feed at `pos` in the next step.
+    next: u32,
+    generated: usize,
+    backlog: VecDeque<SeqEvent>,
+    first_token: Instant,
+    prefill_ms: u64,
+}
+
+/// Events of a sequence that left its row but whose receiver has not taken them all yet.
+struct Draining {
+    events: Sender<SeqEvent>,
+    backlog: VecDeque<SeqEvent>,
+}
+
+pub(crate) struct Shared {
+    pub in_flight: AtomicUsize,
+    pub alive: AtomicBool,
+}
+
+/// Marks the engine dead when the decode thread ends for any reason, panics included.
+struct AliveGuard(Arc<Shared>);
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.alive.store(false, Ordering::SeqCst);
+    }
+}
+
+fn push_event(backlog: &mut VecDeque<SeqEvent>, tx: &Sender<SeqEvent>, ev: SeqEvent) {
+    backlog.push_back(ev);
+    flush(backlog, tx);
+}
+
+/// Sends what the channel takes; returns false when the receiver is gone.
+fn flush(backlog: &mut VecDeque<SeqEvent>, tx: &Sender<SeqEvent>) -> bool {
+    while let Some(ev) = backlog.pop_front() {
+        match tx.try_send(ev) {
+            Ok(()) => {}
+            Err(TrySendError::Full(ev)) => {
+                backlog.push_front(ev);
+                return true;
+            }
+            Err(TrySendError::Closed(_)) => {
+                backlog.clear();
+                return false;
+            }
+        }
+    }
+    true
+}
+
+pub(crate) struct Scheduler {
+    pub model: Model,
+    pub cache: KvCache,
+    pub tokenizer: Arc<GgufTokenizer>,
+    pub slots: usize,
+    pub shared: Arc<Shared>,
+    running: Vec<Running>,
+    waiting: VecDeque<(Box<GenerateRequest>, Instant)>,
+    draining: Vec<Draining>,
+}
+
+impl Scheduler {
+    pub fn new(
+        model: Model,
+        cache: KvCache,
+        tokenizer: Arc<GgufTokenizer>,
+        slots: usize,
+        shared: Arc<Shared>,
+    ) -> Self {
+        Self {
+            model,
+            cache,
+            tokenizer,
+            slots,
+            shared,
+            running: Vec::with_capacity(slots),
+            waiting: VecDeque::new(),
+            draining: Vec::new(),
+        }
+    }
+
+    pub fn run(mut self, rx: Receiver<Command>) {
+        let _guard = AliveGuard(self.shared.clone());
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() && self.draining.is_empty() {
+                match rx.recv() {
+                    Ok(cmd) => self.accept(cmd),
+                    Err(_) => return,
+                }
+            }
+            loop {
+                match rx.try_recv() {
+                    Ok(cmd) => self.accept(cmd),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        if self.running.is_empty() && self.waiting.is_empty() {
+                            return;
+                        }
+                        break;
+                    }
+                }
+            }
+            self.flush_draining();
+            self.retire_cancelled();
+            self.admit_waiting();
+            if !self.step() {
+                // every running sequence waits for its receiver: do not spin
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }
+
+    fn accept(&mut self, cmd: Command) {
+        match cmd {
+            Command::Submit(req, at) => self.waiting.push_back((req, at)),
+        }
+    }
+
+    fn flush_draining(&mut self) {
+        self.draining
+            .retain_mut(|d| flush(&mut d.backlog, &d.events) && !d.backlog.is_empty());
+    }
+
+    fn release_slot(&self) {
+        self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    /// Removes the sequence in row `i`, moving the last row into its place.
+    fn remove_row(&mut self, i: usize, final_event: Option<SeqEvent>) {
+        let last = self.running.len() - 1;
+        if i != last {
+            let len = self.running[last].pos;
+            if let Err(e) = self.cache.move_row(last, i, len) {
+                tracing::error!(error = %e, "moving a KV cache row failed");
+            }
+        }
+        let mut seq = self.running.swap_remove(i);
+        if let Some(ev) = final_event {
+            seq.backlog.push_back(ev);
+        }
+        if flush(&mut seq.backlog, &seq.req.events) && !seq.backlog.is_empty() {
+            self.draining.push(Draining {
+                events: seq.req.events,
+                backlog: seq.backlog,
+            });
+        }
+        self.release_slot();
+    }
+
+    fn finish_event(seq: &Running, reason: FinishReason) -> SeqEvent {
+        SeqEvent::Done(Finish {
+            reason,
+            prompt_tokens: seq.req.prompt_tokens.len(),
+            tokens_out: seq.generated,
+            prefill_ms: seq.prefill_ms,
+            decode_ms: seq.first_token.elapsed().as_millis() as u64,
+        })
+    }
+
+    fn retire_cancelled(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let seq = &mut self.running[i];
+            let gone = !flush(&mut seq.backlog, &seq.req.events);
+            if gone || seq.req.cancel.is_cancelled() {
+                // a cancelled sequence emits nothing more: drop what was not delivered
+                seq.backlog.clear();
+                let ev = Self::finish_event(seq, FinishReason::Cancelled);
+                self.remove_row(i, Some(ev));
+            } else {
+                i += 1;
+            }
+        }
+        self.waiting.retain(|(req, _)| {
+            if req.cancel.is_cancelled() || req.events.is_closed() {
+                let _ = req.events.try_send(SeqEvent::Done(Finish {
+                    reason: FinishReason::Cancelled,
+                    prompt_tokens: req.prompt_tokens.len(),
+                    tokens_out: 0,
+                    prefill_ms: 0,
+                    decode_ms: 0,
+                }));
+                self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+                false
+            } else {
+                true
+            }
+        });
+    }
+
+    fn admit_waiting(&mut self) {
+        while self.running.len() < self.slots {
+            let Some((req, submitted)) = self.waiting.pop_front() else {
+                return;
+            };
+            let row = self.running.len();
+            match self.model.prefill(&self.cache, row, &req.prompt_tokens, 0) {
+                Ok(mut logits) => {
+                    let mut sampler = Sampler::new(req.sampling.clone());
+                    let first = sampler.sample(&mut logits, &req.prompt_tokens);
+                    let prefill_ms = submitted.elapsed().as_millis() as u64;
+                    let pos = req.prompt_tokens.len();
+                    let stops = req.stop.clone();
+                    let mut tokens = Vec::with_capacity(pos + req.max_tokens);
+                    tokens.extend_from_slice(&req.prompt_tokens);
+                    self.running.push(Running {
+                        sampler,
+                        text: TextStream::new(stops),
+                        tokens,
+                        pos,
+                        next: first,
+                        generated: 0,
+                        backlog: VecDeque::new(),
+                        first_token: Instant::now(),
+                        prefill_ms,
+                        req: *req,
+                    });
+                    self.accept_token(row);
+                }
+                Err(e) => {
+                    let _ = req.events.try_send(SeqEvent::Failed(e.to_string()));
+                    self.release_slot();
+                }
+            }
+        }
+    }
+
+    /// Handles the freshly sampled `next` token of row `i`: emit it, check the end conditions.
+    ///
+    /// Every generated token except an end-of-sequence token with nothing left to show yields
+    /// exactly one `Token` event, so `tokens_out` equals the number of `Token` events. Text held
+    /// back (a possible stop prefix, a partial character) is released with the last token.
+    fn accept_token(&mut self, i: usize) {
+        let tok = self.running[i].next;
+        let ctx = self.model.ctx();
+        let seq = &mut self.running[i];
+        if seq.req.cancel.is_cancelled() {
+            seq.backlog.clear();
+            let ev = Self::finish_event(seq, FinishReason::Cancelled);
+            self.remove_row(i, Some(ev));
+            return;
+        }
+        if self.tokenizer.is_stop(tok) {
+            let tail = seq.text.finish();
+            if !tail.is_empty() {
+                let index = seq.generated;
+                seq.generated += 1;
+                seq.backlog.push_back(SeqEvent::Token {
+                    id: tok,
+                    text: tail,
+                    index,
+                });
+            }
+            let ev = Self::finish_event(seq, FinishReason::Stop);
+            self.remove_row(i, Some(ev));
+            return;
+        }
+        seq.sampler.observe(tok);
+        let pushed = seq.text.push(self.tokenizer.token_bytes(tok));
+        let index = seq.generated;
+        seq.generated += 1;
+        seq.tokens.push(tok);
+        let out_of_room = seq.generated >= seq.req.max_tokens || seq.pos >= ctx;
+        let finish = if pushed.stopped {
+            Some(FinishReason::Stop)
+        } else if out_of_room {
+            Some(FinishReason::Length)
+        } else {
+            None
+        };
+        let mut text = pushed.text;
+        if finish == Some(FinishReason::Length) {
+            text.push_str(&seq.text.finish());
+        }
+        push_event(
+            &mut seq.backlog,
+            &seq.req.events,
+            SeqEvent::Token {
+                id: tok,
+                text,
+                index,
+            },
+        );
+        if let Some(reason) = finish {
+            let ev = Self::finish_event(seq, reason);
+            self.remove_row(i, Some(ev));
+        }
+    }
+
+    /// One batched decode step over every running row. Returns false when nothing could run.
+    fn step(&mut self) -> bool {
+        if self.running.is_empty() {
+            return !self.draining.is_empty() || !self.waiting.is_empty();
+        }
+        let ready: Vec<bool> = self.running.iter().map(|s| s.backlog.is_empty()).collect();
+        if !ready.iter().any(|r| *r) {
+            return false;
+        }
+        let tokens: Vec<u32> = self.running.iter().map(|s| s.next).collect();
+        let positions: Vec<usize> = self.running.iter().map(|s| s.pos).collect();
+        let logits = match self.model.decode(&self.cache, &tokens, &positions) {
+            Ok(l) => l,
+            Err(e) => {
+                let msg = e.to_string();
+                tracing::error!(error = %msg, "decode step failed");
+                while !self.running.is_empty() {
+                    let i = self.running.len() - 1;
+                    self.remove_row(i, Some(SeqEvent::Failed(msg.clone())));
+                }
+                return true;
+            }
+        };
+        // Rows that were blocked keep their token: the cache write at their position is redone
+        // identically next step. Walk backwards so removals do not disturb pending indices.
+        let mut logits = logits;
+        for i in (0..ready.len()).rev() {
+            if !ready[i] || i >= self.running.len() {
+                continue;
+            }
+            let seq = &mut self.running[i];
+            seq.pos += 1;
+            let mut row = std::mem::take(&mut logits[i]);
+            seq.next = seq.sampler.sample(&mut row, &seq.tokens);
+            self.accept_token(i);
+        }
+        true
+    }
+}

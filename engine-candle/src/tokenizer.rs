@@ -1,0 +1,278 @@
+//! A byte-level BPE tokenizer built from GGUF metadata (`tokenizer.ggml.*`), no hub access.
+
+use std::collections::HashMap;
+
+use candle_core::quantized::gguf_file::Value;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::bpe::BPE;
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::digits::Digits;
+use tokenizers::pre_tokenizers::sequence::Sequence;
+use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
+use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
+
+use crate::error::{EngineError, Result};
+use crate::hparams::{md_str, md_u32};
+
+/// GGUF token types (llama.cpp `llama_token_type`).
+const TOKEN_TYPE_CONTROL: i32 = 3;
+const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+
+/// The split regex of Llama 3 style tokenizers (`pre = llama-bpe`).
+const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// The split regex of Qwen2 tokenizers (`pre = qwen2`): digits one at a time.
+const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// Tokenizer plus the per-token byte table used for incremental detokenization.
+pub struct GgufTokenizer {
+    inner: Tokenizer,
+    /// Raw bytes of every token id; empty for control tokens (never shown as text).
+    token_bytes: Vec<Vec<u8>>,
+    /// Ids that end a generation (EOS, end-of-turn, end-of-text).
+    stop_ids: Vec<u32>,
+    bos_id: Option<u32>,
+    add_bos: bool,
+    pre: String,
+}
+
+fn str_array<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<Vec<&'a str>> {
+    let Some(Value::Array(items)) = md.get(key) else {
+        return Err(EngineError::Tokenizer(format!("metadata {key} is missing")));
+    };
+    items
+        .iter()
+        .map(|v| match v {
+            Value::String(s) => Ok(s.as_str()),
+            _ => Err(EngineError::Tokenizer(format!("{key} holds a non-string"))),
+        })
+        .collect()
+}
+
+fn i32_array(md: &HashMap<String, Value>, key: &str) -> Option<Vec<i32>> {
+    let Some(Value::Array(items)) = md.get(key) else {
+        return None;
+    };
+    items
+        .iter()
+        .map(|v| match v {
+            Value::I32(x) => Some(*x),
+            Value::U32(x) => i32::try_from(*x).ok(),
+            _ => None,
+        })
+        .collect()
+}
+
+/// GPT-2's reversible byte <-> printable character table.
+fn byte_level_alphabet() -> HashMap<char, u8> {
+    let mut printable: Vec<u32> = ('!' as u32..='~' as u32).collect();
+    printable.extend('¡' as u32..='¬' as u32);
+    printable.extend('®' as u32..='ÿ' as u32);
+    let mut map = HashMap::with_capacity(256);
+    let mut extra = 0u32;
+    for b in 0u32..256 {
+        let c = if printable.contains(&b) {
+            b
+        } else {
+            extra += 1;
+            255 + extra
+        };
+        if let Some(ch) = char::from_u32(c) {
+            map.insert(ch, b as u8);
+        }
+    }
+    map
+}
+
+fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
+    let byte_level_regex = || PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true));
+    let byte_level_plain = || PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, false));
+    let split = |re: &str| -> Result<PreTokenizerWrapper> {
+        Split::new(
+            SplitPattern::Regex(re.to_string()),
+            SplitDelimiterBehavior::Isolated,
+            false,
+        )
+        .map(PreTokenizerWrapper::Split)
+        .map_err(|e| EngineError::Tokenizer(format!("split regex: {e}")))
+    };
+    Ok(match pre {
+        // SmolLM: every digit alone, then GPT-2 byte-level splitting without a prefix space.
+        "smollm" => PreTokenizerWrapper::Sequence(Sequence::new(vec![
+            PreTokenizerWrapper::Digits(Digits::new(true)),
+            byte_level_regex(),
+        ])),
+        "gpt2" | "default" => byte_level_regex(),
+        "llama-bpe" | "llama3" => {
+            PreTokenizerWrapper::Sequence(Sequence::new(vec![split(LLAMA3_SPLIT)?, byte_level_plain()]))
+        }
+        "qwen2" => {
+            PreTokenizerWrapper::Sequence(Sequence::new(vec![split(QWEN2_SPLIT)?, byte_level_plain()]))
+        }
+        other => {
+            return Err(EngineError::Unsupported(format!(
+                "tokenizer pre-tokenizer {other:?} (supported: smollm, gpt2, default, llama-bpe, qwen2)"
+            )))
+        }
+    })
+}
+
+impl GgufTokenizer {
+    pub fn from_metadata(md: &HashMap<String, Value>) -> Result<Self> {
+        let model = md_str(md, "tokenizer.ggml.model").unwrap_or("");
+        if model != "gpt2" {
+            return Err(EngineError::Unsupported(format!(
+                "tokenizer model {model:?} (only byte-level BPE, \"gpt2\", is implemented)"
+            )));
+        }
+        let pre = md_str(md, "tokenizer.ggml.pre")
+            .unwrap_or("default")
+            .to_string();
+        let tokens = str_array(md, "tokenizer.ggml.tokens")?;
+        let merges = str_array(md, "tokenizer.ggml.merges")?;
+        let types = i32_array(md, "tokenizer.ggml.token_type").unwrap_or_default();
+
+        let vocab: tokenizers::models::bpe::Vocab = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.to_string(), i as u32))
+            .collect();
+        let merges: Vec<(String, String)> = merges
+            .iter()
+            .map(|m| {
+                m.split_once(' ')
+                    .map(|(a, b)| (a.to_string(), b.to_string()))
+                    .ok_or_else(|| EngineError::Tokenizer(format!("malformed merge {m:?}")))
+            })
+            .collect::<Result<_>>()?;
+        let bpe = BPE::builder()
+            .vocab_and_merges(vocab, merges)
+            .build()
+            .map_err(|e| EngineError::Tokenizer(format!("BPE: {e}")))?;
+        let mut inner = Tokenizer::new(bpe);
+        inner.with_pre_tokenizer(Some(pre_tokenizer(&pre)?));
+        inner.with_decoder(Some(ByteLevelDecoder::default()));
+
+        let alphabet = byte_level_alphabet();
+        let mut special = Vec::new();
+        let mut token_bytes = Vec::with_capacity(tokens.len());
+        for (i, tok) in tokens.iter().enumerate() {
+            let ty = types.get(i).copied().unwrap_or(1);
+            if ty == TOKEN_TYPE_CONTROL {
+                special.push(AddedToken::from(tok.to_string(), true));
+                token_bytes.push(Vec::new());
+            } else if ty == TOKEN_TYPE_USER_DEFINED {
+                special.push(AddedToken::from(tok.to_string(), false));
+                token_bytes.push(tok.as_bytes().to_vec());
+            } else {
+                let bytes: Option<Vec<u8>> =
+                    tok.chars().map(|c| alphabet.get(&c).copied()).collect();
+                token_bytes.push(bytes.unwrap_or_else(|| tok.as_bytes().to_vec()));
+            }
+        }
+        inner.add_special_tokens(&special);
+
+        let id = |key: &str| md_u32(md, key).ok();
+        let mut stop_ids: Vec<u32> = Vec::new();
+        for key in ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id"] {
+            if let Some(i) = id(key) {
+                stop_ids.push(i);
+            }
+        }
+        for name in [
+            "<|endoftext|>",
+            "<|im_end|>",
+            "<|eot_id|>",
+            "<|end_of_text|>",
+        ] {
+            if let Some(i) = tokens.iter().position(|t| *t == name) {
+                stop_ids.push(i as u32);
+            }
+        }
+        stop_ids.sort_unstable();
+        stop_ids.dedup();
+        let add_bos = matches!(
+            md.get("tokenizer.ggml.add_bos_token"),
+            Some(Value::Bool(true))
+        );
+        Ok(Self {
+            inner,
+            token_bytes,
+            stop_ids,
+            bos_id: id("tokenizer.ggml.bos_token_id"),
+            add_bos,
+            pre,
+        })
+    }
+
+    /// Token ids of `text`; special tokens written in the text are recognised.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        let mut ids = Vec::with_capacity(enc.len() + 1);
+        if self.add_bos {
+            if let Some(b) = self.bos_id {
+                ids.push(b);
+            }
+        }
+        ids.extend_from_slice(enc.get_ids());
+        Ok(ids)
+    }
+
+    /// Text of `ids`, control tokens left out. Invalid UTF-8 is replaced.
+    pub fn decode(&self, ids: &[u32]) -> String {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            bytes.extend_from_slice(self.token_bytes(id));
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// Text of `ids` with control tokens written out (`<|im_start|>`), as the prompt had them.
+    pub fn decode_with_special(&self, ids: &[u32]) -> String {
+        let mut bytes = Vec::new();
+        for &id in ids {
+            let b = self.token_bytes(id);
+            if b.is_empty() {
+                if let Some(t) = self.inner.id_to_token(id) {
+                    bytes.extend_from_slice(t.as_bytes());
+                }
+            } else {
+                bytes.extend_from_slice(b);
+            }
+        }
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+
+    /// The raw bytes one token stands for (empty for control tokens and unknown ids).
+    pub fn token_bytes(&self, id: u32) -> &[u8] {
+        self.token_bytes
+            .get(id as usize)
+            .map(Vec::as_slice)
+            .unwrap_or(&[])
+    }
+
+    pub fn is_stop(&self, id: u32) -> bool {
+        self.stop_ids.binary_search(&id).is_ok()
+    }
+
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.stop_ids
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.token_bytes.len()
+    }
+
+    /// The `tokenizer.ggml.pre` kind this tokenizer implements.
+    pub fn pre_kind(&self) -> &str {
+        &self.pre
+    }
+
+    /// The text of a token as stored in the vocabulary (for special tokens in templates).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+}

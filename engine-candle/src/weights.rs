@@ -1,0 +1,186 @@
+//! Loading the quantized weights of a llama-family GGUF, with the load-time weight format choice.
+
+use std::fs::File;
+use std::io::BufReader;
+use std::path::Path;
+
+use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
+use candle_core::{Device, Tensor};
+
+use crate::error::{EngineError, Result};
+use crate::hparams::Hparams;
+
+/// How matmul weights are held in memory after loading.
+///
+/// candle's CPU kernels for Q4_1 (and the other "_1" formats) are scalar, several times slower
+/// than its SIMD Q8_0 kernel. `Auto` re-quantizes those to Q8_0 at load: Q8_0 represents every
+/// Q4_1 value with at most half a Q8 step of rounding, so quality is kept (see `.specs/`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum WeightFormat {
+    /// Re-quantize formats without a fast kernel (Q4_1, Q5_0, Q5_1) to Q8_0; keep the rest.
+    #[default]
+    Auto,
+    /// Keep every tensor as stored in the file.
+    AsStored,
+    /// Re-quantize every 2-D matmul weight to Q8_0.
+    Q8_0,
+}
+
+impl std::str::FromStr for WeightFormat {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "as-stored" => Ok(Self::AsStored),
+            "q8_0" => Ok(Self::Q8_0),
+            other => Err(format!(
+                "unknown weight format {other:?} (auto | as-stored | q8_0)"
+            )),
+        }
+    }
+}
+
+/// One transformer block.
+pub(crate) struct Layer {
+    pub attn_norm: Tensor,
+    pub wq: QMatMul,
+    pub wk: QMatMul,
+    pub wv: QMatMul,
+    pub bq: Option<Tensor>,
+    pub bk: Option<Tensor>,
+    pub bv: Option<Tensor>,
+    pub wo: QMatMul,
+    pub ffn_norm: Tensor,
+    pub w_gate: QMatMul,
+    pub w_up: QMatMul,
+    pub w_down: QMatMul,
+}
+
+/// All weights of the model, ready for the forward pass.
+pub(crate) struct Weights {
+    pub tok_embd: QTensor,
+    pub layers: Vec<Layer>,
+    pub out_norm: Tensor,
+    pub output: QMatMul,
+    /// Per-dimension RoPE frequency divisors (`rope_freqs.weight`), when the model has them.
+    pub rope_freqs: Option<Vec<f32>>,
+}
+
+pub(crate) struct GgufFile {
+    pub content: gguf_file::Content,
+    reader: BufReader<File>,
+}
+
+impl GgufFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|source| EngineError::ModelFile {
+            path: path.display().to_string(),
+            source,
+        })?;
+        let mut reader = BufReader::new(file);
+        let content = gguf_file::Content::read(&mut reader)
+            .map_err(|e| EngineError::BadModel(format!("{}: {e}", path.display())))?;
+        Ok(Self { content, reader })
+    }
+
+    fn has(&self, name: &str) -> bool {
+        self.content.tensor_infos.contains_key(name)
+    }
+
+    fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
+        self.content
+            .tensor(&mut self.reader, name, device)
+            .map_err(|e| EngineError::BadModel(format!("tensor {name}: {e}")))
+    }
+
+    fn dense(&mut self, name: &str, device: &Device) -> Result<Tensor> {
+        Ok(self.qtensor(name, device)?.dequantize(device)?)
+    }
+
+    fn matmul(&mut self, name: &str, device: &Device, format: WeightFormat) -> Result<QMatMul> {
+        let q = self.qtensor(name, device)?;
+        let target = match (format, q.dtype()) {
+            (WeightFormat::AsStored, _) => None,
+            (WeightFormat::Q8_0, GgmlDType::Q8_0) => None,
+            (WeightFormat::Q8_0, _) => Some(GgmlDType::Q8_0),
+            (WeightFormat::Auto, GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1) => {
+                Some(GgmlDType::Q8_0)
+            }
+            (WeightFormat::Auto, _) => None,
+        };
+        let q = match target {
+            Some(dtype)
+                if q.shape()
+                    .dims()
+                    .last()
+                    .is_some_and(|k| k.is_multiple_of(dtype.block_size())) =>
+            {
+                let dense = q.dequantize(device)?;
+                QTensor::quantize(&dense, dtype)?
+            }
+            _ => q,
+        };
+        Ok(QMatMul::from_qtensor(q)?)
+    }
+
+    pub fn load_weights(
+        &mut self,
+        hp: &Hparams,
+        device: &Device,
+        format: WeightFormat,
+    ) -> Result<Weights> {
+        let tok_embd = self.qtensor("token_embd.weight", device)?;
+        let mut layers = Vec::with_capacity(hp.n_layer);
+        for i in 0..hp.n_layer {
+            let p = format!("blk.{i}");
+            let bias = |this: &mut Self, n: &str| -> Result<Option<Tensor>> {
+                let name = format!("{p}.{n}.bias");
+                if this.has(&name) {
+                    Ok(Some(this.dense(&name, device)?))
+                } else {
+                    Ok(None)
+                }
+            };
+            let bq = bias(self, "attn_q")?;
+            let bk = bias(self, "attn_k")?;
+            let bv = bias(self, "attn_v")?;
+            layers.push(Layer {
+                attn_norm: self.dense(&format!("{p}.attn_norm.weight"), device)?,
+                wq: self.matmul(&format!("{p}.attn_q.weight"), device, format)?,
+                wk: self.matmul(&format!("{p}.attn_k.weight"), device, format)?,
+                wv: self.matmul(&format!("{p}.attn_v.weight"), device, format)?,
+                bq,
+                bk,
+                bv,
+                wo: self.matmul(&format!("{p}.attn_output.weight"), device, format)?,
+                ffn_norm: self.dense(&format!("{p}.ffn_norm.weight"), device)?,
+                w_gate: self.matmul(&format!("{p}.ffn_gate.weight"), device, format)?,
+                w_up: self.matmul(&format!("{p}.ffn_up.weight"), device, format)?,
+                w_down: self.matmul(&format!("{p}.ffn_down.weight"), device, format)?,
+            });
+        }
+        let out_norm = self.dense("output_norm.weight", device)?;
+        let output_name = if self.has("output.weight") {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
+        let output = self.matmul(output_name, device, format)?;
+        let rope_freqs = if self.has("rope_freqs.weight") {
+            Some(
+                self.dense("rope_freqs.weight", &Device::Cpu)?
+                    .flatten_all()?
+                    .to_vec1::<f32>()?,
+            )
+        } else {
+            None
+        };
+        Ok(Weights {
+            tok_embd,
+            layers,
+            out_norm,
+            output,
+            rope_freqs,
+        })
+    }
+}

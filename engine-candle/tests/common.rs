@@ -1,0 +1,108 @@
+//! Shared helpers for the real-model engine tests.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use engine_candle::{
+    CandleEngine, ChatMessage, EngineOptions, Finish, GenerateRequest, SamplingParams, SeqEvent,
+};
+use tokio_util::sync::CancellationToken;
+
+/// The default model: `ORCHD_TEST_MODEL`, else the cache that `ci/fetch-model.sh` fills.
+pub fn model_path() -> PathBuf {
+    if let Ok(p) = std::env::var("ORCHD_TEST_MODEL") {
+        return PathBuf::from(p);
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        p.exists(),
+        "default model missing at {}: run ci/fetch-model.sh first",
+        p.display()
+    );
+    p
+}
+
+pub fn engine() -> &'static CandleEngine {
+    static ENGINE: OnceLock<CandleEngine> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let mut opts = EngineOptions::new(model_path());
+        opts.slots = 8;
+        opts.ctx = 1024;
+        if let Ok(f) = std::env::var("ORCHD_TEST_WEIGHT_FORMAT") {
+            opts.weight_format = f.parse().expect("weight format");
+        }
+        CandleEngine::load(opts).expect("default model loads")
+    })
+}
+
+pub struct Output {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub finish: Finish,
+}
+
+pub fn start(
+    e: &CandleEngine,
+    prompt_tokens: Vec<u32>,
+    sampling: SamplingParams,
+    max_tokens: usize,
+    stop: Vec<String>,
+) -> (tokio::sync::mpsc::Receiver<SeqEvent>, CancellationToken) {
+    let (tx, rx) = tokio::sync::mpsc::channel(16);
+    let cancel = CancellationToken::new();
+    loop {
+        let req = GenerateRequest {
+            prompt_tokens: prompt_tokens.clone(),
+            sampling: sampling.clone(),
+            max_tokens,
+            stop: stop.clone(),
+            cancel: cancel.clone(),
+            events: tx.clone(),
+        };
+        match e.submit(req) {
+            Ok(()) => return (rx, cancel),
+            // other tests share the engine: wait for a slot
+            Err(engine_candle::EngineError::NoFreeSlot(_)) => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            Err(err) => panic!("submit failed: {err}"),
+        }
+    }
+}
+
+pub fn collect(mut rx: tokio::sync::mpsc::Receiver<SeqEvent>) -> Output {
+    let mut ids = Vec::new();
+    let mut text = String::new();
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            SeqEvent::Token { id, text: t, index } => {
+                assert_eq!(index, ids.len(), "token indices are consecutive");
+                ids.push(id);
+                text.push_str(&t);
+            }
+            SeqEvent::Done(finish) => {
+                assert!(rx.blocking_recv().is_none(), "nothing after Done");
+                return Output { ids, text, finish };
+            }
+            SeqEvent::Failed(m) => panic!("sequence failed: {m}"),
+        }
+    }
+    panic!("event stream closed without Done");
+}
+
+pub fn chat_tokens(e: &CandleEngine, user: &str) -> Vec<u32> {
+    let prompt = e
+        .render_chat(&[ChatMessage {
+            role: "user".into(),
+            content: user.into(),
+        }])
+        .expect("template renders");
+    e.tokenizer().encode(&prompt).expect("prompt encodes")
+}
+
+pub fn greedy(e: &CandleEngine, tokens: Vec<u32>, max_tokens: usize) -> Output {
+    let (rx, _c) = start(e, tokens, SamplingParams::default(), max_tokens, vec![]);
+    collect(rx)
+}

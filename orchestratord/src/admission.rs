@@ -1,0 +1,488 @@
+//! Admission: validate, resolve the pools, count prompt tokens, check context, budgets and
+//! deadline, then reserve the queue place in the same step. Every adapter admits through here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use contracts::{AdmissionResponse, ErrorCode, Priority, StreamLinks, TaskRequest};
+use pool_manager::{ChatMessage, Pool, PromptInput, SamplingParams};
+
+use crate::error::ApiError;
+use crate::eta;
+use crate::metrics;
+use crate::queue::Enqueued;
+use crate::state::SharedState;
+use crate::task::{NewTask, RunSpec, Task};
+use crate::task_store::Inserted;
+
+const MAX_ID_LEN: usize = 128;
+
+fn valid_id(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_ID_LEN
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+}
+
+fn check_range(
+    field: &str,
+    v: Option<f32>,
+    lo: f32,
+    hi: f32,
+    lo_open: bool,
+) -> Result<(), ApiError> {
+    if let Some(x) = v {
+        let ok = x.is_finite() && x <= hi && if lo_open { x > lo } else { x >= lo };
+        if !ok {
+            let lo_br = if lo_open { "(" } else { "[" };
+            return Err(ApiError::invalid(
+                field,
+                format!("{field} must be within {lo_br}{lo}, {hi}]"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The prompt of a request, checked.
+fn prompt_of(req: &TaskRequest) -> Result<PromptInput, ApiError> {
+    match (&req.prompt, &req.messages) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "messages",
+            "give either prompt or messages, not both",
+        )),
+        (None, None) => Err(ApiError::invalid(
+            "prompt",
+            "prompt or messages is required",
+        )),
+        (Some(p), None) => {
+            if p.is_empty() {
+                return Err(ApiError::invalid("prompt", "prompt is empty"));
+            }
+            Ok(PromptInput::Text(p.clone()))
+        }
+        (None, Some(m)) => {
+            if m.is_empty() {
+                return Err(ApiError::invalid("messages", "messages is empty"));
+            }
+            for (i, t) in m.iter().enumerate() {
+                if !matches!(t.role.as_str(), "system" | "user" | "assistant") {
+                    return Err(ApiError::invalid(
+                        format!("messages[{i}].role"),
+                        format!("role {:?} is not system, user or assistant", t.role),
+                    ));
+                }
+            }
+            Ok(PromptInput::Chat(
+                m.iter()
+                    .map(|t| ChatMessage {
+                        role: t.role.clone(),
+                        content: t.content.clone(),
+                    })
+                    .collect(),
+            ))
+        }
+    }
+}
+
+/// The request as recorded: prompt text and message contents replaced by their length.
+pub fn redact(req: &TaskRequest) -> serde_json::Value {
+    let mut r = req.clone();
+    if let Some(p) = &r.prompt {
+        r.prompt = Some(format!("[redacted {} chars]", p.chars().count()));
+    }
+    if let Some(m) = &mut r.messages {
+        for t in m.iter_mut() {
+            t.content = format!("[redacted {} chars]", t.content.chars().count());
+        }
+    }
+    serde_json::to_value(r).unwrap_or(serde_json::Value::Null)
+}
+
+/// Picks the pools a task may run on: the pinned one, or those serving the model.
+fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>>, ApiError> {
+    let all = state.pools.all();
+    if let Some(pin) = &req.pool_id {
+        if !state.cfg.admission.pinning_enabled {
+            return Err(ApiError::invalid(
+                "pool_id",
+                "pinning to a pool is disabled by policy",
+            ));
+        }
+        let Some(pool) = all.into_iter().find(|p| p.id() == pin) else {
+            return Err(ApiError::invalid(
+                "pool_id",
+                format!("unknown pool {pin:?}"),
+            ));
+        };
+        if let Some(m) = &req.model {
+            if !pool.serves(m) {
+                return Err(ApiError::invalid(
+                    "model",
+                    format!("pool {pin:?} does not serve model {m:?}"),
+                ));
+            }
+        }
+        if !pool.state().accepts_work() {
+            return Err(ApiError::new(
+                ErrorCode::PoolUnready,
+                format!("pool {pin:?} is {}", pool.state().as_str()),
+                true,
+            )
+            .with_pool(pin)
+            .with_retry_after(1000));
+        }
+        return Ok(vec![pool]);
+    }
+    let model = match &req.model {
+        Some(m) => m.clone(),
+        None => state
+            .cfg
+            .pools
+            .first()
+            .and_then(|p| state.pools.get(&p.id))
+            .or_else(|| all.first().cloned())
+            .map(|p| p.spec().model_alias.clone())
+            .ok_or_else(|| ApiError::new(ErrorCode::PoolUnavailable, "no pools", true))?,
+    };
+    let serving: Vec<Arc<Pool>> = all.into_iter().filter(|p| p.serves(&model)).collect();
+    if serving.is_empty() {
+        return Err(ApiError::invalid(
+            "model",
+            format!("no pool serves model {model:?}"),
+        ));
+    }
+    let ready: Vec<Arc<Pool>> = serving
+        .into_iter()
+        .filter(|p| p.state().accepts_work())
+        .collect();
+    if ready.is_empty() {
+        return Err(ApiError::new(
+            ErrorCode::PoolUnavailable,
+            format!("no pool serving {model:?} is ready"),
+            true,
+        )
+        .with_retry_after(1000));
+    }
+    Ok(ready)
+}
+
+struct Validated {
+    prompt: PromptInput,
+    max_tokens: usize,
+    stop: Vec<String>,
+    sampling: SamplingParams,
+}
+
+fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiError> {
+    let a = &state.cfg.admission;
+    let prompt = prompt_of(req)?;
+    let max_tokens = req.max_tokens.unwrap_or(a.default_max_tokens);
+    if max_tokens == 0 || max_tokens > a.max_tokens_out {
+        return Err(ApiError::invalid(
+            "max_tokens",
+            format!("max_tokens must be within [1, {}]", a.max_tokens_out),
+        ));
+    }
+    if let Some(id) = &req.task_id {
+        if !valid_id(id) {
+            return Err(ApiError::invalid(
+                "task_id",
+                "task_id must be 1-128 characters of [A-Za-z0-9-_.:]",
+            ));
+        }
+    }
+    if let Some(id) = &req.session_id {
+        if !valid_id(id) {
+            return Err(ApiError::invalid(
+                "session_id",
+                "session_id must be 1-128 characters of [A-Za-z0-9-_.:]",
+            ));
+        }
+    }
+    check_range("temperature", req.temperature, 0.0, 100.0, false)?;
+    check_range("top_p", req.top_p, 0.0, 1.0, true)?;
+    check_range("min_p", req.min_p, 0.0, 1.0, false)?;
+    check_range(
+        "repetition_penalty",
+        req.repetition_penalty,
+        0.0,
+        10.0,
+        true,
+    )?;
+    check_range("presence_penalty", req.presence_penalty, -2.0, 2.0, false)?;
+    check_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0, false)?;
+    if req.deadline_ms == Some(0) {
+        return Err(ApiError::invalid(
+            "deadline_ms",
+            "deadline_ms must be positive",
+        ));
+    }
+    let stop = req.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
+    if stop.len() > a.max_stop_sequences {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {} stop sequences", a.max_stop_sequences),
+        ));
+    }
+    if stop
+        .iter()
+        .any(|s| s.is_empty() || s.len() > a.max_stop_bytes)
+    {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("stop sequences must be 1-{} bytes", a.max_stop_bytes),
+        ));
+    }
+    let sampling = SamplingParams {
+        temperature: req.temperature.unwrap_or(0.0),
+        top_k: req.top_k.unwrap_or(0) as usize,
+        top_p: req.top_p.unwrap_or(1.0),
+        min_p: req.min_p.unwrap_or(0.0),
+        repetition_penalty: req.repetition_penalty.unwrap_or(1.0),
+        presence_penalty: req.presence_penalty.unwrap_or(0.0),
+        frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
+        seed: req.seed.unwrap_or_else(rand_seed),
+    };
+    Ok(Validated {
+        prompt,
+        max_tokens: max_tokens as usize,
+        stop,
+        sampling,
+    })
+}
+
+fn rand_seed() -> u64 {
+    let u = uuid::Uuid::new_v4();
+    let b = u.as_bytes();
+    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+}
+
+fn admission_of(
+    task: &Task,
+    position: usize,
+    predicted_start_ms: u64,
+    backoff_ms: u64,
+) -> AdmissionResponse {
+    AdmissionResponse {
+        task_id: task.id.clone(),
+        queue_position: position as u32,
+        predicted_start_ms,
+        backoff_ms,
+        streams: StreamLinks {
+            sse: format!("/v1/tasks/{}/stream", task.id),
+        },
+    }
+}
+
+fn reject(code: ErrorCode, err: ApiError) -> ApiError {
+    metrics::rejected(code);
+    err
+}
+
+/// Admits a task. Returns the 202 body and whether the task is new (false for an idempotent
+/// resubmission of an existing `task_id`).
+pub fn admit(
+    state: &SharedState,
+    req: TaskRequest,
+    correlation_id: &str,
+) -> Result<(AdmissionResponse, Arc<Task>, bool), ApiError> {
+    if state.is_shutting_down() {
+        return Err(reject(
+            ErrorCode::ShuttingDown,
+            ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down", true)
+                .with_retry_after(1000),
+        ));
+    }
+    if let Some(id) = &req.task_id {
+        if let Some(existing) = state.tasks.get(id) {
+            let pos = state.queue.position(id).unwrap_or(0);
+            return Ok((admission_of(&existing, pos, 0, 0), existing, false));
+        }
+    }
+    let v = validate(state, &req).map_err(|e| reject(e.code(), e))?;
+    let pools = resolve_pools(state, &req).map_err(|e| reject(e.code(), e))?;
+    // count with the tokenizer of a pool that would run it
+    let engine = pools
+        .iter()
+        .find_map(|p| p.engine())
+        .ok_or_else(|| ApiError::new(ErrorCode::PoolUnavailable, "no engine loaded", true))?;
+    let prompt_tokens = engine.tokenize(&v.prompt).map_err(|e| {
+        let field = if matches!(v.prompt, PromptInput::Chat(_)) {
+            "messages"
+        } else {
+            "prompt"
+        };
+        reject(
+            ErrorCode::InvalidParams,
+            ApiError::invalid(field, e.to_string()),
+        )
+    })?;
+    let n_prompt = prompt_tokens.len();
+    if n_prompt == 0 {
+        return Err(reject(
+            ErrorCode::InvalidParams,
+            ApiError::invalid("prompt", "the prompt has no tokens"),
+        ));
+    }
+    let ctx = pools
+        .iter()
+        .filter_map(|p| p.engine().map(|e| e.descriptor().ctx_max))
+        .max()
+        .unwrap_or(0);
+    if n_prompt + v.max_tokens > ctx {
+        return Err(reject(
+            ErrorCode::InvalidParams,
+            ApiError::invalid(
+                "max_tokens",
+                format!(
+                    "prompt of {n_prompt} tokens plus max_tokens {} exceeds the context of {ctx} tokens",
+                    v.max_tokens
+                ),
+            ),
+        ));
+    }
+    let snapshots: Vec<_> = pools.iter().map(|p| p.snapshot()).collect();
+    let typical = state.cfg.admission.default_max_tokens as usize;
+    let est_now = eta::estimate(state.queue.len(), &snapshots, typical);
+    if let Some(deadline) = req.deadline_ms {
+        let decode = est_now
+            .ms_per_token
+            .map(|t| (t * v.max_tokens as f64) as u64)
+            .unwrap_or(0);
+        let need = est_now.predicted_start_ms + decode;
+        if need > deadline {
+            return Err(reject(
+                ErrorCode::DeadlineUnmet,
+                ApiError::new(
+                    ErrorCode::DeadlineUnmet,
+                    format!("deadline {deadline} ms cannot be met: predicted {need} ms (start {} ms + decode)", est_now.predicted_start_ms),
+                    true,
+                )
+                .with_retry_after(est_now.retry_after_ms),
+            ));
+        }
+    }
+    let reserved = (n_prompt + v.max_tokens) as u64;
+    if let Some(sid) = &req.session_id {
+        state.sessions.reserve(sid, reserved).map_err(|e| {
+            reject(
+                ErrorCode::BudgetExceeded,
+                ApiError::new(ErrorCode::BudgetExceeded, e.to_string(), false),
+            )
+        })?;
+    }
+    let refund = |state: &SharedState| {
+        if let Some(sid) = &req.session_id {
+            state.sessions.settle(sid, reserved, 0);
+        }
+    };
+    let pin = req.pool_id.clone();
+    let model = if pin.is_none() {
+        Some(
+            req.model
+                .clone()
+                .unwrap_or_else(|| pools[0].spec().model_alias.clone()),
+        )
+    } else {
+        req.model.clone()
+    };
+    let task = Arc::new(Task::new(NewTask {
+        id: req
+            .task_id
+            .clone()
+            .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
+        correlation_id: correlation_id.to_string(),
+        priority: req.priority.unwrap_or(Priority::Interactive),
+        session_id: req.session_id.clone(),
+        pin,
+        model,
+        spec: RunSpec {
+            prompt: v.prompt,
+            sampling: v.sampling,
+            max_tokens: v.max_tokens,
+            stop: v.stop,
+        },
+        prompt_tokens: n_prompt,
+        params: redact(&req),
+        ctx,
+        deadline: req.deadline_ms.map(Duration::from_millis),
+    }));
+    match state.tasks.insert(task.clone()) {
+        Inserted::New => {}
+        Inserted::Existing(t) => {
+            refund(state);
+            let pos = state.queue.position(&t.id).unwrap_or(0);
+            return Ok((admission_of(&t, pos, 0, 0), t, false));
+        }
+        Inserted::Full => {
+            refund(state);
+            return Err(reject(
+                ErrorCode::AdmissionReject,
+                ApiError::new(
+                    ErrorCode::AdmissionReject,
+                    "too many unfinished tasks",
+                    true,
+                )
+                .with_retry_after(est_now.retry_after_ms)
+                .with_policy(state.queue.policy().label()),
+            ));
+        }
+    }
+    let position = match state.queue.push(task.clone()) {
+        Enqueued::Queued { position } => position,
+        Enqueued::QueuedEvicting { position, evicted } => {
+            state.fail_task(
+                &evicted,
+                ErrorCode::QueueFullDropLru,
+                "evicted from a full queue by a newer task (drop-lru)",
+                true,
+                Some(est_now.retry_after_ms),
+            );
+            position
+        }
+        Enqueued::Full => {
+            state.tasks.remove(&task.id);
+            refund(state);
+            let cap = state.queue.capacity();
+            return Err(reject(
+                ErrorCode::AdmissionReject,
+                ApiError::new(
+                    ErrorCode::AdmissionReject,
+                    format!("queue full ({cap} tasks waiting)"),
+                    true,
+                )
+                .with_retry_after(est_now.retry_after_ms)
+                .with_policy(state.queue.policy().label()),
+            ));
+        }
+    };
+    let est = eta::estimate(position, &snapshots, typical);
+    task.push_started(contracts::SseStarted {
+        queue_position: position as u32,
+        predicted_start_ms: est.predicted_start_ms,
+    });
+    metrics::enqueued(task.priority);
+    metrics::tokens_in(n_prompt);
+    let depth = state.queue.len();
+    let backoff_ms = if depth * 2 > state.queue.capacity() {
+        est.retry_after_ms * depth as u64 / state.queue.capacity().max(1) as u64
+    } else {
+        0
+    };
+    tracing::info!(
+        task_id = %task.id,
+        queue_position = position,
+        predicted_start_ms = est.predicted_start_ms,
+        prompt_tokens = n_prompt,
+        max_tokens = task.spec.max_tokens,
+        priority = task.priority.as_str(),
+        "task admitted"
+    );
+    state.wake.notify_one();
+    Ok((
+        admission_of(&task, position, est.predicted_start_ms, backoff_ms),
+        task,
+        true,
+    ))
+}

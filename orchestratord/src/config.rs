@@ -1,0 +1,406 @@
+//! The one typed configuration: a TOML file plus `ORCHD_*` environment overrides.
+
+use std::path::{Path, PathBuf};
+
+use pool_manager::{DeviceChoice, PoolSpec, WeightFormat};
+use serde::Deserialize;
+
+/// What to do when the queue is full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+pub enum FullPolicy {
+    /// Answer 429 `ADMISSION_REJECT`.
+    #[default]
+    #[serde(rename = "reject")]
+    Reject,
+    /// Admit, evicting the oldest queued `batch` task (its stream ends `QUEUE_FULL_DROP_LRU`).
+    #[serde(rename = "drop-lru")]
+    DropLru,
+}
+
+impl FullPolicy {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Reject => "reject",
+            Self::DropLru => "drop-lru",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueConfig {
+    /// Queued (not yet running) tasks across both classes.
+    pub capacity: usize,
+    pub policy: FullPolicy,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        Self {
+            capacity: 64,
+            policy: FullPolicy::Reject,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdmissionConfig {
+    /// `max_tokens` when a request gives none.
+    pub default_max_tokens: u32,
+    /// Largest `max_tokens` a request may ask for.
+    pub max_tokens_out: u32,
+    /// Whether `pool_id` pin overrides are honoured (else they are refused).
+    pub pinning_enabled: bool,
+    /// Largest request body in bytes (413 `PAYLOAD_TOO_LARGE` beyond).
+    pub max_body_bytes: usize,
+    /// Most stop sequences per request, and longest one in bytes.
+    pub max_stop_sequences: usize,
+    pub max_stop_bytes: usize,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        Self {
+            default_max_tokens: 128,
+            max_tokens_out: 1024,
+            pinning_enabled: true,
+            max_body_bytes: 1 << 20,
+            max_stop_sequences: 8,
+            max_stop_bytes: 128,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StreamConfig {
+    /// Least time between two `metrics` frames of one stream.
+    pub metrics_interval_ms: u64,
+    /// SSE comment sent after this much silence (0 = never).
+    pub keepalive_ms: u64,
+    /// A client that disconnects from a stream before its end cancels the task.
+    pub cancel_on_disconnect: bool,
+    /// How long a finished task's record and transcript stay readable.
+    pub transcript_ttl_ms: u64,
+    /// Most task records kept; the oldest finished ones go first.
+    pub max_retained_tasks: usize,
+}
+
+impl Default for StreamConfig {
+    fn default() -> Self {
+        Self {
+            metrics_interval_ms: 500,
+            keepalive_ms: 15_000,
+            cancel_on_disconnect: true,
+            transcript_ttl_ms: 300_000,
+            max_retained_tasks: 4096,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TimeoutConfig {
+    /// Longest a task may run on a slot.
+    pub wall_ms: u64,
+    /// Longest wait for the next token.
+    pub idle_ms: u64,
+}
+
+impl Default for TimeoutConfig {
+    fn default() -> Self {
+        Self {
+            wall_ms: 300_000,
+            idle_ms: 30_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SessionConfig {
+    /// A session unused this long is forgotten.
+    pub ttl_ms: u64,
+    pub max_sessions: usize,
+    /// Tokens (prompt + max_tokens reserved) a session may use; none = unlimited.
+    pub token_budget: Option<u64>,
+    /// Decode time a session may use; none = unlimited.
+    pub time_budget_ms: Option<u64>,
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self {
+            ttl_ms: 600_000,
+            max_sessions: 10_000,
+            token_budget: None,
+            time_budget_ms: None,
+        }
+    }
+}
+
+/// One pool of the server.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub id: String,
+    /// Path of the GGUF file.
+    pub model: String,
+    /// Name clients send as `model`; defaults to the file stem.
+    #[serde(default)]
+    pub alias: Option<String>,
+    #[serde(default = "default_slots")]
+    pub slots: usize,
+    #[serde(default = "default_ctx")]
+    pub ctx: usize,
+    /// Compute threads; 0 = one per physical core.
+    #[serde(default)]
+    pub threads: usize,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// `auto`, `as-stored` or `q8_0`.
+    #[serde(default = "default_weight_format")]
+    pub weight_format: String,
+}
+
+fn default_slots() -> usize {
+    4
+}
+fn default_ctx() -> usize {
+    2048
+}
+fn default_device() -> String {
+    "cpu".into()
+}
+fn default_weight_format() -> String {
+    "auto".into()
+}
+
+/// The default model's cached location (filled by `ci/fetch-model.sh`).
+pub const DEFAULT_MODEL_PATH: &str = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    pub bind: String,
+    /// Grace period on SIGTERM/SIGINT for running tasks.
+    pub shutdown_grace_ms: u64,
+    pub queue: QueueConfig,
+    pub admission: AdmissionConfig,
+    pub stream: StreamConfig,
+    pub timeouts: TimeoutConfig,
+    pub sessions: SessionConfig,
+    pub pools: Vec<PoolConfig>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            bind: "127.0.0.1:8080".into(),
+            shutdown_grace_ms: 10_000,
+            queue: QueueConfig::default(),
+            admission: AdmissionConfig::default(),
+            stream: StreamConfig::default(),
+            timeouts: TimeoutConfig::default(),
+            sessions: SessionConfig::default(),
+            pools: vec![PoolConfig {
+                id: "default".into(),
+                model: DEFAULT_MODEL_PATH.into(),
+                alias: None,
+                slots: default_slots(),
+                ctx: default_ctx(),
+                threads: 0,
+                device: default_device(),
+                weight_format: default_weight_format(),
+            }],
+        }
+    }
+}
+
+/// Configuration errors, reported before the server starts.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid environment variable {name}: {message}")]
+    Env { name: String, message: String },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+fn env_parse<T: std::str::FromStr>(name: &str) -> Result<Option<T>, ConfigError>
+where
+    T::Err: std::fmt::Display,
+{
+    match std::env::var(name) {
+        Ok(v) => v.parse().map(Some).map_err(|e: T::Err| ConfigError::Env {
+            name: name.into(),
+            message: e.to_string(),
+        }),
+        Err(_) => Ok(None),
+    }
+}
+
+impl Config {
+    /// Reads `path` (or the defaults), then applies environment overrides and validates.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let mut cfg = match path {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|source| ConfigError::Read {
+                    path: p.into(),
+                    source,
+                })?;
+                Self::from_toml(&text).map_err(|message| ConfigError::Parse {
+                    path: p.into(),
+                    message,
+                })?
+            }
+            None => Self::default(),
+        };
+        cfg.apply_env()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    pub fn from_toml(text: &str) -> Result<Self, String> {
+        toml::from_str(text).map_err(|e| e.to_string())
+    }
+
+    /// `ORCHD_BIND`, `ORCHD_QUEUE_CAPACITY`, `ORCHD_QUEUE_POLICY`, and for the first pool
+    /// `ORCHD_MODEL`, `ORCHD_SLOTS`, `ORCHD_CTX`, `ORCHD_THREADS`, `ORCHD_DEVICE`.
+    pub fn apply_env(&mut self) -> Result<(), ConfigError> {
+        if let Some(v) = env_parse::<String>("ORCHD_BIND")? {
+            self.bind = v;
+        }
+        if let Some(v) = env_parse::<usize>("ORCHD_QUEUE_CAPACITY")? {
+            self.queue.capacity = v;
+        }
+        if let Some(v) = env_parse::<String>("ORCHD_QUEUE_POLICY")? {
+            self.queue.policy = match v.as_str() {
+                "reject" => FullPolicy::Reject,
+                "drop-lru" => FullPolicy::DropLru,
+                other => {
+                    return Err(ConfigError::Env {
+                        name: "ORCHD_QUEUE_POLICY".into(),
+                        message: format!("{other:?} is not reject or drop-lru"),
+                    })
+                }
+            };
+        }
+        if let Some(first) = self.pools.first_mut() {
+            if let Some(v) = env_parse::<String>("ORCHD_MODEL")? {
+                first.model = v;
+            }
+            if let Some(v) = env_parse::<usize>("ORCHD_SLOTS")? {
+                first.slots = v;
+            }
+            if let Some(v) = env_parse::<usize>("ORCHD_CTX")? {
+                first.ctx = v;
+            }
+            if let Some(v) = env_parse::<usize>("ORCHD_THREADS")? {
+                first.threads = v;
+            }
+            if let Some(v) = env_parse::<String>("ORCHD_DEVICE")? {
+                first.device = v;
+            }
+        }
+        Ok(())
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.queue.capacity == 0 {
+            return bad("queue.capacity must be at least 1".into());
+        }
+        if self.admission.max_tokens_out == 0
+            || self.admission.default_max_tokens == 0
+            || self.admission.default_max_tokens > self.admission.max_tokens_out
+        {
+            return bad("admission: need 0 < default_max_tokens <= max_tokens_out".into());
+        }
+        let mut ids = std::collections::HashSet::new();
+        for p in &self.pools {
+            if p.id.is_empty() || !ids.insert(p.id.as_str()) {
+                return bad(format!("pool id {:?} is empty or repeated", p.id));
+            }
+            if p.slots == 0 {
+                return bad(format!("pool {}: slots must be at least 1", p.id));
+            }
+            p.spec()?;
+        }
+        if self.pools.is_empty() {
+            return bad("at least one pool is required".into());
+        }
+        Ok(())
+    }
+
+    pub fn pool_specs(&self) -> Result<Vec<PoolSpec>, ConfigError> {
+        self.pools.iter().map(PoolConfig::spec).collect()
+    }
+}
+
+impl PoolConfig {
+    pub fn spec(&self) -> Result<PoolSpec, ConfigError> {
+        let device: DeviceChoice = self
+            .device
+            .parse()
+            .map_err(|e: String| ConfigError::Invalid(format!("pool {}: {e}", self.id)))?;
+        let weight_format: WeightFormat = self
+            .weight_format
+            .parse()
+            .map_err(|e: String| ConfigError::Invalid(format!("pool {}: {e}", self.id)))?;
+        let alias = self.alias.clone().unwrap_or_else(|| {
+            Path::new(&self.model)
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_else(|| self.id.clone())
+        });
+        Ok(PoolSpec {
+            id: self.id.clone(),
+            model_ref: self.model.clone(),
+            model_alias: alias,
+            slots: self.slots,
+            ctx: self.ctx,
+            threads: self.threads,
+            device,
+            weight_format,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CFG-1: unknown keys are rejected, naming the key.
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err =
+            Config::from_toml("bind = \"127.0.0.1:1\"\nqueue = { capacity = 3, colour = 1 }\n")
+                .unwrap_err();
+        assert!(err.contains("colour"), "{err}");
+    }
+
+    #[test]
+    fn defaults_serve_one_pool_of_the_default_model() {
+        let c = Config::default();
+        assert_eq!(c.bind, "127.0.0.1:8080");
+        assert_eq!(c.pools.len(), 1);
+        assert_eq!(c.pools[0].model, DEFAULT_MODEL_PATH);
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn policies_parse() {
+        let c = Config::from_toml("[queue]\ncapacity = 2\npolicy = \"drop-lru\"\n").unwrap();
+        assert_eq!(c.queue.policy, FullPolicy::DropLru);
+        assert!(Config::from_toml("[queue]\npolicy = \"yolo\"\n").is_err());
+    }
+}

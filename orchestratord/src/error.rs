@@ -1,0 +1,137 @@
+//! The data/control-plane error type and its one mapping to HTTP.
+
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use contracts::{ErrorCode, ErrorEnvelope};
+
+/// An error answered to a client: a status, the typed envelope, and backoff headers.
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub envelope: Box<ErrorEnvelope>,
+}
+
+/// The HTTP status of each code. The only place codes meet statuses.
+pub fn status_of(code: ErrorCode) -> StatusCode {
+    match code {
+        ErrorCode::InvalidParams => StatusCode::BAD_REQUEST,
+        ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+        ErrorCode::NotFound => StatusCode::NOT_FOUND,
+        ErrorCode::Conflict => StatusCode::CONFLICT,
+        ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::DeadlineUnmet => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorCode::AdmissionReject | ErrorCode::QueueFullDropLru | ErrorCode::BudgetExceeded => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
+        ErrorCode::PoolUnready
+        | ErrorCode::PoolUnavailable
+        | ErrorCode::ReplicaExhausted
+        | ErrorCode::ShuttingDown
+        | ErrorCode::WorkerReset => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::DecodeTimeout => StatusCode::GATEWAY_TIMEOUT,
+        ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>, retriable: bool) -> Self {
+        Self {
+            envelope: Box::new(ErrorEnvelope::new(code, message, retriable)),
+        }
+    }
+
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        let mut e = Self::new(ErrorCode::InvalidParams, message, false);
+        e.envelope.field = Some(field.into());
+        e
+    }
+
+    pub fn not_found(what: &str, id: &str) -> Self {
+        Self::new(
+            ErrorCode::NotFound,
+            format!("{what} {id:?} not found"),
+            false,
+        )
+    }
+
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Conflict, message, false)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Internal, message, true)
+    }
+
+    pub fn with_retry_after(mut self, ms: u64) -> Self {
+        self.envelope.retry_after_ms = Some(ms);
+        self
+    }
+
+    pub fn with_pool(mut self, pool_id: &str) -> Self {
+        self.envelope.pool_id = Some(pool_id.to_string());
+        self
+    }
+
+    pub fn with_policy(mut self, label: &str) -> Self {
+        self.envelope.policy_label = Some(label.to_string());
+        self
+    }
+
+    pub fn code(&self) -> ErrorCode {
+        self.envelope.code
+    }
+
+    pub fn status(&self) -> StatusCode {
+        status_of(self.envelope.code)
+    }
+}
+
+/// `Retry-After` in whole seconds, rounded up, at least 1.
+pub fn retry_after_secs(ms: u64) -> u64 {
+    ms.div_ceil(1000).max(1)
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        crate::metrics::error(self.envelope.code);
+        let status = self.status();
+        let retry = self.envelope.retry_after_ms;
+        let mut resp = (status, Json(self.envelope)).into_response();
+        if let Some(ms) = retry {
+            let h = resp.headers_mut();
+            if let Ok(v) = HeaderValue::from_str(&retry_after_secs(ms).to_string()) {
+                h.insert(axum::http::header::RETRY_AFTER, v);
+            }
+            if let Ok(v) = HeaderValue::from_str(&ms.to_string()) {
+                h.insert("x-backoff-ms", v);
+            }
+        }
+        resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds_at_least_one() {
+        assert_eq!(retry_after_secs(0), 1);
+        assert_eq!(retry_after_secs(1), 1);
+        assert_eq!(retry_after_secs(1000), 1);
+        assert_eq!(retry_after_secs(1001), 2);
+    }
+
+    #[test]
+    fn client_mistakes_are_4xx_and_only_internal_is_500() {
+        for code in ErrorCode::ALL {
+            let s = status_of(code);
+            if code == ErrorCode::Internal {
+                assert_eq!(s, StatusCode::INTERNAL_SERVER_ERROR);
+            } else {
+                assert_ne!(s, StatusCode::INTERNAL_SERVER_ERROR, "{code:?}");
+            }
+        }
+        assert!(status_of(ErrorCode::InvalidParams).is_client_error());
+    }
+}

@@ -1,0 +1,43 @@
+//! Example payloads for the OpenAPI documents (one per error status and endpoint).
+
+use serde_json::{json, Value};
+
+pub fn invalid_params() -> Value {
+    json!({"code": "INVALID_PARAMS", "message": "max_tokens must be within [1, 1024]", "retriable": false, "field": "max_tokens"})
+}
+pub fn admission_reject() -> Value {
+    json!({"code": "ADMISSION_REJECT", "message": "queue full (64 tasks waiting)", "retriable": true, "retry_after_ms": 1800, "policy_label": "reject"})
+}
+pub fn budget_exceeded() -> Value {
+    json!({"code": "BUDGET_EXCEEDED", "message": "session token budget exceeded: task needs 300 tokens, 120 remain", "retriable": false})
+}
+pub fn pool_unready() -> Value {
+    json!({"code": "POOL_UNREADY", "message": "pool \"gpu0\" is draining", "retriable": true, "retry_after_ms": 1000, "pool_id": "gpu0"})
+}
+pub fn deadline_unmet() -> Value {
+    json!({"code": "DEADLINE_UNMET", "message": "deadline 200 ms cannot be met: predicted 1450 ms (start 900 ms + decode)", "retriable": true, "retry_after_ms": 450})
+}
+pub fn payload_too_large() -> Value {
+    json!({"code": "PAYLOAD_TOO_LARGE", "message": "request body exceeds the configured limit", "retriable": false})
+}
+pub fn not_found() -> Value {
+    json!({"code": "NOT_FOUND", "message": "task \"42\" not found", "retriable": false})
+}
+pub fn conflict() -> Value {
+    json!({"code": "CONFLICT", "message": "cannot Drain while reloading: a reload is in progress; drain after it ends", "retriable": false})
+}
+pub fn reload_rollback() -> Value {
+    json!({"code": "CONFLICT", "message": "reload failed, rolled back: cannot read model file /models/missing.gguf: No such file or directory (os error 2)", "retriable": false, "pool_id": "default"})
+}
+pub fn sse_stream() -> Value {
+    Value::String("event: started\ndata: {\"queue_position\":0,\"predicted_start_ms\":0}\n\nevent: token\ndata: {\"t\":\"The\",\"i\":0}\n\nevent: token\ndata: {\"t\":\" capital\",\"i\":1}\n\nevent: metrics\ndata: {\"queue_depth\":0,\"on_time_probability\":1.0,\"tokens_out\":2}\n\nevent: end\ndata: {\"tokens_out\":2,\"decode_time_ms\":31,\"decode_ms\":31,\"finish_reason\":\"length\"}\n\n".into())
+}
+pub fn sse_error_stream() -> Value {
+    Value::String("event: started\ndata: {\"queue_position\":3,\"predicted_start_ms\":1200}\n\nevent: error\ndata: {\"code\":\"QUEUE_FULL_DROP_LRU\",\"message\":\"evicted from a full queue by a newer task (drop-lru)\",\"retriable\":true,\"retry_after_ms\":400}\n\n".into())
+}
+pub fn task_status() -> Value {
+    json!({"task_id": "t-1", "state": "completed", "record": record()})
+}
+pub fn record() -> Value {
+    json!({"task_id": "t-1", "correlation_id": "c0ffee00-0000-4000-8000-000000000001", "priority": "interactive", "params": {"prompt": "[redacted 29 chars]", "max_tokens": 2}, "seed": 7, "max_tokens": 2, "prompt_tokens": 9, "tokens_out": 2, "pool_id": "default", "engine": "candle", "engine_version": "0.1.0+candle-0.11.1", "model_ref": ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", "ctx": 2048, "timings": {"queued_ms": 1, "ttft_ms": 60, "decode_time_ms": 31, "total_ms": 91}, "terminal": {"event": "end", "tokens_out": 2, "decode_time_ms": 31, "decode_ms": 31, "finish_reason": "length"}, "transcript": [{"event": "started", "data": {"queue_position": 0, "predicted_start_ms": 0}}, {"event": "token", "data": {"t": "The", "i": 0}}, {"event": "token", "data": {"t": " capital", "i": 1}}, {"event": "end", "data": {"tokens_out": 2, "decode_time_ms": 31, "decode_ms": 31, "finish_reason": "length"}}]})
+}

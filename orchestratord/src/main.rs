@@ -1,0 +1,66 @@
+//! `orchestratord [--config PATH] [--bind ADDR]`
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use orchestratord::config::Config;
+use orchestratord::server;
+use pool_manager::CandleFactory;
+
+#[derive(Debug, Parser)]
+#[command(name = "orchestratord", version, about = "LLM serving orchestrator")]
+struct Args {
+    /// TOML config file (defaults serve one pool of the default model).
+    #[arg(long, env = "ORCHD_CONFIG")]
+    config: Option<PathBuf>,
+    /// Listen address, e.g. 127.0.0.1:8080 (overrides the config).
+    #[arg(long, env = "ORCHD_BIND")]
+    bind: Option<String>,
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let args = Args::parse();
+    let mut cfg = Config::load(args.config.as_deref())?;
+    if let Some(b) = args.bind {
+        cfg.bind = b;
+    }
+    let bind = cfg.bind.clone();
+    let state = server::build_state(cfg, Arc::new(CandleFactory))?;
+    let listener = tokio::net::TcpListener::bind(&bind).await?;
+    tracing::info!(addr = %listener.local_addr()?, "listening");
+    server::start_background(&state).await;
+    for p in state.pools.all() {
+        let s = p.snapshot();
+        tracing::info!(pool = %s.id, state = s.state.as_str(), error = ?s.last_error, "pool");
+    }
+    server::serve(state, listener, shutdown_signal()).await?;
+    Ok(())
+}

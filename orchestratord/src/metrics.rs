@@ -1,0 +1,170 @@
+//! Every Prometheus metric name and label, and the helpers that record them.
+//! Labels are bounded: priorities, reasons and error codes are fixed sets; pool ids come from
+//! config.
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use contracts::{ErrorCode, Priority};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+pub const TASKS_ENQUEUED: &str = "orchd_tasks_enqueued_total";
+pub const TASKS_STARTED: &str = "orchd_tasks_started_total";
+pub const TASKS_CANCELLED: &str = "orchd_tasks_cancelled_total";
+pub const TASKS_REJECTED: &str = "orchd_tasks_rejected_total";
+pub const TASKS_FINISHED: &str = "orchd_tasks_finished_total";
+pub const TOKENS_IN: &str = "orchd_tokens_in_total";
+pub const TOKENS_OUT: &str = "orchd_tokens_out_total";
+pub const ERRORS: &str = "orchd_errors_total";
+pub const QUEUE_DEPTH: &str = "orchd_queue_depth";
+pub const TTFT: &str = "orchd_time_to_first_token_seconds";
+pub const TOKEN_LATENCY: &str = "orchd_token_latency_seconds";
+pub const QUEUE_WAIT: &str = "orchd_queue_wait_seconds";
+pub const POOL_SLOTS_BUSY: &str = "orchd_pool_slots_busy";
+pub const POOL_SLOTS_TOTAL: &str = "orchd_pool_slots_total";
+pub const POOL_STATE: &str = "orchd_pool_state";
+pub const PLACEMENTS: &str = "orchd_placement_decisions_total";
+
+pub const L_PRIORITY: &str = "priority";
+pub const L_REASON: &str = "reason";
+pub const L_CODE: &str = "code";
+pub const L_POOL: &str = "pool";
+pub const L_OUTCOME: &str = "outcome";
+pub const L_STATE: &str = "state";
+
+/// Why a task was cancelled.
+#[derive(Debug, Clone, Copy)]
+pub enum CancelReason {
+    Client,
+    Disconnect,
+}
+
+impl CancelReason {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Client => "client",
+            Self::Disconnect => "disconnect",
+        }
+    }
+}
+
+/// Installs the process-wide recorder once and returns its handle.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let buckets = [
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            ];
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets)
+                .unwrap_or_else(|_| PrometheusBuilder::new());
+            let recorder = builder.build_recorder();
+            let handle = recorder.handle();
+            // another recorder may exist (tests embedding several servers); then ours only
+            // renders what was recorded through it
+            let _ = metrics::set_global_recorder(recorder);
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_counter!(TASKS_ENQUEUED, "Tasks admitted to the queue, by priority");
+    describe_counter!(TASKS_STARTED, "Tasks placed on a pool slot, by pool");
+    describe_counter!(
+        TASKS_CANCELLED,
+        "Tasks cancelled, by reason (client, disconnect)"
+    );
+    describe_counter!(
+        TASKS_REJECTED,
+        "Submissions refused at admission, by reason code"
+    );
+    describe_counter!(
+        TASKS_FINISHED,
+        "Tasks that reached their terminal event, by outcome"
+    );
+    describe_counter!(TOKENS_IN, "Prompt tokens of admitted tasks");
+    describe_counter!(TOKENS_OUT, "Tokens streamed to clients");
+    describe_counter!(ERRORS, "Errors answered or streamed, by code");
+    describe_gauge!(QUEUE_DEPTH, "Queued tasks, by priority");
+    describe_histogram!(TTFT, "Submission to first token");
+    describe_histogram!(TOKEN_LATENCY, "Time between consecutive tokens of a task");
+    describe_histogram!(QUEUE_WAIT, "Submission to placement on a slot");
+    describe_gauge!(POOL_SLOTS_BUSY, "Busy slots, by pool");
+    describe_gauge!(POOL_SLOTS_TOTAL, "Slots, by pool");
+    describe_gauge!(
+        POOL_STATE,
+        "1 for the pool's current state, 0 for the others"
+    );
+    describe_counter!(
+        PLACEMENTS,
+        "Placement decisions, by pool and reason (pinned, auto)"
+    );
+}
+
+pub fn enqueued(p: Priority) {
+    counter!(TASKS_ENQUEUED, L_PRIORITY => p.as_str()).increment(1);
+}
+
+pub fn started(pool: &str) {
+    counter!(TASKS_STARTED, L_POOL => pool.to_string()).increment(1);
+}
+
+pub fn placement(pool: &str, pinned: bool) {
+    let reason = if pinned { "pinned" } else { "auto" };
+    counter!(PLACEMENTS, L_POOL => pool.to_string(), L_REASON => reason).increment(1);
+}
+
+pub fn cancelled(r: CancelReason) {
+    counter!(TASKS_CANCELLED, L_REASON => r.label()).increment(1);
+}
+
+pub fn rejected(code: ErrorCode) {
+    counter!(TASKS_REJECTED, L_REASON => code.as_str()).increment(1);
+}
+
+/// `outcome` is the finish reason (`stop`, `length`, `cancelled`) or `error`.
+pub fn finished(outcome: &'static str) {
+    counter!(TASKS_FINISHED, L_OUTCOME => outcome).increment(1);
+}
+
+pub fn tokens_in(n: usize) {
+    counter!(TOKENS_IN).increment(n as u64);
+}
+
+pub fn token_out() {
+    counter!(TOKENS_OUT).increment(1);
+}
+
+pub fn error(code: ErrorCode) {
+    counter!(ERRORS, L_CODE => code.as_str()).increment(1);
+}
+
+pub fn queue_depth(interactive: usize, batch: usize) {
+    gauge!(QUEUE_DEPTH, L_PRIORITY => "interactive").set(interactive as f64);
+    gauge!(QUEUE_DEPTH, L_PRIORITY => "batch").set(batch as f64);
+}
+
+pub fn ttft(d: Duration) {
+    histogram!(TTFT).record(d.as_secs_f64());
+}
+
+pub fn token_latency(d: Duration) {
+    histogram!(TOKEN_LATENCY).record(d.as_secs_f64());
+}
+
+pub fn queue_wait(d: Duration) {
+    histogram!(QUEUE_WAIT).record(d.as_secs_f64());
+}
+
+pub fn pool_gauges(pool: &str, busy: usize, total: usize, state: &'static str) {
+    gauge!(POOL_SLOTS_BUSY, L_POOL => pool.to_string()).set(busy as f64);
+    gauge!(POOL_SLOTS_TOTAL, L_POOL => pool.to_string()).set(total as f64);
+    for s in pool_manager::PoolState::ALL {
+        let v = if s.as_str() == state { 1.0 } else { 0.0 };
+        gauge!(POOL_STATE, L_POOL => pool.to_string(), L_STATE => s.as_str()).set(v);
+    }
+}

@@ -1,0 +1,142 @@
+//! The bounded two-class admission queue: `interactive` before `batch`, FIFO within a class.
+//! A place is reserved in the same locked step that checks capacity, so a burst cannot
+//! overshoot the bound.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use contracts::Priority;
+
+use crate::config::FullPolicy;
+use crate::task::Task;
+
+pub struct TaskQueue {
+    inner: Mutex<Classes>,
+    capacity: usize,
+    policy: FullPolicy,
+}
+
+#[derive(Default)]
+struct Classes {
+    interactive: VecDeque<Arc<Task>>,
+    batch: VecDeque<Arc<Task>>,
+}
+
+impl Classes {
+    fn len(&self) -> usize {
+        self.interactive.len() + self.batch.len()
+    }
+
+    fn position(&self, id: &str) -> Option<usize> {
+        self.interactive
+            .iter()
+            .chain(self.batch.iter())
+            .position(|t| t.id == id)
+    }
+}
+
+/// Outcome of an enqueue attempt.
+pub enum Enqueued {
+    /// Queued with this many tasks ahead of it.
+    Queued { position: usize },
+    /// Queued after evicting the oldest batch task (drop-lru); the caller ends the evicted one.
+    QueuedEvicting { position: usize, evicted: Arc<Task> },
+    /// The queue is full and the policy refuses.
+    Full,
+}
+
+impl TaskQueue {
+    pub fn new(capacity: usize, policy: FullPolicy) -> Self {
+        Self {
+            inner: Mutex::new(Classes::default()),
+            capacity,
+            policy,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Classes> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn policy(&self) -> FullPolicy {
+        self.policy
+    }
+
+    /// Admits `task` if there is room (or room can be made under drop-lru).
+    pub fn push(&self, task: Arc<Task>) -> Enqueued {
+        let mut q = self.lock();
+        let mut evicted = None;
+        if q.len() >= self.capacity {
+            match self.policy {
+                FullPolicy::Reject => return Enqueued::Full,
+                FullPolicy::DropLru => match q.batch.pop_front() {
+                    Some(oldest) => evicted = Some(oldest),
+                    None => return Enqueued::Full,
+                },
+            }
+        }
+        let id = task.id.clone();
+        match task.priority {
+            Priority::Interactive => q.interactive.push_back(task),
+            Priority::Batch => q.batch.push_back(task),
+        }
+        let position = q.position(&id).unwrap_or(0);
+        crate::metrics::queue_depth(q.interactive.len(), q.batch.len());
+        match evicted {
+            Some(evicted) => Enqueued::QueuedEvicting { position, evicted },
+            None => Enqueued::Queued { position },
+        }
+    }
+
+    /// Removes a queued task; false if it was not queued.
+    pub fn remove(&self, id: &str) -> bool {
+        let mut q = self.lock();
+        let before = q.len();
+        q.interactive.retain(|t| t.id != id);
+        q.batch.retain(|t| t.id != id);
+        crate::metrics::queue_depth(q.interactive.len(), q.batch.len());
+        q.len() != before
+    }
+
+    pub fn position(&self, id: &str) -> Option<usize> {
+        self.lock().position(id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// (interactive, batch) depths.
+    pub fn depths(&self) -> (usize, usize) {
+        let q = self.lock();
+        (q.interactive.len(), q.batch.len())
+    }
+
+    /// Queued tasks in dispatch order (interactive first, FIFO within a class).
+    pub fn in_order(&self) -> Vec<Arc<Task>> {
+        let q = self.lock();
+        q.interactive
+            .iter()
+            .chain(q.batch.iter())
+            .cloned()
+            .collect()
+    }
+
+    /// Queued tasks that `pred` selects (e.g. pinned to a pool), in order.
+    pub fn count_where(&self, pred: impl Fn(&Task) -> bool) -> usize {
+        let q = self.lock();
+        q.interactive
+            .iter()
+            .chain(q.batch.iter())
+            .filter(|t| pred(t))
+            .count()
+    }
+}

@@ -1,0 +1,8 @@
+//! Every HTTP route of the server, one module per resource.
+
+pub mod artifacts;
+pub mod capabilities;
+pub mod meta;
+pub mod pools;
+pub mod sessions;
+pub mod tasks;

@@ -1,0 +1,179 @@
+//! Control plane: `/v1/pools`, health, drain, resume, reload.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use contracts::{
+    DrainRequest, ErrorEnvelope, PoolHealth, PoolList, PoolMetrics, ReloadRequest, ReloadResponse,
+};
+use pool_manager::{Pool, PoolError, PoolState};
+
+use crate::error::ApiError;
+use crate::examples;
+use crate::json_body::JsonBody;
+use crate::state::SharedState;
+
+fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
+    let s = pool.snapshot();
+    let d = s.descriptor.clone();
+    let queue_depth = state.queue.count_where(|t| match (&t.pin, &t.model) {
+        (Some(pin), _) => pin == pool.id(),
+        (None, Some(m)) => pool.serves(m),
+        (None, None) => true,
+    });
+    PoolHealth {
+        pool_id: s.id.clone(),
+        live: s.engine_alive,
+        ready: s.state.accepts_work() && s.engine_alive,
+        draining: matches!(s.state, PoolState::Draining),
+        state: s.state.as_str().to_string(),
+        model_ref: d
+            .as_ref()
+            .map(|d| d.model_ref.clone())
+            .unwrap_or_else(|| pool.spec().model_ref.clone()),
+        engine: d.as_ref().map(|d| d.engine.clone()).unwrap_or_default(),
+        engine_version: d
+            .as_ref()
+            .map(|d| d.engine_version.clone())
+            .unwrap_or_default(),
+        slots_total: s.slots_total as u32,
+        slots_free: s.slots_free() as u32,
+        queue_depth: queue_depth as u32,
+        last_error: s.last_error.clone(),
+        metrics: PoolMetrics {
+            slots_busy: s.slots_busy as u32,
+            tasks_started: s.tasks_started,
+            tasks_finished: s.tasks_finished,
+            reloads_ok: s.reloads_ok,
+            reloads_failed: s.reloads_failed,
+            restarts: s.restarts,
+            model_load_ms: s.model_load_ms,
+            service_ms_ewma: s.service_ms_ewma.map(|v| v.round() as u64),
+            deadline_remaining_ms: s.drain_deadline_remaining_ms,
+        },
+    }
+}
+
+fn pool_or_404(state: &SharedState, id: &str) -> Result<Arc<Pool>, ApiError> {
+    state
+        .pools
+        .get(id)
+        .ok_or_else(|| ApiError::not_found("pool", id))
+}
+
+/// All pools with their health.
+#[utoipa::path(
+    get, operation_id = "listPools", path = "/v1/pools", tag = "control",
+    responses((status = 200, description = "Every pool's health", body = PoolList))
+)]
+pub async fn list(State(state): State<SharedState>) -> Json<PoolList> {
+    let pools = state
+        .pools
+        .all()
+        .iter()
+        .map(|p| health_of(&state, p))
+        .collect();
+    Json(PoolList { pools })
+}
+
+/// One pool's liveness, readiness, drain state and metrics.
+#[utoipa::path(
+    get, operation_id = "getPoolHealth", path = "/v1/pools/{id}/health", tag = "control",
+    params(("id" = String, Path, description = "Pool id")),
+    responses(
+        (status = 200, description = "Health", body = PoolHealth),
+        (status = 404, description = "Unknown pool", body = ErrorEnvelope, example = examples::not_found),
+    )
+)]
+pub async fn health(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Json<PoolHealth>, ApiError> {
+    let pool = pool_or_404(&state, &id)?;
+    Ok(Json(health_of(&state, &pool)))
+}
+
+fn conflict(e: PoolError, pool: &str) -> ApiError {
+    ApiError::conflict(e.to_string()).with_pool(pool)
+}
+
+/// Start draining: readiness flips at once, running tasks get until the deadline.
+#[utoipa::path(
+    post, operation_id = "drainPool", path = "/v1/pools/{id}/drain", tag = "control",
+    params(("id" = String, Path, description = "Pool id")),
+    request_body(content = DrainRequest, example = json!({"deadline_ms": 5000})),
+    responses(
+        (status = 202, description = "Draining; poll health until state is drained", body = PoolHealth),
+        (status = 400, description = "Bad body", body = ErrorEnvelope, example = examples::invalid_params),
+        (status = 404, description = "Unknown pool", body = ErrorEnvelope, example = examples::not_found),
+        (status = 409, description = "Not allowed in the pool's state", body = ErrorEnvelope, example = examples::conflict),
+    )
+)]
+pub async fn drain(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<DrainRequest>,
+) -> Result<Response, ApiError> {
+    let pool = pool_or_404(&state, &id)?;
+    pool.drain(Duration::from_millis(req.deadline_ms))
+        .map_err(|e| conflict(e, &id))?;
+    state.wake.notify_one();
+    Ok((StatusCode::ACCEPTED, Json(health_of(&state, &pool))).into_response())
+}
+
+/// Bring a draining or drained pool back into service.
+#[utoipa::path(
+    post, operation_id = "resumePool", path = "/v1/pools/{id}/resume", tag = "control",
+    params(("id" = String, Path, description = "Pool id")),
+    responses(
+        (status = 200, description = "Serving again", body = PoolHealth),
+        (status = 404, description = "Unknown pool", body = ErrorEnvelope, example = examples::not_found),
+        (status = 409, description = "Not draining or drained", body = ErrorEnvelope, example = examples::conflict),
+    )
+)]
+pub async fn resume(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+) -> Result<Json<PoolHealth>, ApiError> {
+    let pool = pool_or_404(&state, &id)?;
+    pool.resume().map_err(|e| conflict(e, &id))?;
+    state.wake.notify_one();
+    Ok(Json(health_of(&state, &pool)))
+}
+
+/// Load a new model beside the old one, self-test it, switch atomically; roll back on failure.
+#[utoipa::path(
+    post, operation_id = "reloadPool", path = "/v1/pools/{id}/reload", tag = "control",
+    params(("id" = String, Path, description = "Pool id")),
+    request_body(content = ReloadRequest, example = json!({"new_model_ref": ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf"})),
+    responses(
+        (status = 200, description = "Switched to the new model", body = ReloadResponse),
+        (status = 400, description = "Bad body", body = ErrorEnvelope, example = examples::invalid_params),
+        (status = 404, description = "Unknown pool", body = ErrorEnvelope, example = examples::not_found),
+        (status = 409, description = "Rolled back (the old model keeps serving) or not allowed now", body = ErrorEnvelope, example = examples::reload_rollback),
+    )
+)]
+pub async fn reload(
+    State(state): State<SharedState>,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<ReloadRequest>,
+) -> Result<Json<ReloadResponse>, ApiError> {
+    let pool = pool_or_404(&state, &id)?;
+    if req.new_model_ref.is_empty() {
+        return Err(ApiError::invalid("new_model_ref", "new_model_ref is empty"));
+    }
+    let load_ms = pool
+        .reload(&req.new_model_ref)
+        .await
+        .map_err(|e| conflict(e, &id))?;
+    state.wake.notify_one();
+    Ok(Json(ReloadResponse {
+        pool_id: id,
+        model_ref: req.new_model_ref,
+        load_ms,
+    }))
+}

@@ -1,0 +1,187 @@
+//! Runs one placed task on its slot: engine events in, task events out, with cancel, drain
+//! deadline, wall-clock, idle and task deadline checks.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use contracts::{ErrorCode, SseMetrics};
+use pool_manager::{EngineJob, FinishReason, PortError, SeqEvent, SlotLease};
+use tokio::sync::mpsc::Receiver;
+
+use crate::eta;
+use crate::metrics;
+use crate::state::SharedState;
+use crate::task::Task;
+
+/// Longest wait for the engine to confirm a stopped sequence before the slot is reused.
+const RETIRE_WAIT: Duration = Duration::from_secs(5);
+
+enum Outcome {
+    Finished(usize),
+    Ended,
+}
+
+pub async fn run(state: SharedState, task: Arc<Task>, lease: SlotLease) {
+    let pool = lease.pool().clone();
+    let engine = lease.engine.clone();
+    let desc = engine.descriptor();
+    if !task.mark_running(pool.id(), desc.clone()) {
+        return;
+    }
+    metrics::started(pool.id());
+    metrics::queue_wait(task.submitted.elapsed());
+    let placed = Instant::now();
+    let tokens = match engine.tokenize(&task.spec.prompt) {
+        Ok(t) => t,
+        Err(e) => {
+            state.fail_task(&task, ErrorCode::InvalidParams, e.to_string(), false, None);
+            return;
+        }
+    };
+    if tokens.len() + task.spec.max_tokens > desc.ctx_max {
+        state.fail_task(
+            &task,
+            ErrorCode::InvalidParams,
+            format!(
+                "prompt of {} tokens plus max_tokens {} exceeds the context of {} tokens of pool {}",
+                tokens.len(),
+                task.spec.max_tokens,
+                desc.ctx_max,
+                pool.id()
+            ),
+            false,
+            None,
+        );
+        return;
+    }
+    let job = EngineJob {
+        prompt_tokens: tokens,
+        sampling: task.spec.sampling.clone(),
+        max_tokens: task.spec.max_tokens,
+        stop: task.spec.stop.clone(),
+        cancel: task.cancel.clone(),
+    };
+    let mut rx = match engine.start(job) {
+        Ok(rx) => rx,
+        Err(e) => {
+            let (code, retriable) = match &e {
+                PortError::InvalidInput(_) => (ErrorCode::InvalidParams, false),
+                PortError::Busy => (ErrorCode::PoolUnavailable, true),
+                PortError::Dead(_) | PortError::Load(_) => (ErrorCode::WorkerReset, true),
+            };
+            state.fail_task(&task, code, e.to_string(), retriable, Some(1000));
+            if matches!(e, PortError::Dead(_)) {
+                pool.engine_died(&e.to_string());
+            }
+            return;
+        }
+    };
+    let outcome = pump(&state, &task, &lease, &mut rx, placed).await;
+    if let Outcome::Finished(tokens_out) = outcome {
+        pool.record_service(placed.elapsed(), tokens_out);
+    } else {
+        // wait until the engine has let go of the sequence, so the slot is really free
+        let _ = tokio::time::timeout(RETIRE_WAIT, async {
+            while let Some(ev) = rx.recv().await {
+                if matches!(ev, SeqEvent::Done(_) | SeqEvent::Failed(_)) {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+    if !engine.is_alive() {
+        pool.engine_died("the decode thread stopped");
+    }
+    drop(lease);
+}
+
+async fn pump(
+    state: &SharedState,
+    task: &Task,
+    lease: &SlotLease,
+    rx: &mut Receiver<SeqEvent>,
+    placed: Instant,
+) -> Outcome {
+    let t = &state.cfg.timeouts;
+    let wall = tokio::time::sleep_until((placed + Duration::from_millis(t.wall_ms)).into());
+    tokio::pin!(wall);
+    let idle = Duration::from_millis(t.idle_ms);
+    let deadline = async {
+        match task.deadline {
+            Some(d) => tokio::time::sleep_until(d.into()).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::pin!(deadline);
+    let interval = Duration::from_millis(state.cfg.stream.metrics_interval_ms);
+    let ms_per_token = lease.pool().snapshot().ms_per_token_ewma;
+    loop {
+        tokio::select! {
+            biased;
+            _ = task.cancel.cancelled() => return Outcome::Ended,
+            _ = lease.drain_deadline.cancelled() => {
+                state.fail_task(task, ErrorCode::PoolUnready,
+                    "the pool was drained and its deadline passed", true, Some(1000));
+                return Outcome::Ended;
+            }
+            _ = &mut wall => {
+                state.fail_task(task, ErrorCode::DecodeTimeout,
+                    format!("the task ran longer than {} ms", t.wall_ms), true, None);
+                return Outcome::Ended;
+            }
+            _ = &mut deadline => {
+                state.fail_task(task, ErrorCode::DeadlineUnmet,
+                    "the task's deadline passed during decoding", false, None);
+                return Outcome::Ended;
+            }
+            ev = tokio::time::timeout(idle, rx.recv()) => match ev {
+                Err(_) => {
+                    state.fail_task(task, ErrorCode::DecodeTimeout,
+                        format!("no token for {} ms", t.idle_ms), true, None);
+                    return Outcome::Ended;
+                }
+                Ok(None) => {
+                    state.fail_task(task, ErrorCode::WorkerReset,
+                        "the engine stopped while running the task", true, Some(1000));
+                    return Outcome::Ended;
+                }
+                Ok(Some(SeqEvent::Token { text, .. })) => {
+                    if !task.push_token(text) {
+                        return Outcome::Ended;
+                    }
+                    task.maybe_push_metrics(interval, |tokens_out| {
+                        let remaining = task.session_id.as_deref()
+                            .map(|s| state.sessions.remaining(s))
+                            .unwrap_or_default();
+                        let left = task.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64);
+                        SseMetrics {
+                            queue_depth: state.queue.len() as u32,
+                            on_time_probability: eta::on_time_probability(
+                                left,
+                                task.spec.max_tokens.saturating_sub(tokens_out as usize),
+                                ms_per_token,
+                            ),
+                            tokens_out,
+                            tokens_budget_remaining: remaining.tokens,
+                            time_budget_remaining_ms: remaining.time_ms,
+                        }
+                    });
+                }
+                Ok(Some(SeqEvent::Done(f))) => {
+                    let reason = f.reason.as_str();
+                    if f.reason == FinishReason::Cancelled {
+                        // only a cancel of ours stops a sequence; the task already ended
+                        return Outcome::Ended;
+                    }
+                    state.complete_task(task, reason);
+                    return Outcome::Finished(f.tokens_out);
+                }
+                Ok(Some(SeqEvent::Failed(m))) => {
+                    state.fail_task(task, ErrorCode::Internal, format!("engine error: {m}"), true, None);
+                    return Outcome::Ended;
+                }
+            }
+        }
+    }
+}

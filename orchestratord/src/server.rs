@@ -1,0 +1,109 @@
+//! Building the router and the shared state, and serving with graceful shutdown.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use axum::Router;
+use contracts::ErrorCode;
+use pool_manager::{EngineFactory, PoolRegistry};
+use tokio::net::TcpListener;
+use tokio::sync::Notify;
+
+use crate::config::{Config, ConfigError};
+use crate::queue::TaskQueue;
+use crate::routes;
+use crate::sessions::SessionStore;
+use crate::state::{AppState, SharedState};
+use crate::task_store::TaskStore;
+
+/// Creates the state; pools start in `Loading`.
+pub fn build_state(
+    cfg: Config,
+    factory: Arc<dyn EngineFactory>,
+) -> Result<SharedState, ConfigError> {
+    let wake = Arc::new(Notify::new());
+    let pools = PoolRegistry::new(cfg.pool_specs()?, factory, wake.clone());
+    Ok(Arc::new(AppState {
+        queue: TaskQueue::new(cfg.queue.capacity, cfg.queue.policy),
+        tasks: TaskStore::new(
+            Duration::from_millis(cfg.stream.transcript_ttl_ms),
+            cfg.stream.max_retained_tasks,
+        ),
+        sessions: SessionStore::new(cfg.sessions.clone()),
+        pools,
+        wake,
+        metrics: crate::metrics::install(),
+        shutting_down: AtomicBool::new(false),
+        started_at: Instant::now(),
+        cfg,
+    }))
+}
+
+/// Every route, with the correlation-id layer and the body limit.
+pub fn router(state: SharedState) -> Router {
+    let limit = state.cfg.admission.max_body_bytes;
+    Router::new()
+        .route("/v1/tasks", post(routes::tasks::submit))
+        .route("/v1/tasks/{id}", get(routes::tasks::status))
+        .route("/v1/tasks/{id}/stream", get(routes::tasks::stream))
+        .route("/v1/tasks/{id}/cancel", post(routes::tasks::cancel))
+        .route(
+            "/v1/sessions/{id}",
+            get(routes::sessions::get).delete(routes::sessions::delete),
+        )
+        .route("/v1/artifacts/{id}", get(routes::artifacts::get))
+        .route("/v1/capabilities", get(routes::capabilities::get))
+        .route("/v1/pools", get(routes::pools::list))
+        .route("/v1/pools/{id}/health", get(routes::pools::health))
+        .route("/v1/pools/{id}/drain", post(routes::pools::drain))
+        .route("/v1/pools/{id}/resume", post(routes::pools::resume))
+        .route("/v1/pools/{id}/reload", post(routes::pools::reload))
+        .route("/metrics", get(routes::meta::metrics))
+        .route("/openapi.json", get(routes::meta::openapi_json))
+        .fallback(routes::meta::not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn(crate::correlation::middleware))
+        .with_state(state)
+}
+
+/// Loads the pools (first attempt) and starts the dispatcher.
+pub async fn start_background(state: &SharedState) {
+    tokio::spawn(crate::dispatcher::run(state.clone()));
+    state.pools.load_all().await;
+}
+
+/// Serves until `shutdown` resolves, then stops admitting, lets running tasks finish for the
+/// grace period, and ends whatever is left with a retriable error.
+pub async fn serve(
+    state: SharedState,
+    listener: TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = router(state.clone());
+    let grace = Duration::from_millis(state.cfg.shutdown_grace_ms);
+    let st = state.clone();
+    let signal = async move {
+        shutdown.await;
+        st.shutting_down.store(true, Ordering::SeqCst);
+        tracing::info!("shutting down: admitting nothing new");
+        let until = Instant::now() + grace;
+        while Instant::now() < until && !st.tasks.unfinished().is_empty() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        for t in st.tasks.unfinished() {
+            st.fail_task(
+                &t,
+                ErrorCode::ShuttingDown,
+                "the server shut down",
+                true,
+                Some(1000),
+            );
+        }
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(signal)
+        .await
+}

@@ -1,0 +1,222 @@
+//! Sessions: token and time budgets across a client's tasks, bounded in count and TTL.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use contracts::SessionInfo;
+
+use crate::config::SessionConfig;
+
+struct Session {
+    last_used: Instant,
+    turns: u32,
+    tokens_used: u64,
+    time_used_ms: u64,
+}
+
+/// Why a session cannot take a task.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BudgetError {
+    Tokens { needed: u64, remaining: u64 },
+    Time { used_ms: u64, budget_ms: u64 },
+}
+
+impl std::fmt::Display for BudgetError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Tokens { needed, remaining } => write!(
+                f,
+                "session token budget exceeded: task needs {needed} tokens, {remaining} remain"
+            ),
+            Self::Time { used_ms, budget_ms } => write!(
+                f,
+                "session time budget exhausted: {used_ms} of {budget_ms} ms used"
+            ),
+        }
+    }
+}
+
+/// Remaining budgets of a session, for `metrics` frames.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Remaining {
+    pub tokens: Option<u64>,
+    pub time_ms: Option<u64>,
+}
+
+pub struct SessionStore {
+    map: Mutex<HashMap<String, Session>>,
+    cfg: SessionConfig,
+}
+
+impl SessionStore {
+    pub fn new(cfg: SessionConfig) -> Self {
+        Self {
+            map: Mutex::new(HashMap::new()),
+            cfg,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Session>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(self.cfg.ttl_ms)
+    }
+
+    /// Charges a task's `tokens` (prompt + max_tokens) to the session, creating it if needed.
+    pub fn reserve(&self, id: &str, tokens: u64) -> Result<(), BudgetError> {
+        let mut map = self.lock();
+        let now = Instant::now();
+        let ttl = self.ttl();
+        if !map.contains_key(id) && map.len() >= self.cfg.max_sessions.max(1) {
+            map.retain(|_, s| now.duration_since(s.last_used) < ttl);
+            if map.len() >= self.cfg.max_sessions.max(1) {
+                // forget the least recently used session to stay bounded
+                if let Some(oldest) = map
+                    .iter()
+                    .min_by_key(|(_, s)| s.last_used)
+                    .map(|(k, _)| k.clone())
+                {
+                    map.remove(&oldest);
+                }
+            }
+        }
+        let s = map.entry(id.to_string()).or_insert(Session {
+            last_used: now,
+            turns: 0,
+            tokens_used: 0,
+            time_used_ms: 0,
+        });
+        if let Some(budget) = self.cfg.token_budget {
+            let remaining = budget.saturating_sub(s.tokens_used);
+            if tokens > remaining {
+                return Err(BudgetError::Tokens {
+                    needed: tokens,
+                    remaining,
+                });
+            }
+        }
+        if let Some(budget_ms) = self.cfg.time_budget_ms {
+            if s.time_used_ms >= budget_ms {
+                return Err(BudgetError::Time {
+                    used_ms: s.time_used_ms,
+                    budget_ms,
+                });
+            }
+        }
+        s.tokens_used += tokens;
+        s.turns += 1;
+        s.last_used = now;
+        Ok(())
+    }
+
+    /// Returns unused reserved tokens and charges decode time when a task ends.
+    pub fn settle(&self, id: &str, refund_tokens: u64, time_ms: u64) {
+        if let Some(s) = self.lock().get_mut(id) {
+            s.tokens_used = s.tokens_used.saturating_sub(refund_tokens);
+            s.time_used_ms += time_ms;
+            s.last_used = Instant::now();
+        }
+    }
+
+    pub fn remaining(&self, id: &str) -> Remaining {
+        let map = self.lock();
+        let Some(s) = map.get(id) else {
+            return Remaining::default();
+        };
+        Remaining {
+            tokens: self
+                .cfg
+                .token_budget
+                .map(|b| b.saturating_sub(s.tokens_used)),
+            time_ms: self
+                .cfg
+                .time_budget_ms
+                .map(|b| b.saturating_sub(s.time_used_ms)),
+        }
+    }
+
+    pub fn info(&self, id: &str) -> Option<SessionInfo> {
+        let map = self.lock();
+        let s = map.get(id)?;
+        let idle = s.last_used.elapsed();
+        if idle >= self.ttl() {
+            return None;
+        }
+        Some(SessionInfo {
+            session_id: id.to_string(),
+            ttl_ms_remaining: (self.ttl() - idle).as_millis() as u64,
+            turns: s.turns,
+            tokens_used: s.tokens_used,
+            token_budget: self.cfg.token_budget,
+            tokens_remaining: self
+                .cfg
+                .token_budget
+                .map(|b| b.saturating_sub(s.tokens_used)),
+            time_used_ms: s.time_used_ms,
+            time_budget_ms: self.cfg.time_budget_ms,
+            time_remaining_ms: self
+                .cfg
+                .time_budget_ms
+                .map(|b| b.saturating_sub(s.time_used_ms)),
+        })
+    }
+
+    pub fn delete(&self, id: &str) -> bool {
+        self.lock().remove(id).is_some()
+    }
+
+    /// Forgets sessions unused past their TTL (called periodically).
+    pub fn sweep(&self) {
+        let ttl = self.ttl();
+        let now = Instant::now();
+        self.lock()
+            .retain(|_, s| now.duration_since(s.last_used) < ttl);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(tokens: Option<u64>, max: usize) -> SessionStore {
+        SessionStore::new(SessionConfig {
+            ttl_ms: 60_000,
+            max_sessions: max,
+            token_budget: tokens,
+            time_budget_ms: Some(1000),
+        })
+    }
+
+    #[test]
+    fn token_budget_is_reserved_and_refunded() {
+        let s = store(Some(100), 10);
+        s.reserve("a", 60).unwrap();
+        assert!(matches!(
+            s.reserve("a", 50),
+            Err(BudgetError::Tokens { .. })
+        ));
+        s.settle("a", 40, 10);
+        s.reserve("a", 50).unwrap();
+        assert_eq!(s.info("a").unwrap().tokens_used, 70);
+    }
+
+    #[test]
+    fn time_budget_blocks_once_spent() {
+        let s = store(None, 10);
+        s.reserve("a", 1).unwrap();
+        s.settle("a", 0, 1000);
+        assert!(matches!(s.reserve("a", 1), Err(BudgetError::Time { .. })));
+    }
+
+    #[test]
+    fn session_count_is_bounded() {
+        let s = store(None, 2);
+        for id in ["a", "b", "c", "d"] {
+            s.reserve(id, 1).unwrap();
+        }
+        assert_eq!(s.lock().len(), 2);
+    }
+}

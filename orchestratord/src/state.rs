@@ -1,0 +1,123 @@
+//! The shared state of the server and the task-ending helpers every path uses.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use contracts::{ErrorCode, SseError};
+use metrics_exporter_prometheus::PrometheusHandle;
+use pool_manager::{PoolRegistry, PoolSnapshot};
+use tokio::sync::Notify;
+
+use crate::config::Config;
+use crate::metrics::{self, CancelReason};
+use crate::queue::TaskQueue;
+use crate::sessions::SessionStore;
+use crate::task::Task;
+use crate::task_store::TaskStore;
+
+pub struct AppState {
+    pub cfg: Config,
+    pub pools: PoolRegistry,
+    pub queue: TaskQueue,
+    pub tasks: TaskStore,
+    pub sessions: SessionStore,
+    /// Wakes the dispatcher: new task queued, slot freed, pool state changed.
+    pub wake: Arc<Notify>,
+    pub metrics: PrometheusHandle,
+    pub shutting_down: AtomicBool,
+    pub started_at: Instant,
+}
+
+pub type SharedState = Arc<AppState>;
+
+impl AppState {
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Snapshots of the pools that could run `task` (its pin, or the pools serving its model).
+    pub fn candidate_snapshots(&self, task: &Task) -> Vec<PoolSnapshot> {
+        self.pools
+            .all()
+            .into_iter()
+            .filter(|p| match (&task.pin, &task.model) {
+                (Some(pin), _) => p.id() == pin,
+                (None, Some(m)) => p.serves(m),
+                (None, None) => true,
+            })
+            .map(|p| p.snapshot())
+            .collect()
+    }
+
+    fn after_end(&self, task: &Task) {
+        self.queue.remove(&task.id);
+        if let Some(sid) = &task.session_id {
+            let g = task.lock();
+            let refund = (task.spec.max_tokens as u64).saturating_sub(g.tokens_out as u64);
+            let time = match (g.first_token_at, g.ended_at) {
+                (Some(a), Some(b)) => (b - a).as_millis() as u64,
+                _ => 0,
+            };
+            drop(g);
+            self.sessions.settle(sid, refund, time);
+        }
+        self.wake.notify_one();
+    }
+
+    /// Cancels a queued or running task. After this returns, the task emits no more tokens.
+    /// False if it had already ended.
+    pub fn cancel_task(&self, task: &Task, reason: CancelReason) -> bool {
+        if !task.finish("cancelled") {
+            return false;
+        }
+        metrics::cancelled(reason);
+        metrics::finished("cancelled");
+        tracing::info!(task_id = %task.id, ?reason, "task cancelled");
+        self.after_end(task);
+        true
+    }
+
+    /// Ends a task with `end` (`stop` or `length`). False if it had already ended.
+    pub fn complete_task(&self, task: &Task, finish_reason: &'static str) -> bool {
+        if !task.finish(finish_reason) {
+            return false;
+        }
+        metrics::finished(finish_reason);
+        self.after_end(task);
+        true
+    }
+
+    /// Ends a task with an `error` event. False if it had already ended.
+    pub fn fail_task(
+        &self,
+        task: &Task,
+        code: ErrorCode,
+        message: impl Into<String>,
+        retriable: bool,
+        retry_after_ms: Option<u64>,
+    ) -> bool {
+        let message = message.into();
+        if !task.fail(SseError {
+            code,
+            message: message.clone(),
+            retriable,
+            retry_after_ms,
+        }) {
+            return false;
+        }
+        metrics::error(code);
+        metrics::finished("error");
+        tracing::warn!(task_id = %task.id, code = code.as_str(), %message, "task failed");
+        self.after_end(task);
+        true
+    }
+
+    /// Refreshes the pool gauges.
+    pub fn publish_pool_gauges(&self) {
+        for p in self.pools.all() {
+            let s = p.snapshot();
+            metrics::pool_gauges(&s.id, s.slots_busy, s.slots_total, s.state.as_str());
+        }
+    }
+}

@@ -1,0 +1,336 @@
+//! One task: its request, its event transcript, and the invariant that it ends exactly once.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use contracts::{
+    ErrorCode, Priority, SseEnd, SseError, SseMetrics, SseStarted, SseToken, TaskRecord, TaskState,
+    TaskTimings, TerminalEvent, TranscriptEvent,
+};
+use pool_manager::{EngineDescriptor, PromptInput, SamplingParams};
+use serde::Serialize;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// One SSE event of a task, stored once and written to every subscriber.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskEvent {
+    Started(SseStarted),
+    Token(SseToken),
+    Metrics(SseMetrics),
+    End(SseEnd),
+    Error(SseError),
+}
+
+impl TaskEvent {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Started(_) => "started",
+            Self::Token(_) => "token",
+            Self::Metrics(_) => "metrics",
+            Self::End(_) => "end",
+            Self::Error(_) => "error",
+        }
+    }
+
+    /// Writes the JSON payload.
+    pub fn write_json<W: std::io::Write>(&self, w: W) -> serde_json::Result<()> {
+        match self {
+            Self::Started(p) => serde_json::to_writer(w, p),
+            Self::Token(p) => serde_json::to_writer(w, p),
+            Self::Metrics(p) => serde_json::to_writer(w, p),
+            Self::End(p) => serde_json::to_writer(w, p),
+            Self::Error(p) => serde_json::to_writer(w, p),
+        }
+    }
+
+    fn to_transcript(&self) -> TranscriptEvent {
+        fn v<T: Serialize>(p: &T) -> serde_json::Value {
+            serde_json::to_value(p).unwrap_or(serde_json::Value::Null)
+        }
+        let data = match self {
+            Self::Started(p) => v(p),
+            Self::Token(p) => v(p),
+            Self::Metrics(p) => v(p),
+            Self::End(p) => v(p),
+            Self::Error(p) => v(p),
+        };
+        TranscriptEvent {
+            event: self.name().to_string(),
+            data,
+        }
+    }
+}
+
+/// What the engine needs to run the task.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    pub prompt: PromptInput,
+    pub sampling: SamplingParams,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+}
+
+/// Mutable part of a task, behind one lock: every event append and the terminal decision
+/// happen under it, which is what makes cancel race-free.
+pub struct TaskInner {
+    pub state: TaskState,
+    pub events: Vec<TaskEvent>,
+    pub pool_id: Option<String>,
+    pub engine: Option<EngineDescriptor>,
+    pub placed_at: Option<Instant>,
+    pub first_token_at: Option<Instant>,
+    pub last_token_at: Option<Instant>,
+    pub ended_at: Option<Instant>,
+    pub tokens_out: u32,
+    pub last_metrics_at: Option<Instant>,
+    pub error_code: Option<ErrorCode>,
+}
+
+impl TaskInner {
+    pub fn is_terminal(&self) -> bool {
+        self.ended_at.is_some()
+    }
+}
+
+/// An admitted task.
+pub struct Task {
+    pub id: String,
+    pub correlation_id: String,
+    pub priority: Priority,
+    pub session_id: Option<String>,
+    pub pin: Option<String>,
+    pub model: Option<String>,
+    pub spec: RunSpec,
+    pub prompt_tokens: usize,
+    /// The request with the prompt redacted, for the record.
+    pub params: serde_json::Value,
+    pub ctx: usize,
+    pub submitted: Instant,
+    pub deadline: Option<Instant>,
+    /// Fired when the task ends early (cancel, timeout, drain): the engine stops decoding it.
+    pub cancel: CancellationToken,
+    inner: Mutex<TaskInner>,
+    changed: watch::Sender<u64>,
+}
+
+/// Fields of a new task.
+pub struct NewTask {
+    pub id: String,
+    pub correlation_id: String,
+    pub priority: Priority,
+    pub session_id: Option<String>,
+    pub pin: Option<String>,
+    pub model: Option<String>,
+    pub spec: RunSpec,
+    pub prompt_tokens: usize,
+    pub params: serde_json::Value,
+    pub ctx: usize,
+    pub deadline: Option<Duration>,
+}
+
+impl Task {
+    pub fn new(n: NewTask) -> Self {
+        let now = Instant::now();
+        Self {
+            id: n.id,
+            correlation_id: n.correlation_id,
+            priority: n.priority,
+            session_id: n.session_id,
+            pin: n.pin,
+            model: n.model,
+            spec: n.spec,
+            prompt_tokens: n.prompt_tokens,
+            params: n.params,
+            ctx: n.ctx,
+            submitted: now,
+            deadline: n.deadline.map(|d| now + d),
+            cancel: CancellationToken::new(),
+            inner: Mutex::new(TaskInner {
+                state: TaskState::Queued,
+                events: Vec::with_capacity(16),
+                pool_id: None,
+                engine: None,
+                placed_at: None,
+                first_token_at: None,
+                last_token_at: None,
+                ended_at: None,
+                tokens_out: 0,
+                last_metrics_at: None,
+                error_code: None,
+            }),
+            changed: watch::channel(0).0,
+        }
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, TaskInner> {
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A receiver that changes whenever an event is appended.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    fn bump(&self, g: &TaskInner) {
+        self.changed.send_replace(g.events.len() as u64);
+    }
+
+    pub fn is_terminal(&self) -> bool {
+        self.lock().is_terminal()
+    }
+
+    pub fn state(&self) -> TaskState {
+        self.lock().state
+    }
+
+    pub fn push_started(&self, started: SseStarted) {
+        let mut g = self.lock();
+        if g.events.is_empty() {
+            g.events.push(TaskEvent::Started(started));
+            self.bump(&g);
+        }
+    }
+
+    /// Records placement. False when the task already ended (e.g. cancelled while placed).
+    pub fn mark_running(&self, pool_id: &str, engine: EngineDescriptor) -> bool {
+        let mut g = self.lock();
+        if g.is_terminal() {
+            return false;
+        }
+        g.state = TaskState::Running;
+        g.pool_id = Some(pool_id.to_string());
+        g.engine = Some(engine);
+        g.placed_at = Some(Instant::now());
+        true
+    }
+
+    /// Appends a token unless the task already ended. Returns false when it has: the caller
+    /// must stop the engine. This check under the lock is what keeps tokens out after cancel.
+    pub fn push_token(&self, text: String) -> bool {
+        let mut g = self.lock();
+        if g.is_terminal() {
+            return false;
+        }
+        let now = Instant::now();
+        match g.last_token_at {
+            None => crate::metrics::ttft(now - self.submitted),
+            Some(prev) => crate::metrics::token_latency(now - prev),
+        }
+        if g.first_token_at.is_none() {
+            g.first_token_at = Some(now);
+        }
+        g.last_token_at = Some(now);
+        let i = g.tokens_out;
+        g.tokens_out += 1;
+        g.events.push(TaskEvent::Token(SseToken { t: text, i }));
+        crate::metrics::token_out();
+        self.bump(&g);
+        true
+    }
+
+    /// Appends a metrics frame if the interval since the last one has passed.
+    pub fn maybe_push_metrics(&self, interval: Duration, make: impl FnOnce(u32) -> SseMetrics) {
+        let mut g = self.lock();
+        if g.is_terminal() {
+            return;
+        }
+        let now = Instant::now();
+        if g.last_metrics_at.is_some_and(|t| now - t < interval) {
+            return;
+        }
+        g.last_metrics_at = Some(now);
+        let m = make(g.tokens_out);
+        g.events.push(TaskEvent::Metrics(m));
+        self.bump(&g);
+    }
+
+    fn decode_ms(g: &TaskInner, now: Instant) -> u64 {
+        g.first_token_at
+            .map(|t| (now - t).as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    /// Ends the task with `end` (finish reason `stop`/`length`/`cancelled`). Returns false
+    /// if it had already ended: exactly one terminal event per task.
+    pub fn finish(&self, finish_reason: &str) -> bool {
+        let mut g = self.lock();
+        if g.is_terminal() {
+            return false;
+        }
+        let now = Instant::now();
+        let decode = Self::decode_ms(&g, now);
+        let tokens_out = g.tokens_out;
+        g.events.push(TaskEvent::End(SseEnd {
+            tokens_out,
+            decode_time_ms: decode,
+            decode_ms: decode,
+            finish_reason: finish_reason.to_string(),
+        }));
+        g.state = if finish_reason == "cancelled" {
+            TaskState::Cancelled
+        } else {
+            TaskState::Completed
+        };
+        g.ended_at = Some(now);
+        self.bump(&g);
+        drop(g);
+        self.cancel.cancel();
+        true
+    }
+
+    /// Ends the task with an `error` event. Returns false if it had already ended.
+    pub fn fail(&self, error: SseError) -> bool {
+        let mut g = self.lock();
+        if g.is_terminal() {
+            return false;
+        }
+        g.error_code = Some(error.code);
+        g.events.push(TaskEvent::Error(error));
+        g.state = TaskState::Failed;
+        g.ended_at = Some(Instant::now());
+        self.bump(&g);
+        drop(g);
+        self.cancel.cancel();
+        true
+    }
+
+    /// The per-task record (artifact).
+    pub fn record(&self) -> TaskRecord {
+        let g = self.lock();
+        let since = |t: Option<Instant>| t.map(|t| (t - self.submitted).as_millis() as u64);
+        let terminal = g.events.last().and_then(|e| match e {
+            TaskEvent::End(p) => Some(TerminalEvent::End(p.clone())),
+            TaskEvent::Error(p) => Some(TerminalEvent::Error(p.clone())),
+            _ => None,
+        });
+        let decode_time_ms = match (g.first_token_at, g.ended_at) {
+            (Some(a), Some(b)) => Some((b - a).as_millis() as u64),
+            _ => None,
+        };
+        TaskRecord {
+            task_id: self.id.clone(),
+            session_id: self.session_id.clone(),
+            correlation_id: self.correlation_id.clone(),
+            priority: self.priority,
+            params: self.params.clone(),
+            seed: self.spec.sampling.seed,
+            max_tokens: self.spec.max_tokens as u32,
+            prompt_tokens: self.prompt_tokens as u32,
+            tokens_out: g.tokens_out,
+            pool_id: g.pool_id.clone(),
+            engine: g.engine.as_ref().map(|e| e.engine.clone()),
+            engine_version: g.engine.as_ref().map(|e| e.engine_version.clone()),
+            model_ref: g.engine.as_ref().map(|e| e.model_ref.clone()),
+            ctx: self.ctx as u32,
+            timings: TaskTimings {
+                queued_ms: since(g.placed_at),
+                ttft_ms: since(g.first_token_at),
+                decode_time_ms,
+                total_ms: since(g.ended_at),
+            },
+            terminal,
+            transcript: g.events.iter().map(TaskEvent::to_transcript).collect(),
+        }
+    }
+}

@@ -1,0 +1,382 @@
+//! Test support: a scripted engine whose timing and failures the test controls, a server on a
+//! real socket, and an SSE client that parses the raw frames.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use orchestratord::config::{Config, PoolConfig};
+use orchestratord::state::SharedState;
+use pool_manager::{
+    Engine, EngineDescriptor, EngineFactory, EngineJob, Finish, FinishReason, PoolSpec, PortError,
+    PromptInput, SeqEvent,
+};
+use tokio::sync::mpsc;
+
+/// An engine that emits `tok{i} ` every `delay`; prompt words count as tokens. Markers in the
+/// prompt script failures: `[hang]` emits nothing, `[fail]` fails after 2 tokens, `[die]`
+/// drops the channel after 2 tokens without a terminal event.
+pub struct ScriptedEngine {
+    pub delay: Duration,
+    pub slots: usize,
+    pub ctx: usize,
+    pub model_ref: String,
+    pub in_flight: Arc<AtomicUsize>,
+    pub alive: Arc<AtomicBool>,
+}
+
+fn words(p: &PromptInput) -> (usize, String) {
+    match p {
+        PromptInput::Text(t) => (t.split_whitespace().count(), t.clone()),
+        PromptInput::Chat(m) => {
+            let all: Vec<String> = m.iter().map(|t| t.content.clone()).collect();
+            let text = all.join(" ");
+            (text.split_whitespace().count() + 4 * m.len(), text)
+        }
+    }
+}
+
+impl Engine for ScriptedEngine {
+    fn descriptor(&self) -> EngineDescriptor {
+        EngineDescriptor {
+            engine: "scripted".into(),
+            engine_version: "test".into(),
+            model_ref: self.model_ref.clone(),
+            model_name: "scripted-model".into(),
+            ctx_max: self.ctx,
+            slots: self.slots,
+        }
+    }
+
+    fn tokenize(&self, prompt: &PromptInput) -> Result<Vec<u32>, PortError> {
+        let (n, text) = words(prompt);
+        // markers ride along as token ids the engine recognises
+        let mut ids: Vec<u32> = (0..n as u32).map(|i| i + 10).collect();
+        if text.contains("[hang]") {
+            ids.push(1);
+        }
+        if text.contains("[fail]") {
+            ids.push(2);
+        }
+        if text.contains("[die]") {
+            ids.push(3);
+        }
+        Ok(ids)
+    }
+
+    fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
+        if self
+            .in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.slots).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(PortError::Busy);
+        }
+        let (tx, rx) = mpsc::channel(pool_manager::EVENT_CHANNEL_CAPACITY);
+        let delay = self.delay;
+        let in_flight = self.in_flight.clone();
+        let alive = self.alive.clone();
+        let hang = job.prompt_tokens.contains(&1);
+        let fail = job.prompt_tokens.contains(&2);
+        let die = job.prompt_tokens.contains(&3);
+        tokio::spawn(async move {
+            let finish = |reason, n| {
+                SeqEvent::Done(Finish {
+                    reason,
+                    prompt_tokens: job.prompt_tokens.len(),
+                    tokens_out: n,
+                    prefill_ms: 0,
+                    decode_ms: 0,
+                })
+            };
+            let mut n = 0;
+            loop {
+                if hang {
+                    job.cancel.cancelled().await;
+                    let _ = tx.send(finish(FinishReason::Cancelled, 0)).await;
+                    break;
+                }
+                if n == job.max_tokens {
+                    let _ = tx.send(finish(FinishReason::Length, n)).await;
+                    break;
+                }
+                if (fail || die) && n == 2 {
+                    if fail {
+                        let _ = tx.send(SeqEvent::Failed("scripted failure".into())).await;
+                    } else {
+                        alive.store(false, Ordering::SeqCst);
+                    }
+                    break;
+                }
+                tokio::select! {
+                    _ = job.cancel.cancelled() => {
+                        let _ = tx.send(finish(FinishReason::Cancelled, n)).await;
+                        break;
+                    }
+                    _ = tokio::time::sleep(delay) => {}
+                }
+                if tx
+                    .send(SeqEvent::Token {
+                        id: 100 + n as u32,
+                        text: format!("tok{n} "),
+                        index: n,
+                    })
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+                n += 1;
+            }
+            in_flight.fetch_sub(1, Ordering::SeqCst);
+        });
+        Ok(rx)
+    }
+
+    fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::SeqCst)
+    }
+}
+
+/// Loads scripted engines; a model ref containing "missing" fails to load.
+pub struct ScriptedFactory {
+    pub delay: Duration,
+    pub ctx: usize,
+}
+
+impl EngineFactory for ScriptedFactory {
+    fn load(&self, spec: &PoolSpec, model_ref: &str) -> Result<Arc<dyn Engine>, PortError> {
+        if model_ref.contains("missing") {
+            return Err(PortError::Load(format!(
+                "cannot read model file {model_ref}"
+            )));
+        }
+        Ok(Arc::new(ScriptedEngine {
+            delay: self.delay,
+            slots: spec.slots,
+            ctx: self.ctx,
+            model_ref: model_ref.to_string(),
+            in_flight: Arc::new(AtomicUsize::new(0)),
+            alive: Arc::new(AtomicBool::new(true)),
+        }))
+    }
+}
+
+pub fn pool(id: &str, slots: usize) -> PoolConfig {
+    PoolConfig {
+        id: id.into(),
+        model: format!("/models/{id}.gguf"),
+        alias: Some("scripted-model".into()),
+        slots,
+        ctx: 256,
+        threads: 0,
+        device: "cpu".into(),
+        weight_format: "auto".into(),
+    }
+}
+
+/// A config with small limits for tests.
+pub fn config(pools: Vec<PoolConfig>) -> Config {
+    let mut c = Config {
+        bind: "127.0.0.1:0".into(),
+        pools,
+        ..Default::default()
+    };
+    c.stream.metrics_interval_ms = 50;
+    c.stream.keepalive_ms = 0;
+    c.timeouts.idle_ms = 2_000;
+    c
+}
+
+pub struct TestServer {
+    pub base: String,
+    pub state: SharedState,
+    pub client: reqwest::Client,
+    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+pub async fn start_with(cfg: Config, factory: Arc<dyn EngineFactory>) -> TestServer {
+    let state = orchestratord::server::build_state(cfg, factory).expect("config");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    orchestratord::server::start_background(&state).await;
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let st = state.clone();
+    tokio::spawn(async move {
+        let _ = orchestratord::server::serve(st, listener, async {
+            let _ = rx.await;
+        })
+        .await;
+    });
+    TestServer {
+        base,
+        state,
+        client: reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap(),
+        shutdown: Some(tx),
+    }
+}
+
+pub async fn start(cfg: Config, token_delay: Duration) -> TestServer {
+    start_with(
+        cfg,
+        Arc::new(ScriptedFactory {
+            delay: token_delay,
+            ctx: 256,
+        }),
+    )
+    .await
+}
+
+/// One parsed SSE event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ev {
+    pub event: String,
+    pub data: serde_json::Value,
+}
+
+/// Parses complete SSE frames out of `buf`, leaving a partial frame in place.
+pub fn parse_frames(buf: &mut String) -> Vec<Ev> {
+    let mut out = Vec::new();
+    while let Some(end) = buf.find("\n\n") {
+        let frame: String = buf.drain(..end + 2).collect();
+        let mut event = None;
+        let mut data = String::new();
+        for line in frame.lines() {
+            if let Some(v) = line.strip_prefix("event: ") {
+                event = Some(v.to_string());
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                data.push_str(v);
+            }
+        }
+        if let Some(event) = event {
+            let data = serde_json::from_str(&data)
+                .unwrap_or_else(|e| panic!("event {event} data is not JSON ({e}): {data:?}"));
+            out.push(Ev { event, data });
+        }
+    }
+    out
+}
+
+impl TestServer {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn submit(&self, body: serde_json::Value) -> reqwest::Response {
+        self.client
+            .post(self.url("/v1/tasks"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Submits and returns the task id, asserting 202.
+    pub async fn submit_ok(&self, body: serde_json::Value) -> String {
+        let r = self.submit(body).await;
+        assert_eq!(r.status(), 202, "{:?}", r.text().await);
+        let v: serde_json::Value = r.json().await.unwrap();
+        v["task_id"].as_str().unwrap().to_string()
+    }
+
+    /// Reads a whole stream; panics if anything follows the terminal event.
+    pub async fn stream_all(&self, id: &str) -> Vec<Ev> {
+        let r = self
+            .client
+            .get(self.url(&format!("/v1/tasks/{id}/stream")))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        read_events(r).await.into_iter().map(|(e, _)| e).collect()
+    }
+
+    pub async fn cancel(&self, id: &str) -> u16 {
+        self.client
+            .post(self.url(&format!("/v1/tasks/{id}/cancel")))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    }
+
+    pub async fn record(&self, id: &str) -> serde_json::Value {
+        self.client
+            .get(self.url(&format!("/v1/artifacts/{id}")))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    pub async fn metrics(&self) -> String {
+        self.client
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+/// The value of a counter line `name{labels} value` in Prometheus text (0 when absent).
+pub fn counter(text: &str, name_and_labels: &str) -> f64 {
+    text.lines()
+        .find(|l| l.starts_with(name_and_labels) && l[name_and_labels.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Asserts the stream invariant: `started` first, then tokens/metrics, exactly one terminal last.
+pub fn assert_well_formed(events: &[Ev]) {
+    assert!(!events.is_empty(), "empty stream");
+    assert_eq!(events[0].event, "started", "{events:?}");
+    let terminals = events
+        .iter()
+        .filter(|e| e.event == "end" || e.event == "error")
+        .count();
+    assert_eq!(terminals, 1, "exactly one terminal: {events:?}");
+    let last = &events[events.len() - 1];
+    assert!(
+        last.event == "end" || last.event == "error",
+        "terminal last: {events:?}"
+    );
+    for (i, e) in events.iter().filter(|e| e.event == "token").enumerate() {
+        assert_eq!(e.data["i"], i, "token indices consecutive");
+    }
+}
+
+/// Reads an SSE response to its end, stamping each event with its arrival time.
+pub async fn read_events(r: reqwest::Response) -> Vec<(Ev, std::time::Instant)> {
+    use futures::StreamExt;
+    let mut body = r.bytes_stream();
+    let mut buf = String::new();
+    let mut events = Vec::new();
+    while let Some(chunk) = body.next().await {
+        buf.push_str(std::str::from_utf8(&chunk.unwrap()).expect("SSE is UTF-8"));
+        let now = std::time::Instant::now();
+        events.extend(parse_frames(&mut buf).into_iter().map(|e| (e, now)));
+    }
+    assert!(buf.trim().is_empty(), "partial frame left: {buf:?}");
+    events
+}

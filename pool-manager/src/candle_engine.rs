@@ -1,0 +1,105 @@
+//! The candle engine behind the Engine port.
+
+use std::sync::Arc;
+
+use engine_candle::{CandleEngine, EngineError, EngineOptions, GenerateRequest, SeqEvent};
+use tokio::sync::mpsc;
+
+use crate::pool::PoolSpec;
+use crate::port::{
+    Engine, EngineDescriptor, EngineFactory, EngineJob, PortError, PromptInput,
+    EVENT_CHANNEL_CAPACITY,
+};
+
+/// A loaded candle model seen through the port.
+pub struct CandlePortEngine {
+    inner: CandleEngine,
+    model_ref: String,
+}
+
+fn map_err(e: EngineError) -> PortError {
+    match e {
+        EngineError::NoFreeSlot(_) => PortError::Busy,
+        EngineError::Stopped => PortError::Dead(e.to_string()),
+        EngineError::ContextOverflow { .. }
+        | EngineError::InvalidParams(_)
+        | EngineError::ChatTemplate(_)
+        | EngineError::Tokenizer(_) => PortError::InvalidInput(e.to_string()),
+        other => PortError::Load(other.to_string()),
+    }
+}
+
+impl CandlePortEngine {
+    pub fn new(inner: CandleEngine, model_ref: String) -> Self {
+        Self { inner, model_ref }
+    }
+
+    pub fn engine(&self) -> &CandleEngine {
+        &self.inner
+    }
+}
+
+impl Engine for CandlePortEngine {
+    fn descriptor(&self) -> EngineDescriptor {
+        let info = self.inner.info();
+        EngineDescriptor {
+            engine: engine_candle::ENGINE_NAME.to_string(),
+            engine_version: engine_candle::ENGINE_VERSION.to_string(),
+            model_ref: self.model_ref.clone(),
+            model_name: info.name.clone(),
+            ctx_max: info.ctx,
+            slots: info.slots,
+        }
+    }
+
+    fn tokenize(&self, prompt: &PromptInput) -> Result<Vec<u32>, PortError> {
+        let text;
+        let s = match prompt {
+            PromptInput::Text(t) => t.as_str(),
+            PromptInput::Chat(turns) => {
+                text = self.inner.render_chat(turns).map_err(map_err)?;
+                text.as_str()
+            }
+        };
+        self.inner.tokenizer().encode(s).map_err(map_err)
+    }
+
+    fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
+        let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
+        self.inner
+            .submit(GenerateRequest {
+                prompt_tokens: job.prompt_tokens,
+                sampling: job.sampling,
+                max_tokens: job.max_tokens,
+                stop: job.stop,
+                cancel: job.cancel,
+                events: tx,
+            })
+            .map_err(map_err)?;
+        Ok(rx)
+    }
+
+    fn is_alive(&self) -> bool {
+        self.inner.is_alive()
+    }
+}
+
+/// Loads GGUF models with candle.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CandleFactory;
+
+impl EngineFactory for CandleFactory {
+    fn load(&self, spec: &PoolSpec, model_ref: &str) -> Result<Arc<dyn Engine>, PortError> {
+        let mut opts = EngineOptions::new(model_ref);
+        opts.slots = spec.slots;
+        opts.ctx = spec.ctx;
+        opts.threads = spec.threads;
+        opts.device = spec.device;
+        opts.weight_format = spec.weight_format;
+        let engine = CandleEngine::load(opts).map_err(|e| PortError::Load(e.to_string()))?;
+        Ok(Arc::new(CandlePortEngine::new(
+            engine,
+            model_ref.to_string(),
+        )))
+    }
+}

@@ -1,0 +1,423 @@
+//! One pool: a model loaded into an engine with N slots, and its lifecycle.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use engine_candle::{DeviceChoice, SamplingParams, SeqEvent, WeightFormat};
+use rand::Rng;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::lease::SlotLease;
+use crate::port::{Engine, EngineDescriptor, EngineFactory, EngineJob, PortError, PromptInput};
+use crate::state::{PoolEvent, PoolState, TransitionError};
+
+/// How to build a pool (from config).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSpec {
+    pub id: String,
+    /// Model path (candle) or another engine's reference.
+    pub model_ref: String,
+    /// Name clients use in `model`; defaults to the file stem of `model_ref`.
+    pub model_alias: String,
+    pub slots: usize,
+    pub ctx: usize,
+    pub threads: usize,
+    pub device: DeviceChoice,
+    pub weight_format: WeightFormat,
+}
+
+/// Failures of control-plane actions on a pool.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PoolError {
+    #[error(transparent)]
+    Transition(#[from] TransitionError),
+    /// Loading or self-testing the new model failed; the old one keeps serving.
+    #[error("reload failed, rolled back: {0}")]
+    ReloadFailed(String),
+}
+
+/// A consistent view of a pool for health, capabilities and placement.
+#[derive(Debug, Clone)]
+pub struct PoolSnapshot {
+    pub id: String,
+    pub state: PoolState,
+    pub descriptor: Option<EngineDescriptor>,
+    pub model_alias: String,
+    pub slots_total: usize,
+    pub slots_busy: usize,
+    pub last_error: Option<String>,
+    pub engine_alive: bool,
+    pub tasks_started: u64,
+    pub tasks_finished: u64,
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+    pub restarts: u64,
+    pub model_load_ms: u64,
+    pub service_ms_ewma: Option<f64>,
+    /// Smoothed decode time per generated token, seeded by the self-test.
+    pub ms_per_token_ewma: Option<f64>,
+    pub drain_deadline_remaining_ms: Option<u64>,
+    pub consecutive_failures: u32,
+}
+
+impl PoolSnapshot {
+    pub fn slots_free(&self) -> usize {
+        if self.state.accepts_work() {
+            self.slots_total.saturating_sub(self.slots_busy)
+        } else {
+            0
+        }
+    }
+}
+
+struct Inner {
+    state: PoolState,
+    engine: Option<Arc<dyn Engine>>,
+    last_error: Option<String>,
+    drain_token: CancellationToken,
+    drain_deadline: Option<Instant>,
+    model_load_ms: u64,
+    service_ms_ewma: Option<f64>,
+    ms_per_token_ewma: Option<f64>,
+    consecutive_failures: u32,
+}
+
+/// Weight of the newest sample in the service-time EWMA.
+const EWMA_ALPHA: f64 = 0.2;
+/// Longest wait for the one-token self-test.
+const SELF_TEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Load retry backoff: first wait and cap.
+const RETRY_BASE: Duration = Duration::from_millis(500);
+const RETRY_CAP: Duration = Duration::from_secs(30);
+
+/// A pool of engine slots.
+pub struct Pool {
+    spec: PoolSpec,
+    factory: Arc<dyn EngineFactory>,
+    inner: Mutex<Inner>,
+    busy: AtomicUsize,
+    wake: Arc<Notify>,
+    tasks_started: AtomicU64,
+    tasks_finished: AtomicU64,
+    reloads_ok: AtomicU64,
+    reloads_failed: AtomicU64,
+    restarts: AtomicU64,
+}
+
+impl Pool {
+    /// A pool in `Loading`; call [`Pool::load`] to bring it up.
+    pub fn new(spec: PoolSpec, factory: Arc<dyn EngineFactory>, wake: Arc<Notify>) -> Arc<Self> {
+        Arc::new(Self {
+            spec,
+            factory,
+            inner: Mutex::new(Inner {
+                state: PoolState::Loading,
+                engine: None,
+                last_error: None,
+                drain_token: CancellationToken::new(),
+                drain_deadline: None,
+                model_load_ms: 0,
+                service_ms_ewma: None,
+                ms_per_token_ewma: None,
+                consecutive_failures: 0,
+            }),
+            busy: AtomicUsize::new(0),
+            wake,
+            tasks_started: AtomicU64::new(0),
+            tasks_finished: AtomicU64::new(0),
+            reloads_ok: AtomicU64::new(0),
+            reloads_failed: AtomicU64::new(0),
+            restarts: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // a poisoned lock only means a panic elsewhere; the data is still consistent
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn id(&self) -> &str {
+        &self.spec.id
+    }
+
+    pub fn spec(&self) -> &PoolSpec {
+        &self.spec
+    }
+
+    pub fn state(&self) -> PoolState {
+        self.lock().state
+    }
+
+    /// Whether this pool serves `model` (its alias, the model's name, or the pool id).
+    pub fn serves(&self, model: &str) -> bool {
+        if model == self.spec.model_alias || model == self.spec.id {
+            return true;
+        }
+        self.lock()
+            .engine
+            .as_ref()
+            .is_some_and(|e| e.descriptor().model_name == model)
+    }
+
+    pub fn engine(&self) -> Option<Arc<dyn Engine>> {
+        self.lock().engine.clone()
+    }
+
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let g = self.lock();
+        PoolSnapshot {
+            id: self.spec.id.clone(),
+            state: g.state,
+            descriptor: g.engine.as_ref().map(|e| e.descriptor()),
+            model_alias: self.spec.model_alias.clone(),
+            slots_total: self.spec.slots,
+            slots_busy: self.busy.load(Ordering::SeqCst),
+            last_error: g.last_error.clone(),
+            engine_alive: g.engine.as_ref().is_some_and(|e| e.is_alive()),
+            tasks_started: self.tasks_started.load(Ordering::Relaxed),
+            tasks_finished: self.tasks_finished.load(Ordering::Relaxed),
+            reloads_ok: self.reloads_ok.load(Ordering::Relaxed),
+            reloads_failed: self.reloads_failed.load(Ordering::Relaxed),
+            restarts: self.restarts.load(Ordering::Relaxed),
+            model_load_ms: g.model_load_ms,
+            service_ms_ewma: g.service_ms_ewma,
+            ms_per_token_ewma: g.ms_per_token_ewma,
+            drain_deadline_remaining_ms: g
+                .drain_deadline
+                .filter(|_| g.state == PoolState::Draining)
+                .map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
+            consecutive_failures: g.consecutive_failures,
+        }
+    }
+
+    fn apply(&self, g: &mut Inner, event: PoolEvent) -> Result<PoolState, TransitionError> {
+        let next = g.state.on(event)?;
+        if next != g.state {
+            tracing::info!(pool = %self.spec.id, from = g.state.as_str(), to = next.as_str(), ?event, "pool state");
+        }
+        g.state = next;
+        self.wake.notify_one();
+        Ok(next)
+    }
+
+    /// Grants a slot if the pool takes work and one is free.
+    pub fn try_lease(self: &Arc<Self>) -> Option<SlotLease> {
+        let g = self.lock();
+        if !g.state.accepts_work() {
+            return None;
+        }
+        let engine = g.engine.clone()?;
+        if !engine.is_alive() {
+            return None;
+        }
+        let slots = self.spec.slots;
+        self.busy
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < slots).then_some(n + 1)
+            })
+            .ok()?;
+        self.tasks_started.fetch_add(1, Ordering::Relaxed);
+        Some(SlotLease {
+            pool: self.clone(),
+            engine,
+            drain_deadline: g.drain_token.clone(),
+        })
+    }
+
+    pub(crate) fn release_slot(&self) {
+        self.busy.fetch_sub(1, Ordering::SeqCst);
+        self.tasks_finished.fetch_add(1, Ordering::Relaxed);
+        let mut g = self.lock();
+        if g.state == PoolState::Draining && self.busy.load(Ordering::SeqCst) == 0 {
+            let _ = self.apply(&mut g, PoolEvent::DrainComplete);
+        }
+        drop(g);
+        self.wake.notify_one();
+    }
+
+    /// Feeds the measured service time and token count of a finished task into the EWMAs.
+    pub fn record_service(&self, took: Duration, tokens_out: usize) {
+        let ms = took.as_secs_f64() * 1000.0;
+        let mut g = self.lock();
+        g.service_ms_ewma = Some(ewma(g.service_ms_ewma, ms));
+        if tokens_out > 0 {
+            g.ms_per_token_ewma = Some(ewma(g.ms_per_token_ewma, ms / tokens_out as f64));
+        }
+    }
+
+    /// Loads `model_ref` and runs the one-token self-test.
+    async fn load_engine(&self, model_ref: &str) -> Result<(Arc<dyn Engine>, u64), String> {
+        let (engine, ms, probe_ms) = self.load_and_probe(model_ref).await?;
+        let mut g = self.lock();
+        if g.ms_per_token_ewma.is_none() {
+            g.ms_per_token_ewma = Some(probe_ms);
+        }
+        Ok((engine, ms))
+    }
+
+    async fn load_and_probe(&self, model_ref: &str) -> Result<(Arc<dyn Engine>, u64, f64), String> {
+        let started = Instant::now();
+        let factory = self.factory.clone();
+        let spec = self.spec.clone();
+        let model = model_ref.to_string();
+        let engine = tokio::task::spawn_blocking(move || factory.load(&spec, &model))
+            .await
+            .map_err(|e| format!("load task failed: {e}"))?
+            .map_err(|e| e.to_string())?;
+        let load_ms = started.elapsed().as_millis() as u64;
+        let probe = Instant::now();
+        self_test(engine.as_ref()).await?;
+        Ok((engine, load_ms, probe.elapsed().as_secs_f64() * 1000.0))
+    }
+
+    /// Brings the pool up: load, self-test, Ready. Retries with exponential backoff and jitter
+    /// until it succeeds; failures leave it `Unready` with `last_error`.
+    pub async fn load(self: Arc<Self>) {
+        let mut attempt: u32 = 0;
+        loop {
+            match self.load_engine(&self.spec.model_ref).await {
+                Ok((engine, ms)) => {
+                    let mut g = self.lock();
+                    g.engine = Some(engine);
+                    g.model_load_ms = ms;
+                    g.last_error = None;
+                    g.consecutive_failures = 0;
+                    let _ = self.apply(&mut g, PoolEvent::Loaded);
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(pool = %self.spec.id, error = %e, attempt, "pool load failed");
+                    let mut g = self.lock();
+                    g.last_error = Some(e);
+                    g.consecutive_failures += 1;
+                    let _ = self.apply(&mut g, PoolEvent::LoadFailed);
+                }
+            }
+            attempt = attempt.saturating_add(1);
+            tokio::time::sleep(backoff(attempt)).await;
+            if self.state() != PoolState::Unready {
+                return;
+            }
+        }
+    }
+
+    /// Marks the engine dead (its decode thread stopped) and restarts it with backoff.
+    pub fn engine_died(self: &Arc<Self>, why: &str) {
+        {
+            let mut g = self.lock();
+            if g.state == PoolState::Unready {
+                return;
+            }
+            g.last_error = Some(format!("engine died: {why}"));
+            g.engine = None;
+            let _ = self.apply(&mut g, PoolEvent::EngineDied);
+        }
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(backoff(1)).await;
+            me.load().await;
+        });
+    }
+
+    /// Starts draining: no new leases at once; running tasks get until `deadline` to finish.
+    pub fn drain(self: &Arc<Self>, deadline: Duration) -> Result<(), PoolError> {
+        let mut g = self.lock();
+        self.apply(&mut g, PoolEvent::Drain)?;
+        g.drain_deadline = Some(Instant::now() + deadline);
+        let token = g.drain_token.clone();
+        if self.busy.load(Ordering::SeqCst) == 0 {
+            let _ = self.apply(&mut g, PoolEvent::DrainComplete);
+        }
+        drop(g);
+        tokio::spawn(async move {
+            tokio::time::sleep(deadline).await;
+            token.cancel();
+        });
+        Ok(())
+    }
+
+    /// Brings a draining or drained pool back into service.
+    pub fn resume(&self) -> Result<(), PoolError> {
+        let mut g = self.lock();
+        self.apply(&mut g, PoolEvent::Resume)?;
+        g.drain_token = CancellationToken::new();
+        g.drain_deadline = None;
+        Ok(())
+    }
+
+    /// Loads `new_ref` beside the current model, self-tests it and switches atomically. On
+    /// failure the old model keeps serving and the cause is returned.
+    pub async fn reload(self: &Arc<Self>, new_ref: &str) -> Result<u64, PoolError> {
+        {
+            let mut g = self.lock();
+            self.apply(&mut g, PoolEvent::ReloadStart)?;
+        }
+        match self.load_engine(new_ref).await {
+            Ok((engine, ms)) => {
+                let mut g = self.lock();
+                // running leases keep their Arc to the old engine; it is freed after them
+                g.engine = Some(engine);
+                g.model_load_ms = ms;
+                g.last_error = None;
+                g.drain_token = CancellationToken::new();
+                g.drain_deadline = None;
+                let _ = self.apply(&mut g, PoolEvent::ReloadDone);
+                self.reloads_ok.fetch_add(1, Ordering::Relaxed);
+                Ok(ms)
+            }
+            Err(e) => {
+                let mut g = self.lock();
+                let had_engine = g.engine.is_some();
+                let _ = self.apply(&mut g, PoolEvent::ReloadFailed { had_engine });
+                self.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                Err(PoolError::ReloadFailed(e))
+            }
+        }
+    }
+}
+
+fn ewma(prev: Option<f64>, sample: f64) -> f64 {
+    match prev {
+        Some(p) => p + EWMA_ALPHA * (sample - p),
+        None => sample,
+    }
+}
+
+fn backoff(attempt: u32) -> Duration {
+    let exp = RETRY_BASE.saturating_mul(1u32 << attempt.min(8));
+    let capped = exp.min(RETRY_CAP);
+    let jitter = rand::rng().random_range(0.5..1.0);
+    capped.mul_f64(jitter)
+}
+
+/// Decodes one token greedily to prove the engine works before it takes traffic.
+async fn self_test(engine: &dyn Engine) -> Result<(), String> {
+    let tokens = engine
+        .tokenize(&PromptInput::Text("Hello".into()))
+        .map_err(|e| format!("self-test tokenize: {e}"))?;
+    let mut rx = engine
+        .start(EngineJob {
+            prompt_tokens: tokens,
+            sampling: SamplingParams::default(),
+            max_tokens: 1,
+            stop: vec![],
+            cancel: CancellationToken::new(),
+        })
+        .map_err(|e: PortError| format!("self-test start: {e}"))?;
+    let run = async {
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                SeqEvent::Token { .. } => {}
+                SeqEvent::Done(_) => return Ok(()),
+                SeqEvent::Failed(m) => return Err(format!("self-test decode: {m}")),
+            }
+        }
+        Err("self-test: engine stopped".to_string())
+    };
+    tokio::time::timeout(SELF_TEST_TIMEOUT, run)
+        .await
+        .map_err(|_| "self-test timed out".to_string())?
+}
