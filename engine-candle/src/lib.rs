@@ -8,6 +8,7 @@ mod engine;
 mod error;
 mod hparams;
 mod model;
+mod q4_1_cpu;
 mod sampling;
 mod scheduler;
 mod text_stream;

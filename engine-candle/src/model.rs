@@ -5,7 +5,7 @@
 //! layer; each running sequence owns one row and has its own position, so sequences of any
 //! length decode together in one batched pass and join or leave between steps.
 
-use candle_core::{DType, Device, Module, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 use crate::error::{EngineError, Result};
 use crate::hparams::{Hparams, RopeStyle};
@@ -252,7 +252,6 @@ impl Model {
                 ctx: self.ctx,
             });
         }
-        let span = max_pos + 1;
         let pos_u32: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
         let pos_t = Tensor::new(pos_u32.as_slice(), &self.device)?;
         let cos = self.cos.index_select(&pos_t, 0)?.reshape((b, 1, hd / 2))?;
@@ -262,11 +261,6 @@ impl Model {
             idx.extend(std::iter::repeat_n(p, nkv * hd));
         }
         let idx = Tensor::from_vec(idx, (b, nkv, 1, hd), &self.device)?;
-        let mut mask = Vec::with_capacity(b * span);
-        for &p in positions {
-            mask.extend((0..span).map(|c| if c <= p { 0f32 } else { f32::NEG_INFINITY }));
-        }
-        let mask = Tensor::from_vec(mask, (b, 1, 1, span), &self.device)?;
         let scale = 1.0 / (hd as f64).sqrt();
         let mut x = self.embed(tokens)?;
         for li in 0..hp.n_layer {
@@ -280,12 +274,18 @@ impl Model {
             let vc = cache.v[li].narrow(0, 0, b)?;
             kc.scatter_set(&idx, &k, 2)?;
             vc.scatter_set(&idx, &v, 2)?;
-            let keys = kc.narrow(2, 0, span)?;
-            let vals = vc.narrow(2, 0, span)?;
+            // attention per sequence over exactly its own length: the result of a sequence
+            // never depends on which others share the batch (no padded reductions)
             let q = q.reshape((b, nkv, g, hd))?;
-            let att = q.matmul(&keys.t()?)?.broadcast_add(&mask)?;
-            let att = candle_nn::ops::softmax_last_dim(&att)?;
-            let out = att.matmul(&vals)?.reshape((b, nh * hd))?;
+            let mut outs = Vec::with_capacity(b);
+            for (row, &p) in positions.iter().enumerate() {
+                let keys = kc.narrow(0, row, 1)?.narrow(2, 0, p + 1)?;
+                let vals = vc.narrow(0, row, 1)?.narrow(2, 0, p + 1)?;
+                let qr = q.narrow(0, row, 1)?;
+                let att = candle_nn::ops::softmax_last_dim(&qr.matmul(&keys.t()?)?)?;
+                outs.push(att.matmul(&vals)?.reshape((1, nh * hd))?);
+            }
+            let out = Tensor::cat(&outs, 0)?;
             x = self.mlp_and_output(li, &x, &out)?;
         }
         let logits = self.logits(&x)?;

@@ -225,6 +225,8 @@ impl Scheduler {
             }
         }
         let mut seq = self.running.swap_remove(i);
+        // free the slot before the final event goes out: whoever receives it may submit at once
+        self.release_slot();
         if let Some(ev) = final_event {
             seq.backlog.push_back(ev);
         }
@@ -234,7 +236,6 @@ impl Scheduler {
                 backlog: seq.backlog,
             });
         }
-        self.release_slot();
     }
 
     fn finish_event(seq: &Running, reason: FinishReason) -> SeqEvent {
@@ -263,6 +264,7 @@ impl Scheduler {
         }
         self.waiting.retain(|(req, _)| {
             if req.cancel.is_cancelled() || req.events.is_closed() {
+                self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
                 let _ = req.events.try_send(SeqEvent::Done(Finish {
                     reason: FinishReason::Cancelled,
                     prompt_tokens: req.prompt_tokens.len(),
@@ -270,7 +272,6 @@ impl Scheduler {
                     prefill_ms: 0,
                     decode_ms: 0,
                 }));
-                self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
                 false
             } else {
                 true
@@ -308,8 +309,8 @@ impl Scheduler {
                     self.accept_token(row);
                 }
                 Err(e) => {
-                    let _ = req.events.try_send(SeqEvent::Failed(e.to_string()));
                     self.release_slot();
+                    let _ = req.events.try_send(SeqEvent::Failed(e.to_string()));
                 }
             }
         }

@@ -5,25 +5,57 @@ use std::io::BufReader;
 use std::path::Path;
 
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
-use candle_core::{Device, Tensor};
+use candle_core::{Device, Module, Tensor};
 
 use crate::error::{EngineError, Result};
 use crate::hparams::Hparams;
+use crate::q4_1_cpu::Q41Matrix;
 
-/// How matmul weights are held in memory after loading.
+/// How matmul weights are held in memory after loading, and which kernel multiplies them.
 ///
-/// candle's CPU kernels for Q4_1 (and the other "_1" formats) are scalar, several times slower
-/// than its SIMD Q8_0 kernel. `Auto` re-quantizes those to Q8_0 at load: Q8_0 represents every
-/// Q4_1 value with at most half a Q8 step of rounding, so quality is kept (see `.specs/`).
+/// candle's CPU kernel for Q4_1 is scalar, several times slower than its SIMD Q8_0 kernel;
+/// re-quantizing to Q8_0 is fast but moves results away from llama.cpp's. `Auto` keeps Q4_1
+/// weights as stored and multiplies them on the CPU with this crate's SIMD Q4_1×Q8_1 kernel
+/// (llama.cpp's arithmetic); Q5_0/Q5_1 (scalar in candle too) are re-quantized to Q8_0; the
+/// rest use candle's kernels. Figures in `.specs/engine.md` (ENG-WFMT-1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightFormat {
-    /// Re-quantize formats without a fast kernel (Q4_1, Q5_0, Q5_1) to Q8_0; keep the rest.
+    /// The fastest kernel that keeps the stored values (see above).
     #[default]
     Auto,
-    /// Keep every tensor as stored in the file.
+    /// Every tensor as stored, candle's kernels only.
     AsStored,
-    /// Re-quantize every 2-D matmul weight to Q8_0.
+    /// Re-quantize every 2-D matmul weight to Q8_0, candle's kernels.
     Q8_0,
+}
+
+/// A matmul weight with the kernel that multiplies it.
+pub(crate) enum Linear {
+    Candle(QMatMul),
+    /// Q4_1 on the CPU with the llama.cpp-exact SIMD kernel.
+    Q41(Q41Matrix),
+}
+
+impl Linear {
+    /// `x[.., k]` times the weight's transpose: `[.., n]`.
+    pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
+        match self {
+            Self::Candle(q) => q.forward(x),
+            Self::Q41(w) => {
+                let mut dims = x.dims().to_vec();
+                let k = dims.pop().unwrap_or(0);
+                if k != w.k() {
+                    candle_core::bail!("matmul: input has {k} columns, weight has {}", w.k());
+                }
+                let m: usize = dims.iter().product();
+                let xs = x.flatten_all()?.to_vec1::<f32>()?;
+                let mut out = vec![0f32; m * w.n()];
+                w.matmul(&xs, m, &mut out);
+                dims.push(w.n());
+                Tensor::from_vec(out, dims, x.device())
+            }
+        }
+    }
 }
 
 impl std::str::FromStr for WeightFormat {
@@ -43,17 +75,17 @@ impl std::str::FromStr for WeightFormat {
 /// One transformer block.
 pub(crate) struct Layer {
     pub attn_norm: Tensor,
-    pub wq: QMatMul,
-    pub wk: QMatMul,
-    pub wv: QMatMul,
+    pub wq: Linear,
+    pub wk: Linear,
+    pub wv: Linear,
     pub bq: Option<Tensor>,
     pub bk: Option<Tensor>,
     pub bv: Option<Tensor>,
-    pub wo: QMatMul,
+    pub wo: Linear,
     pub ffn_norm: Tensor,
-    pub w_gate: QMatMul,
-    pub w_up: QMatMul,
-    pub w_down: QMatMul,
+    pub w_gate: Linear,
+    pub w_up: Linear,
+    pub w_down: Linear,
 }
 
 /// All weights of the model, ready for the forward pass.
@@ -61,7 +93,7 @@ pub(crate) struct Weights {
     pub tok_embd: QTensor,
     pub layers: Vec<Layer>,
     pub out_norm: Tensor,
-    pub output: QMatMul,
+    pub output: Linear,
     /// Per-dimension RoPE frequency divisors (`rope_freqs.weight`), when the model has them.
     pub rope_freqs: Option<Vec<f32>>,
 }
@@ -97,8 +129,13 @@ impl GgufFile {
         Ok(self.qtensor(name, device)?.dequantize(device)?)
     }
 
-    fn matmul(&mut self, name: &str, device: &Device, format: WeightFormat) -> Result<QMatMul> {
+    fn matmul(&mut self, name: &str, device: &Device, format: WeightFormat) -> Result<Linear> {
         let q = self.qtensor(name, device)?;
+        if format == WeightFormat::Auto && device.is_cpu() {
+            if let Some(m) = Q41Matrix::from_qtensor(&q) {
+                return Ok(Linear::Q41(m));
+            }
+        }
         let target = match (format, q.dtype()) {
             (WeightFormat::AsStored, _) => None,
             (WeightFormat::Q8_0, GgmlDType::Q8_0) => None,
@@ -120,7 +157,7 @@ impl GgufFile {
             }
             _ => q,
         };
-        Ok(QMatMul::from_qtensor(q)?)
+        Ok(Linear::Candle(QMatMul::from_qtensor(q)?))
     }
 
     pub fn load_weights(

@@ -111,12 +111,21 @@ impl Engine for ScriptedEngine {
                     }
                     break;
                 }
-                tokio::select! {
-                    _ = job.cancel.cancelled() => {
-                        let _ = tx.send(finish(FinishReason::Cancelled, n)).await;
-                        break;
+                if job.cancel.is_cancelled() {
+                    let _ = tx.send(finish(FinishReason::Cancelled, n)).await;
+                    break;
+                }
+                if delay.is_zero() {
+                    // an instant engine (tokio timers have 1 ms granularity)
+                    tokio::task::yield_now().await;
+                } else {
+                    tokio::select! {
+                        _ = job.cancel.cancelled() => {
+                            let _ = tx.send(finish(FinishReason::Cancelled, n)).await;
+                            break;
+                        }
+                        _ = tokio::time::sleep(delay) => {}
                     }
-                    _ = tokio::time::sleep(delay) => {}
                 }
                 if tx
                     .send(SeqEvent::Token {

@@ -1,0 +1,150 @@
+//! Engine speed on the default model: single-stream prompt and decode tokens/s, and aggregate
+//! decode tokens/s with 1, 4 and 8 concurrent sequences (continuous batching).
+//!
+//! `cargo bench -p engine-candle --bench engine [-- --threads N --format auto|as-stored|q8_0]`
+//! `ci/bench-engine.sh` runs it beside llama.cpp on the same GGUF and thread count.
+
+use std::time::Instant;
+
+use engine_candle::{
+    CandleEngine, EngineOptions, GenerateRequest, SamplingParams, SeqEvent, WeightFormat,
+};
+use tokio_util::sync::CancellationToken;
+
+const ROUNDS: usize = 5;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+struct Run {
+    first_token_s: f64,
+    tokens: usize,
+    end_s: f64,
+}
+
+/// Starts `prompts.len()` sequences at once and waits for all.
+fn run_batch(e: &CandleEngine, prompts: &[Vec<u32>], max_tokens: usize) -> (Vec<Run>, f64) {
+    let t0 = Instant::now();
+    let mut rxs = Vec::new();
+    for p in prompts {
+        let (tx, rx) = tokio::sync::mpsc::channel(256);
+        e.submit(GenerateRequest {
+            prompt_tokens: p.clone(),
+            sampling: SamplingParams::default(),
+            max_tokens,
+            stop: vec![],
+            cancel: CancellationToken::new(),
+            events: tx,
+        })
+        .expect("submit");
+        rxs.push(rx);
+    }
+    let mut runs = Vec::new();
+    for mut rx in rxs {
+        let mut first = None;
+        let mut n = 0;
+        while let Some(ev) = rx.blocking_recv() {
+            match ev {
+                SeqEvent::Token { .. } => {
+                    n += 1;
+                    first.get_or_insert(t0.elapsed().as_secs_f64());
+                }
+                SeqEvent::Done(_) => break,
+                SeqEvent::Failed(m) => panic!("{m}"),
+            }
+        }
+        runs.push(Run {
+            first_token_s: first.unwrap_or(0.0),
+            tokens: n,
+            end_s: t0.elapsed().as_secs_f64(),
+        });
+    }
+    let wall = t0.elapsed().as_secs_f64();
+    (runs, wall)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let arg = |name: &str| {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1).cloned())
+    };
+    let threads: usize = arg("--threads").map(|v| v.parse().unwrap()).unwrap_or(2);
+    let format: WeightFormat = arg("--format")
+        .map(|v| v.parse().unwrap())
+        .unwrap_or_default();
+    let model = std::env::var("ORCHD_TEST_MODEL").unwrap_or_else(|_| {
+        format!(
+            "{}/../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf",
+            env!("CARGO_MANIFEST_DIR")
+        )
+    });
+    let mut opts = EngineOptions::new(&model);
+    opts.slots = 8;
+    opts.ctx = 2048;
+    opts.threads = threads;
+    opts.weight_format = format;
+    let e = CandleEngine::load(opts).expect("model loads");
+    let tok = |s: &str| e.tokenizer().encode(s).unwrap();
+    // a 128-token prompt
+    let mut long =
+        tok(&"The history of the bicycle begins in the early nineteenth century. ".repeat(12));
+    long.truncate(128);
+    let _ = run_batch(&e, std::slice::from_ref(&long), 4); // warm-up
+
+    let mut prompt_tps = Vec::new();
+    let mut decode_tps = Vec::new();
+    for _ in 0..ROUNDS {
+        let (runs, _) = run_batch(&e, std::slice::from_ref(&long), 1);
+        prompt_tps.push(long.len() as f64 / runs[0].first_token_s);
+        let short = tok("Once upon a time");
+        let (runs, _) = run_batch(&e, &[short], 128);
+        let r = &runs[0];
+        decode_tps.push((r.tokens - 1) as f64 / (r.end_s - r.first_token_s));
+    }
+    println!(
+        "engine-candle {:?}, {threads} threads, {}",
+        format,
+        model.rsplit('/').next().unwrap_or("")
+    );
+    println!("single stream: prompt {:.1} tok/s (128-token prompt), decode {:.1} tok/s (128 tokens), medians of {ROUNDS}",
+        median(prompt_tps), median(decode_tps));
+    let questions = [
+        "Write a short story about a lighthouse keeper.",
+        "Explain how a refrigerator works.",
+        "Describe a busy morning market.",
+        "Give me a recipe for vegetable soup.",
+        "Explain the water cycle to a child.",
+        "Write a letter about your last vacation.",
+        "What causes the seasons on Earth?",
+        "Tell me about the history of the bicycle.",
+    ];
+    for n in [1usize, 4, 8] {
+        let prompts: Vec<Vec<u32>> = questions[..n]
+            .iter()
+            .map(|q| {
+                let p = e
+                    .render_chat(&[engine_candle::ChatMessage {
+                        role: "user".into(),
+                        content: (*q).into(),
+                    }])
+                    .unwrap();
+                tok(&p)
+            })
+            .collect();
+        let mut agg = Vec::new();
+        for _ in 0..3 {
+            let (runs, wall) = run_batch(&e, &prompts, 64);
+            let total: usize = runs.iter().map(|r| r.tokens).sum();
+            agg.push(total as f64 / wall);
+        }
+        println!("aggregate decode, {n} concurrent x 64 tokens: {:.1} tok/s (wall clock incl. prefill, median of 3)", median(agg));
+    }
+    println!(
+        "KV cache: {} MiB for 8 slots x 2048 ctx (f32)",
+        e.info().kv_cache_bytes / (1 << 20)
+    );
+}

@@ -1,0 +1,317 @@
+//! A CPU matmul for Q4_1 weights that computes what llama.cpp computes: activations are
+//! quantized to Q8_1 blocks (scale and sum rounded to f16), each 32-element block contributes
+//! `d_w·d_a·Σ q_w·q_a + m_w·s_a`, accumulated in eight f32 lanes and summed the way ggml's AVX2
+//! `ggml_vec_dot_q4_1_q8_1` does. candle's own Q4_1 path is scalar; this one uses AVX2 when
+//! the CPU has it (detected at run time) and a portable loop otherwise.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use half::f16;
+use rayon::prelude::*;
+
+const QK: usize = 32;
+
+/// One Q4_1 block as stored in GGUF: scale, minimum, 32 four-bit values.
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct BlockQ41 {
+    d: f16,
+    m: f16,
+    qs: [u8; 16],
+}
+
+/// One Q8_1 block of activations.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct BlockQ81 {
+    qs: [i8; 32],
+    d: f32,
+    s: f32,
+}
+
+/// A `[n, k]` Q4_1 weight matrix (n output features).
+pub(crate) struct Q41Matrix {
+    n: usize,
+    k: usize,
+    blocks: Vec<BlockQ41>,
+    /// `(d, m)` of every block as f32, converted once at load (not once per row per dot).
+    scales: Vec<[f32; 2]>,
+}
+
+impl Q41Matrix {
+    /// Takes the raw blocks of a 2-D Q4_1 tensor; `None` for any other tensor.
+    pub fn from_qtensor(q: &QTensor) -> Option<Self> {
+        if q.dtype() != GgmlDType::Q4_1 {
+            return None;
+        }
+        let (n, k) = q.shape().dims2().ok()?;
+        if k % QK != 0 {
+            return None;
+        }
+        let data = q.data().ok()?;
+        let nb = n * k / QK;
+        if data.len() != nb * std::mem::size_of::<BlockQ41>() {
+            return None;
+        }
+        let blocks = data
+            .chunks_exact(20)
+            .map(|c| {
+                let mut qs = [0u8; 16];
+                qs.copy_from_slice(&c[4..20]);
+                BlockQ41 {
+                    d: f16::from_le_bytes([c[0], c[1]]),
+                    m: f16::from_le_bytes([c[2], c[3]]),
+                    qs,
+                }
+            })
+            .collect::<Vec<BlockQ41>>();
+        let scales = blocks
+            .iter()
+            .map(|b| [b.d.to_f32(), b.m.to_f32()])
+            .collect();
+        Some(Self {
+            n,
+            k,
+            blocks,
+            scales,
+        })
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// `out[r, j] = Σ_i x[r, i] · W[j, i]` for `m` rows of `x` (`m × k`), `out` is `m × n`.
+    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        let (n, k) = (self.n, self.k);
+        assert_eq!(x.len(), m * k);
+        assert_eq!(out.len(), m * n);
+        let nb = k / QK;
+        let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
+        let avx2 = has_avx2();
+        // each task owns a run of output features for every row: weights are read once
+        const CHUNK: usize = 16;
+        let mut cols: Vec<f32> = vec![0.0; m * n];
+        cols.par_chunks_mut(CHUNK * m)
+            .enumerate()
+            .for_each(|(c, dst)| {
+                let j0 = c * CHUNK;
+                let rows = dst.len() / m;
+                for jj in 0..rows {
+                    let j = j0 + jj;
+                    let wrow = &self.blocks[j * nb..(j + 1) * nb];
+                    let srow = &self.scales[j * nb..(j + 1) * nb];
+                    for r in 0..m {
+                        let a = &xq[r * nb..(r + 1) * nb];
+                        dst[jj * m + r] = dot(wrow, srow, a, avx2);
+                    }
+                }
+            });
+        // transpose [n, m] → [m, n]
+        for j in 0..n {
+            for r in 0..m {
+                out[r * n + j] = cols[j * m + r];
+            }
+        }
+    }
+}
+
+/// Quantizes 32 activations like ggml's `quantize_row_q8_1`.
+fn quantize_q8_1(x: &[f32]) -> BlockQ81 {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut qs = [0i8; 32];
+    let mut sum = 0i32;
+    for (q, v) in qs.iter_mut().zip(x) {
+        let r = (v * id).round_ties_even() as i32;
+        *q = r as i8;
+        sum += r;
+    }
+    BlockQ81 {
+        qs,
+        d: f16::from_f32(d).to_f32(),
+        s: f16::from_f32(d * sum as f32).to_f32(),
+    }
+}
+
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+fn dot(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81], avx2: bool) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2 {
+            // SAFETY: the CPU supports AVX2 and FMA (checked above); slices are equal length.
+            return unsafe { dot_avx2(w, sc, a) };
+        }
+    }
+    let _ = avx2;
+    dot_portable(w, sc, a)
+}
+
+/// The same arithmetic as the AVX2 path: eight f32 lanes, then a pairwise horizontal sum.
+fn dot_portable(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81]) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summs = 0f32;
+    for ((x, [xd, xm]), y) in w.iter().zip(sc).zip(a) {
+        summs += xm * y.s;
+        let d = xd * y.d;
+        // lane l of madd holds elements 4l..4l+3 of the 32 (low nibbles 0-15, high 16-31)
+        for (l, lane) in acc.iter_mut().enumerate() {
+            let mut s = 0i32;
+            for e in 4 * l..4 * l + 4 {
+                let q = if e < 16 {
+                    x.qs[e] & 0x0F
+                } else {
+                    x.qs[e - 16] >> 4
+                };
+                s += q as i32 * y.qs[e] as i32;
+            }
+            *lane = (s as f32).mul_add(d, *lane);
+        }
+    }
+    let h = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    let h2 = [h[0] + h[2], h[1] + h[3]];
+    (h2[0] + h2[1]) + summs
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = _mm256_setzero_ps();
+    let mut summs = 0f32;
+    let low = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    for ((x, [xd, xm]), y) in w.iter().zip(sc).zip(a) {
+        summs += xm * y.s;
+        let d = _mm256_set1_ps(xd * y.d);
+        let tmp = _mm_loadu_si128(x.qs.as_ptr() as *const __m128i);
+        let qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp));
+        let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
+        let prod = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(qx, qy));
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc);
+    }
+    let hi = _mm256_extractf128_ps(acc, 1);
+    let mut r = _mm_add_ps(hi, _mm256_castps256_ps128(acc));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r) + summs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Tensor};
+
+    fn matrix(n: usize, k: usize) -> (QTensor, Vec<f32>) {
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.3)
+            .collect();
+        let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&t, GgmlDType::Q4_1).unwrap();
+        let deq = q
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        (q, deq)
+    }
+
+    #[test]
+    fn matches_the_dequantized_product_closely() {
+        let (n, k, m) = (48, 96, 3);
+        let (q, deq) = matrix(n, k);
+        let mat = Q41Matrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0)
+            .collect();
+        let mut out = vec![0f32; m * n];
+        mat.matmul(&x, m, &mut out);
+        for r in 0..m {
+            for j in 0..n {
+                let exact: f32 = (0..k).map(|i| x[r * k + i] * deq[j * k + i]).sum();
+                // activations are 8-bit: allow their rounding
+                assert!(
+                    (out[r * n + j] - exact).abs() < 0.05,
+                    "{r},{j}: {} vs {exact}",
+                    out[r * n + j]
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn agrees_with_candles_q4_1_kernel() {
+        use candle_core::Module;
+        let (n, k, m) = (64, 576, 2);
+        let (q, _) = matrix(n, k);
+        let mat = Q41Matrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i as f32) * 0.731).sin() * 3.0)
+            .collect();
+        let mut out = vec![0f32; m * n];
+        mat.matmul(&x, m, &mut out);
+        let qm = candle_core::quantized::QMatMul::from_qtensor(q).unwrap();
+        let xt = Tensor::from_vec(x, (m, k), &Device::Cpu).unwrap();
+        let theirs: Vec<f32> = qm
+            .forward(&xt)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        // candle rounds the activation block sum as f16(sum)·f16(d), ggml (and we) as
+        // f16(d·sum): the results differ by that f16 rounding only
+        for (a, b) in out.iter().zip(&theirs) {
+            assert!((a - b).abs() <= 5e-3 * b.abs().max(1.0), "{a} vs {b}");
+        }
+    }
+
+    #[test]
+    fn simd_and_portable_paths_agree_exactly() {
+        let (q, _) = matrix(8, 64);
+        let mat = Q41Matrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..64).map(|i| (i as f32).sin()).collect();
+        let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
+        for (row, sc) in mat.blocks.chunks_exact(2).zip(mat.scales.chunks_exact(2)) {
+            let p = dot_portable(row, sc, &xq);
+            if has_avx2() {
+                assert_eq!(p.to_bits(), dot(row, sc, &xq, true).to_bits());
+            }
+        }
+    }
+
+    #[test]
+    fn batched_rows_equal_single_rows() {
+        let (q, _) = matrix(40, 64);
+        let mat = Q41Matrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..3 * 64).map(|i| (i as f32 * 0.37).cos()).collect();
+        let mut all = vec![0f32; 3 * 40];
+        mat.matmul(&x, 3, &mut all);
+        for r in 0..3 {
+            let mut one = vec![0f32; 40];
+            mat.matmul(&x[r * 64..(r + 1) * 64], 1, &mut one);
+            assert_eq!(one, all[r * 40..(r + 1) * 40]);
+        }
+    }
+}
