@@ -497,3 +497,35 @@ async fn repeated_task_id_returns_the_existing_task() {
         .unwrap();
     assert_eq!(st["state"], "completed");
 }
+
+/// ORCH-SHUT-1: on shutdown nothing new is admitted (503 SHUTTING_DOWN, retriable) and tasks
+/// still running after the grace period end with a retriable error, not silently.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_stops_admission_then_ends_running_tasks() {
+    let mut cfg = config(vec![pool("p1", 1)]);
+    cfg.shutdown_grace_ms = 400;
+    let mut s = start(cfg, ms(20)).await;
+    let long = s.submit_ok(json!({"prompt": "x", "max_tokens": 200})).await;
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/tasks/{long}/stream")))
+        .send()
+        .await
+        .unwrap();
+    let reader = tokio::spawn(read_events(r));
+    tokio::time::sleep(ms(100)).await;
+    s.begin_shutdown();
+    tokio::time::sleep(ms(50)).await;
+    let r = s.submit(json!({"prompt": "x", "max_tokens": 2})).await;
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "SHUTTING_DOWN");
+    assert_eq!(v["retriable"], true);
+    let ev: Vec<Ev> = reader.await.unwrap().into_iter().map(|(e, _)| e).collect();
+    assert_well_formed(&ev);
+    let last = ev.last().unwrap();
+    assert_eq!(last.event, "error");
+    assert_eq!(last.data["code"], "SHUTTING_DOWN");
+    assert_eq!(last.data["retriable"], true);
+}

@@ -281,6 +281,13 @@ pub fn parse_frames(buf: &mut String) -> Vec<Ev> {
 }
 
 impl TestServer {
+    /// Sends the shutdown signal (as SIGTERM would).
+    pub fn begin_shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{}", self.base, path)
     }
