@@ -16,6 +16,11 @@ pub struct PoolMetrics {
     /// Smoothed task service time (EWMA), when measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_ms_ewma: Option<u64>,
+    /// Load failures in a row (reset by a successful load).
+    pub consecutive_failures: u32,
+    /// Open after `CIRCUIT_OPEN_AFTER` failures in a row: retries then wait the longest
+    /// backoff (30 s) instead of retrying quickly.
+    pub circuit_open: bool,
     /// While draining: time left until running tasks are ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline_remaining_ms: Option<u64>,

@@ -25,6 +25,10 @@ pub const POOL_SLOTS_BUSY: &str = "orchd_pool_slots_busy";
 pub const POOL_SLOTS_TOTAL: &str = "orchd_pool_slots_total";
 pub const POOL_STATE: &str = "orchd_pool_state";
 pub const PLACEMENTS: &str = "orchd_placement_decisions_total";
+pub const POOL_RELOADS: &str = "orchd_pool_reloads_total";
+pub const POOL_RESTARTS: &str = "orchd_pool_restarts_total";
+pub const POOL_LOAD_SECONDS: &str = "orchd_pool_model_load_seconds";
+pub const POOL_CIRCUIT_OPEN: &str = "orchd_pool_circuit_open";
 
 pub const L_PRIORITY: &str = "priority";
 pub const L_REASON: &str = "reason";
@@ -160,11 +164,19 @@ pub fn queue_wait(d: Duration) {
     histogram!(QUEUE_WAIT).record(d.as_secs_f64());
 }
 
-pub fn pool_gauges(pool: &str, busy: usize, total: usize, state: &'static str) {
-    gauge!(POOL_SLOTS_BUSY, L_POOL => pool.to_string()).set(busy as f64);
-    gauge!(POOL_SLOTS_TOTAL, L_POOL => pool.to_string()).set(total as f64);
-    for s in pool_manager::PoolState::ALL {
-        let v = if s.as_str() == state { 1.0 } else { 0.0 };
-        gauge!(POOL_STATE, L_POOL => pool.to_string(), L_STATE => s.as_str()).set(v);
+/// Publishes one pool's gauges and counters from its snapshot.
+pub fn pool(s: &pool_manager::PoolSnapshot) {
+    let id = s.id.clone();
+    gauge!(POOL_SLOTS_BUSY, L_POOL => id.clone()).set(s.slots_busy as f64);
+    gauge!(POOL_SLOTS_TOTAL, L_POOL => id.clone()).set(s.slots_total as f64);
+    for st in pool_manager::PoolState::ALL {
+        let v = if st == s.state { 1.0 } else { 0.0 };
+        gauge!(POOL_STATE, L_POOL => id.clone(), L_STATE => st.as_str()).set(v);
     }
+    counter!(POOL_RELOADS, L_POOL => id.clone(), L_OUTCOME => "ok").absolute(s.reloads_ok);
+    counter!(POOL_RELOADS, L_POOL => id.clone(), L_OUTCOME => "rolled_back")
+        .absolute(s.reloads_failed);
+    counter!(POOL_RESTARTS, L_POOL => id.clone()).absolute(s.restarts);
+    gauge!(POOL_LOAD_SECONDS, L_POOL => id.clone()).set(s.model_load_ms as f64 / 1000.0);
+    gauge!(POOL_CIRCUIT_OPEN, L_POOL => id).set(if s.circuit_open() { 1.0 } else { 0.0 });
 }

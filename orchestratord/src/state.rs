@@ -116,8 +116,7 @@ impl AppState {
     /// Refreshes the pool gauges.
     pub fn publish_pool_gauges(&self) {
         for p in self.pools.all() {
-            let s = p.snapshot();
-            metrics::pool_gauges(&s.id, s.slots_busy, s.slots_total, s.state.as_str());
+            metrics::pool(&p.snapshot());
         }
     }
 }

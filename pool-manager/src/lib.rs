@@ -11,7 +11,7 @@ mod state;
 
 pub use candle_engine::{CandleFactory, CandlePortEngine};
 pub use lease::SlotLease;
-pub use pool::{Pool, PoolError, PoolSnapshot, PoolSpec};
+pub use pool::{Pool, PoolError, PoolSnapshot, PoolSpec, CIRCUIT_OPEN_AFTER};
 pub use port::{
     Engine, EngineDescriptor, EngineFactory, EngineJob, PortError, PromptInput,
     EVENT_CHANNEL_CAPACITY,

@@ -63,6 +63,11 @@ pub struct PoolSnapshot {
 }
 
 impl PoolSnapshot {
+    /// Whether repeated load failures opened the circuit breaker.
+    pub fn circuit_open(&self) -> bool {
+        self.consecutive_failures >= CIRCUIT_OPEN_AFTER
+    }
+
     pub fn slots_free(&self) -> usize {
         if self.state.accepts_work() {
             self.slots_total.saturating_sub(self.slots_busy)
@@ -88,6 +93,8 @@ struct Inner {
 const EWMA_ALPHA: f64 = 0.2;
 /// Longest wait for the one-token self-test.
 const SELF_TEST_TIMEOUT: Duration = Duration::from_secs(60);
+/// Failures in a row after which the circuit breaker opens (retries wait the cap).
+pub const CIRCUIT_OPEN_AFTER: u32 = 3;
 /// Load retry backoff: first wait and cap.
 const RETRY_BASE: Duration = Duration::from_millis(500);
 const RETRY_CAP: Duration = Duration::from_secs(30);
@@ -296,7 +303,9 @@ impl Pool {
                 }
             }
             attempt = attempt.saturating_add(1);
-            tokio::time::sleep(backoff(attempt)).await;
+            let open = self.lock().consecutive_failures >= CIRCUIT_OPEN_AFTER;
+            let wait = if open { RETRY_CAP } else { backoff(attempt) };
+            tokio::time::sleep(wait).await;
             if self.state() != PoolState::Unready {
                 return;
             }

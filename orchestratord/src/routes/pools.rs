@@ -53,6 +53,8 @@ fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
             restarts: s.restarts,
             model_load_ms: s.model_load_ms,
             service_ms_ewma: s.service_ms_ewma.map(|v| v.round() as u64),
+            consecutive_failures: s.consecutive_failures,
+            circuit_open: s.circuit_open(),
             deadline_remaining_ms: s.drain_deadline_remaining_ms,
         },
     }

@@ -1,0 +1,145 @@
+//! The control plane with the scripted engine: health, drain/resume, illegal transitions,
+//! reload rollback, and a pool that cannot load (last_error, backoff, circuit breaker).
+//! Requirement ids in `.specs/pool-manager.md`.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::*;
+
+async fn post(s: &TestServer, path: &str, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let r = s.client.post(s.url(path)).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
+}
+
+async fn health(s: &TestServer, id: &str) -> (u16, serde_json::Value) {
+    let r = s
+        .client
+        .get(s.url(&format!("/v1/pools/{id}/health")))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.json().await.unwrap())
+}
+
+/// OC-CTRL-2001, POOL-SM-2, POOL-DRAIN-1: health fields, drain → drained → resume, and
+/// refused transitions answer 409 with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_resume_and_refused_transitions() {
+    let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(20)).await;
+    let (st, h) = health(&s, "p1").await;
+    assert_eq!(st, 200);
+    for k in [
+        "live",
+        "ready",
+        "draining",
+        "state",
+        "model_ref",
+        "engine",
+        "engine_version",
+        "slots_total",
+        "slots_free",
+        "queue_depth",
+        "last_error",
+        "metrics",
+    ] {
+        assert!(h.get(k).is_some(), "health lacks {k}: {h}");
+    }
+    assert_eq!(h["state"], "ready");
+    let (st, v) = health(&s, "nope").await;
+    assert_eq!((st, v["code"].as_str()), (404, Some("NOT_FOUND")));
+    let running = s.submit_ok(json!({"prompt": "x", "max_tokens": 30})).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (st, h) = post(&s, "/v1/pools/p1/drain", json!({"deadline_ms": 5000})).await;
+    assert_eq!(st, 202);
+    assert_eq!(h["draining"], true);
+    assert_eq!(h["ready"], false);
+    assert!(h["metrics"]["deadline_remaining_ms"].as_u64().unwrap() > 4000);
+    assert_eq!(h["metrics"]["slots_busy"], 1);
+    // reload while draining: refused with the reason
+    let (st, v) = post(
+        &s,
+        "/v1/pools/p1/reload",
+        json!({"new_model_ref": "/models/other.gguf"}),
+    )
+    .await;
+    assert_eq!(st, 409);
+    assert!(v["message"].as_str().unwrap().contains("draining"), "{v}");
+    let (st, _) = post(&s, "/v1/pools/p1/drain", json!({"deadline_ms": 10})).await;
+    assert_eq!(st, 409, "already draining");
+    // the running task finishes within the deadline, then the pool is drained
+    let ev = s.stream_all(&running).await;
+    assert_eq!(ev.last().unwrap().event, "end");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(health(&s, "p1").await.1["state"], "drained");
+    let (st, _) = post(&s, "/v1/pools/p1/resume", json!({})).await;
+    assert_eq!(st, 200);
+    let (st, _) = post(&s, "/v1/pools/p1/resume", json!({})).await;
+    assert_eq!(st, 409, "already serving");
+    // bad bodies are typed
+    let (st, v) = post(&s, "/v1/pools/p1/drain", json!({"deadline": 5})).await;
+    assert_eq!((st, v["code"].as_str()), (400, Some("INVALID_PARAMS")));
+    // reload rollback with the scripted factory: the old model keeps serving
+    let (st, v) = post(
+        &s,
+        "/v1/pools/p1/reload",
+        json!({"new_model_ref": "/models/missing.gguf"}),
+    )
+    .await;
+    assert_eq!(st, 409);
+    assert!(v["message"].as_str().unwrap().contains("rolled back"));
+    assert_eq!(health(&s, "p1").await.1["model_ref"], "/models/p1.gguf");
+    let (st, v) = post(
+        &s,
+        "/v1/pools/p1/reload",
+        json!({"new_model_ref": "/models/v2.gguf"}),
+    )
+    .await;
+    assert_eq!(st, 200, "{v}");
+    let caps: serde_json::Value = s
+        .client
+        .get(s.url("/v1/capabilities"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(caps["pools"][0]["model_ref"], "/models/v2.gguf");
+}
+
+/// POOL-LOAD-1: a pool whose model cannot load is Unready with last_error, retries with
+/// backoff, and opens its circuit breaker after repeated failures; the server still serves
+/// the healthy pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_pool_backs_off_and_opens_its_breaker() {
+    let mut bad = pool("bad", 1);
+    bad.model = "/models/missing.gguf".into();
+    bad.alias = Some("other".into());
+    let s = start(config(vec![pool("p1", 1), bad]), Duration::from_millis(5)).await;
+    let (_, h) = health(&s, "bad").await;
+    assert_eq!(h["state"], "unready");
+    assert_eq!(h["ready"], false);
+    assert!(h["last_error"].as_str().unwrap().contains("missing"));
+    let mut open = false;
+    for _ in 0..120 {
+        let (_, h) = health(&s, "bad").await;
+        if h["metrics"]["circuit_open"] == true {
+            open = true;
+            assert!(h["metrics"]["consecutive_failures"].as_u64().unwrap() >= 3);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(open, "breaker opened after repeated failures");
+    let m = s.metrics().await;
+    assert_eq!(counter(&m, "orchd_pool_circuit_open{pool=\"bad\"}"), 1.0);
+    // asking for the broken pool's model: 503 POOL_UNAVAILABLE; the good pool serves
+    let r = s.submit(json!({"prompt": "x", "model": "other"})).await;
+    assert_eq!(r.status(), 503);
+    let id = s.submit_ok(json!({"prompt": "x", "max_tokens": 2})).await;
+    assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
+}

@@ -1,0 +1,332 @@
+//! Pools with the real default model (two pools): drain under load, reload without failed
+//! requests, reload rollback, and an engine failure that restarts one pool while the other
+//! keeps serving. Requirement ids in `.specs/pool-manager.md`.
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pool_manager::{
+    CandleFactory, Engine, EngineDescriptor, EngineFactory, EngineJob, PoolSpec, PortError,
+    PromptInput, SeqEvent,
+};
+use serde_json::json;
+use support::*;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+fn model_path() -> String {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "run ci/fetch-model.sh first");
+    p.display().to_string()
+}
+
+fn real_pools() -> orchestratord::config::Config {
+    let mk = |id: &str| {
+        let mut p = pool(id, 2);
+        p.model = model_path();
+        p.alias = Some("smollm2".into());
+        p.ctx = 512;
+        p.threads = 1;
+        p
+    };
+    let mut cfg = config(vec![mk("p1"), mk("p2")]);
+    cfg.timeouts.idle_ms = 30_000;
+    cfg
+}
+
+fn task(max_tokens: u32) -> serde_json::Value {
+    json!({"prompt": "Count from one to one thousand: one, two,", "max_tokens": max_tokens, "model": "smollm2"})
+}
+
+async fn health(s: &TestServer, id: &str) -> serde_json::Value {
+    s.client
+        .get(s.url(&format!("/v1/pools/{id}/health")))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// POOL-DRAIN-1, OC-CTRL-2002: drain under load with a short deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_under_load_moves_work_to_the_other_pool() {
+    let s = real_pools_server().await;
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(s.submit_ok(task(200)).await);
+    }
+    let pinned_queued = s
+        .submit_ok(json!({"prompt": "Hello", "max_tokens": 8, "pool_id": "p1"}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = s
+        .client
+        .post(s.url("/v1/pools/p1/drain"))
+        .json(&json!({"deadline_ms": 300}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let h: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(h["ready"], false, "readiness flips at once");
+    assert!(h["state"] == "draining" || h["state"] == "drained");
+    // new pinned work is refused, unpinned work goes to p2
+    let r = s.submit(json!({"prompt": "Hi", "pool_id": "p1"})).await;
+    assert_eq!(r.status(), 503);
+    let after: Vec<String> = futures::future::join_all((0..3).map(|_| s.submit_ok(task(8)))).await;
+    for id in &after {
+        let ev = s.stream_all(id).await;
+        assert_well_formed(&ev);
+        assert_eq!(
+            s.record(id).await["pool_id"],
+            "p2",
+            "no task admitted to the draining pool"
+        );
+    }
+    let mut finished = 0;
+    let mut ended_at_deadline = 0;
+    for id in ids.iter().chain(std::iter::once(&pinned_queued)) {
+        let ev = s.stream_all(id).await;
+        assert_well_formed(&ev);
+        let last = ev.last().unwrap();
+        if last.event == "end" {
+            finished += 1;
+        } else {
+            assert_eq!(last.data["code"], "POOL_UNREADY", "{last:?}");
+            assert_eq!(last.data["retriable"], true);
+            ended_at_deadline += 1;
+        }
+    }
+    assert_eq!(finished + ended_at_deadline, 5);
+    assert!(
+        ended_at_deadline >= 1,
+        "long tasks on p1 were ended at the deadline"
+    );
+    for _ in 0..100 {
+        if health(&s, "p1").await["state"] == "drained" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let h = health(&s, "p1").await;
+    assert_eq!(h["state"], "drained");
+    assert_eq!(h["metrics"]["slots_busy"], 0);
+    // and it comes back
+    let r = s
+        .client
+        .post(s.url("/v1/pools/p1/resume"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let id = s
+        .submit_ok(json!({"prompt": "Hi", "max_tokens": 2, "pool_id": "p1"}))
+        .await;
+    assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
+}
+
+async fn real_pools_server() -> TestServer {
+    start_with(real_pools(), Arc::new(CandleFactory)).await
+}
+
+/// POOL-RELOAD-1, OC-CTRL-2003: reload under load switches with zero failed requests; a
+/// missing or corrupt file answers 409 and the old model keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_switches_without_failures_and_rolls_back_bad_models() {
+    let s = Arc::new(real_pools_server().await);
+    let load = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            let mut outcomes = Vec::new();
+            for i in 0..10 {
+                let id = s
+                    .submit_ok(json!({"prompt": format!("Tell me a fact about the number {i}."), "max_tokens": 16, "pool_id": "p1"}))
+                    .await;
+                let ev = s.stream_all(&id).await;
+                assert_well_formed(&ev);
+                outcomes.push(ev.last().unwrap().event.clone());
+            }
+            outcomes
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let copy = std::env::temp_dir().join(format!("orchd-reload-{}.gguf", std::process::id()));
+    std::fs::copy(model_path(), &copy).unwrap();
+    let r = s
+        .client
+        .post(s.url("/v1/pools/p1/reload"))
+        .json(&json!({"new_model_ref": copy.display().to_string()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let outcomes = load.await.unwrap();
+    assert!(
+        outcomes.iter().all(|e| e == "end"),
+        "failed requests during reload: {outcomes:?}"
+    );
+    assert_eq!(
+        health(&s, "p1").await["model_ref"],
+        copy.display().to_string()
+    );
+    // missing file
+    let r = s
+        .client
+        .post(s.url("/v1/pools/p1/reload"))
+        .json(&json!({"new_model_ref": "/no/such/model.gguf"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "CONFLICT");
+    assert!(v["message"].as_str().unwrap().contains("rolled back"));
+    // corrupt file
+    let bad = std::env::temp_dir().join(format!("orchd-bad-{}.gguf", std::process::id()));
+    std::fs::write(&bad, b"GGUF this is not a model").unwrap();
+    let r = s
+        .client
+        .post(s.url("/v1/pools/p1/reload"))
+        .json(&json!({"new_model_ref": bad.display().to_string()}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 409);
+    let h = health(&s, "p1").await;
+    assert_eq!(
+        h["model_ref"],
+        copy.display().to_string(),
+        "old model still serving"
+    );
+    assert_eq!(h["ready"], true);
+    assert_eq!(h["metrics"]["reloads_failed"], 2);
+    let m = s.metrics().await;
+    assert_eq!(
+        counter(
+            &m,
+            "orchd_pool_reloads_total{pool=\"p1\",outcome=\"rolled_back\"}"
+        ),
+        2.0
+    );
+    assert_eq!(
+        counter(&m, "orchd_pool_reloads_total{pool=\"p1\",outcome=\"ok\"}"),
+        1.0
+    );
+    let id = s
+        .submit_ok(json!({"prompt": "Hi", "max_tokens": 3, "pool_id": "p1"}))
+        .await;
+    assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
+    let _ = std::fs::remove_file(copy);
+    let _ = std::fs::remove_file(bad);
+}
+
+/// The real candle engine behind a switch the test can flip to make it die mid-task.
+struct Killable {
+    inner: Arc<dyn Engine>,
+    dead: Arc<AtomicBool>,
+    kill: CancellationToken,
+}
+
+impl Engine for Killable {
+    fn descriptor(&self) -> EngineDescriptor {
+        self.inner.descriptor()
+    }
+    fn tokenize(&self, p: &PromptInput) -> Result<Vec<u32>, PortError> {
+        self.inner.tokenize(p)
+    }
+    fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
+        if self.dead.load(Ordering::SeqCst) {
+            return Err(PortError::Dead("killed".into()));
+        }
+        let mut rx = self.inner.start(job)?;
+        let (tx, out) = mpsc::channel(pool_manager::EVENT_CHANNEL_CAPACITY);
+        let kill = self.kill.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = kill.cancelled() => break,
+                    ev = rx.recv() => match ev {
+                        Some(ev) => if tx.send(ev).await.is_err() { break },
+                        None => break,
+                    }
+                }
+            }
+        });
+        Ok(out)
+    }
+    fn is_alive(&self) -> bool {
+        !self.dead.load(Ordering::SeqCst) && self.inner.is_alive()
+    }
+}
+
+struct KillableFactory {
+    kill_p1: CancellationToken,
+    dead_p1: Arc<AtomicBool>,
+}
+
+impl EngineFactory for KillableFactory {
+    fn load(&self, spec: &PoolSpec, model_ref: &str) -> Result<Arc<dyn Engine>, PortError> {
+        let inner = CandleFactory.load(spec, model_ref)?;
+        if spec.id != "p1" {
+            return Ok(inner);
+        }
+        // a restarted p1 is healthy again: its own switch, never flipped
+        let (dead, kill) = if self.dead_p1.load(Ordering::SeqCst) {
+            (Arc::new(AtomicBool::new(false)), CancellationToken::new())
+        } else {
+            (self.dead_p1.clone(), self.kill_p1.clone())
+        };
+        Ok(Arc::new(Killable { inner, dead, kill }))
+    }
+}
+
+/// ORCH-ENG-1, POOL-LOAD-1: an engine that dies mid-task ends its tasks with a retriable
+/// WORKER_RESET, its pool restarts, and the other pool serves meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_failure_restarts_the_pool_and_the_other_keeps_serving() {
+    let kill = CancellationToken::new();
+    let dead = Arc::new(AtomicBool::new(false));
+    let s = start_with(
+        real_pools(),
+        Arc::new(KillableFactory {
+            kill_p1: kill.clone(),
+            dead_p1: dead.clone(),
+        }),
+    )
+    .await;
+    let victim = s
+        .submit_ok(json!({"prompt": "Count to one hundred:", "max_tokens": 300, "pool_id": "p1"}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    dead.store(true, Ordering::SeqCst);
+    kill.cancel();
+    let ev = s.stream_all(&victim).await;
+    assert_well_formed(&ev);
+    let last = ev.last().unwrap();
+    assert_eq!(last.data["code"], "WORKER_RESET", "{last:?}");
+    assert_eq!(last.data["retriable"], true);
+    // the other pool serves while p1 restarts
+    let id = s
+        .submit_ok(json!({"prompt": "Hi", "max_tokens": 4, "model": "smollm2"}))
+        .await;
+    assert_well_formed(&s.stream_all(&id).await);
+    assert_eq!(s.record(&id).await["pool_id"], "p2");
+    // p1 comes back by itself
+    let mut state = String::new();
+    for _ in 0..200 {
+        let h = health(&s, "p1").await;
+        state = h["state"].as_str().unwrap().to_string();
+        if state == "ready" && h["metrics"]["restarts"] == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(state, "ready", "{}", health(&s, "p1").await);
+}
