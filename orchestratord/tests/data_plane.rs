@@ -126,15 +126,7 @@ async fn budgets_and_deadlines_are_enforced_at_admission() {
     assert_eq!(r.status(), 429);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["code"], "BUDGET_EXCEEDED");
-    let info: serde_json::Value = s
-        .client
-        .get(s.url("/v1/sessions/s1"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info: serde_json::Value = s.get_json("/v1/sessions/s1").await;
     assert_eq!(info["turns"], 1);
     assert_eq!(info["tokens_used"], 13);
     assert_eq!(info["tokens_remaining"], 7);
@@ -447,27 +439,11 @@ async fn correlation_id_on_every_response() {
     assert_eq!(r.status(), 404);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["code"], "NOT_FOUND");
-    let caps: serde_json::Value = s
-        .client
-        .get(s.url("/v1/capabilities"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let caps: serde_json::Value = s.get_json("/v1/capabilities").await;
     assert_eq!(caps["api_version"], contracts::API_VERSION);
     assert_eq!(caps["pools"][0]["engine"], "scripted");
     assert_eq!(caps["pools"][0]["slots"], 1);
-    let doc: serde_json::Value = s
-        .client
-        .get(s.url("/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc: serde_json::Value = s.get_json("/openapi.json").await;
     assert_eq!(doc["info"]["version"], contracts::API_VERSION);
     assert!(doc["paths"]["/v1/tasks"].is_object());
     assert!(doc["paths"]["/v1/pools/{id}/drain"].is_object());
@@ -486,15 +462,7 @@ async fn repeated_task_id_returns_the_existing_task() {
     assert_eq!(a, "job-1");
     assert_eq!(a, b);
     assert_well_formed(&s.stream_all(&a).await);
-    let st: serde_json::Value = s
-        .client
-        .get(s.url("/v1/tasks/job-1"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let st: serde_json::Value = s.get_json("/v1/tasks/job-1").await;
     assert_eq!(st["state"], "completed");
 }
 

@@ -99,15 +99,7 @@ async fn drain_resume_and_refused_transitions() {
     )
     .await;
     assert_eq!(st, 200, "{v}");
-    let caps: serde_json::Value = s
-        .client
-        .get(s.url("/v1/capabilities"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let caps: serde_json::Value = s.get_json("/v1/capabilities").await;
     assert_eq!(caps["pools"][0]["model_ref"], "/models/v2.gguf");
 }
 

@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,17 +17,10 @@ use support::*;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-fn model_path() -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "run ci/fetch-model.sh first");
-    p.display().to_string()
-}
-
 fn real_pools() -> orchestratord::config::Config {
     let mk = |id: &str| {
         let mut p = pool(id, 2);
-        p.model = model_path();
+        p.model = default_model_path();
         p.alias = Some("smollm2".into());
         p.ctx = 512;
         p.threads = 1;
@@ -44,14 +36,7 @@ fn task(max_tokens: u32) -> serde_json::Value {
 }
 
 async fn health(s: &TestServer, id: &str) -> serde_json::Value {
-    s.client
-        .get(s.url(&format!("/v1/pools/{id}/health")))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap()
+    s.get_json(&format!("/v1/pools/{id}/health")).await
 }
 
 /// POOL-DRAIN-1, OC-CTRL-2002: drain under load with a short deadline.
@@ -158,7 +143,7 @@ async fn reload_switches_without_failures_and_rolls_back_bad_models() {
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let copy = std::env::temp_dir().join(format!("orchd-reload-{}.gguf", std::process::id()));
-    std::fs::copy(model_path(), &copy).unwrap();
+    std::fs::copy(default_model_path(), &copy).unwrap();
     let r = s
         .client
         .post(s.url("/v1/pools/p1/reload"))

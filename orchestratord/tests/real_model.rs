@@ -3,22 +3,14 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde_json::json;
 use support::*;
 
-fn model_path() -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(p.exists(), "run ci/fetch-model.sh first ({})", p.display());
-    p.display().to_string()
-}
-
 async fn real_server() -> TestServer {
     let mut p = pool("default", 4);
-    p.model = model_path();
+    p.model = default_model_path();
     p.alias = None;
     p.ctx = 1024;
     let mut cfg = config(vec![p]);
@@ -38,15 +30,7 @@ fn text_of(events: &[Ev]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_model_answers_over_sse() {
     let s = real_server().await;
-    let caps: serde_json::Value = s
-        .client
-        .get(s.url("/v1/capabilities"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let caps: serde_json::Value = s.get_json("/v1/capabilities").await;
     assert_eq!(caps["pools"][0]["engine"], "candle");
     assert_eq!(caps["pools"][0]["ctx_max"], 1024);
     let id = s
@@ -122,15 +106,7 @@ async fn real_model_cancel_mid_generation() {
     for id in ids {
         assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
     }
-    let h: serde_json::Value = s
-        .client
-        .get(s.url("/v1/pools/default/health"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let h: serde_json::Value = s.get_json("/v1/pools/default/health").await;
     assert_eq!(h["slots_free"], 4);
     assert_eq!(h["ready"], true);
 }

@@ -342,6 +342,18 @@ impl TestServer {
             .unwrap()
     }
 
+    /// GET `path` and parse the JSON body (any status).
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
     pub async fn metrics(&self) -> String {
         self.client
             .get(self.url("/metrics"))
@@ -395,4 +407,12 @@ pub async fn read_events(r: reqwest::Response) -> Vec<(Ev, std::time::Instant)> 
     }
     assert!(buf.trim().is_empty(), "partial frame left: {buf:?}");
     events
+}
+
+/// The default model as `ci/fetch-model.sh` caches it.
+pub fn default_model_path() -> String {
+    let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(p.exists(), "run ci/fetch-model.sh first ({})", p.display());
+    p.display().to_string()
 }
