@@ -120,6 +120,22 @@ pub struct ModelInfo {
     pub kv_cache_bytes: usize,
 }
 
+/// Sets `RAYON_NUM_THREADS` (unless already set) so candle stops re-deriving its thread count
+/// from `/proc/cpuinfo` on every f32 matmul (measured: decode 88 → 121 tok/s on 2 cores).
+///
+/// Call it once at process start, before any other thread exists: changing the environment
+/// while other threads read it is not safe.
+pub fn configure_process_threads(threads: usize) {
+    if std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        let n = if threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get())
+        } else {
+            threads
+        };
+        std::env::set_var("RAYON_NUM_THREADS", n.to_string());
+    }
+}
+
 /// Version of this engine, reported in capabilities.
 pub const ENGINE_NAME: &str = "candle";
 pub const ENGINE_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+candle-0.11.1");

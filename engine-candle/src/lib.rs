@@ -4,11 +4,13 @@
 //! [`CandleEngine::submit`] sequences; each streams [`SeqEvent`]s through its own bounded channel.
 
 mod chat_template;
+mod cpu_quant;
 mod engine;
 mod error;
 mod hparams;
 mod model;
 mod q4_1_cpu;
+mod q8_0_cpu;
 mod sampling;
 mod scheduler;
 mod text_stream;
@@ -17,7 +19,8 @@ mod weights;
 
 pub use chat_template::{ChatMessage, ChatTemplate, TemplateSource, CHATML_FALLBACK};
 pub use engine::{
-    CandleEngine, DeviceChoice, EngineOptions, ModelInfo, ENGINE_NAME, ENGINE_VERSION,
+    configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, ModelInfo, ENGINE_NAME,
+    ENGINE_VERSION,
 };
 pub use error::{EngineError, Result};
 pub use hparams::{Hparams, RopeStyle};

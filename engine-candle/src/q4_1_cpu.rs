@@ -6,9 +6,10 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
-use rayon::prelude::*;
 
-const QK: usize = 32;
+#[cfg(target_arch = "x86_64")]
+use crate::cpu_quant::hsum8;
+use crate::cpu_quant::{has_avx2, par_rows, quantize_q8_1, BlockQ81, QK};
 
 /// One Q4_1 block as stored in GGUF: scale, minimum, 32 four-bit values.
 #[derive(Clone, Copy)]
@@ -17,15 +18,6 @@ struct BlockQ41 {
     d: f16,
     m: f16,
     qs: [u8; 16],
-}
-
-/// One Q8_1 block of activations.
-#[derive(Clone, Copy)]
-#[repr(C, align(32))]
-struct BlockQ81 {
-    qs: [i8; 32],
-    d: f32,
-    s: f32,
 }
 
 /// A `[n, k]` Q4_1 weight matrix (n output features).
@@ -86,66 +78,28 @@ impl Q41Matrix {
 
     /// `out[r, j] = Σ_i x[r, i] · W[j, i]` for `m` rows of `x` (`m × k`), `out` is `m × n`.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
-        let (n, k) = (self.n, self.k);
-        assert_eq!(x.len(), m * k);
-        assert_eq!(out.len(), m * n);
-        let nb = k / QK;
+        let nb = self.k / QK;
         let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
         let avx2 = has_avx2();
-        // each task owns a run of output features for every row: weights are read once
-        const CHUNK: usize = 16;
-        let mut cols: Vec<f32> = vec![0.0; m * n];
-        cols.par_chunks_mut(CHUNK * m)
-            .enumerate()
-            .for_each(|(c, dst)| {
-                let j0 = c * CHUNK;
-                let rows = dst.len() / m;
-                for jj in 0..rows {
-                    let j = j0 + jj;
-                    let wrow = &self.blocks[j * nb..(j + 1) * nb];
-                    let srow = &self.scales[j * nb..(j + 1) * nb];
-                    for r in 0..m {
-                        let a = &xq[r * nb..(r + 1) * nb];
-                        dst[jj * m + r] = dot(wrow, srow, a, avx2);
-                    }
-                }
-            });
-        // transpose [n, m] → [m, n]
-        for j in 0..n {
-            for r in 0..m {
-                out[r * n + j] = cols[j * m + r];
+        par_rows(self.n, self.k, m, x, out, |j, out_j| {
+            let wrow = &self.blocks[j * nb..(j + 1) * nb];
+            let srow = &self.scales[j * nb..(j + 1) * nb];
+            let mut r = 0;
+            // four activation rows share each unpacked weight block
+            while avx2 && r + 4 <= m {
+                let rows = [
+                    &xq[r * nb..(r + 1) * nb],
+                    &xq[(r + 1) * nb..(r + 2) * nb],
+                    &xq[(r + 2) * nb..(r + 3) * nb],
+                    &xq[(r + 3) * nb..(r + 4) * nb],
+                ];
+                out_j[r..r + 4].copy_from_slice(&dot4(wrow, srow, rows));
+                r += 4;
             }
-        }
-    }
-}
-
-/// Quantizes 32 activations like ggml's `quantize_row_q8_1`.
-fn quantize_q8_1(x: &[f32]) -> BlockQ81 {
-    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-    let mut qs = [0i8; 32];
-    let mut sum = 0i32;
-    for (q, v) in qs.iter_mut().zip(x) {
-        let r = (v * id).round_ties_even() as i32;
-        *q = r as i8;
-        sum += r;
-    }
-    BlockQ81 {
-        qs,
-        d: f16::from_f32(d).to_f32(),
-        s: f16::from_f32(d * sum as f32).to_f32(),
-    }
-}
-
-fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
+            for (r, o) in out_j.iter_mut().enumerate().skip(r) {
+                *o = dot(wrow, srow, &xq[r * nb..(r + 1) * nb], avx2);
+            }
+        });
     }
 }
 
@@ -153,12 +107,25 @@ fn dot(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81], avx2: bool) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
         if avx2 {
-            // SAFETY: the CPU supports AVX2 and FMA (checked above); slices are equal length.
+            // SAFETY: the CPU supports AVX2 and FMA (checked by the caller); equal lengths.
             return unsafe { dot_avx2(w, sc, a) };
         }
     }
     let _ = avx2;
     dot_portable(w, sc, a)
+}
+
+/// Four rows at once; each row's arithmetic is exactly that of `dot` (batch-invariant).
+fn dot4(w: &[BlockQ41], sc: &[[f32; 2]], a: [&[BlockQ81]; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: only called when AVX2 and FMA were detected.
+        unsafe { dot4_avx2(w, sc, a) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        a.map(|r| dot_portable(w, sc, r))
+    }
 }
 
 /// The same arithmetic as the AVX2 path: eight f32 lanes, then a pairwise horizontal sum.
@@ -209,11 +176,35 @@ unsafe fn dot_avx2(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81]) -> f32 {
         let prod = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(qx, qy));
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc);
     }
-    let hi = _mm256_extractf128_ps(acc, 1);
-    let mut r = _mm_add_ps(hi, _mm256_castps256_ps128(acc));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    _mm_cvtss_f32(r) + summs
+    hsum8(acc) + summs
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot4_avx2(w: &[BlockQ41], sc: &[[f32; 2]], a: [&[BlockQ81]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let mut summs = [0f32; 4];
+    let low = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    for (b, (x, [xd, xm])) in w.iter().zip(sc).enumerate() {
+        let tmp = _mm_loadu_si128(x.qs.as_ptr() as *const __m128i);
+        let qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp));
+        for r in 0..4 {
+            let y = &a[r][b];
+            summs[r] += xm * y.s;
+            let d = _mm256_set1_ps(xd * y.d);
+            let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
+            let prod = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(qx, qy));
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[r]);
+        }
+    }
+    [
+        hsum8(acc[0]) + summs[0],
+        hsum8(acc[1]) + summs[1],
+        hsum8(acc[2]) + summs[2],
+        hsum8(acc[3]) + summs[3],
+    ]
 }
 
 #[cfg(test)]
@@ -305,10 +296,10 @@ mod tests {
     fn batched_rows_equal_single_rows() {
         let (q, _) = matrix(40, 64);
         let mat = Q41Matrix::from_qtensor(&q).unwrap();
-        let x: Vec<f32> = (0..3 * 64).map(|i| (i as f32 * 0.37).cos()).collect();
-        let mut all = vec![0f32; 3 * 40];
-        mat.matmul(&x, 3, &mut all);
-        for r in 0..3 {
+        let x: Vec<f32> = (0..7 * 64).map(|i| (i as f32 * 0.37).cos()).collect();
+        let mut all = vec![0f32; 7 * 40];
+        mat.matmul(&x, 7, &mut all);
+        for r in 0..7 {
             let mut one = vec![0f32; 40];
             mat.matmul(&x[r * 64..(r + 1) * 64], 1, &mut one);
             assert_eq!(one, all[r * 40..(r + 1) * 40]);

@@ -10,6 +10,7 @@ use candle_core::{Device, Module, Tensor};
 use crate::error::{EngineError, Result};
 use crate::hparams::Hparams;
 use crate::q4_1_cpu::Q41Matrix;
+use crate::q8_0_cpu::Q80Matrix;
 
 /// How matmul weights are held in memory after loading, and which kernel multiplies them.
 ///
@@ -32,8 +33,30 @@ pub enum WeightFormat {
 /// A matmul weight with the kernel that multiplies it.
 pub(crate) enum Linear {
     Candle(QMatMul),
-    /// Q4_1 on the CPU with the llama.cpp-exact SIMD kernel.
+    /// Q4_1 on the CPU with the llama.cpp-arithmetic SIMD kernel.
     Q41(Q41Matrix),
+    /// Q8_0 on the CPU with the llama.cpp-arithmetic SIMD kernel.
+    Q80(Q80Matrix),
+}
+
+/// `x[.., k]` through an own CPU kernel: `[.., n]`.
+fn cpu_matmul(
+    x: &Tensor,
+    k_w: usize,
+    n: usize,
+    run: impl FnOnce(&[f32], usize, &mut [f32]),
+) -> candle_core::Result<Tensor> {
+    let mut dims = x.dims().to_vec();
+    let k = dims.pop().unwrap_or(0);
+    if k != k_w {
+        candle_core::bail!("matmul: input has {k} columns, weight has {k_w}");
+    }
+    let m: usize = dims.iter().product();
+    let xs = x.flatten_all()?.to_vec1::<f32>()?;
+    let mut out = vec![0f32; m * n];
+    run(&xs, m, &mut out);
+    dims.push(n);
+    Tensor::from_vec(out, dims, x.device())
 }
 
 impl Linear {
@@ -41,19 +64,8 @@ impl Linear {
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match self {
             Self::Candle(q) => q.forward(x),
-            Self::Q41(w) => {
-                let mut dims = x.dims().to_vec();
-                let k = dims.pop().unwrap_or(0);
-                if k != w.k() {
-                    candle_core::bail!("matmul: input has {k} columns, weight has {}", w.k());
-                }
-                let m: usize = dims.iter().product();
-                let xs = x.flatten_all()?.to_vec1::<f32>()?;
-                let mut out = vec![0f32; m * w.n()];
-                w.matmul(&xs, m, &mut out);
-                dims.push(w.n());
-                Tensor::from_vec(out, dims, x.device())
-            }
+            Self::Q41(w) => cpu_matmul(x, w.k(), w.n(), |xs, m, out| w.matmul(xs, m, out)),
+            Self::Q80(w) => cpu_matmul(x, w.k(), w.n(), |xs, m, out| w.matmul(xs, m, out)),
         }
     }
 }
@@ -134,6 +146,9 @@ impl GgufFile {
         if format == WeightFormat::Auto && device.is_cpu() {
             if let Some(m) = Q41Matrix::from_qtensor(&q) {
                 return Ok(Linear::Q41(m));
+            }
+            if let Some(m) = Q80Matrix::from_qtensor(&q) {
+                return Ok(Linear::Q80(m));
             }
         }
         let target = match (format, q.dtype()) {

@@ -40,18 +40,27 @@ async fn shutdown_signal() {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut cfg = Config::load(args.config.as_deref())?;
     if let Some(b) = args.bind {
         cfg.bind = b;
     }
+    // before any thread exists (see engine_candle::configure_process_threads)
+    let threads = cfg.pools.iter().map(|p| p.threads).max().unwrap_or(0);
+    engine_candle::configure_process_threads(threads);
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(cfg))
+}
+
+async fn run(cfg: Config) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
     let bind = cfg.bind.clone();
     let state = server::build_state(cfg, Arc::new(CandleFactory))?;
     let listener = tokio::net::TcpListener::bind(&bind).await?;

@@ -1,0 +1,106 @@
+//! What the CPU matmul kernels share: Q8 activation blocks quantized exactly as ggml does,
+//! the horizontal sum ggml uses, CPU feature detection, and the parallel row loop.
+
+use half::f16;
+use rayon::prelude::*;
+
+pub(crate) const QK: usize = 32;
+/// 1.5 · 2^23: adding and subtracting it rounds an f32 to the nearest integer, ties to even.
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// One Q8_1 block of activations.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct BlockQ81 {
+    pub qs: [i8; 32],
+    /// Scale, rounded to f16 as ggml stores it.
+    pub d: f32,
+    /// `d · Σ qs`, rounded to f16 (Q8_1 only; Q8_0 ignores it).
+    pub s: f32,
+}
+
+/// Quantizes 32 activations like ggml's `quantize_row_q8_1`.
+pub(crate) fn quantize_q8_1(x: &[f32]) -> BlockQ81 {
+    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+    let mut qs = [0i8; 32];
+    let mut sum = 0i32;
+    for (q, v) in qs.iter_mut().zip(x) {
+        // round half to even without a libm call: exact for |x| < 2^22 (here |x| <= 127)
+        let x = v * id;
+        let r = ((x + ROUND_MAGIC) - ROUND_MAGIC) as i32;
+        *q = r as i8;
+        sum += r;
+    }
+    BlockQ81 {
+        qs,
+        d: f16::from_f32(d).to_f32(),
+        s: f16::from_f32(d * sum as f32).to_f32(),
+    }
+}
+
+pub(crate) fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub(crate) unsafe fn hsum8(acc: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let hi = _mm256_extractf128_ps(acc, 1);
+    let mut r = _mm_add_ps(hi, _mm256_castps256_ps128(acc));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+/// Runs `row(j, out_j)` for every output feature `j` of an `[n, k]` weight in parallel, where
+/// `out_j` holds the `m` results of feature `j`; then lays them out as `out[r · n + j]`. Each
+/// task owns a run of features for every input row, so weights are read once per call.
+pub(crate) fn par_rows(
+    n: usize,
+    k: usize,
+    m: usize,
+    x: &[f32],
+    out: &mut [f32],
+    row: impl Fn(usize, &mut [f32]) + Sync,
+) {
+    assert_eq!(x.len(), m * k);
+    assert_eq!(out.len(), m * n);
+    const CHUNK: usize = 16;
+    let mut cols: Vec<f32> = vec![0.0; m * n];
+    cols.par_chunks_mut(CHUNK * m)
+        .enumerate()
+        .for_each(|(c, dst)| {
+            for (jj, out_j) in dst.chunks_exact_mut(m).enumerate() {
+                row(c * CHUNK + jj, out_j);
+            }
+        });
+    for j in 0..n {
+        for r in 0..m {
+            out[r * n + j] = cols[j * m + r];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn magic_rounding_is_round_half_to_even() {
+        for x in [
+            -127.0f32, -2.5, -1.5, -0.5, -0.49, 0.0, 0.5, 1.5, 2.5, 3.49, 126.5, 127.0,
+        ] {
+            assert_eq!((x + ROUND_MAGIC) - ROUND_MAGIC, x.round_ties_even(), "{x}");
+        }
+    }
+}

@@ -1,0 +1,223 @@
+//! A CPU matmul for Q8_0 weights with ggml's arithmetic (`ggml_vec_dot_q8_0_q8_0`, AVX2):
+//! activations quantized to Q8 blocks, per block `fp16(d_w)·fp16(d_a)·Σ q_w·q_a` accumulated
+//! in eight f32 lanes. Used for the output projection (the tied Q8_0 embedding of SmolLM2),
+//! where it also lets four batched rows share each weight block.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+use half::f16;
+
+#[cfg(target_arch = "x86_64")]
+use crate::cpu_quant::hsum8;
+use crate::cpu_quant::{has_avx2, par_rows, quantize_q8_1, BlockQ81, QK};
+
+/// A `[n, k]` Q8_0 weight matrix.
+pub(crate) struct Q80Matrix {
+    n: usize,
+    k: usize,
+    qs: Vec<[i8; 32]>,
+    d: Vec<f32>,
+}
+
+impl Q80Matrix {
+    /// Takes the raw blocks of a 2-D Q8_0 tensor; `None` for any other tensor.
+    pub fn from_qtensor(q: &QTensor) -> Option<Self> {
+        if q.dtype() != GgmlDType::Q8_0 {
+            return None;
+        }
+        let (n, k) = q.shape().dims2().ok()?;
+        if k % QK != 0 {
+            return None;
+        }
+        let data = q.data().ok()?;
+        if data.len() != n * k / QK * 34 {
+            return None;
+        }
+        let mut qs = Vec::with_capacity(n * k / QK);
+        let mut d = Vec::with_capacity(n * k / QK);
+        for c in data.chunks_exact(34) {
+            d.push(f16::from_le_bytes([c[0], c[1]]).to_f32());
+            let mut b = [0i8; 32];
+            for (o, v) in b.iter_mut().zip(&c[2..]) {
+                *o = *v as i8;
+            }
+            qs.push(b);
+        }
+        Some(Self { n, k, qs, d })
+    }
+
+    pub fn n(&self) -> usize {
+        self.n
+    }
+
+    pub fn k(&self) -> usize {
+        self.k
+    }
+
+    /// `out[r, j] = Σ_i x[r, i] · W[j, i]` for `m` rows of `x`.
+    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
+        let nb = self.k / QK;
+        let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
+        let avx2 = has_avx2();
+        par_rows(self.n, self.k, m, x, out, |j, out_j| {
+            let w = &self.qs[j * nb..(j + 1) * nb];
+            let d = &self.d[j * nb..(j + 1) * nb];
+            let mut r = 0;
+            while avx2 && r + 4 <= m {
+                let rows = [
+                    &xq[r * nb..(r + 1) * nb],
+                    &xq[(r + 1) * nb..(r + 2) * nb],
+                    &xq[(r + 2) * nb..(r + 3) * nb],
+                    &xq[(r + 3) * nb..(r + 4) * nb],
+                ];
+                out_j[r..r + 4].copy_from_slice(&dot4(w, d, rows));
+                r += 4;
+            }
+            for (r, o) in out_j.iter_mut().enumerate().skip(r) {
+                *o = dot(w, d, &xq[r * nb..(r + 1) * nb], avx2);
+            }
+        });
+    }
+}
+
+fn dot(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81], avx2: bool) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if avx2 {
+            // SAFETY: AVX2 and FMA were detected.
+            return unsafe { dot_avx2(w, d, a) };
+        }
+    }
+    let _ = avx2;
+    dot_portable(w, d, a)
+}
+
+fn dot4(w: &[[i8; 32]], d: &[f32], a: [&[BlockQ81]; 4]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: only called when AVX2 and FMA were detected.
+        unsafe { dot4_avx2(w, d, a) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        a.map(|r| dot_portable(w, d, r))
+    }
+}
+
+/// Eight f32 lanes and ggml's pairwise horizontal sum, as the AVX2 path.
+fn dot_portable(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81]) -> f32 {
+    let mut acc = [0f32; 8];
+    for ((qw, dw), y) in w.iter().zip(d).zip(a) {
+        let scale = dw * y.d;
+        for (l, lane) in acc.iter_mut().enumerate() {
+            let s: i32 = (4 * l..4 * l + 4)
+                .map(|e| qw[e] as i32 * y.qs[e] as i32)
+                .sum();
+            *lane = (s as f32).mul_add(scale, *lane);
+        }
+    }
+    let h = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    (h[0] + h[2]) + (h[1] + h[3])
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81]) -> f32 {
+    use std::arch::x86_64::*;
+    let mut acc = _mm256_setzero_ps();
+    let ones = _mm256_set1_epi16(1);
+    for ((qw, dw), y) in w.iter().zip(d).zip(a) {
+        let x = _mm256_loadu_si256(qw.as_ptr() as *const __m256i);
+        let ax = _mm256_sign_epi8(x, x);
+        let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
+        let sy = _mm256_sign_epi8(qy, x);
+        let prod = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, sy));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(prod), acc);
+    }
+    hsum8(acc)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot4_avx2(w: &[[i8; 32]], d: &[f32], a: [&[BlockQ81]; 4]) -> [f32; 4] {
+    use std::arch::x86_64::*;
+    let mut acc = [_mm256_setzero_ps(); 4];
+    let ones = _mm256_set1_epi16(1);
+    for (b, (qw, dw)) in w.iter().zip(d).enumerate() {
+        let x = _mm256_loadu_si256(qw.as_ptr() as *const __m256i);
+        // |x| as unsigned, the sign moved onto y: maddubs needs an unsigned operand
+        let ax = _mm256_sign_epi8(x, x);
+        for r in 0..4 {
+            let y = &a[r][b];
+            let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
+            let sy = _mm256_sign_epi8(qy, x);
+            let prod = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, sy));
+            let scale = _mm256_set1_ps(dw * y.d);
+            acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(prod), acc[r]);
+        }
+    }
+    [hsum8(acc[0]), hsum8(acc[1]), hsum8(acc[2]), hsum8(acc[3])]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Module, Tensor};
+
+    fn matrix(n: usize, k: usize) -> QTensor {
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.3)
+            .collect();
+        let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        QTensor::quantize(&t, GgmlDType::Q8_0).unwrap()
+    }
+
+    #[test]
+    fn agrees_with_candles_q8_0_kernel_and_is_batch_invariant() {
+        let (n, k, m) = (40, 576, 6);
+        let q = matrix(n, k);
+        let mat = Q80Matrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i as f32) * 0.731).sin() * 3.0)
+            .collect();
+        let mut out = vec![0f32; m * n];
+        mat.matmul(&x, m, &mut out);
+        let qm = candle_core::quantized::QMatMul::from_qtensor(q).unwrap();
+        let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
+        let theirs: Vec<f32> = qm
+            .forward(&xt)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        for (a, b) in out.iter().zip(&theirs) {
+            assert!((a - b).abs() <= 1e-3 * b.abs().max(1.0), "{a} vs {b}");
+        }
+        for r in 0..m {
+            let mut one = vec![0f32; n];
+            mat.matmul(&x[r * k..(r + 1) * k], 1, &mut one);
+            assert_eq!(one, out[r * n..(r + 1) * n]);
+        }
+    }
+
+    #[test]
+    fn simd_and_portable_paths_agree_exactly() {
+        let q = matrix(4, 64);
+        let mat = Q80Matrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..64).map(|i| (i as f32).cos()).collect();
+        let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
+        for j in 0..4 {
+            let w = &mat.qs[j * 2..j * 2 + 2];
+            let d = &mat.d[j * 2..j * 2 + 2];
+            let p = dot_portable(w, d, &xq);
+            if has_avx2() {
+                assert_eq!(p.to_bits(), dot(w, d, &xq, true).to_bits());
+            }
+        }
+    }
+}
