@@ -14,6 +14,15 @@ use crate::weights::Weights;
 /// Largest number of prompt tokens pushed through one prefill pass (bounds attention memory).
 pub const PREFILL_CHUNK: usize = 256;
 
+/// One sequence's part of a forward pass.
+pub(crate) struct Segment<'a> {
+    /// Its KV cache row.
+    pub row: usize,
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`.
+    pub start: usize,
+}
+
 pub(crate) struct Model {
     pub hp: Hparams,
     w: Weights,
@@ -136,8 +145,8 @@ impl Model {
         Ok(self.w.tok_embd.embedding(&ids)?)
     }
 
-    /// Runs `tokens` (positions `start..start+len`) of the sequence in cache `row` and returns
-    /// the logits `[vocab]` of the last token.
+    /// Runs `tokens` (positions `start..start+len`) of the sequence in cache `row`, in chunks
+    /// of `PREFILL_CHUNK`, and returns the logits `[vocab]` of the last token.
     pub fn prefill(
         &self,
         cache: &KvCache,
@@ -148,147 +157,125 @@ impl Model {
         if tokens.is_empty() {
             return Err(EngineError::InvalidParams("empty prompt".into()));
         }
-        if start + tokens.len() > self.ctx {
-            return Err(EngineError::ContextOverflow {
-                prompt_tokens: start + tokens.len(),
-                max_tokens: 0,
-                ctx: self.ctx,
-            });
-        }
-        let mut last = None;
+        let mut last = Vec::new();
         let mut pos = start;
         for chunk in tokens.chunks(PREFILL_CHUNK) {
-            last = Some(self.prefill_chunk(cache, row, chunk, pos)?);
+            let seg = Segment {
+                row,
+                tokens: chunk,
+                start: pos,
+            };
+            last = self
+                .forward(cache, std::slice::from_ref(&seg))?
+                .pop()
+                .unwrap_or_default();
             pos += chunk.len();
         }
-        let logits = last.ok_or_else(|| EngineError::InvalidParams("empty prompt".into()))?;
-        Ok(logits.flatten_all()?.to_vec1::<f32>()?)
+        Ok(last)
     }
 
-    fn prefill_chunk(
-        &self,
-        cache: &KvCache,
-        row: usize,
-        tokens: &[u32],
-        p0: usize,
-    ) -> Result<Tensor> {
+    /// One forward pass over several sequences at once: each segment feeds its tokens at its
+    /// own positions into its own cache row (a prompt chunk, or one token while decoding).
+    /// Matmuls run over all tokens together; attention runs per segment over exactly that
+    /// sequence's length, so no sequence's result depends on the others. Returns the logits
+    /// of each segment's last token.
+    pub fn forward(&self, cache: &KvCache, segs: &[Segment<'_>]) -> Result<Vec<Vec<f32>>> {
         let hp = &self.hp;
-        let (t, nh, nkv, hd, g) = (
-            tokens.len(),
-            hp.n_head,
-            hp.n_head_kv,
-            hp.head_dim,
-            hp.group_size(),
-        );
-        let total = p0 + t;
-        let cos = self.cos.narrow(0, p0, t)?;
-        let sin = self.sin.narrow(0, p0, t)?;
-        // causal mask over [g*t, total]: row r = gi*t + ti may see columns <= p0 + ti
-        let mut mask = Vec::with_capacity(g * t * total);
-        for _ in 0..g {
-            for ti in 0..t {
-                mask.extend((0..total).map(|c| {
-                    if c <= p0 + ti {
-                        0f32
-                    } else {
-                        f32::NEG_INFINITY
-                    }
-                }));
-            }
-        }
-        let mask = Tensor::from_vec(mask, (g * t, total), &self.device)?;
-        let scale = 1.0 / (hd as f64).sqrt();
-        let mut x = self.embed(tokens)?;
-        for li in 0..hp.n_layer {
-            let l = &self.w.layers[li];
-            let h = candle_nn::ops::rms_norm(&x, &l.attn_norm, hp.rms_eps)?;
-            let (q, k, v) = self.qkv(li, &h)?;
-            let q = q.reshape((1, t, nh, hd))?.transpose(1, 2)?.contiguous()?;
-            let q = (self.rope(&q, &cos, &sin)? * scale)?;
-            let k = k.reshape((1, t, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-            let k = self.rope(&k, &cos, &sin)?;
-            let v = v.reshape((1, t, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-            let kc = cache.k[li].narrow(0, row, 1)?;
-            let vc = cache.v[li].narrow(0, row, 1)?;
-            kc.slice_set(&k, 2, p0)?;
-            vc.slice_set(&v, 2, p0)?;
-            let keys = kc.narrow(2, 0, total)?;
-            let vals = vc.narrow(2, 0, total)?;
-            let q = q.reshape((1, nkv, g * t, hd))?;
-            let att = q.matmul(&keys.t()?)?.broadcast_add(&mask)?;
-            let att = candle_nn::ops::softmax_last_dim(&att)?;
-            let out = att
-                .matmul(&vals)?
-                .reshape((1, nh, t, hd))?
-                .transpose(1, 2)?
-                .contiguous()?
-                .reshape((t, nh * hd))?;
-            x = self.mlp_and_output(li, &x, &out)?;
-        }
-        self.logits(&x.narrow(0, t - 1, 1)?)
-    }
-
-    /// One decode step for the sequences in cache rows `0..tokens.len()`: row `b` feeds
-    /// `tokens[b]` at position `positions[b]`. Returns logits `[rows, vocab]`.
-    pub fn decode(
-        &self,
-        cache: &KvCache,
-        tokens: &[u32],
-        positions: &[usize],
-    ) -> Result<Vec<Vec<f32>>> {
-        let hp = &self.hp;
-        let b = tokens.len();
         let (nh, nkv, hd, g) = (hp.n_head, hp.n_head_kv, hp.head_dim, hp.group_size());
-        if b == 0 || positions.len() != b {
-            return Err(EngineError::InvalidParams(
-                "decode batch is empty or inconsistent".into(),
-            ));
+        if segs.is_empty() || segs.iter().any(|s| s.tokens.is_empty()) {
+            return Err(EngineError::InvalidParams("empty forward batch".into()));
         }
-        let max_pos = positions.iter().copied().max().unwrap_or(0);
-        if max_pos >= self.ctx {
+        if let Some(s) = segs.iter().find(|s| s.start + s.tokens.len() > self.ctx) {
             return Err(EngineError::ContextOverflow {
-                prompt_tokens: max_pos + 1,
+                prompt_tokens: s.start + s.tokens.len(),
                 max_tokens: 0,
                 ctx: self.ctx,
             });
         }
-        let pos_u32: Vec<u32> = positions.iter().map(|&p| p as u32).collect();
-        let pos_t = Tensor::new(pos_u32.as_slice(), &self.device)?;
-        let cos = self.cos.index_select(&pos_t, 0)?.reshape((b, 1, hd / 2))?;
-        let sin = self.sin.index_select(&pos_t, 0)?.reshape((b, 1, hd / 2))?;
-        let mut idx = Vec::with_capacity(b * nkv * hd);
-        for &p in &pos_u32 {
-            idx.extend(std::iter::repeat_n(p, nkv * hd));
+        let n: usize = segs.iter().map(|s| s.tokens.len()).sum();
+        let mut tokens = Vec::with_capacity(n);
+        let mut positions = Vec::with_capacity(n);
+        let mut offsets = Vec::with_capacity(segs.len());
+        let mut masks = Vec::with_capacity(segs.len());
+        for s in segs {
+            offsets.push(tokens.len());
+            tokens.extend_from_slice(s.tokens);
+            positions.extend((s.start..s.start + s.tokens.len()).map(|p| p as u32));
+            // causal mask over [g*t, total]: row gi*t + ti may see columns <= start + ti
+            let (t, total) = (s.tokens.len(), s.start + s.tokens.len());
+            masks.push(if t > 1 {
+                let mut m = Vec::with_capacity(g * t * total);
+                for _ in 0..g {
+                    for ti in 0..t {
+                        m.extend((0..total).map(|c| {
+                            if c <= s.start + ti {
+                                0f32
+                            } else {
+                                f32::NEG_INFINITY
+                            }
+                        }));
+                    }
+                }
+                Some(Tensor::from_vec(m, (g * t, total), &self.device)?)
+            } else {
+                None
+            });
         }
-        let idx = Tensor::from_vec(idx, (b, nkv, 1, hd), &self.device)?;
+        let pos_t = Tensor::new(positions.as_slice(), &self.device)?;
+        let cos = self.cos.index_select(&pos_t, 0)?;
+        let sin = self.sin.index_select(&pos_t, 0)?;
         let scale = 1.0 / (hd as f64).sqrt();
-        let mut x = self.embed(tokens)?;
+        let mut x = self.embed(&tokens)?;
         for li in 0..hp.n_layer {
             let l = &self.w.layers[li];
             let h = candle_nn::ops::rms_norm(&x, &l.attn_norm, hp.rms_eps)?;
             let (q, k, v) = self.qkv(li, &h)?;
-            let q = (self.rope(&q.reshape((b, nh, 1, hd))?, &cos, &sin)? * scale)?;
-            let k = self.rope(&k.reshape((b, nkv, 1, hd))?, &cos, &sin)?;
-            let v = v.reshape((b, nkv, 1, hd))?;
-            let kc = cache.k[li].narrow(0, 0, b)?;
-            let vc = cache.v[li].narrow(0, 0, b)?;
-            kc.scatter_set(&idx, &k, 2)?;
-            vc.scatter_set(&idx, &v, 2)?;
-            // attention per sequence over exactly its own length: the result of a sequence
-            // never depends on which others share the batch (no padded reductions)
-            let q = q.reshape((b, nkv, g, hd))?;
-            let mut outs = Vec::with_capacity(b);
-            for (row, &p) in positions.iter().enumerate() {
-                let keys = kc.narrow(0, row, 1)?.narrow(2, 0, p + 1)?;
-                let vals = vc.narrow(0, row, 1)?.narrow(2, 0, p + 1)?;
-                let qr = q.narrow(0, row, 1)?;
-                let att = candle_nn::ops::softmax_last_dim(&qr.matmul(&keys.t()?)?)?;
-                outs.push(att.matmul(&vals)?.reshape((1, nh * hd))?);
+            let q = q.reshape((1, n, nh, hd))?.transpose(1, 2)?.contiguous()?;
+            let q = (self.rope(&q, &cos, &sin)? * scale)?;
+            let k = k.reshape((1, n, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+            let k = self.rope(&k, &cos, &sin)?;
+            let v = v.reshape((1, n, nkv, hd))?.transpose(1, 2)?.contiguous()?;
+            let mut outs = Vec::with_capacity(segs.len());
+            for ((s, &o), mask) in segs.iter().zip(&offsets).zip(&masks) {
+                let t = s.tokens.len();
+                let total = s.start + t;
+                let kc = cache.k[li].narrow(0, s.row, 1)?;
+                let vc = cache.v[li].narrow(0, s.row, 1)?;
+                kc.slice_set(&k.narrow(2, o, t)?.contiguous()?, 2, s.start)?;
+                vc.slice_set(&v.narrow(2, o, t)?.contiguous()?, 2, s.start)?;
+                let keys = kc.narrow(2, 0, total)?;
+                let vals = vc.narrow(2, 0, total)?;
+                let qs = q
+                    .narrow(2, o, t)?
+                    .contiguous()?
+                    .reshape((1, nkv, g * t, hd))?;
+                let mut att = qs.matmul(&keys.t()?)?;
+                if let Some(m) = mask {
+                    att = att.broadcast_add(m)?;
+                }
+                let att = candle_nn::ops::softmax_last_dim(&att)?;
+                let out = att
+                    .matmul(&vals)?
+                    .reshape((1, nh, t, hd))?
+                    .transpose(1, 2)?
+                    .contiguous()?
+                    .reshape((t, nh * hd))?;
+                outs.push(out);
             }
-            let out = Tensor::cat(&outs, 0)?;
-            x = self.mlp_and_output(li, &x, &out)?;
+            let attn = if outs.len() == 1 {
+                outs.swap_remove(0)
+            } else {
+                Tensor::cat(&outs, 0)?
+            };
+            x = self.mlp_and_output(li, &x, &attn)?;
         }
-        let logits = self.logits(&x)?;
+        let last: Vec<u32> = segs
+            .iter()
+            .zip(&offsets)
+            .map(|(s, &o)| (o + s.tokens.len() - 1) as u32)
+            .collect();
+        let last = Tensor::new(last.as_slice(), &self.device)?;
+        let logits = self.logits(&x.index_select(&last, 0)?)?;
         Ok(logits.to_dtype(DType::F32)?.to_vec2::<f32>()?)
     }
 

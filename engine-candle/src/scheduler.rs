@@ -14,7 +14,12 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 use tokio_util::sync::CancellationToken;
 
-use crate::model::{KvCache, Model};
+use crate::error::EngineError;
+use crate::model::{KvCache, Model, Segment};
+
+/// Prompt tokens that may join one forward pass beside the decoding sequences; longer prompts
+/// are prefilled alone in chunks.
+const STEP_PROMPT_BUDGET: usize = crate::model::PREFILL_CHUNK;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::text_stream::TextStream;
 use crate::tokenizer::GgufTokenizer;
@@ -192,7 +197,7 @@ impl Scheduler {
             }
             self.flush_draining();
             self.retire_cancelled();
-            self.admit_waiting();
+            self.admit_long_prompts();
             if !self.step() {
                 // every running sequence waits for its receiver: do not spin
                 std::thread::sleep(Duration::from_millis(1));
@@ -279,39 +284,56 @@ impl Scheduler {
         });
     }
 
-    fn admit_waiting(&mut self) {
-        while self.running.len() < self.slots {
+    /// Starts the sequence `req` in row `row` from the logits of its prompt's last token.
+    fn start_running(
+        &mut self,
+        req: Box<GenerateRequest>,
+        submitted: Instant,
+        mut logits: Vec<f32>,
+    ) {
+        let mut sampler = Sampler::new(req.sampling.clone());
+        let first = sampler.sample(&mut logits, &req.prompt_tokens);
+        let pos = req.prompt_tokens.len();
+        let mut tokens = Vec::with_capacity(pos + req.max_tokens);
+        tokens.extend_from_slice(&req.prompt_tokens);
+        self.running.push(Running {
+            sampler,
+            text: TextStream::new(req.stop.clone()),
+            tokens,
+            pos,
+            next: first,
+            generated: 0,
+            backlog: VecDeque::new(),
+            first_token: Instant::now(),
+            prefill_ms: submitted.elapsed().as_millis() as u64,
+            req: *req,
+        });
+    }
+
+    fn fail_waiting(&self, req: &GenerateRequest, e: &EngineError) {
+        self.release_slot();
+        let _ = req.events.try_send(SeqEvent::Failed(e.to_string()));
+    }
+
+    /// Prompts longer than one step's budget are prefilled alone, chunk by chunk, before they
+    /// join (the running sequences wait for it).
+    fn admit_long_prompts(&mut self) {
+        while self.running.len() < self.slots
+            && self
+                .waiting
+                .front()
+                .is_some_and(|(r, _)| r.prompt_tokens.len() > STEP_PROMPT_BUDGET)
+        {
             let Some((req, submitted)) = self.waiting.pop_front() else {
                 return;
             };
             let row = self.running.len();
             match self.model.prefill(&self.cache, row, &req.prompt_tokens, 0) {
-                Ok(mut logits) => {
-                    let mut sampler = Sampler::new(req.sampling.clone());
-                    let first = sampler.sample(&mut logits, &req.prompt_tokens);
-                    let prefill_ms = submitted.elapsed().as_millis() as u64;
-                    let pos = req.prompt_tokens.len();
-                    let stops = req.stop.clone();
-                    let mut tokens = Vec::with_capacity(pos + req.max_tokens);
-                    tokens.extend_from_slice(&req.prompt_tokens);
-                    self.running.push(Running {
-                        sampler,
-                        text: TextStream::new(stops),
-                        tokens,
-                        pos,
-                        next: first,
-                        generated: 0,
-                        backlog: VecDeque::new(),
-                        first_token: Instant::now(),
-                        prefill_ms,
-                        req: *req,
-                    });
+                Ok(logits) => {
+                    self.start_running(req, submitted, logits);
                     self.accept_token(row);
                 }
-                Err(e) => {
-                    self.release_slot();
-                    let _ = req.events.try_send(SeqEvent::Failed(e.to_string()));
-                }
+                Err(e) => self.fail_waiting(&req, &e),
             }
         }
     }
@@ -378,22 +400,58 @@ impl Scheduler {
         }
     }
 
-    /// One batched decode step over every running row. Returns false when nothing could run.
+    /// One forward pass: every running sequence that can take its next token feeds it, and
+    /// waiting sequences whose prompts fit this step's budget join with their whole prompt.
+    /// Returns false when nothing could run.
     fn step(&mut self) -> bool {
-        if self.running.is_empty() {
-            return !self.draining.is_empty() || !self.waiting.is_empty();
+        let mut joining = Vec::new();
+        let mut budget = STEP_PROMPT_BUDGET;
+        while self.running.len() + joining.len() < self.slots
+            && self
+                .waiting
+                .front()
+                .is_some_and(|(r, _)| r.prompt_tokens.len() <= budget)
+        {
+            if let Some(w) = self.waiting.pop_front() {
+                budget -= w.0.prompt_tokens.len();
+                joining.push(w);
+            }
         }
-        let ready: Vec<bool> = self.running.iter().map(|s| s.backlog.is_empty()).collect();
-        if !ready.iter().any(|r| *r) {
-            return false;
+        let decoding: Vec<usize> = (0..self.running.len())
+            .filter(|&i| self.running[i].backlog.is_empty())
+            .collect();
+        if decoding.is_empty() && joining.is_empty() {
+            return self.running.is_empty()
+                && (!self.draining.is_empty() || !self.waiting.is_empty());
         }
-        let tokens: Vec<u32> = self.running.iter().map(|s| s.next).collect();
-        let positions: Vec<usize> = self.running.iter().map(|s| s.pos).collect();
-        let logits = match self.model.decode(&self.cache, &tokens, &positions) {
+        let nexts: Vec<[u32; 1]> = decoding.iter().map(|&i| [self.running[i].next]).collect();
+        let mut segs: Vec<Segment<'_>> = decoding
+            .iter()
+            .zip(&nexts)
+            .map(|(&i, t)| Segment {
+                row: i,
+                tokens: t,
+                start: self.running[i].pos,
+            })
+            .collect();
+        let base = self.running.len();
+        for (k, (req, _)) in joining.iter().enumerate() {
+            segs.push(Segment {
+                row: base + k,
+                tokens: &req.prompt_tokens,
+                start: 0,
+            });
+        }
+        let result = self.model.forward(&self.cache, &segs);
+        drop(segs);
+        let mut logits = match result {
             Ok(l) => l,
             Err(e) => {
                 let msg = e.to_string();
-                tracing::error!(error = %msg, "decode step failed");
+                tracing::error!(error = %msg, "forward pass failed");
+                for (req, _) in &joining {
+                    self.fail_waiting(req, &e);
+                }
                 while !self.running.is_empty() {
                     let i = self.running.len() - 1;
                     self.remove_row(i, Some(SeqEvent::Failed(msg.clone())));
@@ -401,18 +459,23 @@ impl Scheduler {
                 return true;
             }
         };
-        // Rows that were blocked keep their token: the cache write at their position is redone
-        // identically next step. Walk backwards so removals do not disturb pending indices.
-        let mut logits = logits;
-        for i in (0..ready.len()).rev() {
-            if !ready[i] || i >= self.running.len() {
-                continue;
-            }
-            let seq = &mut self.running[i];
+        let joined = logits.split_off(decoding.len());
+        for (i, row) in decoding.iter().zip(logits) {
+            let seq = &mut self.running[*i];
             seq.pos += 1;
-            let mut row = std::mem::take(&mut logits[i]);
+            let mut row = row;
             seq.next = seq.sampler.sample(&mut row, &seq.tokens);
-            self.accept_token(i);
+        }
+        for ((req, submitted), l) in joining.into_iter().zip(joined) {
+            self.start_running(req, submitted, l);
+        }
+        // every sampled row, highest first, so removals never move an unvisited row
+        let mut sampled: Vec<usize> = decoding;
+        sampled.extend(base..self.running.len());
+        for &i in sampled.iter().rev() {
+            if i < self.running.len() {
+                self.accept_token(i);
+            }
         }
         true
     }
