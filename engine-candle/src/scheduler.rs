@@ -284,13 +284,8 @@ impl Scheduler {
         });
     }
 
-    /// Starts the sequence `req` in row `row` from the logits of its prompt's last token.
-    fn start_running(
-        &mut self,
-        req: Box<GenerateRequest>,
-        submitted: Instant,
-        mut logits: Vec<f32>,
-    ) {
+    /// Starts the sequence `req` in the next row from the logits of its prompt's last token.
+    fn start_running(&mut self, req: GenerateRequest, submitted: Instant, mut logits: Vec<f32>) {
         let mut sampler = Sampler::new(req.sampling.clone());
         let first = sampler.sample(&mut logits, &req.prompt_tokens);
         let pos = req.prompt_tokens.len();
@@ -306,7 +301,7 @@ impl Scheduler {
             backlog: VecDeque::new(),
             first_token: Instant::now(),
             prefill_ms: submitted.elapsed().as_millis() as u64,
-            req: *req,
+            req,
         });
     }
 
@@ -330,7 +325,7 @@ impl Scheduler {
             let row = self.running.len();
             match self.model.prefill(&self.cache, row, &req.prompt_tokens, 0) {
                 Ok(logits) => {
-                    self.start_running(req, submitted, logits);
+                    self.start_running(*req, submitted, logits);
                     self.accept_token(row);
                 }
                 Err(e) => self.fail_waiting(&req, &e),
@@ -467,7 +462,7 @@ impl Scheduler {
             seq.next = seq.sampler.sample(&mut row, &seq.tokens);
         }
         for ((req, submitted), l) in joining.into_iter().zip(joined) {
-            self.start_running(req, submitted, l);
+            self.start_running(*req, submitted, l);
         }
         // every sampled row, highest first, so removals never move an unvisited row
         let mut sampled: Vec<usize> = decoding;
