@@ -105,7 +105,7 @@ fn greedy_continuations_match_llama_cpp() {
         }
     }
     eprintln!(
-        "exact: {exact}/{}; near-tie flips:\n{}",
+        "exact: {exact}/{}; runner-up flips:\n{}",
         f.cases.len(),
         report.join("\n")
     );
