@@ -97,16 +97,20 @@ impl IntoResponse for ApiError {
         let status = self.status();
         let retry = self.envelope.retry_after_ms;
         let mut resp = (status, Json(self.envelope)).into_response();
-        if let Some(ms) = retry {
-            let h = resp.headers_mut();
-            if let Ok(v) = HeaderValue::from_str(&retry_after_secs(ms).to_string()) {
-                h.insert(axum::http::header::RETRY_AFTER, v);
-            }
-            if let Ok(v) = HeaderValue::from_str(&ms.to_string()) {
-                h.insert("x-backoff-ms", v);
-            }
-        }
+        backoff_headers(resp.headers_mut(), retry);
         resp
+    }
+}
+
+/// `Retry-After` (seconds) and `X-Backoff-Ms` when an error advises a wait.
+pub fn backoff_headers(h: &mut axum::http::HeaderMap, retry_after_ms: Option<u64>) {
+    if let Some(ms) = retry_after_ms {
+        if let Ok(v) = HeaderValue::from_str(&retry_after_secs(ms).to_string()) {
+            h.insert(axum::http::header::RETRY_AFTER, v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&ms.to_string()) {
+            h.insert("x-backoff-ms", v);
+        }
     }
 }
 

@@ -3,6 +3,7 @@
 //! control plane. Adapters (OpenAI, Ollama-style chat, Kolosal, Hyperswarm, workers) sit on
 //! the same task lifecycle.
 
+pub mod adapters;
 pub mod admission;
 pub mod config;
 pub mod correlation;

@@ -61,6 +61,11 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/pools/{id}/drain", post(routes::pools::drain))
         .route("/v1/pools/{id}/resume", post(routes::pools::resume))
         .route("/v1/pools/{id}/reload", post(routes::pools::reload))
+        .route(
+            "/v1/chat/completions",
+            post(crate::adapters::openai::chat_completions),
+        )
+        .route("/v1/models", get(crate::adapters::openai::models))
         .route("/metrics", get(routes::meta::metrics))
         .route("/openapi.json", get(routes::meta::openapi_json))
         .fallback(routes::meta::not_found)
