@@ -1,4 +1,4 @@
-//! The OpenAI chat-completions adapter over a real socket with the scripted engine:
+//! ADP-OAI-1: the OpenAI chat-completions adapter over a real socket with the scripted engine:
 //! response shapes, streaming framing, errors in OpenAI's shape, backpressure before the stream.
 
 mod support;
