@@ -91,6 +91,29 @@ pub(crate) fn par_rows(
     }
 }
 
+/// The `m` results of one weight row: four activation rows at a time through `dot4` (they
+/// share each unpacked weight block) when SIMD is available, the rest through `dot`. Both must
+/// do the same arithmetic per row, so results do not depend on how many rows come together.
+pub(crate) fn dot_rows(
+    out_j: &mut [f32],
+    xq: &[BlockQ81],
+    nb: usize,
+    simd: bool,
+    dot4: impl Fn([&[BlockQ81]; 4]) -> [f32; 4],
+    dot: impl Fn(&[BlockQ81]) -> f32,
+) {
+    let m = out_j.len();
+    let row = |r: usize| &xq[r * nb..(r + 1) * nb];
+    let mut r = 0;
+    while simd && r + 4 <= m {
+        out_j[r..r + 4].copy_from_slice(&dot4([row(r), row(r + 1), row(r + 2), row(r + 3)]));
+        r += 4;
+    }
+    for (r, o) in out_j.iter_mut().enumerate().skip(r) {
+        *o = dot(row(r));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

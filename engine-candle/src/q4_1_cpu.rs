@@ -9,7 +9,7 @@ use half::f16;
 
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::hsum8;
-use crate::cpu_quant::{has_avx2, par_rows, quantize_q8_1, BlockQ81, QK};
+use crate::cpu_quant::{dot_rows, has_avx2, par_rows, quantize_q8_1, BlockQ81, QK};
 
 /// One Q4_1 block as stored in GGUF: scale, minimum, 32 four-bit values.
 #[derive(Clone, Copy)]
@@ -84,21 +84,14 @@ impl Q41Matrix {
         par_rows(self.n, self.k, m, x, out, |j, out_j| {
             let wrow = &self.blocks[j * nb..(j + 1) * nb];
             let srow = &self.scales[j * nb..(j + 1) * nb];
-            let mut r = 0;
-            // four activation rows share each unpacked weight block
-            while avx2 && r + 4 <= m {
-                let rows = [
-                    &xq[r * nb..(r + 1) * nb],
-                    &xq[(r + 1) * nb..(r + 2) * nb],
-                    &xq[(r + 2) * nb..(r + 3) * nb],
-                    &xq[(r + 3) * nb..(r + 4) * nb],
-                ];
-                out_j[r..r + 4].copy_from_slice(&dot4(wrow, srow, rows));
-                r += 4;
-            }
-            for (r, o) in out_j.iter_mut().enumerate().skip(r) {
-                *o = dot(wrow, srow, &xq[r * nb..(r + 1) * nb], avx2);
-            }
+            dot_rows(
+                out_j,
+                &xq,
+                nb,
+                avx2,
+                |rows| dot4(wrow, srow, rows),
+                |a| dot(wrow, srow, a, avx2),
+            );
         });
     }
 }

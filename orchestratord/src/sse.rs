@@ -109,7 +109,12 @@ pub fn response(state: SharedState, task: Arc<Task>) -> Response<Body> {
         buf: BytesMut::with_capacity(4096),
         keepalive,
     };
-    let mut resp = Response::new(Body::from_stream(event_stream(s)));
+    event_stream_response(Body::from_stream(event_stream(s)))
+}
+
+/// A 200 `text/event-stream` response with the headers proxies and caches need.
+pub fn event_stream_response(body: Body) -> Response<Body> {
+    let mut resp = Response::new(body);
     *resp.status_mut() = StatusCode::OK;
     let h = resp.headers_mut();
     h.insert(

@@ -156,7 +156,21 @@ async fn five_hundred_tasks_with_cancels_and_disconnects() {
         cancelled_disconnect > 50,
         "disconnects exercised: {cancelled_disconnect}"
     );
-    // every slot was given back
+    // every slot was given back (runners release just after the terminal event)
+    let busy = || {
+        s.state
+            .pools
+            .all()
+            .iter()
+            .map(|p| p.snapshot().slots_busy)
+            .sum::<usize>()
+    };
+    for _ in 0..100 {
+        if busy() == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for p in s.state.pools.all() {
         assert_eq!(p.snapshot().slots_busy, 0, "pool {} slots", p.id());
     }

@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderValue, Response, StatusCode};
+use axum::http::Response;
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
 use contracts::{ChatTurn, ErrorCode, TaskRequest};
@@ -227,16 +227,7 @@ pub async fn chat_completions(
         };
         futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>))
     });
-    let mut resp = Response::new(Body::from_stream(stream));
-    *resp.status_mut() = StatusCode::OK;
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/event-stream"),
-    );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
-    Ok(resp)
+    Ok(crate::sse::event_stream_response(Body::from_stream(stream)))
 }
 
 /// Serializing either a chunk or an error body into a frame.
