@@ -245,12 +245,7 @@ async fn interactive_overtakes_batch() {
     let watch = |id: String| {
         let s = &s;
         async move {
-            let r = s
-                .client
-                .get(s.url(&format!("/v1/tasks/{id}/stream")))
-                .send()
-                .await
-                .unwrap();
+            let r = s.open_stream(&id).await;
             let ev = read_events(r).await;
             ev.iter()
                 .find(|(e, _)| e.event == "token")
@@ -474,12 +469,7 @@ async fn shutdown_stops_admission_then_ends_running_tasks() {
     cfg.shutdown_grace_ms = 400;
     let mut s = start(cfg, ms(20)).await;
     let long = s.submit_ok(json!({"prompt": "x", "max_tokens": 200})).await;
-    let r = s
-        .client
-        .get(s.url(&format!("/v1/tasks/{long}/stream")))
-        .send()
-        .await
-        .unwrap();
+    let r = s.open_stream(&long).await;
     let reader = tokio::spawn(read_events(r));
     tokio::time::sleep(ms(100)).await;
     s.begin_shutdown();

@@ -70,12 +70,7 @@ async fn real_model_cancel_mid_generation() {
             json!({"prompt": "Count from one to one thousand: one, two,", "max_tokens": 500}),
         )
         .await;
-    let r = s
-        .client
-        .get(s.url(&format!("/v1/tasks/{id}/stream")))
-        .send()
-        .await
-        .unwrap();
+    let r = s.open_stream(&id).await;
     let mut body = r.bytes_stream();
     let mut buf = String::new();
     let mut events = Vec::new();

@@ -56,12 +56,7 @@ async fn five_hundred_tasks_with_cancels_and_disconnects() {
             let id = s
                 .submit_ok(json!({"prompt": "stress test", "max_tokens": max_tokens, "priority": priority}))
                 .await;
-            let r = s
-                .client
-                .get(s.url(&format!("/v1/tasks/{id}/stream")))
-                .send()
-                .await
-                .unwrap();
+            let r = s.open_stream(&id).await;
             let mut body = r.bytes_stream();
             let mut buf = String::new();
             let mut events: Vec<Ev> = Vec::new();

@@ -309,14 +309,18 @@ impl TestServer {
         v["task_id"].as_str().unwrap().to_string()
     }
 
-    /// Reads a whole stream; panics if anything follows the terminal event.
-    pub async fn stream_all(&self, id: &str) -> Vec<Ev> {
-        let r = self
-            .client
+    /// Opens a task's SSE stream (response not yet read).
+    pub async fn open_stream(&self, id: &str) -> reqwest::Response {
+        self.client
             .get(self.url(&format!("/v1/tasks/{id}/stream")))
             .send()
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    /// Reads a whole stream; panics if anything follows the terminal event.
+    pub async fn stream_all(&self, id: &str) -> Vec<Ev> {
+        let r = self.open_stream(id).await;
         assert_eq!(r.status(), 200);
         read_events(r).await.into_iter().map(|(e, _)| e).collect()
     }
