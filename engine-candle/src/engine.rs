@@ -54,6 +54,15 @@ impl std::fmt::Display for DeviceChoice {
 }
 
 impl DeviceChoice {
+    pub fn is_cpu(self) -> bool {
+        matches!(self, Self::Cpu)
+    }
+
+    /// Whether this build can open CUDA devices (the `cuda` feature).
+    pub const fn cuda_built() -> bool {
+        cfg!(feature = "cuda")
+    }
+
     fn open(self) -> Result<Device> {
         match self {
             Self::Cpu => Ok(Device::Cpu),
@@ -118,6 +127,9 @@ pub struct ModelInfo {
     pub load_ms: u64,
     /// Bytes reserved for the KV cache of all slots.
     pub kv_cache_bytes: usize,
+    /// Size of the GGUF file the weights came from.
+    pub weights_bytes: u64,
+    pub layers: usize,
 }
 
 /// Sets `RAYON_NUM_THREADS` (unless already set) so candle stops re-deriving its thread count
@@ -226,6 +238,10 @@ impl CandleEngine {
             template: template.source(),
             load_ms: started.elapsed().as_millis() as u64,
             kv_cache_bytes: KvCache::bytes(&hp, opts.slots, ctx),
+            weights_bytes: std::fs::metadata(&opts.model_path)
+                .map(|m| m.len())
+                .unwrap_or(0),
+            layers: hp.n_layer,
         };
         tracing::info!(model = %info.name, ctx, slots = opts.slots, threads, load_ms = info.load_ms, "model loaded");
         Ok(Self {

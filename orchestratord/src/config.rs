@@ -57,6 +57,8 @@ pub struct AdmissionConfig {
     /// Most stop sequences per request, and longest one in bytes.
     pub max_stop_sequences: usize,
     pub max_stop_bytes: usize,
+    /// Most prompts in one `/v1/completions` request (each becomes a task).
+    pub max_prompts_per_request: usize,
 }
 
 impl Default for AdmissionConfig {
@@ -68,6 +70,7 @@ impl Default for AdmissionConfig {
             max_body_bytes: 1 << 20,
             max_stop_sequences: 8,
             max_stop_bytes: 128,
+            max_prompts_per_request: 16,
         }
     }
 }
@@ -140,6 +143,40 @@ impl Default for SessionConfig {
     }
 }
 
+/// Pools created at run time through the Kolosal `POST /engines` API.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EnginesApiConfig {
+    /// Whether `/engines` may add and remove pools (listing and status are always on).
+    pub enabled: bool,
+    /// Most pools the server holds (config pools included); more is 409.
+    pub max_pools: usize,
+    /// Slots of an added pool.
+    pub slots: usize,
+    /// Compute threads of an added pool (0 = one per physical core).
+    pub threads: usize,
+    /// `n_ctx` when the request gives none (the Kolosal default).
+    pub default_n_ctx: usize,
+    /// Largest `n_ctx` accepted (bounds the KV cache an API call can allocate).
+    pub max_n_ctx: usize,
+    /// How long `DELETE /engines/{id}` lets running tasks finish before ending them.
+    pub remove_deadline_ms: u64,
+}
+
+impl Default for EnginesApiConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            max_pools: 8,
+            slots: 4,
+            threads: 0,
+            default_n_ctx: 4096,
+            max_n_ctx: 32_768,
+            remove_deadline_ms: 30_000,
+        }
+    }
+}
+
 /// One pool of the server.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -192,6 +229,7 @@ pub struct Config {
     pub stream: StreamConfig,
     pub timeouts: TimeoutConfig,
     pub sessions: SessionConfig,
+    pub engines_api: EnginesApiConfig,
     pub pools: Vec<PoolConfig>,
 }
 
@@ -205,6 +243,7 @@ impl Default for Config {
             stream: StreamConfig::default(),
             timeouts: TimeoutConfig::default(),
             sessions: SessionConfig::default(),
+            engines_api: EnginesApiConfig::default(),
             pools: vec![PoolConfig {
                 id: "default".into(),
                 model: DEFAULT_MODEL_PATH.into(),

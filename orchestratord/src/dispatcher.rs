@@ -50,7 +50,7 @@ pub fn dispatch_once(state: &SharedState) {
         }
         match place(state, &task) {
             Placement::Wait => {}
-            Placement::PinnedUnavailable(why) => {
+            Placement::Unavailable(why) => {
                 state.fail_task(&task, ErrorCode::PoolUnready, why, true, Some(1000));
             }
             Placement::Leased(lease) => {

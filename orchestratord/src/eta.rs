@@ -99,6 +99,7 @@ mod tests {
             ms_per_token_ewma: per_token,
             drain_deadline_remaining_ms: None,
             consecutive_failures: 0,
+            last_tokens_per_s: None,
         }
     }
 

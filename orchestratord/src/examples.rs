@@ -41,3 +41,26 @@ pub fn task_status() -> Value {
 pub fn record() -> Value {
     json!({"task_id": "t-1", "correlation_id": "c0ffee00-0000-4000-8000-000000000001", "priority": "interactive", "params": {"prompt": "[redacted 29 chars]", "max_tokens": 2}, "seed": 7, "max_tokens": 2, "prompt_tokens": 9, "tokens_out": 2, "pool_id": "default", "engine": "candle", "engine_version": "0.1.0+candle-0.11.1", "model_ref": ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", "ctx": 2048, "timings": {"queued_ms": 1, "ttft_ms": 60, "decode_time_ms": 31, "total_ms": 91}, "terminal": {"event": "end", "tokens_out": 2, "decode_time_ms": 31, "decode_ms": 31, "finish_reason": "length"}, "transcript": [{"event": "started", "data": {"queue_position": 0, "predicted_start_ms": 0}}, {"event": "token", "data": {"t": "The", "i": 0}}, {"event": "token", "data": {"t": " capital", "i": 1}}, {"event": "end", "data": {"tokens_out": 2, "decode_time_ms": 31, "decode_ms": 31, "finish_reason": "length"}}]})
 }
+
+// OpenAI-shaped errors (the OpenAI, Kolosal and seed-001 chat adapters).
+pub fn openai_invalid() -> Value {
+    json!({"error": {"message": "only n = 1 is supported", "type": "invalid_request_error", "param": "n", "code": "INVALID_PARAMS"}})
+}
+pub fn openai_not_found() -> Value {
+    json!({"error": {"message": "no pool serves model \"gpt-4o\"", "type": "not_found_error", "param": "model", "code": "NOT_FOUND"}})
+}
+pub fn openai_rate_limited() -> Value {
+    json!({"error": {"message": "queue full (64 tasks waiting)", "type": "rate_limit_error", "param": null, "code": "ADMISSION_REJECT"}})
+}
+pub fn openai_unready() -> Value {
+    json!({"error": {"message": "no pool serving \"SmolLM2-135M-Instruct.Q4_1\" is ready", "type": "server_error", "param": null, "code": "POOL_UNREADY"}})
+}
+pub fn openai_conflict() -> Value {
+    json!({"error": {"message": "engine \"smol\" already exists", "type": "invalid_request_error", "param": "engine_id", "code": "CONFLICT"}})
+}
+pub fn openai_engine_not_found() -> Value {
+    json!({"error": {"message": "engine \"llama-7b\" not found", "type": "not_found_error", "param": null, "code": "NOT_FOUND"}})
+}
+pub fn openai_bad_model_file() -> Value {
+    json!({"error": {"message": "model_path \"/models/missing.gguf\": No such file or directory (os error 2)", "type": "invalid_request_error", "param": "model_path", "code": "INVALID_PARAMS"}})
+}

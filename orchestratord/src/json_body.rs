@@ -44,7 +44,10 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(de).map_err(|e| {
         let path = e.path().to_string();
         let field = if path == "." || path == "?" || path.is_empty() {
-            unknown_field(e.inner()).unwrap_or_else(|| "body".to_string())
+            named_field(e.inner()).unwrap_or_else(|| "body".to_string())
+        } else if let Some(missing) = missing_field(e.inner()) {
+            // a missing field inside an object: report its full path
+            format!("{path}.{missing}")
         } else {
             path
         };
@@ -52,8 +55,64 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     })
 }
 
-fn unknown_field(e: &serde_json::Error) -> Option<String> {
+fn missing_field(e: &serde_json::Error) -> Option<String> {
     let msg = e.to_string();
-    let rest = msg.strip_prefix("unknown field `")?;
+    Some(
+        msg.strip_prefix("missing field `")?
+            .split('`')
+            .next()?
+            .to_string(),
+    )
+}
+
+/// The field an "unknown field" or "missing field" error names.
+fn named_field(e: &serde_json::Error) -> Option<String> {
+    let msg = e.to_string();
+    let rest = msg
+        .strip_prefix("unknown field `")
+        .or_else(|| msg.strip_prefix("missing field `"))?;
     Some(rest.split('`').next()?.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Inner {
+        role: String,
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    #[allow(dead_code)]
+    struct Outer {
+        model: String,
+        messages: Vec<Inner>,
+    }
+
+    fn field_of(body: &str) -> String {
+        parse::<Outer>(body.as_bytes())
+            .unwrap_err()
+            .envelope
+            .field
+            .clone()
+            .unwrap()
+    }
+
+    /// ORCH-ADM-1: every 400 names the field at fault, missing and unknown ones included.
+    #[test]
+    fn errors_name_the_field() {
+        assert_eq!(field_of(r#"{"messages": []}"#), "model");
+        assert_eq!(
+            field_of(r#"{"model": "m", "messages": [{}]}"#),
+            "messages[0].role"
+        );
+        assert_eq!(field_of(r#"{"model": "m", "messages": [], "x": 1}"#), "x");
+        assert_eq!(field_of(r#"{"model": 3, "messages": []}"#), "model");
+        assert!(field_of(r#"{"model": "m", "messages": [{"role": "u", "y": 1}]}"#).ends_with('y'));
+        assert_eq!(field_of("{"), "body");
+    }
 }

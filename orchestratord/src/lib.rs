@@ -15,6 +15,7 @@ pub mod json_body;
 pub mod metrics;
 pub mod openapi;
 pub mod placement;
+pub mod process_stats;
 pub mod queue;
 pub mod routes;
 pub mod runner;

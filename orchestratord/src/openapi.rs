@@ -4,7 +4,7 @@
 use contracts::API_VERSION;
 use utoipa::OpenApi;
 
-use crate::routes;
+use crate::{adapters, routes};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -44,6 +44,41 @@ struct DataApi;
 )]
 struct ControlApi;
 
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "orchestratord adapters", description = "Protocol adapters on the task spine: OpenAI-compatible chat and text completions, the seed-001 chat API (Ollama's shape, JSON/NDJSON/SSE), and the Kolosal engine API. Errors are OpenAI-shaped: {\"error\": {message, type, param, code}}."),
+    paths(
+        adapters::openai::chat_completions,
+        adapters::openai::completions,
+        adapters::openai::models,
+        adapters::ollama::completions,
+        adapters::ollama::sse,
+        adapters::kolosal::add,
+        adapters::kolosal::list,
+        adapters::kolosal::status,
+        adapters::kolosal::remove,
+        adapters::kolosal::health,
+    ),
+    components(schemas(
+        adapters::error::ErrorBody, adapters::error::ErrorDetail, contracts::ErrorCode,
+        adapters::openai::types::ChatRequest, adapters::openai::types::ChatResponse,
+        adapters::openai::types::Chunk, adapters::openai::types::CompletionRequest,
+        adapters::openai::types::CompletionResponse, adapters::openai::types::ModelList,
+        adapters::ollama::types::ChatRequest, adapters::ollama::types::ChatResponse,
+        adapters::ollama::types::ChatChunk, adapters::ollama::types::StreamError,
+        adapters::ollama::types::NdjsonError,
+        adapters::kolosal::types::AddEngine, adapters::kolosal::types::EngineCreated,
+        adapters::kolosal::types::EngineList, adapters::kolosal::types::EngineStatus,
+        adapters::kolosal::types::EngineRemoved, adapters::kolosal::types::Health,
+    )),
+    tags(
+        (name = "openai", description = "OpenAI-compatible"),
+        (name = "chat", description = "Seed-001 chat (Ollama's response shape)"),
+        (name = "engines", description = "Kolosal engine management and health"),
+    )
+)]
+struct AdaptersApi;
+
 fn versioned(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     doc.info.version = API_VERSION.to_string();
     doc
@@ -57,10 +92,15 @@ pub fn control() -> utoipa::openapi::OpenApi {
     versioned(ControlApi::openapi())
 }
 
-/// Both planes in one document (served at `/openapi.json`).
+pub fn adapters() -> utoipa::openapi::OpenApi {
+    versioned(AdaptersApi::openapi())
+}
+
+/// Every document in one (served at `/openapi.json`).
 pub fn combined() -> utoipa::openapi::OpenApi {
     let mut doc = data();
     doc.merge(control());
+    doc.merge(adapters());
     doc.info.title = "orchestratord".into();
     doc.info.description = Some("Data and control plane of orchestratord.".into());
     doc

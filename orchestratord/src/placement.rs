@@ -15,18 +15,19 @@ pub enum Placement {
     Leased(SlotLease),
     /// No slot free now; stay queued.
     Wait,
-    /// The pinned pool is gone or no longer takes work: the task fails typed.
-    PinnedUnavailable(String),
+    /// The pinned pool is gone or no longer takes work, or no pool serves the task's model any
+    /// more (its engine was removed): the task fails typed.
+    Unavailable(String),
 }
 
 pub fn place(state: &AppState, task: &Task) -> Placement {
     if let Some(pin) = &task.pin {
         let Some(pool) = state.pools.get(pin) else {
-            return Placement::PinnedUnavailable(format!("pinned pool {pin:?} was removed"));
+            return Placement::Unavailable(format!("pinned pool {pin:?} was removed"));
         };
         let st = pool.state();
         if !st.accepts_work() {
-            return Placement::PinnedUnavailable(format!("pinned pool {pin:?} is {}", st.as_str()));
+            return Placement::Unavailable(format!("pinned pool {pin:?} is {}", st.as_str()));
         }
         return match pool.try_lease() {
             Some(lease) => {
@@ -37,11 +38,18 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
             None => Placement::Wait,
         };
     }
-    let mut candidates: Vec<_> = state
+    let serving: Vec<_> = state
         .pools
         .all()
         .into_iter()
         .filter(|p| task.model.as_deref().is_none_or(|m| p.serves(m)))
+        .collect();
+    if serving.is_empty() {
+        let model = task.model.as_deref().unwrap_or("");
+        return Placement::Unavailable(format!("no pool serves model {model:?} any more"));
+    }
+    let mut candidates: Vec<_> = serving
+        .into_iter()
         .map(|p| (p.snapshot(), p))
         .filter(|(s, _)| s.state.accepts_work() && s.slots_free() > 0)
         .collect();

@@ -65,7 +65,31 @@ pub fn router(state: SharedState) -> Router {
             "/v1/chat/completions",
             post(crate::adapters::openai::chat_completions),
         )
+        .route(
+            "/v1/completions",
+            post(crate::adapters::openai::completions),
+        )
         .route("/v1/models", get(crate::adapters::openai::models))
+        .route(
+            "/chat/completions",
+            post(crate::adapters::ollama::completions),
+        )
+        .route("/chat/sse", post(crate::adapters::ollama::sse))
+        .route(
+            "/engines",
+            get(crate::adapters::kolosal::list).post(crate::adapters::kolosal::add),
+        )
+        .route(
+            "/engines/{engine_id}",
+            axum::routing::delete(crate::adapters::kolosal::remove),
+        )
+        .route(
+            "/engines/{engine_id}/status",
+            get(crate::adapters::kolosal::status),
+        )
+        .route("/v1/health", get(crate::adapters::kolosal::health))
+        .route("/health", get(crate::adapters::kolosal::health))
+        .route("/status", get(crate::adapters::kolosal::health))
         .route("/metrics", get(routes::meta::metrics))
         .route("/openapi.json", get(routes::meta::openapi_json))
         .fallback(routes::meta::not_found)

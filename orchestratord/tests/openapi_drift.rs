@@ -36,17 +36,24 @@ fn control_plane_document_matches_the_code() {
     check("control.yaml", openapi::to_yaml(&openapi::control()));
 }
 
+/// ADP-API-1: the adapters' document.
+#[test]
+fn adapters_document_matches_the_code() {
+    check("adapters.yaml", openapi::to_yaml(&openapi::adapters()));
+}
+
 /// OC-CTRL-2061: info.version equals the capabilities api_version.
 #[test]
 fn version_matches_the_api_version() {
     assert_eq!(openapi::data().info.version, contracts::API_VERSION);
     assert_eq!(openapi::control().info.version, contracts::API_VERSION);
+    assert_eq!(openapi::adapters().info.version, contracts::API_VERSION);
 }
 
 /// Every error status of every operation carries an example.
 #[test]
 fn every_error_response_has_an_example() {
-    for doc in [openapi::data(), openapi::control()] {
+    for doc in [openapi::data(), openapi::control(), openapi::adapters()] {
         let v = serde_json::to_value(&doc).unwrap();
         for (path, item) in v["paths"].as_object().unwrap() {
             for (method, op) in item.as_object().unwrap() {

@@ -49,6 +49,10 @@ impl Engine for CandlePortEngine {
             model_name: info.name.clone(),
             ctx_max: info.ctx,
             slots: info.slots,
+            weights_bytes: info.weights_bytes,
+            kv_cache_bytes: info.kv_cache_bytes as u64,
+            layers: info.layers,
+            layers_on_accelerator: if info.device.is_cpu() { 0 } else { info.layers },
         }
     }
 

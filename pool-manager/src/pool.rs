@@ -60,6 +60,8 @@ pub struct PoolSnapshot {
     pub ms_per_token_ewma: Option<f64>,
     pub drain_deadline_remaining_ms: Option<u64>,
     pub consecutive_failures: u32,
+    /// Tokens per second of the last finished task (admission to end, prefill included).
+    pub last_tokens_per_s: Option<f64>,
 }
 
 impl PoolSnapshot {
@@ -86,6 +88,7 @@ struct Inner {
     model_load_ms: u64,
     service_ms_ewma: Option<f64>,
     ms_per_token_ewma: Option<f64>,
+    last_tokens_per_s: Option<f64>,
     consecutive_failures: u32,
 }
 
@@ -128,6 +131,7 @@ impl Pool {
                 model_load_ms: 0,
                 service_ms_ewma: None,
                 ms_per_token_ewma: None,
+                last_tokens_per_s: None,
                 consecutive_failures: 0,
             }),
             busy: AtomicUsize::new(0),
@@ -196,6 +200,7 @@ impl Pool {
                 .filter(|_| g.state == PoolState::Draining)
                 .map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
             consecutive_failures: g.consecutive_failures,
+            last_tokens_per_s: g.last_tokens_per_s,
         }
     }
 
@@ -251,6 +256,7 @@ impl Pool {
         g.service_ms_ewma = Some(ewma(g.service_ms_ewma, ms));
         if tokens_out > 0 {
             g.ms_per_token_ewma = Some(ewma(g.ms_per_token_ewma, ms / tokens_out as f64));
+            g.last_tokens_per_s = Some(tokens_out as f64 * 1000.0 / ms.max(1e-3));
         }
     }
 
@@ -279,29 +285,34 @@ impl Pool {
         Ok((engine, load_ms, probe.elapsed().as_secs_f64() * 1000.0))
     }
 
+    /// One load attempt: load, self-test, `Ready`; on failure `Unready` with `last_error`.
+    pub async fn load_once(self: &Arc<Self>) -> Result<(), String> {
+        match self.load_engine(&self.spec.model_ref).await {
+            Ok((engine, ms)) => {
+                let mut g = self.lock();
+                g.engine = Some(engine);
+                g.model_load_ms = ms;
+                g.last_error = None;
+                g.consecutive_failures = 0;
+                let _ = self.apply(&mut g, PoolEvent::Loaded);
+                Ok(())
+            }
+            Err(e) => {
+                tracing::warn!(pool = %self.spec.id, error = %e, "pool load failed");
+                let mut g = self.lock();
+                g.last_error = Some(e.clone());
+                g.consecutive_failures += 1;
+                let _ = self.apply(&mut g, PoolEvent::LoadFailed);
+                Err(e)
+            }
+        }
+    }
+
     /// Brings the pool up: load, self-test, Ready. Retries with exponential backoff and jitter
     /// until it succeeds; failures leave it `Unready` with `last_error`.
     pub async fn load(self: Arc<Self>) {
         let mut attempt: u32 = 0;
-        loop {
-            match self.load_engine(&self.spec.model_ref).await {
-                Ok((engine, ms)) => {
-                    let mut g = self.lock();
-                    g.engine = Some(engine);
-                    g.model_load_ms = ms;
-                    g.last_error = None;
-                    g.consecutive_failures = 0;
-                    let _ = self.apply(&mut g, PoolEvent::Loaded);
-                    return;
-                }
-                Err(e) => {
-                    tracing::warn!(pool = %self.spec.id, error = %e, attempt, "pool load failed");
-                    let mut g = self.lock();
-                    g.last_error = Some(e);
-                    g.consecutive_failures += 1;
-                    let _ = self.apply(&mut g, PoolEvent::LoadFailed);
-                }
-            }
+        while self.load_once().await.is_err() {
             attempt = attempt.saturating_add(1);
             let open = self.lock().consecutive_failures >= CIRCUIT_OPEN_AFTER;
             let wait = if open { RETRY_CAP } else { backoff(attempt) };

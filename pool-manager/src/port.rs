@@ -22,6 +22,13 @@ pub struct EngineDescriptor {
     pub model_name: String,
     pub ctx_max: usize,
     pub slots: usize,
+    /// Size of the model weights as loaded (the file size for GGUF).
+    pub weights_bytes: u64,
+    /// Bytes reserved for the KV cache of all slots.
+    pub kv_cache_bytes: u64,
+    /// Transformer layers, and how many of them run on an accelerator.
+    pub layers: usize,
+    pub layers_on_accelerator: usize,
 }
 
 /// A prompt as the client gave it.

@@ -1,9 +1,15 @@
-//! Following a task's events from the start, for adapters that re-encode them.
+//! What every adapter does with a task it admitted: follow its events from the first one,
+//! cancel it when the client goes away, and map the admission outcome for model-addressed APIs.
 
 use std::sync::Arc;
 
+use contracts::{ErrorCode, TaskRequest};
 use futures::Stream;
 
+use crate::admission;
+use crate::error::ApiError;
+use crate::metrics::CancelReason;
+use crate::state::SharedState;
 use crate::task::{Task, TaskEvent};
 
 /// The task's events from the first one, then live, ending after the terminal event.
@@ -37,4 +43,126 @@ pub fn events(task: Arc<Task>) -> impl Stream<Item = TaskEvent> {
             }
         },
     )
+}
+
+/// Cancels the task when dropped before its end: the response future or stream holding it
+/// was dropped because the client went away.
+pub struct CancelOnDrop {
+    state: SharedState,
+    task: Arc<Task>,
+}
+
+impl CancelOnDrop {
+    pub fn new(state: &SharedState, task: &Arc<Task>) -> Self {
+        Self {
+            state: state.clone(),
+            task: task.clone(),
+        }
+    }
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if !self.task.is_terminal() {
+            self.state.cancel_task(&self.task, CancelReason::Disconnect);
+        }
+    }
+}
+
+/// Admits a task for an API that addresses models by name: an unknown `model` is 404
+/// (`NOT_FOUND`, param `model`) rather than the task API's 400.
+pub fn admit(state: &SharedState, req: TaskRequest, cid: &str) -> Result<Arc<Task>, ApiError> {
+    admission::admit(state, req, cid)
+        .map(|(_, task, _)| task)
+        .map_err(|e| {
+            if e.code() == ErrorCode::InvalidParams && e.envelope.field.as_deref() == Some("model")
+            {
+                let mut nf = ApiError::new(ErrorCode::NotFound, e.envelope.message.clone(), false);
+                nf.envelope.field = Some("model".into());
+                nf
+            } else {
+                e
+            }
+        })
+}
+
+/// Admits several tasks as one request: all or none. When one is refused, those already
+/// admitted are cancelled and the refusal is returned.
+pub fn admit_all(
+    state: &SharedState,
+    reqs: Vec<TaskRequest>,
+    cid: &str,
+) -> Result<Vec<Arc<Task>>, ApiError> {
+    let mut tasks = Vec::with_capacity(reqs.len());
+    for req in reqs {
+        match admit(state, req, cid) {
+            Ok(t) => tasks.push(t),
+            Err(e) => {
+                for t in &tasks {
+                    state.cancel_task(t, CancelReason::Client);
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(tasks)
+}
+
+/// The model name to report: what the client asked for, else what the task runs.
+pub fn model_name(state: &SharedState, asked: Option<&str>, task: &Task) -> String {
+    asked
+        .map(str::to_string)
+        .or_else(|| task.model.clone())
+        .or_else(|| {
+            state
+                .pools
+                .all()
+                .first()
+                .map(|p| p.spec().model_alias.clone())
+        })
+        .unwrap_or_default()
+}
+
+/// The terminal error of a task as an API error (status, retry hints kept).
+pub fn error_of(e: &contracts::SseError) -> ApiError {
+    let mut err = ApiError::new(e.code, e.message.clone(), e.retriable);
+    if let Some(ms) = e.retry_after_ms {
+        err = err.with_retry_after(ms);
+    }
+    err
+}
+
+/// Seconds since the Unix epoch, for `created` fields.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Waits for the task's end: its whole text and the `end` event, or its error.
+pub async fn collect(task: Arc<Task>) -> Result<(String, contracts::SseEnd), ApiError> {
+    use futures::StreamExt;
+    let mut text = String::new();
+    let mut events = Box::pin(events(task));
+    while let Some(ev) = events.next().await {
+        match ev {
+            TaskEvent::Token(t) => text.push_str(&t.t),
+            TaskEvent::End(end) => return Ok((text, end)),
+            TaskEvent::Error(e) => return Err(error_of(&e)),
+            TaskEvent::Started(_) | TaskEvent::Metrics(_) => {}
+        }
+    }
+    Err(ApiError::internal(
+        "the task ended without a terminal event",
+    ))
+}
+
+/// `data: <json>\n\n`.
+pub fn sse_data<T: serde::Serialize>(v: &T) -> axum::body::Bytes {
+    let mut out = b"data: ".to_vec();
+    // serializing plain data into a Vec cannot fail
+    let _ = serde_json::to_writer(&mut out, v);
+    out.extend_from_slice(b"\n\n");
+    out.into()
 }

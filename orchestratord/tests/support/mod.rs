@@ -46,6 +46,10 @@ impl Engine for ScriptedEngine {
             model_name: "scripted-model".into(),
             ctx_max: self.ctx,
             slots: self.slots,
+            weights_bytes: 1 << 20,
+            kv_cache_bytes: 1 << 16,
+            layers: 2,
+            layers_on_accelerator: 0,
         }
     }
 

@@ -1,8 +1,15 @@
-//! OpenAI-compatible chat completions (`/v1/chat/completions`, `/v1/models`) on the task spine.
+//! OpenAI-compatible chat and text completions (`/v1/chat/completions`, `/v1/completions`,
+//! `/v1/models`) on the task spine.
 
 mod chat;
-mod error;
-mod types;
+mod completions;
+pub mod types;
 
-pub use chat::{chat_completions, models};
-pub use error::OpenAiError;
+pub use chat::{__path_chat_completions, __path_models, chat_completions, models};
+pub use completions::{__path_completions, completions};
+
+/// `system_fingerprint` of every response.
+pub const FINGERPRINT: &str = concat!("orchestratord-", env!("CARGO_PKG_VERSION"));
+
+/// The stream terminator.
+pub const DONE: &[u8] = b"data: [DONE]\n\n";

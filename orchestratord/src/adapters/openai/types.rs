@@ -2,24 +2,30 @@
 
 use contracts::StopField;
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
 
 /// One message. Unknown fields are ignored, as OpenAI clients send many.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct Message {
+    /// `system` | `user` | `assistant`
     pub role: String,
     pub content: String,
 }
 
-#[derive(Debug, Clone, Deserialize, Default)]
+#[derive(Debug, Clone, Deserialize, Default, ToSchema)]
 pub struct StreamOptions {
+    /// Send a last chunk with `usage` (and empty `choices`) before `[DONE]`.
     #[serde(default)]
     pub include_usage: bool,
 }
 
 /// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[schema(example = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0, "stream": false}))]
 pub struct ChatRequest {
+    /// Model alias, model name or pool id; defaults to the first pool's model.
     pub model: Option<String>,
+    /// Rendered with the model's own chat template.
     pub messages: Vec<Message>,
     #[serde(default)]
     pub stream: bool,
@@ -27,36 +33,99 @@ pub struct ChatRequest {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub max_tokens: Option<u32>,
+    /// Wins over `max_tokens` when both are given.
     pub max_completion_tokens: Option<u32>,
     pub seed: Option<u64>,
     pub stop: Option<StopField>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    /// Only 1 is supported.
     pub n: Option<u32>,
+    /// Used as the session id (budgets, accounting) when 1..=128 bytes.
     pub user: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// A prompt: one string or several (each its own task, answered as its own choice).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum PromptField {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[schema(example = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": ["The weather today is", "In breaking news,"], "max_tokens": 16, "temperature": 0}))]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: PromptField,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    /// Default 16, as OpenAI's.
+    pub max_tokens: Option<u32>,
+    pub seed: Option<u64>,
+    pub stop: Option<StopField>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// Only 1 is supported.
+    pub n: Option<u32>,
+    /// Only 1 is supported.
+    pub best_of: Option<u32>,
+    /// Not supported (refused when true).
+    #[serde(default)]
+    pub echo: bool,
+    /// Not supported (refused when set).
+    pub logprobs: Option<serde_json::Value>,
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
 }
 
-#[derive(Debug, Clone, Serialize)]
+impl Usage {
+    pub fn new(prompt_tokens: u32, completion_tokens: u32) -> Self {
+        Self {
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+        }
+    }
+}
+
+impl std::ops::Add for Usage {
+    type Output = Usage;
+
+    fn add(self, other: Usage) -> Usage {
+        Usage::new(
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+        )
+    }
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: &'static str,
     pub content: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Choice {
     pub index: u32,
     pub message: AssistantMessage,
+    /// `stop` | `length` | `cancelled`
     pub finish_reason: String,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(example = json!({"id": "chatcmpl-6f1c0d9e", "object": "chat.completion", "created": 1763780000, "model": "SmolLM2-135M-Instruct.Q4_1", "system_fingerprint": "orchestratord-0.1.0", "choices": [{"index": 0, "message": {"role": "assistant", "content": "The capital of France is Paris."}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 37, "completion_tokens": 8, "total_tokens": 45}}))]
 pub struct ChatResponse {
     pub id: String,
     pub object: &'static str,
@@ -67,7 +136,7 @@ pub struct ChatResponse {
     pub usage: Usage,
 }
 
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, Default, ToSchema)]
 pub struct Delta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
@@ -75,14 +144,16 @@ pub struct Delta {
     pub content: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ChunkChoice {
     pub index: u32,
     pub delta: Delta,
     pub finish_reason: Option<String>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+/// One `data:` frame of a streamed chat completion.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(example = json!({"id": "chatcmpl-6f1c0d9e", "object": "chat.completion.chunk", "created": 1763780000, "model": "SmolLM2-135M-Instruct.Q4_1", "system_fingerprint": "orchestratord-0.1.0", "choices": [{"index": 0, "delta": {"content": " Paris"}, "finish_reason": null}]}))]
 pub struct Chunk {
     pub id: String,
     pub object: &'static str,
@@ -94,7 +165,29 @@ pub struct Chunk {
     pub usage: Option<Usage>,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TextChoice {
+    pub index: u32,
+    pub text: String,
+    /// `stop` | `length` | `cancelled`; null in streamed chunks before the last.
+    pub finish_reason: Option<String>,
+}
+
+/// A text completion, or (with `object` `text_completion` too) one streamed frame of it.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(example = json!({"id": "cmpl-6f1c0d9e", "object": "text_completion", "created": 1763780000, "model": "SmolLM2-135M-Instruct.Q4_1", "system_fingerprint": "orchestratord-0.1.0", "choices": [{"index": 0, "text": " sunny and warm.", "finish_reason": "stop"}, {"index": 1, "text": " the city council", "finish_reason": "length"}], "usage": {"prompt_tokens": 9, "completion_tokens": 20, "total_tokens": 29}}))]
+pub struct CompletionResponse {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub system_fingerprint: String,
+    pub choices: Vec<TextChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Model {
     pub id: String,
     pub object: &'static str,
@@ -102,7 +195,8 @@ pub struct Model {
     pub owned_by: &'static str,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(example = json!({"object": "list", "data": [{"id": "SmolLM2-135M-Instruct.Q4_1", "object": "model", "created": 0, "owned_by": "orchestratord"}]}))]
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<Model>,

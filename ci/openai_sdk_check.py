@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Drives a running orchestratord with the official `openai` Python package (ADP-OAI-3).
+
+Run by orchestratord/tests/openai_sdk.rs against a server with the real default model, one
+pool of 2 slots and a queue of 2. Every check asserts what a user of the SDK would notice;
+the first failure exits non-zero with the reason.
+
+    PYTHONPATH=.cache/pydeps python3 ci/openai_sdk_check.py --base-url http://127.0.0.1:PORT/v1
+"""
+import argparse
+import sys
+import threading
+import time
+
+import openai
+
+QUESTION = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+]
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", file=sys.stderr)
+        sys.exit(1)
+    print(f"ok: {what.splitlines()[0][:120]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    args = ap.parse_args()
+    client = openai.OpenAI(base_url=args.base_url, api_key="unused", max_retries=0, timeout=120)
+
+    models = [m.id for m in client.models.list()]
+    check(len(models) == 1, f"models.list names the served model: {models}")
+    model = models[0]
+
+    # chat, not streamed
+    r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=32, temperature=0)
+    answer = r.choices[0].message.content
+    check(r.object == "chat.completion" and r.choices[0].message.role == "assistant", "chat completion shape")
+    check("Paris" in answer, f"the answer mentions Paris: {answer!r}")
+    check(r.choices[0].finish_reason in ("stop", "length"), f"finish_reason {r.choices[0].finish_reason}")
+    u = r.usage
+    check(u.completion_tokens > 0 and u.total_tokens == u.prompt_tokens + u.completion_tokens, f"usage adds up: {u}")
+
+    # chat, streamed, with usage: same greedy text, one chunk per token
+    stream = client.chat.completions.create(
+        model=model, messages=QUESTION, max_tokens=32, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )
+    pieces, usage, finish, roles = [], None, None, 0
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.role:
+                roles += 1
+            elif c.delta.content is not None and c.finish_reason is None:
+                pieces.append(c.delta.content)
+            if c.finish_reason:
+                finish = c.finish_reason
+    streamed = "".join(pieces)
+    check(roles == 1, "the role comes once, in the first chunk")
+    check(streamed == answer, f"streamed text equals the non-streamed answer: {streamed!r}")
+    check(finish == r.choices[0].finish_reason, f"streamed finish_reason {finish}")
+    check(usage is not None and usage.completion_tokens == len(pieces),
+          f"usage.completion_tokens ({usage and usage.completion_tokens}) equals the tokens streamed ({len(pieces)})")
+    check(usage.prompt_tokens == u.prompt_tokens, "same prompt, same prompt_tokens")
+
+    # stop sequence: generation stops before it, and it is not emitted
+    r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=32, temperature=0, stop=["Paris"])
+    stopped = r.choices[0].message.content
+    check("Paris" not in stopped and r.choices[0].finish_reason == "stop", f"stopped at the stop sequence: {stopped!r}")
+    check(answer.startswith(stopped) and len(stopped) < len(answer), "the stopped text is the answer up to the stop sequence")
+
+    # completions with an array prompt: one choice per prompt, each as if asked alone
+    prompts = ["The capital of France is", "1, 2, 3, 4,"]
+    r = client.completions.create(model=model, prompt=prompts, max_tokens=8, temperature=0)
+    check(r.object == "text_completion" and [c.index for c in r.choices] == [0, 1], "one choice per prompt, by index")
+    for i, p in enumerate(prompts):
+        alone = client.completions.create(model=model, prompt=p, max_tokens=8, temperature=0)
+        check(r.choices[i].text != "" and r.choices[i].text == alone.choices[0].text,
+              f"choice {i} equals the prompt completed alone: {r.choices[i].text!r}")
+    check(0 < r.usage.completion_tokens <= 16, f"completion usage sums the choices: {r.usage}")
+
+    # seed reproducibility: same seed and params, same text
+    def sampled(seed):
+        return client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Tell me a short story."}],
+            max_tokens=24, temperature=1.0, seed=seed,
+        ).choices[0].message.content
+    a, b = sampled(1234), sampled(1234)
+    check(a == b and a != "", f"same seed, same text: {a!r}")
+
+    # overload: 2 slots busy + 2 queued, the next request is a RateLimitError
+    hold = threading.Event()
+    started = []
+
+    def long_stream():
+        s = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Count to one thousand."}],
+            max_tokens=1000, temperature=0, stream=True,
+        )
+        started.append(1)
+        for _ in s:
+            if hold.is_set():
+                break
+        s.close()
+
+    threads = [threading.Thread(target=long_stream, daemon=True) for _ in range(4)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 60
+    while len(started) < 4 and time.time() < deadline:
+        time.sleep(0.05)
+    check(len(started) == 4, "four long requests admitted (2 running, 2 queued)")
+    try:
+        client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4)
+        check(False, "a fifth request is refused")
+    except openai.RateLimitError as e:
+        retry_after = e.response.headers.get("retry-after")
+        check(e.status_code == 429 and retry_after is not None and int(retry_after) >= 1,
+              f"RateLimitError with Retry-After {retry_after}")
+        body = e.body if isinstance(e.body, dict) else {}
+        check(body.get("type") == "rate_limit_error" or body.get("code") == "ADMISSION_REJECT",
+              f"error body {e.body}")
+    hold.set()
+    for t in threads:
+        t.join(timeout=60)
+    # the disconnects freed the server: it answers again
+    r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4, temperature=0)
+    check(r.choices[0].message.content != "", "serves again once the streams were closed")
+    print("all SDK checks passed")
+
+
+if __name__ == "__main__":
+    main()

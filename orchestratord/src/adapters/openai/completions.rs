@@ -1,0 +1,242 @@
+//! `POST /v1/completions`: a string prompt or an array of them, each its own task, answered as
+//! choices by index.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::Response;
+use axum::response::IntoResponse;
+use axum::{Extension, Json};
+use contracts::TaskRequest;
+use futures::{Stream, StreamExt};
+
+use super::types::*;
+use super::{DONE, FINGERPRINT};
+use crate::adapters::error::{body as error_body, OpenAiError};
+use crate::adapters::follow::{self, CancelOnDrop};
+use crate::correlation::CorrelationId;
+use crate::error::ApiError;
+use crate::json_body::JsonBody;
+use crate::state::SharedState;
+use crate::task::{Task, TaskEvent};
+
+/// OpenAI's default `max_tokens` for completions.
+const DEFAULT_MAX_TOKENS: u32 = 16;
+
+fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskRequest>, ApiError> {
+    if req.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid("n", "only n = 1 is supported"));
+    }
+    if req.best_of.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid(
+            "best_of",
+            "only best_of = 1 is supported",
+        ));
+    }
+    if req.echo {
+        return Err(ApiError::invalid("echo", "echo is not supported"));
+    }
+    if req.logprobs.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
+    }
+    let prompts: Vec<String> = match &req.prompt {
+        PromptField::One(p) => vec![p.clone()],
+        PromptField::Many(v) => v.clone(),
+    };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid("prompt", "the prompt array is empty"));
+    }
+    if prompts.len() > max_prompts {
+        return Err(ApiError::invalid(
+            "prompt",
+            format!(
+                "{} prompts in one request; at most {max_prompts}",
+                prompts.len()
+            ),
+        ));
+    }
+    Ok(prompts
+        .into_iter()
+        .map(|prompt| TaskRequest {
+            prompt: Some(prompt),
+            max_tokens: Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+            model: req.model.clone(),
+            seed: req.seed,
+            temperature: req.temperature,
+            top_p: req.top_p,
+            stop: req.stop.clone(),
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
+            session_id: req.user.clone().filter(|u| !u.is_empty() && u.len() <= 128),
+            ..Default::default()
+        })
+        .collect())
+}
+
+/// OpenAI text completions, streaming (`text_completion` frames then `[DONE]`) or not.
+#[utoipa::path(
+    post, operation_id = "openaiCompletions", path = "/v1/completions", tag = "openai",
+    request_body = CompletionRequest,
+    responses(
+        (status = 200, description = "One choice per prompt, by index; with `stream: true` an SSE stream of `text_completion` frames (each with one choice and its index; the last of a choice carries `finish_reason`), an optional usage frame, then `data: [DONE]`. All prompts are admitted or none.", content(
+            (CompletionResponse = "application/json"),
+            (CompletionResponse = "text/event-stream"),
+        )),
+        (status = 400, description = "Bad request (also: more prompts than allowed, n/best_of ≠ 1, echo, logprobs)", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
+        (status = 404, description = "Unknown model", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_not_found),
+        (status = 429, description = "Queue full: retry after `Retry-After` seconds", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
+        (status = 503, description = "No pool for the model is ready", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_unready),
+    )
+)]
+pub async fn completions(
+    State(state): State<SharedState>,
+    Extension(cid): Extension<CorrelationId>,
+    body: Result<JsonBody<CompletionRequest>, ApiError>,
+) -> Result<Response<Body>, OpenAiError> {
+    let JsonBody(req) = body?;
+    let reqs = to_tasks(&req, state.cfg.admission.max_prompts_per_request)?;
+    let tasks = follow::admit_all(&state, reqs, &cid.0)?;
+    let model = follow::model_name(&state, req.model.as_deref(), &tasks[0]);
+    let id = format!("cmpl-{}", tasks[0].id);
+    let created = follow::unix_now();
+    let guards: Vec<CancelOnDrop> = tasks.iter().map(|t| CancelOnDrop::new(&state, t)).collect();
+    let frame = Framer { id, created, model };
+    if !req.stream {
+        // the first failure answers at once; dropping the guards cancels the others
+        let results =
+            futures::future::try_join_all(tasks.iter().map(|t| follow::collect(t.clone()))).await?;
+        let mut choices = Vec::with_capacity(results.len());
+        let mut usage = Usage::new(0, 0);
+        for ((i, (text, end)), task) in results.into_iter().enumerate().zip(&tasks) {
+            usage = usage + Usage::new(task.prompt_tokens as u32, end.tokens_out);
+            choices.push(TextChoice {
+                index: i as u32,
+                text,
+                finish_reason: Some(end.finish_reason),
+            });
+        }
+        drop(guards);
+        return Ok(Json(frame.response(choices, Some(usage))).into_response());
+    }
+    let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let stream = stream_frames(tasks, guards, frame, include_usage);
+    Ok(crate::sse::event_stream_response(Body::from_stream(
+        stream.map(Ok::<_, std::io::Error>),
+    )))
+}
+
+struct Framer {
+    id: String,
+    created: u64,
+    model: String,
+}
+
+impl Framer {
+    fn response(&self, choices: Vec<TextChoice>, usage: Option<Usage>) -> CompletionResponse {
+        CompletionResponse {
+            id: self.id.clone(),
+            object: "text_completion",
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: FINGERPRINT.into(),
+            choices,
+            usage,
+        }
+    }
+
+    fn choice(&self, index: usize, text: String, finish: Option<String>) -> Bytes {
+        follow::sse_data(&self.response(
+            vec![TextChoice {
+                index: index as u32,
+                text,
+                finish_reason: finish,
+            }],
+            None,
+        ))
+    }
+}
+
+/// Where the merged stream stands.
+struct Merge {
+    events: futures::stream::SelectAll<futures::stream::BoxStream<'static, (usize, TaskEvent)>>,
+    /// Dropped (cancelling what still runs) when the stream ends or the client leaves.
+    _guards: Vec<CancelOnDrop>,
+    prompt_tokens: Vec<u32>,
+    open: usize,
+    usage: Usage,
+    frame: Framer,
+    include_usage: bool,
+    done: bool,
+}
+
+/// Every task's frames as they come, interleaved; `[DONE]` after the last end, or an error
+/// frame then `[DONE]` at the first failure (the other tasks are cancelled).
+fn stream_frames(
+    tasks: Vec<Arc<Task>>,
+    guards: Vec<CancelOnDrop>,
+    frame: Framer,
+    include_usage: bool,
+) -> impl Stream<Item = Bytes> {
+    let prompt_tokens = tasks.iter().map(|t| t.prompt_tokens as u32).collect();
+    let open = tasks.len();
+    let events = futures::stream::select_all(
+        tasks
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| follow::events(t).map(move |ev| (i, ev)).boxed()),
+    );
+    let merge = Merge {
+        events,
+        _guards: guards,
+        prompt_tokens,
+        open,
+        usage: Usage::new(0, 0),
+        frame,
+        include_usage,
+        done: false,
+    };
+    futures::stream::unfold(merge, |mut m| async move {
+        loop {
+            if m.done {
+                return None;
+            }
+            let Some((i, ev)) = m.events.next().await else {
+                m.done = true;
+                return Some((Bytes::from_static(DONE), m));
+            };
+            match ev {
+                TaskEvent::Started(_) | TaskEvent::Metrics(_) => {}
+                TaskEvent::Token(t) => {
+                    let b = m.frame.choice(i, t.t, None);
+                    return Some((b, m));
+                }
+                TaskEvent::End(end) => {
+                    m.open -= 1;
+                    m.usage = m.usage + Usage::new(m.prompt_tokens[i], end.tokens_out);
+                    let mut b = m
+                        .frame
+                        .choice(i, String::new(), Some(end.finish_reason))
+                        .to_vec();
+                    if m.open == 0 {
+                        if m.include_usage {
+                            b.extend_from_slice(&follow::sse_data(
+                                &m.frame.response(vec![], Some(m.usage)),
+                            ));
+                        }
+                        b.extend_from_slice(DONE);
+                        m.done = true;
+                    }
+                    return Some((b.into(), m));
+                }
+                TaskEvent::Error(e) => {
+                    let env = contracts::ErrorEnvelope::new(e.code, e.message, e.retriable);
+                    let mut b = follow::sse_data(&error_body(&env)).to_vec();
+                    b.extend_from_slice(DONE);
+                    m.done = true;
+                    return Some((b.into(), m));
+                }
+            }
+        }
+    })
+}

@@ -1,0 +1,51 @@
+//! ADP-OAI-3: the official `openai` Python package drives the server with the real default
+//! model (`ci/openai_sdk_check.py`): chat non-streamed and streamed, completions with an array
+//! prompt, stop sequences, seed reproducibility, and an overload surfacing as RateLimitError.
+//! `ci/test.sh` installs the package into `.cache/pydeps`.
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use support::*;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_sdk_works_against_the_real_model() {
+    let pydeps = repo().join(".cache/pydeps");
+    assert!(
+        pydeps.join("openai").exists(),
+        "the openai package is missing: run ci/test.sh (or pip install --target .cache/pydeps -r ci/requirements-sdk.txt)"
+    );
+    let mut p = pool("default", 2);
+    p.model = default_model_path();
+    p.alias = None;
+    p.ctx = 2048;
+    let mut cfg = config(vec![p]);
+    cfg.queue.capacity = 2;
+    cfg.timeouts.idle_ms = 60_000;
+    let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
+    let python = std::env::var("ORCHD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = tokio::process::Command::new(python)
+        .arg(repo().join("ci/openai_sdk_check.py"))
+        .arg("--base-url")
+        .arg(s.url("/v1"))
+        .env("PYTHONPATH", &pydeps)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "SDK checks failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(stdout.contains("all SDK checks passed"));
+}
