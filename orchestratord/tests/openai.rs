@@ -108,3 +108,68 @@ async fn errors_are_openai_shaped_and_full_queue_is_429_before_the_stream() {
     assert_eq!(v["error"]["type"], "rate_limit_error");
     assert_eq!(v["error"]["code"], "ADMISSION_REJECT");
 }
+
+/// ADP-OAI-1, ADP-OAI-2, ADP-SEED-1: a client that goes away cancels its task, on every adapter
+/// endpoint, streamed or not; the slot comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_going_away_cancels_its_task_on_every_adapter() {
+    let s = start(config(vec![pool("p1", 1)]), Duration::from_millis(5)).await;
+    let disconnects = || async {
+        counter(
+            &s.metrics().await,
+            "orchd_tasks_cancelled_total{reason=\"disconnect\"}",
+        )
+    };
+    let chat = json!({"model": "scripted-model", "messages": msgs(), "max_tokens": 200});
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let text = json!({"prompt": ["a", "b"], "max_tokens": 200, "stream": true});
+    let cases = [
+        ("/v1/chat/completions", streamed.clone(), 1.0),
+        ("/v1/completions", text, 2.0),
+        ("/chat/completions", streamed.clone(), 1.0),
+        ("/chat/sse", chat.clone(), 1.0),
+    ];
+    for (path, body, tasks) in cases {
+        let before = disconnects().await;
+        let mut r = s
+            .client
+            .post(s.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        // first bytes arrived: the task runs; now hang up
+        assert!(r.chunk().await.unwrap().is_some());
+        drop(r);
+        let mut waited = 0;
+        while disconnects().await - before < tasks && waited < 100 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            waited += 1;
+        }
+        assert_eq!(disconnects().await - before, tasks, "{path}");
+    }
+    // not streamed: the client gives up waiting
+    let before = disconnects().await;
+    let quick = reqwest::Client::builder()
+        .timeout(Duration::from_millis(150))
+        .build()
+        .unwrap();
+    for path in ["/v1/chat/completions", "/chat/completions"] {
+        let err = quick.post(s.url(path)).json(&chat).send().await;
+        assert!(err.is_err(), "{path} should still be running");
+    }
+    let mut waited = 0;
+    while disconnects().await - before < 2.0 && waited < 100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += 1;
+    }
+    assert_eq!(disconnects().await - before, 2.0);
+    let mut waited = 0;
+    while s.state.pools.get("p1").unwrap().snapshot().slots_busy > 0 && waited < 100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += 1;
+    }
+    assert_eq!(s.state.pools.get("p1").unwrap().snapshot().slots_busy, 0);
+}
