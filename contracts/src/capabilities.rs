@@ -25,6 +25,22 @@ pub struct Capabilities {
     pub pools: Vec<PoolCapability>,
     pub queue: QueueCapability,
     pub features: Vec<String>,
+    /// Present while the Hyperswarm chat host runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hyperswarm: Option<HyperswarmCapability>,
+}
+
+/// How peers reach this server over Hyperswarm.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct HyperswarmCapability {
+    /// Base58 of the 32-byte topic; stable across restarts.
+    pub server_id: String,
+    /// Whether orchestratord runs the transport sidecar itself.
+    pub sidecar: bool,
+    /// The sidecar has announced the topic on the DHT (peers can find the host).
+    pub announced: bool,
+    /// Times the sidecar was restarted after exiting.
+    pub sidecar_restarts: u64,
 }
 
 /// Admission limits clients can plan with.

@@ -11,7 +11,7 @@ pub mod task;
 /// The API version; equals OpenAPI `info.version` and `Capabilities.api_version`.
 pub const API_VERSION: &str = "1.0.0";
 
-pub use capabilities::{Capabilities, PoolCapability, QueueCapability};
+pub use capabilities::{Capabilities, HyperswarmCapability, PoolCapability, QueueCapability};
 pub use error::{ErrorCode, ErrorEnvelope};
 pub use pool::{DrainRequest, PoolHealth, PoolList, PoolMetrics, ReloadRequest, ReloadResponse};
 pub use session::SessionInfo;

@@ -177,6 +177,100 @@ impl Default for EnginesApiConfig {
     }
 }
 
+/// The Hyperswarm chat host (seed 000): a local NDJSON listener plus the Node sidecar that
+/// carries peers' connections to it over Hyperswarm.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HyperswarmConfig {
+    pub enabled: bool,
+    /// Local listener the sidecar connects to (loopback; port 0 picks one).
+    pub listen: String,
+    /// `server_info.host_name`; defaults to the machine's host name.
+    pub host_name: Option<String>,
+    /// Model chats run on; defaults to the first pool's.
+    pub model: Option<String>,
+    /// System turn put before each prompt (none when empty).
+    pub system_prompt: String,
+    /// `max_tokens` of each chat (capped by `admission.max_tokens_out`).
+    pub max_tokens: u32,
+    /// Connections at once; one more is answered `CONNECT_FAILED` and closed.
+    pub max_clients: usize,
+    /// Longest NDJSON line read; a longer one is `BAD_MESSAGE` and skipped.
+    pub max_line_bytes: usize,
+    /// Longest prompt in UTF-8 bytes (the seed's 8 KB).
+    pub max_prompt_bytes: usize,
+    /// Requests running at once on one connection; one more is `MODEL_BUSY`.
+    pub max_requests_per_connection: usize,
+    /// A running request without a new token this long ends `TIMEOUT_NO_RESPONSE`.
+    pub no_progress_timeout_ms: u64,
+    /// A connection without messages or requests this long gets `TIMEOUT_NO_RESPONSE` and is closed.
+    pub idle_timeout_ms: u64,
+    /// Where the topic and key-pair seed live (created on first start, kept across restarts).
+    pub identity_path: String,
+    pub sidecar: SidecarConfig,
+}
+
+impl Default for HyperswarmConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            listen: "127.0.0.1:0".into(),
+            host_name: None,
+            model: None,
+            system_prompt: "You are a helpful assistant.".into(),
+            max_tokens: 512,
+            max_clients: 5,
+            max_line_bytes: 64 * 1024,
+            max_prompt_bytes: 8 * 1024,
+            max_requests_per_connection: 1,
+            no_progress_timeout_ms: 60_000,
+            idle_timeout_ms: 600_000,
+            identity_path: ".cache/hyperswarm/identity.json".into(),
+            sidecar: SidecarConfig::default(),
+        }
+    }
+}
+
+/// The Node process that joins the Hyperswarm topic.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SidecarConfig {
+    /// Start and supervise it (off: run it yourself against `listen`).
+    pub enabled: bool,
+    pub node: String,
+    /// `sidecar.js`; its folder needs `npm ci` (`ci/install-sidecar.sh`).
+    pub script: String,
+    /// DHT bootstrap nodes `host:port`; empty = the public Hyperswarm network.
+    pub bootstrap: Vec<String>,
+    /// UDP port of the DHT socket (for firewall rules); none = any.
+    pub dht_port: Option<u16>,
+    /// Address the DHT socket binds (`127.0.0.1` for a local testnet); none = all.
+    pub dht_host: Option<String>,
+    /// The DHT UDP port is reachable as is (public address, forwarded `dht_port`, or a
+    /// loopback testnet): peers connect straight to it instead of holepunching.
+    pub dht_open: bool,
+    /// Send a first `_peer` line with the remote public key on each connection.
+    pub send_peer_line: bool,
+    /// Longest wait between restarts.
+    pub max_restart_backoff_ms: u64,
+}
+
+impl Default for SidecarConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            node: "node".into(),
+            script: "orchestratord/hyperswarm-sidecar/sidecar.js".into(),
+            bootstrap: Vec::new(),
+            dht_port: None,
+            dht_host: None,
+            dht_open: false,
+            send_peer_line: true,
+            max_restart_backoff_ms: 30_000,
+        }
+    }
+}
+
 /// One pool of the server.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -230,6 +324,7 @@ pub struct Config {
     pub timeouts: TimeoutConfig,
     pub sessions: SessionConfig,
     pub engines_api: EnginesApiConfig,
+    pub hyperswarm: HyperswarmConfig,
     pub pools: Vec<PoolConfig>,
 }
 
@@ -244,6 +339,7 @@ impl Default for Config {
             timeouts: TimeoutConfig::default(),
             sessions: SessionConfig::default(),
             engines_api: EnginesApiConfig::default(),
+            hyperswarm: HyperswarmConfig::default(),
             pools: vec![PoolConfig {
                 id: "default".into(),
                 model: DEFAULT_MODEL_PATH.into(),

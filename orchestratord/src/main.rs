@@ -66,6 +66,12 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
     server::start_background(&state).await;
+    if state.cfg.hyperswarm.enabled {
+        match state.hyperswarm.get() {
+            Some(h) => tracing::info!(server_id = %h.server_id, "share this Server ID with peers"),
+            None => anyhow::bail!("hyperswarm is enabled but its host did not start (see the log)"),
+        }
+    }
     for p in state.pools.all() {
         let s = p.snapshot();
         tracing::info!(pool = %s.id, state = s.state.as_str(), error = ?s.last_error, "pool");

@@ -37,6 +37,8 @@ pub fn build_state(
         wake,
         metrics: crate::metrics::install(),
         shutting_down: AtomicBool::new(false),
+        shutdown: tokio_util::sync::CancellationToken::new(),
+        hyperswarm: std::sync::OnceLock::new(),
         started_at: Instant::now(),
         cfg,
     }))
@@ -98,10 +100,19 @@ pub fn router(state: SharedState) -> Router {
         .with_state(state)
 }
 
-/// Loads the pools (first attempt) and starts the dispatcher.
+/// Loads the pools (first attempt), starts the dispatcher and, when enabled, the Hyperswarm
+/// host (a failure to start it is logged; `state.hyperswarm` stays empty).
 pub async fn start_background(state: &SharedState) {
     tokio::spawn(crate::dispatcher::run(state.clone()));
     state.pools.load_all().await;
+    if state.cfg.hyperswarm.enabled {
+        match crate::adapters::hyperswarm::start(state).await {
+            Ok(info) => {
+                let _ = state.hyperswarm.set(info);
+            }
+            Err(e) => tracing::error!(error = %e, "hyperswarm host did not start"),
+        }
+    }
 }
 
 /// Serves until `shutdown` resolves, then stops admitting, lets running tasks finish for the
@@ -117,6 +128,7 @@ pub async fn serve(
     let signal = async move {
         shutdown.await;
         st.shutting_down.store(true, Ordering::SeqCst);
+        st.shutdown.cancel();
         tracing::info!("shutting down: admitting nothing new");
         let until = Instant::now() + grace;
         while Instant::now() < until && !st.tasks.unfinished().is_empty() {

@@ -26,6 +26,10 @@ pub struct AppState {
     pub wake: Arc<Notify>,
     pub metrics: PrometheusHandle,
     pub shutting_down: AtomicBool,
+    /// Cancelled when the server shuts down: background adapters stop on it.
+    pub shutdown: tokio_util::sync::CancellationToken,
+    /// Set once the Hyperswarm host runs.
+    pub hyperswarm: std::sync::OnceLock<crate::adapters::hyperswarm::HostInfo>,
     pub started_at: Instant,
 }
 

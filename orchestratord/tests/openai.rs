@@ -132,13 +132,7 @@ async fn a_client_going_away_cancels_its_task_on_every_adapter() {
     ];
     for (path, body, tasks) in cases {
         let before = disconnects().await;
-        let mut r = s
-            .client
-            .post(s.url(path))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let mut r = s.client.post(s.url(path)).json(&body).send().await.unwrap();
         assert_eq!(r.status(), 200, "{path}");
         // first bytes arrived: the task runs; now hang up
         assert!(r.chunk().await.unwrap().is_some());

@@ -3,6 +3,7 @@
 
 pub mod error;
 pub mod follow;
+pub mod hyperswarm;
 pub mod kolosal;
 pub mod ollama;
 pub mod openai;
