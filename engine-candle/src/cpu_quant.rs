@@ -40,15 +40,62 @@ pub(crate) fn quantize_q8_1(x: &[f32]) -> BlockQ81 {
     }
 }
 
-pub(crate) fn has_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+/// The integer dot-product instructions this CPU offers, best first. Every level computes the
+/// same exact i32 pair sums (no saturation is possible with these operand ranges), so results
+/// are bit-identical across levels — and equal to llama.cpp's, which picks the same way.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Simd {
+    Portable,
+    /// `maddubs` + `madd` (AVX2, FMA).
+    Avx2,
+    /// `vpdpbusd` on 256-bit vectors (AVX-512 VNNI + VL): one instruction instead of two.
+    Vnni,
+}
+
+impl Simd {
+    pub(crate) fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+                return Self::Portable;
+            }
+            if std::env::var_os("ORCHD_NO_VNNI").is_none()
+                && std::is_x86_feature_detected!("avx512vnni")
+                && std::is_x86_feature_detected!("avx512vl")
+            {
+                return Self::Vnni;
+            }
+            Self::Avx2
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            Self::Portable
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
+}
+
+/// Σ of 4 adjacent `u8 × i8` products per i32 lane, with `maddubs` + `madd`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(crate) unsafe fn pairs_avx2(
+    ux: std::arch::x86_64::__m256i,
+    sy: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ux, sy))
+}
+
+/// The same sums with one `vpdpbusd`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
+#[inline]
+pub(crate) unsafe fn pairs_vnni(
+    ux: std::arch::x86_64::__m256i,
+    sy: std::arch::x86_64::__m256i,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    _mm256_dpbusd_epi32(_mm256_setzero_si256(), ux, sy)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -98,14 +145,14 @@ pub(crate) fn dot_rows(
     out_j: &mut [f32],
     xq: &[BlockQ81],
     nb: usize,
-    simd: bool,
+    simd: Simd,
     dot4: impl Fn([&[BlockQ81]; 4]) -> [f32; 4],
     dot: impl Fn(&[BlockQ81]) -> f32,
 ) {
     let m = out_j.len();
     let row = |r: usize| &xq[r * nb..(r + 1) * nb];
     let mut r = 0;
-    while simd && r + 4 <= m {
+    while simd != Simd::Portable && r + 4 <= m {
         out_j[r..r + 4].copy_from_slice(&dot4([row(r), row(r + 1), row(r + 2), row(r + 3)]));
         r += 4;
     }

@@ -3,6 +3,7 @@
 //! Pure library: no HTTP, no queues. Load a model with [`CandleEngine::load`], then
 //! [`CandleEngine::submit`] sequences; each streams [`SeqEvent`]s through its own bounded channel.
 
+mod attention;
 mod chat_template;
 mod cpu_quant;
 mod engine;

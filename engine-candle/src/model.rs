@@ -7,6 +7,7 @@
 
 use candle_core::{DType, Device, Tensor};
 
+use crate::attention::{attend, Dims, Span};
 use crate::error::{EngineError, Result};
 use crate::hparams::{Hparams, RopeStyle};
 use crate::weights::Weights;
@@ -21,12 +22,17 @@ pub(crate) struct Segment<'a> {
     pub tokens: &'a [u32],
     /// Position of `tokens[0]`.
     pub start: usize,
+    /// Prompt tokens (else generated ones): picks llama.cpp's arithmetic for `p·V`.
+    pub prompt: bool,
 }
 
 pub(crate) struct Model {
     pub hp: Hparams,
     w: Weights,
     pub device: Device,
+    /// `[ctx, head_dim/2]` cos and sin of the rotary angles (the CPU path's rotation).
+    cos_table: Vec<f32>,
+    sin_table: Vec<f32>,
     cos: Tensor,
     sin: Tensor,
     ctx: usize,
@@ -71,27 +77,35 @@ impl KvCache {
 impl Model {
     pub fn new(hp: Hparams, w: Weights, device: Device, ctx: usize) -> Result<Self> {
         let half = hp.head_dim / 2;
-        let mut inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / hp.rope_base.powf(2.0 * i as f32 / hp.head_dim as f32))
-            .collect();
-        if let Some(f) = &w.rope_freqs {
+        let freq_factors: Option<&Vec<f32>> = w.rope_freqs.as_ref();
+        if let Some(f) = freq_factors {
             if f.len() != half {
                 return Err(EngineError::BadModel(format!(
                     "rope_freqs has {} entries, expected {half}",
                     f.len()
                 )));
             }
-            for (x, d) in inv_freq.iter_mut().zip(f) {
-                *x /= *d;
-            }
         }
+        // angles as ggml's rope cache computes them: θ starts at the position and is
+        // multiplied by base^(-2/d) once per pair, in f32 (the rounding of that running
+        // product is part of llama.cpp's numerics)
+        let theta_scale = hp.rope_base.powf(-2.0 / hp.head_dim as f32);
+        let freq_scale = 1.0 / hp.rope_linear_factor;
         let mut angles = Vec::with_capacity(ctx * half);
         for p in 0..ctx {
-            let pos = p as f32 / hp.rope_linear_factor;
-            angles.extend(inv_freq.iter().map(|f| pos * f));
+            let mut theta = p as f32;
+            for i in 0..half {
+                let ff = freq_factors.map_or(1.0, |f| f[i]);
+                angles.push(freq_scale * (theta / ff));
+                theta *= theta_scale;
+            }
         }
+        let cos_table: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+        let sin_table: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
         let angles = Tensor::from_vec(angles, (ctx, half), &device)?;
         Ok(Self {
+            cos_table,
+            sin_table,
             cos: angles.cos()?,
             sin: angles.sin()?,
             hp,
@@ -103,6 +117,27 @@ impl Model {
 
     pub fn ctx(&self) -> usize {
         self.ctx
+    }
+
+    /// Rotary embedding on the CPU with ggml's arithmetic: `x0·c − x1·s` and `x0·s + x1·c`
+    /// with the first product fused (what GCC contracts `rotate_pairs` to). `x` is
+    /// `[1, heads, n, head_dim]` contiguous; `positions` has the n positions.
+    fn rope_cpu(&self, x: &Tensor, positions: &[u32]) -> Result<Tensor> {
+        let (_, heads, n, hd) = x.dims4()?;
+        let mut v = x.flatten_all()?.to_vec1::<f32>()?;
+        let r = Rotary {
+            cos: &self.cos_table,
+            sin: &self.sin_table,
+            interleaved: matches!(self.hp.rope_style, RopeStyle::Interleaved),
+        };
+        #[cfg(target_arch = "x86_64")]
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: AVX2 and FMA were detected.
+            unsafe { rotate_fma(&r, &mut v, heads, n, hd, positions) };
+            return Ok(Tensor::from_vec(v, (1, heads, n, hd), &self.device)?);
+        }
+        rotate(&r, &mut v, heads, n, hd, positions);
+        Ok(Tensor::from_vec(v, (1, heads, n, hd), &self.device)?)
     }
 
     fn rope(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
@@ -164,6 +199,7 @@ impl Model {
                 row,
                 tokens: chunk,
                 start: pos,
+                prompt: true,
             };
             last = self
                 .forward(cache, std::slice::from_ref(&seg))?
@@ -196,76 +232,74 @@ impl Model {
         let mut tokens = Vec::with_capacity(n);
         let mut positions = Vec::with_capacity(n);
         let mut offsets = Vec::with_capacity(segs.len());
-        let mut masks = Vec::with_capacity(segs.len());
         for s in segs {
             offsets.push(tokens.len());
             tokens.extend_from_slice(s.tokens);
             positions.extend((s.start..s.start + s.tokens.len()).map(|p| p as u32));
-            // causal mask over [g*t, total]: row gi*t + ti may see columns <= start + ti
-            let (t, total) = (s.tokens.len(), s.start + s.tokens.len());
-            masks.push(if t > 1 {
-                let mut m = Vec::with_capacity(g * t * total);
-                for _ in 0..g {
-                    for ti in 0..t {
-                        m.extend((0..total).map(|c| {
-                            if c <= s.start + ti {
-                                0f32
-                            } else {
-                                f32::NEG_INFINITY
-                            }
-                        }));
-                    }
-                }
-                Some(Tensor::from_vec(m, (g * t, total), &self.device)?)
-            } else {
-                None
-            });
         }
+        let cpu = self.device.is_cpu();
+        // the tensor path (accelerators) needs explicit causal masks
+        let masks = if cpu {
+            Vec::new()
+        } else {
+            segs.iter()
+                .map(|s| causal_mask(s, g, &self.device))
+                .collect::<Result<Vec<_>>>()?
+        };
+        let spans: Vec<Span> = segs
+            .iter()
+            .zip(&offsets)
+            .map(|(s, &o)| Span {
+                row: s.row,
+                start: s.start,
+                t: s.tokens.len(),
+                offset: o,
+                prompt: s.prompt,
+            })
+            .collect();
+        let scale = 1.0 / (hd as f64).sqrt();
+        let dims = Dims {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim: hd,
+            ctx: self.ctx,
+            scale: scale as f32,
+        };
         let pos_t = Tensor::new(positions.as_slice(), &self.device)?;
         let cos = self.cos.index_select(&pos_t, 0)?;
         let sin = self.sin.index_select(&pos_t, 0)?;
-        let scale = 1.0 / (hd as f64).sqrt();
         let mut x = self.embed(&tokens)?;
         for li in 0..hp.n_layer {
             let l = &self.w.layers[li];
             let h = candle_nn::ops::rms_norm(&x, &l.attn_norm, hp.rms_eps)?;
             let (q, k, v) = self.qkv(li, &h)?;
             let q = q.reshape((1, n, nh, hd))?.transpose(1, 2)?.contiguous()?;
-            let q = (self.rope(&q, &cos, &sin)? * scale)?;
+            // the CPU path scales scores inside its softmax, as llama.cpp does
             let k = k.reshape((1, n, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-            let k = self.rope(&k, &cos, &sin)?;
+            let (q, k) = if cpu {
+                (
+                    self.rope_cpu(&q, &positions)?,
+                    self.rope_cpu(&k, &positions)?,
+                )
+            } else {
+                (self.rope(&q, &cos, &sin)?, self.rope(&k, &cos, &sin)?)
+            };
             let v = v.reshape((1, n, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-            let mut outs = Vec::with_capacity(segs.len());
-            for ((s, &o), mask) in segs.iter().zip(&offsets).zip(&masks) {
+            for (s, &o) in segs.iter().zip(&offsets) {
                 let t = s.tokens.len();
-                let total = s.start + t;
                 let kc = cache.k[li].narrow(0, s.row, 1)?;
                 let vc = cache.v[li].narrow(0, s.row, 1)?;
                 kc.slice_set(&k.narrow(2, o, t)?.contiguous()?, 2, s.start)?;
                 vc.slice_set(&v.narrow(2, o, t)?.contiguous()?, 2, s.start)?;
-                let keys = kc.narrow(2, 0, total)?;
-                let vals = vc.narrow(2, 0, total)?;
-                let qs = q
-                    .narrow(2, o, t)?
-                    .contiguous()?
-                    .reshape((1, nkv, g * t, hd))?;
-                let mut att = qs.matmul(&keys.t()?)?;
-                if let Some(m) = mask {
-                    att = att.broadcast_add(m)?;
-                }
-                let att = candle_nn::ops::softmax_last_dim(&att)?;
-                let out = att
-                    .matmul(&vals)?
-                    .reshape((1, nh, t, hd))?
-                    .transpose(1, 2)?
-                    .contiguous()?
-                    .reshape((t, nh * hd))?;
-                outs.push(out);
             }
-            let attn = if outs.len() == 1 {
-                outs.swap_remove(0)
+            let attn = if cpu {
+                let qv = q.flatten_all()?.to_vec1::<f32>()?;
+                let y = with_cpu_f32(&cache.k[li], |kc| {
+                    with_cpu_f32(&cache.v[li], |vc| attend(&qv, n, &dims, &spans, kc, vc))
+                })??;
+                Tensor::from_vec(y, (n, nh * hd), &self.device)?
             } else {
-                Tensor::cat(&outs, 0)?
+                self.attend_tensors(cache, li, segs, &offsets, &masks, &(q * scale)?)?
             };
             x = self.mlp_and_output(li, &x, &attn)?;
         }
@@ -279,8 +313,129 @@ impl Model {
         Ok(logits.to_dtype(DType::F32)?.to_vec2::<f32>()?)
     }
 
+    /// Attention with candle tensor ops (accelerators): per segment, masked, over its row.
+    fn attend_tensors(
+        &self,
+        cache: &KvCache,
+        li: usize,
+        segs: &[Segment<'_>],
+        offsets: &[usize],
+        masks: &[Option<Tensor>],
+        q: &Tensor,
+    ) -> Result<Tensor> {
+        let hp = &self.hp;
+        let (nh, nkv, hd, g) = (hp.n_head, hp.n_head_kv, hp.head_dim, hp.group_size());
+        let mut outs = Vec::with_capacity(segs.len());
+        for ((s, &o), mask) in segs.iter().zip(offsets).zip(masks) {
+            let t = s.tokens.len();
+            let total = s.start + t;
+            let keys = cache.k[li].narrow(0, s.row, 1)?.narrow(2, 0, total)?;
+            let vals = cache.v[li].narrow(0, s.row, 1)?.narrow(2, 0, total)?;
+            let qs = q
+                .narrow(2, o, t)?
+                .contiguous()?
+                .reshape((1, nkv, g * t, hd))?;
+            let mut att = qs.matmul(&keys.t()?)?;
+            if let Some(m) = mask {
+                att = att.broadcast_add(m)?;
+            }
+            let att = candle_nn::ops::softmax_last_dim(&att)?;
+            let out = att
+                .matmul(&vals)?
+                .reshape((1, nh, t, hd))?
+                .transpose(1, 2)?
+                .contiguous()?
+                .reshape((t, nh * hd))?;
+            outs.push(out);
+        }
+        Ok(if outs.len() == 1 {
+            outs.swap_remove(0)
+        } else {
+            Tensor::cat(&outs, 0)?
+        })
+    }
+
     /// Vocabulary size of the output layer.
     pub fn vocab(&self) -> Result<usize> {
         Ok(self.w.tok_embd.shape().dims2()?.0)
+    }
+}
+
+/// The causal mask of a multi-token segment over `[g·t, start + t]` (row gi·t + ti sees
+/// columns ≤ start + ti); none for a single token.
+fn causal_mask(s: &Segment<'_>, g: usize, device: &Device) -> Result<Option<Tensor>> {
+    let (t, total) = (s.tokens.len(), s.start + s.tokens.len());
+    if t == 1 {
+        return Ok(None);
+    }
+    let mut m = Vec::with_capacity(g * t * total);
+    for _ in 0..g {
+        for ti in 0..t {
+            m.extend((0..total).map(|c| {
+                if c <= s.start + ti {
+                    0f32
+                } else {
+                    f32::NEG_INFINITY
+                }
+            }));
+        }
+    }
+    Ok(Some(Tensor::from_vec(m, (g * t, total), device)?))
+}
+
+/// The rotary tables and pairing of a model.
+struct Rotary<'a> {
+    cos: &'a [f32],
+    sin: &'a [f32],
+    interleaved: bool,
+}
+
+/// Rotates `[heads, n, hd]` in place: `x0·c − x1·s` with the first product fused and
+/// `x0·s + x1·c` with the second fused — the contraction GCC gives ggml's `rotate_pairs`.
+#[inline(always)]
+fn rotate(r: &Rotary<'_>, v: &mut [f32], heads: usize, n: usize, hd: usize, positions: &[u32]) {
+    let half = hd / 2;
+    for h in 0..heads {
+        for (t, &p) in positions.iter().enumerate() {
+            let row = &mut v[(h * n + t) * hd..(h * n + t + 1) * hd];
+            let p = p as usize;
+            let cs = &r.cos[p * half..(p + 1) * half];
+            let sn = &r.sin[p * half..(p + 1) * half];
+            for i in 0..half {
+                let (a, b) = if r.interleaved {
+                    (2 * i, 2 * i + 1)
+                } else {
+                    (i, i + half)
+                };
+                let (x0, x1, c, s) = (row[a], row[b], cs[i], sn[i]);
+                row[a] = x0.mul_add(c, -(x1 * s));
+                row[b] = x1.mul_add(c, x0 * s);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rotate_fma(
+    r: &Rotary<'_>,
+    v: &mut [f32],
+    heads: usize,
+    n: usize,
+    hd: usize,
+    positions: &[u32],
+) {
+    rotate(r, v, heads, n, hd, positions)
+}
+
+/// Runs `f` on the f32 contents of a CPU tensor (from its first element).
+fn with_cpu_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+    let (storage, layout) = t.storage_and_layout();
+    match &*storage {
+        candle_core::Storage::Cpu(c) => {
+            let all = c.as_slice::<f32>()?;
+            Ok(f(&all[layout.start_offset()..]))
+        }
+        _ => Err(EngineError::Device("expected a CPU tensor".into())),
     }
 }

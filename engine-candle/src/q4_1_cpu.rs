@@ -1,15 +1,16 @@
 //! A CPU matmul for Q4_1 weights that computes what llama.cpp computes: activations are
 //! quantized to Q8_1 blocks (scale and sum rounded to f16), each 32-element block contributes
 //! `d_w·d_a·Σ q_w·q_a + m_w·s_a`, accumulated in eight f32 lanes and summed the way ggml's AVX2
-//! `ggml_vec_dot_q4_1_q8_1` does. candle's own Q4_1 path is scalar; this one uses AVX2 when
-//! the CPU has it (detected at run time) and a portable loop otherwise.
+//! `ggml_vec_dot_q4_1_q8_1` does. candle's own Q4_1 path is scalar; this one uses AVX-512 VNNI or
+//! AVX2 when the CPU has them (detected at run time; bit-identical results) and a portable loop
+//! otherwise.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
+use crate::cpu_quant::{dot_rows, par_rows, quantize_q8_1, BlockQ81, Simd, QK};
 #[cfg(target_arch = "x86_64")]
-use crate::cpu_quant::hsum8;
-use crate::cpu_quant::{dot_rows, has_avx2, par_rows, quantize_q8_1, BlockQ81, QK};
+use crate::cpu_quant::{hsum8, pairs_avx2, pairs_vnni};
 
 /// One Q4_1 block as stored in GGUF: scale, minimum, 32 four-bit values.
 #[derive(Clone, Copy)]
@@ -80,7 +81,7 @@ impl Q41Matrix {
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let nb = self.k / QK;
         let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
-        let avx2 = has_avx2();
+        let simd = Simd::detect();
         par_rows(self.n, self.k, m, x, out, |j, out_j| {
             let wrow = &self.blocks[j * nb..(j + 1) * nb];
             let srow = &self.scales[j * nb..(j + 1) * nb];
@@ -88,36 +89,35 @@ impl Q41Matrix {
                 out_j,
                 &xq,
                 nb,
-                avx2,
-                |rows| dot4(wrow, srow, rows),
-                |a| dot(wrow, srow, a, avx2),
+                simd,
+                |rows| dot4(wrow, srow, rows, simd),
+                |a| dot(wrow, srow, a, simd),
             );
         });
     }
 }
 
-fn dot(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81], avx2: bool) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if avx2 {
-            // SAFETY: the CPU supports AVX2 and FMA (checked by the caller); equal lengths.
-            return unsafe { dot_avx2(w, sc, a) };
-        }
+fn dot(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81], simd: Simd) -> f32 {
+    // SAFETY: each SIMD level is only used when `Simd::detect` found its features; the
+    // slices have equal lengths (one weight row and one activation row of `nb` blocks).
+    match simd {
+        #[cfg(target_arch = "x86_64")]
+        Simd::Vnni => unsafe { dot_vnni(w, sc, a) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 => unsafe { dot_avx2(w, sc, a) },
+        _ => dot_portable(w, sc, a),
     }
-    let _ = avx2;
-    dot_portable(w, sc, a)
 }
 
 /// Four rows at once; each row's arithmetic is exactly that of `dot` (batch-invariant).
-fn dot4(w: &[BlockQ41], sc: &[[f32; 2]], a: [&[BlockQ81]; 4]) -> [f32; 4] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: only called when AVX2 and FMA were detected.
-        unsafe { dot4_avx2(w, sc, a) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        a.map(|r| dot_portable(w, sc, r))
+fn dot4(w: &[BlockQ41], sc: &[[f32; 2]], a: [&[BlockQ81]; 4], simd: Simd) -> [f32; 4] {
+    // SAFETY: as in `dot`.
+    match simd {
+        #[cfg(target_arch = "x86_64")]
+        Simd::Vnni => unsafe { dot4_vnni(w, sc, a) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 => unsafe { dot4_avx2(w, sc, a) },
+        _ => a.map(|r| dot_portable(w, sc, r)),
     }
 }
 
@@ -152,53 +152,62 @@ fn dot_portable(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81]) -> f32 {
     (h2[0] + h2[1]) + summs
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81]) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = _mm256_setzero_ps();
-    let mut summs = 0f32;
-    let low = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    for ((x, [xd, xm]), y) in w.iter().zip(sc).zip(a) {
-        summs += xm * y.s;
-        let d = _mm256_set1_ps(xd * y.d);
-        let tmp = _mm_loadu_si128(x.qs.as_ptr() as *const __m128i);
-        let qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp));
-        let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
-        let prod = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(qx, qy));
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc);
-    }
-    hsum8(acc) + summs
+/// The SIMD kernels of one instruction level: `$pairs` sums u8×i8 pairs into i32 lanes.
+macro_rules! simd_kernels {
+    ($feat:literal, $dot:ident, $dot4:ident, $pairs:path) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $dot(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81]) -> f32 {
+            use std::arch::x86_64::*;
+            let mut acc = _mm256_setzero_ps();
+            let mut summs = 0f32;
+            let low = _mm256_set1_epi8(0x0F);
+            for ((x, [xd, xm]), y) in w.iter().zip(sc).zip(a) {
+                summs += xm * y.s;
+                let d = _mm256_set1_ps(xd * y.d);
+                let tmp = _mm_loadu_si128(x.qs.as_ptr() as *const __m128i);
+                let qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp));
+                let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps($pairs(qx, qy)), acc);
+            }
+            hsum8(acc) + summs
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $dot4(w: &[BlockQ41], sc: &[[f32; 2]], a: [&[BlockQ81]; 4]) -> [f32; 4] {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm256_setzero_ps(); 4];
+            let mut summs = [0f32; 4];
+            let low = _mm256_set1_epi8(0x0F);
+            for (b, (x, [xd, xm])) in w.iter().zip(sc).enumerate() {
+                let tmp = _mm_loadu_si128(x.qs.as_ptr() as *const __m128i);
+                let qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp));
+                for r in 0..4 {
+                    let y = &a[r][b];
+                    summs[r] += xm * y.s;
+                    let d = _mm256_set1_ps(xd * y.d);
+                    let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
+                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps($pairs(qx, qy)), acc[r]);
+                }
+            }
+            [
+                hsum8(acc[0]) + summs[0],
+                hsum8(acc[1]) + summs[1],
+                hsum8(acc[2]) + summs[2],
+                hsum8(acc[3]) + summs[3],
+            ]
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot4_avx2(w: &[BlockQ41], sc: &[[f32; 2]], a: [&[BlockQ81]; 4]) -> [f32; 4] {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut summs = [0f32; 4];
-    let low = _mm256_set1_epi8(0x0F);
-    let ones = _mm256_set1_epi16(1);
-    for (b, (x, [xd, xm])) in w.iter().zip(sc).enumerate() {
-        let tmp = _mm_loadu_si128(x.qs.as_ptr() as *const __m128i);
-        let qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp));
-        for r in 0..4 {
-            let y = &a[r][b];
-            summs[r] += xm * y.s;
-            let d = _mm256_set1_ps(xd * y.d);
-            let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
-            let prod = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(qx, qy));
-            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(prod), acc[r]);
-        }
-    }
-    [
-        hsum8(acc[0]) + summs[0],
-        hsum8(acc[1]) + summs[1],
-        hsum8(acc[2]) + summs[2],
-        hsum8(acc[3]) + summs[3],
-    ]
-}
+simd_kernels!("avx2,fma", dot_avx2, dot4_avx2, pairs_avx2);
+simd_kernels!(
+    "avx2,fma,avx512vnni,avx512vl",
+    dot_vnni,
+    dot4_vnni,
+    pairs_vnni
+);
 
 #[cfg(test)]
 mod tests {
@@ -277,10 +286,16 @@ mod tests {
         let mat = Q41Matrix::from_qtensor(&q).unwrap();
         let x: Vec<f32> = (0..64).map(|i| (i as f32).sin()).collect();
         let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
+        let best = Simd::detect();
         for (row, sc) in mat.blocks.chunks_exact(2).zip(mat.scales.chunks_exact(2)) {
             let p = dot_portable(row, sc, &xq);
-            if has_avx2() {
-                assert_eq!(p.to_bits(), dot(row, sc, &xq, true).to_bits());
+            // every level this CPU has gives the portable loop's bits
+            for level in [Simd::Avx2, Simd::Vnni] {
+                if level == Simd::Avx2 && best != Simd::Portable || level == best {
+                    assert_eq!(p.to_bits(), dot(row, sc, &xq, level).to_bits(), "{level:?}");
+                    let four = dot4(row, sc, [&xq, &xq, &xq, &xq], level);
+                    assert!(four.iter().all(|f| f.to_bits() == p.to_bits()), "{level:?}");
+                }
             }
         }
     }

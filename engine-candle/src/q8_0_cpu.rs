@@ -1,4 +1,5 @@
-//! A CPU matmul for Q8_0 weights with ggml's arithmetic (`ggml_vec_dot_q8_0_q8_0`, AVX2):
+//! A CPU matmul for Q8_0 weights with ggml's arithmetic (`ggml_vec_dot_q8_0_q8_0`, AVX2 or
+//! AVX-512 VNNI, bit-identical):
 //! activations quantized to Q8 blocks, per block `fp16(d_w)·fp16(d_a)·Σ q_w·q_a` accumulated
 //! in eight f32 lanes. Used for the output projection (the tied Q8_0 embedding of SmolLM2),
 //! where it also lets four batched rows share each weight block.
@@ -6,9 +7,9 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
+use crate::cpu_quant::{dot_rows, par_rows, quantize_q8_1, BlockQ81, Simd, QK};
 #[cfg(target_arch = "x86_64")]
-use crate::cpu_quant::hsum8;
-use crate::cpu_quant::{dot_rows, has_avx2, par_rows, quantize_q8_1, BlockQ81, QK};
+use crate::cpu_quant::{hsum8, pairs_avx2, pairs_vnni};
 
 /// A `[n, k]` Q8_0 weight matrix.
 pub(crate) struct Q80Matrix {
@@ -57,7 +58,7 @@ impl Q80Matrix {
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let nb = self.k / QK;
         let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
-        let avx2 = has_avx2();
+        let simd = Simd::detect();
         par_rows(self.n, self.k, m, x, out, |j, out_j| {
             let w = &self.qs[j * nb..(j + 1) * nb];
             let d = &self.d[j * nb..(j + 1) * nb];
@@ -65,35 +66,34 @@ impl Q80Matrix {
                 out_j,
                 &xq,
                 nb,
-                avx2,
-                |rows| dot4(w, d, rows),
-                |a| dot(w, d, a, avx2),
+                simd,
+                |rows| dot4(w, d, rows, simd),
+                |a| dot(w, d, a, simd),
             );
         });
     }
 }
 
-fn dot(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81], avx2: bool) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if avx2 {
-            // SAFETY: AVX2 and FMA were detected.
-            return unsafe { dot_avx2(w, d, a) };
-        }
+fn dot(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81], simd: Simd) -> f32 {
+    // SAFETY: each SIMD level is only used when `Simd::detect` found its features; equal
+    // lengths (one weight row, one activation row).
+    match simd {
+        #[cfg(target_arch = "x86_64")]
+        Simd::Vnni => unsafe { dot_vnni(w, d, a) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 => unsafe { dot_avx2(w, d, a) },
+        _ => dot_portable(w, d, a),
     }
-    let _ = avx2;
-    dot_portable(w, d, a)
 }
 
-fn dot4(w: &[[i8; 32]], d: &[f32], a: [&[BlockQ81]; 4]) -> [f32; 4] {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: only called when AVX2 and FMA were detected.
-        unsafe { dot4_avx2(w, d, a) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        a.map(|r| dot_portable(w, d, r))
+fn dot4(w: &[[i8; 32]], d: &[f32], a: [&[BlockQ81]; 4], simd: Simd) -> [f32; 4] {
+    // SAFETY: as in `dot`.
+    match simd {
+        #[cfg(target_arch = "x86_64")]
+        Simd::Vnni => unsafe { dot4_vnni(w, d, a) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 => unsafe { dot4_avx2(w, d, a) },
+        _ => a.map(|r| dot_portable(w, d, r)),
     }
 }
 
@@ -118,44 +118,55 @@ fn dot_portable(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81]) -> f32 {
     (h[0] + h[2]) + (h[1] + h[3])
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81]) -> f32 {
-    use std::arch::x86_64::*;
-    let mut acc = _mm256_setzero_ps();
-    let ones = _mm256_set1_epi16(1);
-    for ((qw, dw), y) in w.iter().zip(d).zip(a) {
-        let x = _mm256_loadu_si256(qw.as_ptr() as *const __m256i);
-        let ax = _mm256_sign_epi8(x, x);
-        let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
-        let sy = _mm256_sign_epi8(qy, x);
-        let prod = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, sy));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(prod), acc);
-    }
-    hsum8(acc)
+/// The SIMD kernels of one instruction level: `$pairs` sums u8×i8 pairs into i32 lanes; the
+/// signed weights are made unsigned (`|x|`) and their signs moved onto the activations.
+macro_rules! simd_kernels {
+    ($feat:literal, $dot:ident, $dot4:ident, $pairs:path) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $dot(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81]) -> f32 {
+            use std::arch::x86_64::*;
+            let mut acc = _mm256_setzero_ps();
+            for ((qw, dw), y) in w.iter().zip(d).zip(a) {
+                let x = _mm256_loadu_si256(qw.as_ptr() as *const __m256i);
+                let ax = _mm256_sign_epi8(x, x);
+                let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
+                let sy = _mm256_sign_epi8(qy, x);
+                let prod = $pairs(ax, sy);
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(prod), acc);
+            }
+            hsum8(acc)
+        }
+
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $dot4(w: &[[i8; 32]], d: &[f32], a: [&[BlockQ81]; 4]) -> [f32; 4] {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm256_setzero_ps(); 4];
+            for (b, (qw, dw)) in w.iter().zip(d).enumerate() {
+                let x = _mm256_loadu_si256(qw.as_ptr() as *const __m256i);
+                let ax = _mm256_sign_epi8(x, x);
+                for r in 0..4 {
+                    let y = &a[r][b];
+                    let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
+                    let sy = _mm256_sign_epi8(qy, x);
+                    let prod = $pairs(ax, sy);
+                    let scale = _mm256_set1_ps(dw * y.d);
+                    acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(prod), acc[r]);
+                }
+            }
+            [hsum8(acc[0]), hsum8(acc[1]), hsum8(acc[2]), hsum8(acc[3])]
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot4_avx2(w: &[[i8; 32]], d: &[f32], a: [&[BlockQ81]; 4]) -> [f32; 4] {
-    use std::arch::x86_64::*;
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let ones = _mm256_set1_epi16(1);
-    for (b, (qw, dw)) in w.iter().zip(d).enumerate() {
-        let x = _mm256_loadu_si256(qw.as_ptr() as *const __m256i);
-        // |x| as unsigned, the sign moved onto y: maddubs needs an unsigned operand
-        let ax = _mm256_sign_epi8(x, x);
-        for r in 0..4 {
-            let y = &a[r][b];
-            let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
-            let sy = _mm256_sign_epi8(qy, x);
-            let prod = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, sy));
-            let scale = _mm256_set1_ps(dw * y.d);
-            acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(prod), acc[r]);
-        }
-    }
-    [hsum8(acc[0]), hsum8(acc[1]), hsum8(acc[2]), hsum8(acc[3])]
-}
+simd_kernels!("avx2,fma", dot_avx2, dot4_avx2, pairs_avx2);
+simd_kernels!(
+    "avx2,fma,avx512vnni,avx512vl",
+    dot_vnni,
+    dot4_vnni,
+    pairs_vnni
+);
 
 #[cfg(test)]
 mod tests {
@@ -209,8 +220,13 @@ mod tests {
             let w = &mat.qs[j * 2..j * 2 + 2];
             let d = &mat.d[j * 2..j * 2 + 2];
             let p = dot_portable(w, d, &xq);
-            if has_avx2() {
-                assert_eq!(p.to_bits(), dot(w, d, &xq, true).to_bits());
+            let best = Simd::detect();
+            for level in [Simd::Avx2, Simd::Vnni] {
+                if level == Simd::Avx2 && best != Simd::Portable || level == best {
+                    assert_eq!(p.to_bits(), dot(w, d, &xq, level).to_bits(), "{level:?}");
+                    let four = dot4(w, d, [&xq, &xq, &xq, &xq], level);
+                    assert!(four.iter().all(|f| f.to_bits() == p.to_bits()), "{level:?}");
+                }
             }
         }
     }

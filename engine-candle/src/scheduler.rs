@@ -427,6 +427,7 @@ impl Scheduler {
                 row: i,
                 tokens: t,
                 start: self.running[i].pos,
+                prompt: false,
             })
             .collect();
         let base = self.running.len();
@@ -435,6 +436,7 @@ impl Scheduler {
                 row: base + k,
                 tokens: &req.prompt_tokens,
                 start: 0,
+                prompt: true,
             });
         }
         let result = self.model.forward(&self.cache, &segs);

@@ -1,0 +1,439 @@
+//! Causal attention on the CPU over a sequence's own cache row, one query at a time, with
+//! llama.cpp's arithmetic (non-flash CPU path, f32 cache) reproduced lane for lane:
+//! - scores `q·k` as `ggml_vec_dot_f32` (AVX-512: four 16-lane accumulators, then ggml's
+//!   reduce), scaled by 1/√head_dim inside the softmax as `ggml_soft_max_ext` does;
+//! - softmax with ggml's vectorized `expf` polynomial, per 16 lanes summed in f64;
+//! - `p·V` as tinyBLAS (`llamafile_sgemm`: one 16-lane accumulator per output) for prompt
+//!   tokens, and as `ggml_vec_dot_f32` for generated tokens (llama.cpp's single-token path).
+//!
+//! A query's result depends only on its vector, its kind (prompt or generated) and the keys
+//! and values before it — not on the other tokens of the pass or on how a prompt was chunked.
+//! So a prompt prefilled in pieces or resumed from a cached prefix gives the same bits as one
+//! prefilled whole, and batched decoding the same bits as decoding alone.
+
+use rayon::prelude::*;
+
+/// Shapes of one forward pass's attention.
+pub(crate) struct Dims {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Positions per cache row.
+    pub ctx: usize,
+    /// The softmax scale (1/√head_dim).
+    pub scale: f32,
+}
+
+/// One segment: `t` query tokens at pass offset `offset`, positions `start..start + t` of
+/// cache `row`; `prompt` tells prompt tokens from generated ones.
+pub(crate) struct Span {
+    pub row: usize,
+    pub start: usize,
+    pub t: usize,
+    pub offset: usize,
+    pub prompt: bool,
+}
+
+/// `q` is `[n_head, n, head_dim]` (unscaled); `k`/`v` are one layer's cache
+/// `[slots, n_head_kv, ctx, head_dim]` with the segments' new keys and values written.
+/// Returns `[n, n_head · head_dim]`.
+pub(crate) fn attend(
+    q: &[f32],
+    n: usize,
+    d: &Dims,
+    spans: &[Span],
+    k: &[f32],
+    v: &[f32],
+) -> Vec<f32> {
+    let hd = d.head_dim;
+    let group = d.n_head / d.n_head_kv;
+    // one task per (segment, head): its rows of the output, computed independently
+    let tasks: Vec<(usize, usize)> = (0..spans.len())
+        .flat_map(|s| (0..d.n_head).map(move |h| (s, h)))
+        .collect();
+    let fma = has_fma();
+    let parts: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|&(s, h)| {
+            let sp = &spans[s];
+            let kh = h / group;
+            let base = (sp.row * d.n_head_kv + kh) * d.ctx * hd;
+            let keys = &k[base..base + (sp.start + sp.t) * hd];
+            let vals = &v[base..base + (sp.start + sp.t) * hd];
+            let qh = &q[(h * n + sp.offset) * hd..(h * n + sp.offset + sp.t) * hd];
+            #[cfg(target_arch = "x86_64")]
+            if fma {
+                // SAFETY: AVX2 and FMA were detected.
+                return unsafe { head_fma(qh, keys, vals, sp, d) };
+            }
+            let _ = fma;
+            head(qh, keys, vals, sp, d)
+        })
+        .collect();
+    let width = d.n_head * hd;
+    let mut y = vec![0f32; n * width];
+    for (&(s, h), part) in tasks.iter().zip(parts) {
+        let sp = &spans[s];
+        for ti in 0..sp.t {
+            let dst = (sp.offset + ti) * width + h * hd;
+            y[dst..dst + hd].copy_from_slice(&part[ti * hd..(ti + 1) * hd]);
+        }
+    }
+    y
+}
+
+fn has_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// One head of one segment: its `t` queries in order. Compiled twice — plain, and with AVX2 +
+/// FMA so `mul_add` is one instruction and the lane loops vectorize; both give the same bits
+/// (`mul_add` is a correctly rounded fused multiply-add either way).
+#[inline(always)]
+fn head(q: &[f32], keys: &[f32], vals: &[f32], sp: &Span, d: &Dims) -> Vec<f32> {
+    let hd = d.head_dim;
+    let mut out = vec![0f32; sp.t * hd];
+    let mut scratch = Scratch::default();
+    for ti in 0..sp.t {
+        let total = sp.start + ti + 1;
+        attend_one(
+            &q[ti * hd..(ti + 1) * hd],
+            &keys[..total * hd],
+            &vals[..total * hd],
+            d.scale,
+            sp.prompt,
+            &mut scratch,
+            &mut out[ti * hd..(ti + 1) * hd],
+        );
+    }
+    out
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn head_fma(q: &[f32], keys: &[f32], vals: &[f32], sp: &Span, d: &Dims) -> Vec<f32> {
+    head(q, keys, vals, sp, d)
+}
+
+#[derive(Default)]
+struct Scratch {
+    probs: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+/// softmax(scale · q·Kᵀ)·V for one query over `keys.len() / hd` positions.
+#[inline(always)]
+fn attend_one(
+    q: &[f32],
+    keys: &[f32],
+    vals: &[f32],
+    scale: f32,
+    prompt: bool,
+    s: &mut Scratch,
+    out: &mut [f32],
+) {
+    let hd = q.len();
+    let p = &mut s.probs;
+    let npos = keys.len() / hd;
+    p.clear();
+    p.resize(npos, 0.0);
+    // ggml_soft_max_ext: x·scale (+ a zero mask for visible positions); plain loops so all of
+    // it inlines into the FMA-enabled caller
+    let mut max = f32::NEG_INFINITY;
+    for i in 0..npos {
+        let x = vec_dot_f32(q, &keys[i * hd..(i + 1) * hd]) * scale;
+        p[i] = x;
+        max = max.max(x);
+    }
+    // ggml_vec_soft_max_f32: 16 lanes of ggml_v_expf, each chunk's reduce added in f64
+    let mut sum = 0f64;
+    for chunk in p.chunks_mut(16) {
+        let mut lanes = [0f32; 16];
+        for (l, x) in chunk.iter_mut().enumerate() {
+            *x = v_expf(*x - max);
+            lanes[l] = *x;
+        }
+        sum += reduce16(&lanes) as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for x in p.iter_mut() {
+        *x *= inv;
+    }
+    if prompt {
+        weighted_sum_tinyblas(p, vals, hd, &mut s.acc, out);
+    } else {
+        weighted_sum_vec_dot(p, vals, hd, &mut s.acc, out);
+    }
+}
+
+/// `_mm512_reduce_add_ps` as GCC expands it: halves, quarters, then pairs.
+#[inline(always)]
+fn reduce16(a: &[f32; 16]) -> f32 {
+    let mut t3 = [0f32; 8];
+    for j in 0..8 {
+        t3[j] = a[j + 8] + a[j];
+    }
+    let mut t6 = [0f32; 4];
+    for j in 0..4 {
+        t6[j] = t3[j + 4] + t3[j];
+    }
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
+/// `ggml_vec_dot_f32` (AVX-512): four 16-lane accumulators over 64-element steps, reduced
+/// `(s0+s2) + (s1+s3)` then across lanes; leftovers added one by one.
+#[inline(always)]
+fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
+    let n = x.len();
+    let np = n & !63;
+    let mut sum = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, acc) in sum.iter_mut().enumerate() {
+            let o = i + 16 * j;
+            for l in 0..16 {
+                acc[l] = x[o + l].mul_add(y[o + l], acc[l]);
+            }
+        }
+    }
+    let mut r = [0f32; 16];
+    for l in 0..16 {
+        r[l] = (sum[0][l] + sum[2][l]) + (sum[1][l] + sum[3][l]);
+    }
+    let mut s = reduce16(&r);
+    for i in np..n {
+        s += x[i] * y[i];
+    }
+    s
+}
+
+/// `out[d] = Σ_pos p[pos]·v[pos][d]` as tinyBLAS computes it for multi-token passes: per
+/// output one 16-lane accumulator over 16-position chunks in order, then reduced. (Positions
+/// beyond the last chunk's end contribute zeros in llama.cpp's padded cache.)
+#[inline(always)]
+fn weighted_sum_tinyblas(p: &[f32], vals: &[f32], hd: usize, acc: &mut Vec<f32>, out: &mut [f32]) {
+    acc.clear();
+    acc.resize(16 * hd, 0.0);
+    for (pos, (pp, vrow)) in p.iter().zip(vals.chunks_exact(hd)).enumerate() {
+        let lane = &mut acc[(pos % 16) * hd..(pos % 16 + 1) * hd];
+        for (a, x) in lane.iter_mut().zip(vrow) {
+            *a = x.mul_add(*pp, *a);
+        }
+    }
+    for (dd, o) in out.iter_mut().enumerate() {
+        let mut lanes = [0f32; 16];
+        for (l, x) in lanes.iter_mut().enumerate() {
+            *x = acc[l * hd + dd];
+        }
+        *o = reduce16(&lanes);
+    }
+}
+
+/// The same sum as `ggml_vec_dot_f32` over positions (llama.cpp's single-token path).
+#[inline(always)]
+fn weighted_sum_vec_dot(p: &[f32], vals: &[f32], hd: usize, acc: &mut Vec<f32>, out: &mut [f32]) {
+    acc.clear();
+    acc.resize(64 * hd, 0.0);
+    let np = p.len() & !63;
+    for (pos, (pp, vrow)) in p.iter().zip(vals.chunks_exact(hd)).enumerate().take(np) {
+        let slot = pos % 64; // accumulator (pos / 16) % 4, lane pos % 16
+        let lane = &mut acc[slot * hd..(slot + 1) * hd];
+        for (a, x) in lane.iter_mut().zip(vrow) {
+            *a = x.mul_add(*pp, *a);
+        }
+    }
+    for (dd, o) in out.iter_mut().enumerate() {
+        let at = |j: usize, l: usize| acc[(16 * j + l) * hd + dd];
+        let mut r = [0f32; 16];
+        for (l, x) in r.iter_mut().enumerate() {
+            *x = (at(0, l) + at(2, l)) + (at(1, l) + at(3, l));
+        }
+        let mut s = reduce16(&r);
+        for pos in np..p.len() {
+            s += vals[pos * hd + dd] * p[pos];
+        }
+        *o = s;
+    }
+}
+
+/// ggml's `ggml_v_expf` (AVX-512) for one lane.
+#[inline(always)]
+fn v_expf(x: f32) -> f32 {
+    let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
+    let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0
+    let n = z - r;
+    // fnmadd(a, b, c) = c - a·b, one rounding
+    let b = (-n).mul_add(
+        f32::from_bits(0x35bf_be8e),                  // 0x1.7f7d1cp-20
+        (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1
+    );
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    let u = b * b;
+    let j = f32::from_bits(0x3c07_2010) // 0x1.0e4020p-7
+        .mul_add(b, f32::from_bits(0x3d2b_9f17)) // 0x1.573e2ep-5
+        .mul_add(
+            u,
+            f32::from_bits(0x3e2a_af33).mul_add(b, f32::from_bits(0x3eff_fedb)), // 0x1.555e66p-3, 0x1.fffdb6p-2
+        )
+        .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0)); // 0x1.ffffecp-1
+                                                                  // _mm512_scalef_ps: j·2ⁿ, rounded once (2ⁿ is exact in f64 for |n| ≤ 192)
+    let two_n = f64::from_bits(((n as i64 + 1023) as u64) << 52);
+    (j as f64 * two_n) as f32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(q: &[f32], keys: &[f32], vals: &[f32]) -> Vec<f32> {
+        let hd = q.len();
+        let s: Vec<f64> = keys
+            .chunks_exact(hd)
+            .map(|k| {
+                q.iter()
+                    .zip(k)
+                    .map(|(a, b)| (*a as f64) * (*b as f64))
+                    .sum()
+            })
+            .collect();
+        let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+        let z: f64 = e.iter().sum();
+        (0..hd)
+            .map(|d| {
+                e.iter()
+                    .zip(vals.chunks_exact(hd))
+                    .map(|(p, v)| p / z * v[d] as f64)
+                    .sum::<f64>() as f32
+            })
+            .collect()
+    }
+
+    /// ENG-BATCH-3: a query's result does not depend on the pass it is in.
+    #[test]
+    fn matches_naive_attention_and_is_independent_of_the_pass() {
+        let d = Dims {
+            n_head: 4,
+            n_head_kv: 2,
+            head_dim: 16,
+            ctx: 12,
+            scale: 1.0,
+        };
+        let f = |i: usize| ((i * 2654435761) % 1000) as f32 / 500.0 - 1.0;
+        let k: Vec<f32> = (0..2 * 2 * 12 * 16).map(f).collect();
+        let v: Vec<f32> = (0..2 * 2 * 12 * 16).map(|i| f(i + 7)).collect();
+        // row 1: 10 tokens in one pass
+        let q: Vec<f32> = (0..4 * 10 * 16).map(|i| f(i + 3)).collect();
+        let whole = attend(
+            &q,
+            10,
+            &d,
+            &[Span {
+                row: 1,
+                start: 0,
+                t: 10,
+                offset: 0,
+                prompt: true,
+            }],
+            &k,
+            &v,
+        );
+        // the same queries as 4 + 6 tokens, the second part batched behind another segment
+        let split_q = |from: usize, t: usize| -> Vec<f32> {
+            (0..4)
+                .flat_map(|h| q[(h * 10 + from) * 16..(h * 10 + from + t) * 16].to_vec())
+                .collect()
+        };
+        let a = attend(
+            &split_q(0, 4),
+            4,
+            &d,
+            &[Span {
+                row: 1,
+                start: 0,
+                t: 4,
+                offset: 0,
+                prompt: true,
+            }],
+            &k,
+            &v,
+        );
+        let mut q2 = Vec::new();
+        let other = split_q(0, 1);
+        for h in 0..4 {
+            q2.extend_from_slice(&other[h * 16..(h + 1) * 16]);
+            q2.extend_from_slice(&split_q(4, 6)[h * 6 * 16..(h + 1) * 6 * 16]);
+        }
+        let b = attend(
+            &q2,
+            7,
+            &d,
+            &[
+                Span {
+                    row: 0,
+                    start: 3,
+                    t: 1,
+                    offset: 0,
+                    prompt: false,
+                },
+                Span {
+                    row: 1,
+                    start: 4,
+                    t: 6,
+                    offset: 1,
+                    prompt: true,
+                },
+            ],
+            &k,
+            &v,
+        );
+        let width = 4 * 16;
+        let mut joined = a.clone();
+        joined.extend_from_slice(&b[width..]);
+        assert_eq!(whole.len(), joined.len());
+        assert!(whole
+            .iter()
+            .zip(&joined)
+            .all(|(x, y)| x.to_bits() == y.to_bits()));
+        // and it is attention: compare one query against a float64 reference
+        let (h, ti) = (3, 9);
+        let kh = h / 2;
+        let row = 1;
+        let base = (row * 2 + kh) * 12 * 16;
+        let want = naive(
+            &q[(h * 10 + ti) * 16..][..16],
+            &k[base..base + 10 * 16],
+            &v[base..base + 10 * 16],
+        );
+        let got = &whole[ti * width + h * 16..][..16];
+        for (w, g) in want.iter().zip(got) {
+            assert!((w - g).abs() < 1e-5, "{w} vs {g}");
+        }
+    }
+
+    /// The ggml expf polynomial is within a few ulp of the true exponential and saturates
+    /// like the vector code.
+    #[test]
+    fn v_expf_tracks_exp() {
+        for i in -2000..=100 {
+            let x = i as f32 * 0.05;
+            let want = (x as f64).exp();
+            let got = v_expf(x) as f64;
+            assert!(
+                (got - want).abs() <= want * 4e-7 + 1e-38,
+                "{x}: {got} vs {want}"
+            );
+        }
+        assert_eq!(v_expf(f32::NEG_INFINITY), 0.0);
+        assert_eq!(v_expf(-200.0), 0.0);
+        assert_eq!(v_expf(0.0), 1.0);
+    }
+}
