@@ -215,7 +215,8 @@ fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
 
 /// `out[d] = Σ_pos p[pos]·v[pos][d]` as tinyBLAS computes it for multi-token passes: per
 /// output one 16-lane accumulator over 16-position chunks in order, then reduced. (Positions
-/// beyond the last chunk's end contribute zeros in llama.cpp's padded cache.)
+/// beyond the last chunk's end contribute zeros in llama.cpp's padded cache.) The lanes are
+/// kept as 16 rows of `hd` so every step vectorizes along `d`.
 #[inline(always)]
 fn weighted_sum_tinyblas(p: &[f32], vals: &[f32], hd: usize, acc: &mut Vec<f32>, out: &mut [f32]) {
     acc.clear();
@@ -226,39 +227,58 @@ fn weighted_sum_tinyblas(p: &[f32], vals: &[f32], hd: usize, acc: &mut Vec<f32>,
             *a = x.mul_add(*pp, *a);
         }
     }
-    for (dd, o) in out.iter_mut().enumerate() {
-        let mut lanes = [0f32; 16];
-        for (l, x) in lanes.iter_mut().enumerate() {
-            *x = acc[l * hd + dd];
-        }
-        *o = reduce16(&lanes);
-    }
+    reduce16_rows(acc, hd, out);
 }
 
-/// The same sum as `ggml_vec_dot_f32` over positions (llama.cpp's single-token path).
+/// The same sum as `ggml_vec_dot_f32` over positions (llama.cpp's single-token path): four
+/// accumulators of 16 lanes, `(s0+s2) + (s1+s3)`, then across lanes; leftovers one by one.
 #[inline(always)]
 fn weighted_sum_vec_dot(p: &[f32], vals: &[f32], hd: usize, acc: &mut Vec<f32>, out: &mut [f32]) {
-    acc.clear();
-    acc.resize(64 * hd, 0.0);
     let np = p.len() & !63;
+    acc.clear();
+    acc.resize(64 * hd + 16 * hd, 0.0);
+    let (slots, lanes) = acc.split_at_mut(64 * hd);
     for (pos, (pp, vrow)) in p.iter().zip(vals.chunks_exact(hd)).enumerate().take(np) {
         let slot = pos % 64; // accumulator (pos / 16) % 4, lane pos % 16
-        let lane = &mut acc[slot * hd..(slot + 1) * hd];
-        for (a, x) in lane.iter_mut().zip(vrow) {
+        let row = &mut slots[slot * hd..(slot + 1) * hd];
+        for (a, x) in row.iter_mut().zip(vrow) {
             *a = x.mul_add(*pp, *a);
         }
     }
-    for (dd, o) in out.iter_mut().enumerate() {
-        let at = |j: usize, l: usize| acc[(16 * j + l) * hd + dd];
-        let mut r = [0f32; 16];
-        for (l, x) in r.iter_mut().enumerate() {
-            *x = (at(0, l) + at(2, l)) + (at(1, l) + at(3, l));
+    for l in 0..16 {
+        let r = &mut lanes[l * hd..(l + 1) * hd];
+        let (a0, a1, a2, a3) = (l * hd, (16 + l) * hd, (32 + l) * hd, (48 + l) * hd);
+        for dd in 0..hd {
+            r[dd] = (slots[a0 + dd] + slots[a2 + dd]) + (slots[a1 + dd] + slots[a3 + dd]);
         }
-        let mut s = reduce16(&r);
-        for pos in np..p.len() {
-            s += vals[pos * hd + dd] * p[pos];
+    }
+    reduce16_rows(lanes, hd, out);
+    for pos in np..p.len() {
+        let vrow = &vals[pos * hd..(pos + 1) * hd];
+        for (o, x) in out.iter_mut().zip(vrow) {
+            *o += x * p[pos];
         }
-        *o = s;
+    }
+}
+
+/// `reduce16` applied to each column of 16 rows of `hd` (in place in `rows`).
+#[inline(always)]
+fn reduce16_rows(rows: &mut [f32], hd: usize, out: &mut [f32]) {
+    // halves: row j += row j+8; quarters: row j += row j+4; then (0+2) + (1+3)
+    for j in 0..8 {
+        let (lo, hi) = rows.split_at_mut((j + 8) * hd);
+        for dd in 0..hd {
+            lo[j * hd + dd] = hi[dd] + lo[j * hd + dd];
+        }
+    }
+    for j in 0..4 {
+        let (lo, hi) = rows.split_at_mut((j + 4) * hd);
+        for dd in 0..hd {
+            lo[j * hd + dd] = hi[dd] + lo[j * hd + dd];
+        }
+    }
+    for dd in 0..hd {
+        out[dd] = (rows[dd] + rows[2 * hd + dd]) + (rows[hd + dd] + rows[3 * hd + dd]);
     }
 }
 

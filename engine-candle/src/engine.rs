@@ -211,6 +211,7 @@ impl CandleEngine {
         };
         let shared = Arc::new(Shared {
             in_flight: AtomicUsize::new(0),
+            reused_tokens: std::sync::atomic::AtomicU64::new(0),
             alive: AtomicBool::new(true),
         });
         let pool = rayon::ThreadPoolBuilder::new()
@@ -272,6 +273,12 @@ impl CandleEngine {
     }
 
     /// Sequences submitted and not yet finished.
+    /// Prompt tokens so far whose keys and values came from a cached prefix in their slot's
+    /// cache row instead of being computed again.
+    pub fn reused_prompt_tokens(&self) -> u64 {
+        self.shared.reused_tokens.load(Ordering::Relaxed)
+    }
+
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::SeqCst)
     }

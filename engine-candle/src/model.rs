@@ -60,18 +60,6 @@ impl KvCache {
     pub fn bytes(hp: &Hparams, slots: usize, ctx: usize) -> usize {
         2 * hp.n_layer * slots * hp.n_head_kv * ctx * hp.head_dim * std::mem::size_of::<f32>()
     }
-
-    /// Copies the first `len` positions of row `from` into row `to`.
-    pub fn move_row(&self, from: usize, to: usize, len: usize) -> Result<()> {
-        if from == to || len == 0 {
-            return Ok(());
-        }
-        for cache in self.k.iter().chain(self.v.iter()) {
-            let src = cache.narrow(0, from, 1)?.narrow(2, 0, len)?.contiguous()?;
-            cache.narrow(0, to, 1)?.slice_set(&src, 2, 0)?;
-        }
-        Ok(())
-    }
 }
 
 impl Model {
