@@ -268,13 +268,13 @@ fn reduce16_rows(rows: &mut [f32], hd: usize, out: &mut [f32]) {
     for j in 0..8 {
         let (lo, hi) = rows.split_at_mut((j + 8) * hd);
         for dd in 0..hd {
-            lo[j * hd + dd] = hi[dd] + lo[j * hd + dd];
+            lo[j * hd + dd] += hi[dd];
         }
     }
     for j in 0..4 {
         let (lo, hi) = rows.split_at_mut((j + 4) * hd);
         for dd in 0..hd {
-            lo[j * hd + dd] = hi[dd] + lo[j * hd + dd];
+            lo[j * hd + dd] += hi[dd];
         }
     }
     for dd in 0..hd {
