@@ -21,12 +21,11 @@ async fn add_chat_status_delete_with_the_real_model() {
     let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
 
     let r = s
-        .client
-        .post(s.url("/engines"))
-        .json(&json!({"engine_id": "smol", "model_path": default_model_path(), "n_ctx": 1024}))
-        .send()
-        .await
-        .unwrap();
+        .post(
+            "/engines",
+            &json!({"engine_id": "smol", "model_path": default_model_path(), "n_ctx": 1024}),
+        )
+        .await;
     assert_eq!(r.status(), 201);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["status"], "loaded");
@@ -37,12 +36,11 @@ async fn add_chat_status_delete_with_the_real_model() {
         {"role": "user", "content": "What is the capital of France?"}
     ]);
     let r = s
-        .client
-        .post(s.url("/v1/chat/completions"))
-        .json(&json!({"model": "smol", "messages": question, "max_tokens": 24, "temperature": 0}))
-        .send()
-        .await
-        .unwrap();
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "smol", "messages": question, "max_tokens": 24, "temperature": 0}),
+        )
+        .await;
     assert_eq!(r.status(), 200);
     let v: Value = r.json().await.unwrap();
     let answer = v["choices"][0]["message"]["content"]
@@ -55,12 +53,8 @@ async fn add_chat_status_delete_with_the_real_model() {
     // the seed-001 formats carry the same greedy answer
     let body = json!({"model": "smol", "messages": question, "max_tokens": 24, "temperature": 0, "stream": true});
     let raw = s
-        .client
-        .post(s.url("/chat/completions"))
-        .json(&body)
-        .send()
+        .post("/chat/completions", &body)
         .await
-        .unwrap()
         .text()
         .await
         .unwrap();
@@ -74,16 +68,7 @@ async fn add_chat_status_delete_with_the_real_model() {
         .collect();
     assert_eq!(text, answer);
     assert_eq!(lines.last().unwrap()["done"], true);
-    let raw = s
-        .client
-        .post(s.url("/chat/sse"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let raw = s.post("/chat/sse", &body).await.text().await.unwrap();
     assert!(raw.ends_with("data: [END]\n\n"));
     let text: String = raw
         .split("\n\n")
@@ -118,12 +103,11 @@ async fn add_chat_status_delete_with_the_real_model() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let r = s
-        .client
-        .post(s.url("/v1/chat/completions"))
-        .json(&json!({"model": "smol", "messages": question}))
-        .send()
-        .await
-        .unwrap();
+        .post(
+            "/v1/chat/completions",
+            &json!({"model": "smol", "messages": question}),
+        )
+        .await;
     assert_eq!(r.status(), 404, "the engine's model is gone");
     let health = s.get_json("/v1/health").await;
     assert_eq!(health["engines"]["total"], 1);

@@ -350,6 +350,16 @@ impl TestServer {
             .unwrap()
     }
 
+    /// POSTs `body` as JSON to `path`.
+    pub async fn post(&self, path: &str, body: &serde_json::Value) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .expect("request sent")
+    }
+
     /// GET `path` and parse the JSON body (any status).
     pub async fn get_json(&self, path: &str) -> serde_json::Value {
         self.client
