@@ -24,6 +24,9 @@ pub struct PoolMetrics {
     /// While draining: time left until running tasks are ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline_remaining_ms: Option<u64>,
+    /// Prompt tokens the engine took from its per-slot prefix cache instead of computing.
+    #[serde(default)]
+    pub prompt_tokens_reused: u64,
 }
 
 /// `GET /v1/pools/{id}/health`.

@@ -100,6 +100,7 @@ mod tests {
             drain_deadline_remaining_ms: None,
             consecutive_failures: 0,
             last_tokens_per_s: None,
+            prompt_tokens_reused: 0,
         }
     }
 

@@ -29,6 +29,7 @@ pub const POOL_RELOADS: &str = "orchd_pool_reloads_total";
 pub const POOL_RESTARTS: &str = "orchd_pool_restarts_total";
 pub const POOL_LOAD_SECONDS: &str = "orchd_pool_model_load_seconds";
 pub const POOL_CIRCUIT_OPEN: &str = "orchd_pool_circuit_open";
+pub const POOL_PROMPT_REUSED: &str = "orchd_pool_prompt_tokens_reused_total";
 
 pub const L_PRIORITY: &str = "priority";
 pub const L_REASON: &str = "reason";
@@ -177,6 +178,7 @@ pub fn pool(s: &pool_manager::PoolSnapshot) {
     counter!(POOL_RELOADS, L_POOL => id.clone(), L_OUTCOME => "rolled_back")
         .absolute(s.reloads_failed);
     counter!(POOL_RESTARTS, L_POOL => id.clone()).absolute(s.restarts);
+    counter!(POOL_PROMPT_REUSED, L_POOL => id.clone()).absolute(s.prompt_tokens_reused);
     gauge!(POOL_LOAD_SECONDS, L_POOL => id.clone()).set(s.model_load_ms as f64 / 1000.0);
     gauge!(POOL_CIRCUIT_OPEN, L_POOL => id).set(if s.circuit_open() { 1.0 } else { 0.0 });
 }

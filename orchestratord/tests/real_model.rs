@@ -58,6 +58,21 @@ async fn real_model_answers_over_sse() {
     let (ea, eb) = (s.stream_all(&a).await, s.stream_all(&b).await);
     assert_eq!(text_of(&ea), text_of(&eb));
     assert!(!text_of(&ea).is_empty());
+    // ENG-BATCH-4: run again now that a slot holds this prompt: the prefix comes from the
+    // cache (counted in health and metrics) and the text is the same
+    let before = s.get_json("/v1/pools/default/health").await["metrics"]["prompt_tokens_reused"]
+        .as_u64()
+        .unwrap();
+    let c = s.submit_ok(sampled(5)).await;
+    assert_eq!(text_of(&s.stream_all(&c).await), text_of(&ea));
+    let after = s.get_json("/v1/pools/default/health").await["metrics"]["prompt_tokens_reused"]
+        .as_u64()
+        .unwrap();
+    assert!(after > before, "reused {before} -> {after}");
+    assert!(s
+        .metrics()
+        .await
+        .contains("orchd_pool_prompt_tokens_reused_total{pool=\"default\"}"));
 }
 
 /// ORCH-REAL-2: cancel mid-generation on the real engine; the slot comes back.

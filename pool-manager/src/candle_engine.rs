@@ -86,6 +86,10 @@ impl Engine for CandlePortEngine {
     fn is_alive(&self) -> bool {
         self.inner.is_alive()
     }
+
+    fn prompt_tokens_reused(&self) -> u64 {
+        self.inner.reused_prompt_tokens()
+    }
 }
 
 /// Loads GGUF models with candle.

@@ -62,6 +62,8 @@ pub struct PoolSnapshot {
     pub consecutive_failures: u32,
     /// Tokens per second of the last finished task (admission to end, prefill included).
     pub last_tokens_per_s: Option<f64>,
+    /// Prompt tokens the current engine took from its prefix cache.
+    pub prompt_tokens_reused: u64,
 }
 
 impl PoolSnapshot {
@@ -201,6 +203,7 @@ impl Pool {
                 .map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
             consecutive_failures: g.consecutive_failures,
             last_tokens_per_s: g.last_tokens_per_s,
+            prompt_tokens_reused: g.engine.as_ref().map_or(0, |e| e.prompt_tokens_reused()),
         }
     }
 

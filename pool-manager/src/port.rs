@@ -73,6 +73,11 @@ pub trait Engine: Send + Sync + 'static {
     /// one `Done` or `Failed` unless the engine dies (the channel then closes early).
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError>;
     fn is_alive(&self) -> bool;
+    /// Prompt tokens whose keys and values came from a cached prefix instead of being computed
+    /// (an engine without a prefix cache reuses none).
+    fn prompt_tokens_reused(&self) -> u64 {
+        0
+    }
 }
 
 /// Loads engines for pools (candle in production, scripted engines in tests).

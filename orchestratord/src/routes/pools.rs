@@ -56,6 +56,7 @@ fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
             consecutive_failures: s.consecutive_failures,
             circuit_open: s.circuit_open(),
             deadline_remaining_ms: s.drain_deadline_remaining_ms,
+            prompt_tokens_reused: s.prompt_tokens_reused,
         },
     }
 }
