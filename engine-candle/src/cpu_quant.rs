@@ -53,6 +53,12 @@ pub(crate) enum Simd {
 }
 
 impl Simd {
+    /// The level matmuls use, detected once per process (the check reads the environment).
+    pub(crate) fn current() -> Self {
+        static LEVEL: std::sync::OnceLock<Simd> = std::sync::OnceLock::new();
+        *LEVEL.get_or_init(Self::detect)
+    }
+
     pub(crate) fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
@@ -136,6 +142,33 @@ pub(crate) fn par_rows(
             out[r * n + j] = cols[j * m + r];
         }
     }
+}
+
+/// `out[r, j] = Σ_i x[r, i] · W[j, i]` for `m` rows of `x` (`m × k`) and a quantized weight
+/// of `n` rows: activations are quantized to Q8_1 once, then `dot4(j, rows, simd)` and
+/// `dot(j, row, simd)` give weight row `j`'s products (see `dot_rows`).
+pub(crate) fn quantized_matmul(
+    n: usize,
+    k: usize,
+    x: &[f32],
+    m: usize,
+    out: &mut [f32],
+    dot4: impl Fn(usize, [&[BlockQ81]; 4], Simd) -> [f32; 4] + Sync,
+    dot: impl Fn(usize, &[BlockQ81], Simd) -> f32 + Sync,
+) {
+    let nb = k / QK;
+    let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
+    let simd = Simd::current();
+    par_rows(n, k, m, x, out, |j, out_j| {
+        dot_rows(
+            out_j,
+            &xq,
+            nb,
+            simd,
+            |rows| dot4(j, rows, simd),
+            |a| dot(j, a, simd),
+        );
+    });
 }
 
 /// The `m` results of one weight row: four activation rows at a time through `dot4` (they

@@ -8,9 +8,9 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-use crate::cpu_quant::{dot_rows, par_rows, quantize_q8_1, BlockQ81, Simd, QK};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::{hsum8, pairs_avx2, pairs_vnni};
+use crate::cpu_quant::{quantized_matmul, BlockQ81, Simd, QK};
 
 /// One Q4_1 block as stored in GGUF: scale, minimum, 32 four-bit values.
 #[derive(Clone, Copy)]
@@ -80,20 +80,27 @@ impl Q41Matrix {
     /// `out[r, j] = Σ_i x[r, i] · W[j, i]` for `m` rows of `x` (`m × k`), `out` is `m × n`.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let nb = self.k / QK;
-        let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
-        let simd = Simd::detect();
-        par_rows(self.n, self.k, m, x, out, |j, out_j| {
-            let wrow = &self.blocks[j * nb..(j + 1) * nb];
-            let srow = &self.scales[j * nb..(j + 1) * nb];
-            dot_rows(
-                out_j,
-                &xq,
-                nb,
-                simd,
-                |rows| dot4(wrow, srow, rows, simd),
-                |a| dot(wrow, srow, a, simd),
-            );
-        });
+        let row = |j: usize| {
+            (
+                &self.blocks[j * nb..(j + 1) * nb],
+                &self.scales[j * nb..(j + 1) * nb],
+            )
+        };
+        quantized_matmul(
+            self.n,
+            self.k,
+            x,
+            m,
+            out,
+            |j, rows, simd| {
+                let (w, sc) = row(j);
+                dot4(w, sc, rows, simd)
+            },
+            |j, a, simd| {
+                let (w, sc) = row(j);
+                dot(w, sc, a, simd)
+            },
+        );
     }
 }
 
@@ -212,6 +219,7 @@ simd_kernels!(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu_quant::quantize_q8_1;
     use candle_core::{Device, Tensor};
 
     fn matrix(n: usize, k: usize) -> (QTensor, Vec<f32>) {

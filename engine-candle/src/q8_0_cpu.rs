@@ -7,9 +7,9 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-use crate::cpu_quant::{dot_rows, par_rows, quantize_q8_1, BlockQ81, Simd, QK};
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::{hsum8, pairs_avx2, pairs_vnni};
+use crate::cpu_quant::{quantized_matmul, BlockQ81, Simd, QK};
 
 /// A `[n, k]` Q8_0 weight matrix.
 pub(crate) struct Q80Matrix {
@@ -57,20 +57,27 @@ impl Q80Matrix {
     /// `out[r, j] = Σ_i x[r, i] · W[j, i]` for `m` rows of `x`.
     pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
         let nb = self.k / QK;
-        let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
-        let simd = Simd::detect();
-        par_rows(self.n, self.k, m, x, out, |j, out_j| {
-            let w = &self.qs[j * nb..(j + 1) * nb];
-            let d = &self.d[j * nb..(j + 1) * nb];
-            dot_rows(
-                out_j,
-                &xq,
-                nb,
-                simd,
-                |rows| dot4(w, d, rows, simd),
-                |a| dot(w, d, a, simd),
-            );
-        });
+        let row = |j: usize| {
+            (
+                &self.qs[j * nb..(j + 1) * nb],
+                &self.d[j * nb..(j + 1) * nb],
+            )
+        };
+        quantized_matmul(
+            self.n,
+            self.k,
+            x,
+            m,
+            out,
+            |j, rows, simd| {
+                let (w, d) = row(j);
+                dot4(w, d, rows, simd)
+            },
+            |j, a, simd| {
+                let (w, d) = row(j);
+                dot(w, d, a, simd)
+            },
+        );
     }
 }
 
@@ -171,6 +178,7 @@ simd_kernels!(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu_quant::quantize_q8_1;
     use candle_core::{Device, Module, Tensor};
 
     fn matrix(n: usize, k: usize) -> QTensor {

@@ -276,11 +276,15 @@ impl Scheduler {
     /// shared system prompt, is still reused.
     fn take_row(&mut self, prompt: &[u32]) -> Option<(usize, usize)> {
         let (pick, reuse) = self.choose_row(prompt)?;
-        let row = self.free.remove(pick).row;
+        Some((self.take_chosen(pick, reuse), reuse))
+    }
+
+    /// Removes free-list entry `pick` (from `choose_row`) and returns its row.
+    fn take_chosen(&mut self, pick: usize, reuse: usize) -> usize {
         self.shared
             .reused_tokens
             .fetch_add(reuse as u64, Ordering::Relaxed);
-        Some((row, reuse))
+        self.free.remove(pick).row
     }
 
     /// The free-list index `take_row` would take for `prompt`, and the tokens it would reuse.
@@ -496,7 +500,7 @@ impl Scheduler {
             else {
                 break;
             };
-            let Some((_, reuse)) = self.choose_row(prompt) else {
+            let Some((pick, reuse)) = self.choose_row(prompt) else {
                 break;
             };
             let new = prompt.len() - reuse;
@@ -507,10 +511,7 @@ impl Scheduler {
             let Some((req, at)) = self.waiting.pop_front() else {
                 break;
             };
-            let Some((row, reuse)) = self.take_row(&req.prompt_tokens) else {
-                self.waiting.push_front((req, at));
-                break;
-            };
+            let row = self.take_chosen(pick, reuse);
             used += new;
             joining.push((req, at, row, reuse));
         }
