@@ -10,12 +10,7 @@ use serde_json::{json, Value};
 use support::*;
 
 async fn complete(s: &TestServer, body: Value) -> reqwest::Response {
-    s.client
-        .post(s.url("/v1/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
+    s.post("/v1/completions", &body).await
 }
 
 /// The JSON of every `data:` frame before `[DONE]`, asserting SSE framing and `[DONE]` last.

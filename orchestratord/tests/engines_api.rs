@@ -18,12 +18,7 @@ fn fake_gguf(name: &str) -> PathBuf {
 }
 
 async fn add(s: &TestServer, body: Value) -> reqwest::Response {
-    s.client
-        .post(s.url("/engines"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
+    s.post("/engines", &body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,12 +9,7 @@ use serde_json::json;
 use support::*;
 
 async fn chat(s: &TestServer, body: serde_json::Value) -> reqwest::Response {
-    s.client
-        .post(s.url("/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
+    s.post("/v1/chat/completions", &body).await
 }
 
 fn msgs() -> serde_json::Value {

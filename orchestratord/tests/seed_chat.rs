@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use support::*;
 
 async fn post(s: &TestServer, path: &str, body: Value) -> reqwest::Response {
-    s.client.post(s.url(path)).json(&body).send().await.unwrap()
+    s.post(path, &body).await
 }
 
 fn ask(stream: bool, max_tokens: u32) -> Value {

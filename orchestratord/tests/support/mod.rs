@@ -340,14 +340,7 @@ impl TestServer {
     }
 
     pub async fn record(&self, id: &str) -> serde_json::Value {
-        self.client
-            .get(self.url(&format!("/v1/artifacts/{id}")))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
+        self.get_json(&format!("/v1/artifacts/{id}")).await
     }
 
     /// POSTs `body` as JSON to `path`.

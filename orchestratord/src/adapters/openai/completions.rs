@@ -68,7 +68,7 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
             stop: req.stop.clone(),
             presence_penalty: req.presence_penalty,
             frequency_penalty: req.frequency_penalty,
-            session_id: req.user.clone().filter(|u| !u.is_empty() && u.len() <= 128),
+            session_id: super::session_of(req.user.as_deref()),
             ..Default::default()
         })
         .collect())

@@ -13,3 +13,9 @@ pub const FINGERPRINT: &str = concat!("orchestratord-", env!("CARGO_PKG_VERSION"
 
 /// The stream terminator.
 pub const DONE: &[u8] = b"data: [DONE]\n\n";
+
+/// OpenAI's `user` as our session id (budgets, accounting) when it is 1..=128 bytes.
+fn session_of(user: Option<&str>) -> Option<String> {
+    user.filter(|u| !u.is_empty() && u.len() <= 128)
+        .map(str::to_string)
+}
