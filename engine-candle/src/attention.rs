@@ -11,7 +11,7 @@
 //! So a prompt prefilled in pieces or resumed from a cached prefix gives the same bits as one
 //! prefilled whole, and batched decoding the same bits as decoding alone.
 
-use rayon::prelude::*;
+use crate::cpu_parallel::par_chunks_mut;
 
 /// Shapes of one forward pass's attention.
 pub(crate) struct Dims {
@@ -52,24 +52,23 @@ pub(crate) fn attend(
         .flat_map(|s| (0..d.n_head).map(move |h| (s, h)))
         .collect();
     let fma = has_fma();
-    let parts: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|&(s, h)| {
-            let sp = &spans[s];
-            let kh = h / group;
-            let base = (sp.row * d.n_head_kv + kh) * d.ctx * hd;
-            let keys = &k[base..base + (sp.start + sp.t) * hd];
-            let vals = &v[base..base + (sp.start + sp.t) * hd];
-            let qh = &q[(h * n + sp.offset) * hd..(h * n + sp.offset + sp.t) * hd];
-            #[cfg(target_arch = "x86_64")]
-            if fma {
-                // SAFETY: AVX2 and FMA were detected.
-                return unsafe { head_fma(qh, keys, vals, sp, d) };
-            }
-            let _ = fma;
-            head(qh, keys, vals, sp, d)
-        })
-        .collect();
+    let one = |(s, h): (usize, usize)| -> Vec<f32> {
+        let sp = &spans[s];
+        let kh = h / group;
+        let base = (sp.row * d.n_head_kv + kh) * d.ctx * hd;
+        let keys = &k[base..base + (sp.start + sp.t) * hd];
+        let vals = &v[base..base + (sp.start + sp.t) * hd];
+        let qh = &q[(h * n + sp.offset) * hd..(h * n + sp.offset + sp.t) * hd];
+        #[cfg(target_arch = "x86_64")]
+        if fma {
+            // SAFETY: AVX2 and FMA were detected.
+            return unsafe { head_fma(qh, keys, vals, sp, d) };
+        }
+        let _ = fma;
+        head(qh, keys, vals, sp, d)
+    };
+    let mut parts: Vec<Vec<f32>> = vec![Vec::new(); tasks.len()];
+    par_chunks_mut(&mut parts, 1, |i, part| part[0] = one(tasks[i]));
     let width = d.n_head * hd;
     let mut y = vec![0f32; n * width];
     for (&(s, h), part) in tasks.iter().zip(parts) {

@@ -1,8 +1,8 @@
 //! What the CPU matmul kernels share: Q8 activation blocks quantized exactly as ggml does,
 //! the horizontal sum ggml uses, CPU feature detection, and the parallel row loop.
 
+use crate::cpu_parallel::{current_workers, par_chunks_mut};
 use half::f16;
-use rayon::prelude::*;
 
 pub(crate) const QK: usize = 32;
 /// 1.5 · 2^23: adding and subtracting it rounds an f32 to the nearest integer, ties to even.
@@ -128,15 +128,19 @@ pub(crate) fn par_rows(
 ) {
     assert_eq!(x.len(), m * k);
     assert_eq!(out.len(), m * n);
-    const CHUNK: usize = 16;
+    // about eight chunks per worker, so the last chunks of a job even out (a worker that is
+    // late or descheduled leaves its share to the others), but never chunks so small that
+    // taking one costs much next to its work (≥ 64 Ki multiply-adds)
+    let rows = n
+        .div_ceil(8 * current_workers())
+        .max((64 << 10) / (m * k).max(1))
+        .max(1);
     let mut cols: Vec<f32> = vec![0.0; m * n];
-    cols.par_chunks_mut(CHUNK * m)
-        .enumerate()
-        .for_each(|(c, dst)| {
-            for (jj, out_j) in dst.chunks_exact_mut(m).enumerate() {
-                row(c * CHUNK + jj, out_j);
-            }
-        });
+    par_chunks_mut(&mut cols, rows * m, |c, dst| {
+        for (jj, out_j) in dst.chunks_exact_mut(m).enumerate() {
+            row(c * rows + jj, out_j);
+        }
+    });
     for j in 0..n {
         for r in 0..m {
             out[r * n + j] = cols[j * m + r];

@@ -9,6 +9,7 @@ use std::time::Instant;
 use candle_core::Device;
 
 use crate::chat_template::{ChatMessage, ChatTemplate, TemplateSource};
+use crate::cpu_parallel::{pool_threads, with_threads};
 use crate::error::{EngineError, Result};
 use crate::hparams::{md_str, Hparams};
 use crate::model::{KvCache, Model};
@@ -90,11 +91,18 @@ pub struct EngineOptions {
     pub slots: usize,
     /// Tokens per sequence (prompt + output); 0 = the model's trained context.
     pub ctx: usize,
-    /// Compute threads for this engine; 0 = candle's default (physical cores).
+    /// Compute threads this engine uses, at most the process's compute pool (sized once by
+    /// [`configure_process_threads`]); 0 = all of the pool.
     pub threads: usize,
     pub device: DeviceChoice,
     pub weight_format: WeightFormat,
+    /// Host memory for the keys and values of prompts whose cache rows were reused by
+    /// other prompts, so they start after their prefix when they come back (0: off).
+    pub prompt_cache_bytes: usize,
 }
+
+/// Default size of the host-memory prompt cache.
+pub const DEFAULT_PROMPT_CACHE_BYTES: usize = 256 << 20;
 
 impl EngineOptions {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {
@@ -105,6 +113,7 @@ impl EngineOptions {
             threads: 0,
             device: DeviceChoice::Cpu,
             weight_format: WeightFormat::Auto,
+            prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
         }
     }
 }
@@ -132,8 +141,11 @@ pub struct ModelInfo {
     pub layers: usize,
 }
 
-/// Sets `RAYON_NUM_THREADS` (unless already set) so candle stops re-deriving its thread count
-/// from `/proc/cpuinfo` on every f32 matmul (measured: decode 88 → 121 tok/s on 2 cores).
+/// Sets `RAYON_NUM_THREADS` and `CANDLE_BARRIER_POOL_SPIN_LIMIT` (each unless already set):
+/// the size of the process's compute pool
+/// (candle's barrier pool, which every engine's kernels share; 0 = one per logical CPU), and
+/// candle stops re-deriving its thread count from `/proc/cpuinfo` on every f32 matmul
+/// (measured: decode 88 → 121 tok/s on 2 cores).
 ///
 /// Call it once at process start, before any other thread exists: changing the environment
 /// while other threads read it is not safe.
@@ -146,7 +158,19 @@ pub fn configure_process_threads(threads: usize) {
         };
         std::env::set_var("RAYON_NUM_THREADS", n.to_string());
     }
+    if std::env::var_os("CANDLE_BARRIER_POOL_SPIN_LIMIT").is_none() {
+        std::env::set_var(
+            "CANDLE_BARRIER_POOL_SPIN_LIMIT",
+            COMPUTE_SPIN_LIMIT.to_string(),
+        );
+    }
 }
+
+/// Pause instructions a compute worker spins through waiting for the next job before it
+/// parks: about 5 ms here (25 ns each). candle's default (25 000, ~0.6 ms) let workers park
+/// between the jobs of a decode step; measured with `benches/engine.rs`, 2 threads: decode
+/// 120 → 134 tok/s, prompt 301 → 352 tok/s at 400 000.
+const COMPUTE_SPIN_LIMIT: u32 = 200_000;
 
 /// Version of this engine, reported in capabilities.
 pub const ENGINE_NAME: &str = "candle";
@@ -204,26 +228,37 @@ impl CandleEngine {
         let model = Model::new(hp.clone(), weights, device.clone(), ctx)?;
         let vocab = model.vocab()?;
         let cache = KvCache::new(&hp, opts.slots, ctx, &device)?;
-        let threads = if opts.threads == 0 {
-            candle_core::utils::get_num_threads()
-        } else {
-            opts.threads
+        // the process's compute pool is sized once (see `configure_process_threads`); an
+        // engine uses all of it or fewer threads
+        let threads = match opts.threads {
+            0 => pool_threads(),
+            n => n.min(pool_threads()),
         };
         let shared = Arc::new(Shared {
             in_flight: AtomicUsize::new(0),
             reused_tokens: std::sync::atomic::AtomicU64::new(0),
+            prompt_cache_bytes: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
         });
+        // candle's rayon-based ops run on the decode thread alone (they are small); the
+        // kernels and candle's other ops on the process's spinning compute pool
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("candle-compute-{i}"))
+            .num_threads(1)
+            .thread_name(|_| "candle-decode".into())
             .build()
             .map_err(|e| EngineError::Device(format!("thread pool: {e}")))?;
         let (tx, rx) = std::sync::mpsc::sync_channel(opts.slots * 2);
-        let scheduler = Scheduler::new(model, cache, tokenizer.clone(), opts.slots, shared.clone());
+        let scheduler = Scheduler::new(
+            model,
+            cache,
+            tokenizer.clone(),
+            opts.slots,
+            shared.clone(),
+            opts.prompt_cache_bytes,
+        );
         std::thread::Builder::new()
             .name("candle-decode".into())
-            .spawn(move || pool.install(move || scheduler.run(rx)))
+            .spawn(move || pool.install(move || with_threads(threads, move || scheduler.run(rx))))
             .map_err(|e| EngineError::Device(format!("cannot start decode thread: {e}")))?;
         let info = ModelInfo {
             model_path: opts.model_path.clone(),
@@ -272,13 +307,18 @@ impl CandleEngine {
         self.shared.alive.load(Ordering::SeqCst)
     }
 
-    /// Sequences submitted and not yet finished.
-    /// Prompt tokens so far whose keys and values came from a cached prefix in their slot's
-    /// cache row instead of being computed again.
+    /// Prompt tokens so far whose keys and values came from a cached prefix (a cache row or
+    /// the prompt cache) instead of being computed again.
     pub fn reused_prompt_tokens(&self) -> u64 {
         self.shared.reused_tokens.load(Ordering::Relaxed)
     }
 
+    /// Bytes the host-memory prompt cache holds now.
+    pub fn prompt_cache_bytes(&self) -> usize {
+        self.shared.prompt_cache_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Sequences submitted and not yet finished.
     pub fn in_flight(&self) -> usize {
         self.shared.in_flight.load(Ordering::SeqCst)
     }

@@ -5,11 +5,13 @@
 
 mod attention;
 mod chat_template;
+mod cpu_parallel;
 mod cpu_quant;
 mod engine;
 mod error;
 mod hparams;
 mod model;
+mod prompt_cache;
 mod q4_1_cpu;
 mod q8_0_cpu;
 mod sampling;
@@ -20,8 +22,8 @@ mod weights;
 
 pub use chat_template::{ChatMessage, ChatTemplate, TemplateSource, CHATML_FALLBACK};
 pub use engine::{
-    configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, ModelInfo, ENGINE_NAME,
-    ENGINE_VERSION,
+    configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, ModelInfo,
+    DEFAULT_PROMPT_CACHE_BYTES, ENGINE_NAME, ENGINE_VERSION,
 };
 pub use error::{EngineError, Result};
 pub use hparams::{Hparams, RopeStyle};

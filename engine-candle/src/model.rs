@@ -56,6 +56,37 @@ impl KvCache {
         Ok(Self { k, v })
     }
 
+    /// A copy, in host memory, of the keys and values of positions `0..len` of `row`: per
+    /// layer `[1, kv_heads, len, head_dim]`.
+    pub fn read_prefix(&self, row: usize, len: usize) -> Result<Vec<(Tensor, Tensor)>> {
+        let host = |t: &Tensor| -> Result<Tensor> {
+            // a copy even where the slice is contiguous: the entry must not alias the row
+            Ok(t.narrow(0, row, 1)?
+                .narrow(2, 0, len)?
+                .force_contiguous()?
+                .to_device(&Device::Cpu)?)
+        };
+        self.k
+            .iter()
+            .zip(&self.v)
+            .map(|(k, v)| Ok((host(k)?, host(v)?)))
+            .collect()
+    }
+
+    /// Writes positions `0..len` of keys and values from `read_prefix` into `row`.
+    pub fn write_prefix(&self, row: usize, kv: &[(Tensor, Tensor)], len: usize) -> Result<()> {
+        for ((k, v), (sk, sv)) in self.k.iter().zip(&self.v).zip(kv) {
+            for (dst, src) in [(k, sk), (v, sv)] {
+                let src = src
+                    .narrow(2, 0, len)?
+                    .contiguous()?
+                    .to_device(dst.device())?;
+                dst.narrow(0, row, 1)?.slice_set(&src, 2, 0)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes the cache holds for `slots` x `ctx` tokens.
     pub fn bytes(hp: &Hparams, slots: usize, ctx: usize) -> usize {
         2 * hp.n_layer * slots * hp.n_head_kv * ctx * hp.head_dim * std::mem::size_of::<f32>()

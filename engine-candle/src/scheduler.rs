@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::EngineError;
 use crate::model::{KvCache, Model, Segment};
+use crate::prompt_cache::{common_prefix, Entry, PromptCache};
 
 /// Longest prompt that joins a forward pass beside the decoding sequences; longer prompts are
 /// prefilled alone in chunks.
@@ -114,6 +115,8 @@ pub(crate) struct Shared {
     pub alive: AtomicBool,
     /// Prompt tokens whose keys and values were reused from a cached prefix (not recomputed).
     pub reused_tokens: std::sync::atomic::AtomicU64,
+    /// Bytes the host-memory prompt cache holds.
+    pub prompt_cache_bytes: AtomicUsize,
 }
 
 /// A cache row no sequence runs in, with the prompt tokens whose keys and values it still
@@ -121,11 +124,6 @@ pub(crate) struct Shared {
 struct FreeRow {
     row: usize,
     cached: Vec<u32>,
-}
-
-/// Length of the common prefix of two token lists.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 /// Marks the engine dead when the decode thread ends for any reason, panics included.
@@ -170,6 +168,8 @@ pub(crate) struct Scheduler {
     free: Vec<FreeRow>,
     waiting: VecDeque<(Box<GenerateRequest>, Instant)>,
     draining: Vec<Draining>,
+    /// Prompts whose rows were taken by others.
+    saved: PromptCache,
 }
 
 impl Scheduler {
@@ -179,6 +179,7 @@ impl Scheduler {
         tokenizer: Arc<GgufTokenizer>,
         slots: usize,
         shared: Arc<Shared>,
+        prompt_cache_bytes: usize,
     ) -> Self {
         Self {
             model,
@@ -195,6 +196,7 @@ impl Scheduler {
                 .collect(),
             waiting: VecDeque::new(),
             draining: Vec::new(),
+            saved: PromptCache::new(prompt_cache_bytes),
         }
     }
 
@@ -268,26 +270,71 @@ impl Scheduler {
         }
     }
 
-    /// Picks a free row for `prompt` and returns it with the number of prompt tokens it
-    /// already holds (at most all but the last: that one is run for its logits). The row with
-    /// the longest common prefix wins when that prefix covers at least half the prompt;
-    /// otherwise the least recently freed row is taken (keeping the others' prompts for the
-    /// requests they fit, as llama.cpp's slot similarity rule does) — its common prefix, say a
-    /// shared system prompt, is still reused.
+    /// Picks a free row for `prompt` (see `choose_row`) and returns it with the number of
+    /// prompt tokens it holds ready.
     fn take_row(&mut self, prompt: &[u32]) -> Option<(usize, usize)> {
-        let (pick, reuse) = self.choose_row(prompt)?;
-        Some((self.take_chosen(pick, reuse), reuse))
+        let (pick, _) = self.choose_row(prompt)?;
+        Some(self.take_chosen(pick, prompt))
     }
 
-    /// Removes free-list entry `pick` (from `choose_row`) and returns its row.
-    fn take_chosen(&mut self, pick: usize, reuse: usize) -> usize {
+    /// Removes free-list entry `pick` (from `choose_row`) and readies its row for `prompt`:
+    /// the part of the row's cached prompt that `prompt` would overwrite is saved to the
+    /// prompt cache first, then a longer prefix from the prompt cache (if one is saved) is
+    /// copied in. Returns the row and the number of prompt tokens it now holds (at most all
+    /// but the last: that one is run for its logits).
+    fn take_chosen(&mut self, pick: usize, prompt: &[u32]) -> (usize, usize) {
+        let FreeRow { row, cached } = self.free.remove(pick);
+        let kept = common_prefix(&cached, prompt);
+        if kept < cached.len() {
+            self.save_row(row, &cached);
+        }
+        let most = prompt.len().saturating_sub(1);
+        let mut reuse = kept.min(most);
+        if let Some((entry, lcp)) = self.saved.best(prompt, reuse) {
+            let lcp = lcp.min(most);
+            if lcp > reuse {
+                match self.cache.write_prefix(row, &entry.kv, lcp) {
+                    Ok(()) => reuse = lcp,
+                    // positions past `reuse` are prefilled again, whatever was written
+                    Err(e) => tracing::warn!(error = %e, "prompt cache restore failed"),
+                }
+            }
+        }
         self.shared
             .reused_tokens
             .fetch_add(reuse as u64, Ordering::Relaxed);
-        self.free.remove(pick).row
+        (row, reuse)
     }
 
-    /// The free-list index `take_row` would take for `prompt`, and the tokens it would reuse.
+    /// Saves the keys and values of `tokens` (positions `0..len` of `row`) to the prompt
+    /// cache, unless it already holds them.
+    fn save_row(&mut self, row: usize, tokens: &[u32]) {
+        if !self
+            .saved
+            .wants(tokens, KvCache::bytes(&self.model.hp, 1, tokens.len()))
+        {
+            return;
+        }
+        match self.cache.read_prefix(row, tokens.len()) {
+            Ok(kv) => {
+                self.saved.insert(Entry {
+                    tokens: tokens.to_vec(),
+                    kv,
+                });
+                self.shared
+                    .prompt_cache_bytes
+                    .store(self.saved.bytes(), Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!(error = %e, "prompt cache save failed"),
+        }
+    }
+
+    /// The free-list index to take for `prompt`, and the prompt tokens that would not need
+    /// computing. The row with the longest common prefix wins when that prefix covers at
+    /// least half the prompt; otherwise the least recently freed row is taken (keeping the
+    /// others' prompts for the requests they fit, as llama.cpp's slot similarity rule does)
+    /// — its common prefix, say a shared system prompt, is still reused, and so is a longer
+    /// prefix from the prompt cache.
     fn choose_row(&self, prompt: &[u32]) -> Option<(usize, usize)> {
         let lcps: Vec<usize> = self
             .free
@@ -306,7 +353,8 @@ impl Scheduler {
         } else {
             0
         };
-        Some((pick, lcps[pick].min(prompt.len().saturating_sub(1))))
+        let ready = lcps[pick].max(self.saved.longest(prompt));
+        Some((pick, ready.min(prompt.len().saturating_sub(1))))
     }
 
     fn finish_event(seq: &Running, reason: FinishReason) -> SeqEvent {
@@ -511,7 +559,7 @@ impl Scheduler {
             let Some((req, at)) = self.waiting.pop_front() else {
                 break;
             };
-            let row = self.take_chosen(pick, reuse);
+            let (row, reuse) = self.take_chosen(pick, &req.prompt_tokens);
             used += new;
             joining.push((req, at, row, reuse));
         }

@@ -1,6 +1,8 @@
 //! ENG-BATCH-4: a slot's cache row keeps its last prompt, and a new prompt sharing a prefix
 //! with it starts after that prefix — with exactly the tokens a fresh prefill gives (greedy
 //! and seeded), because attention is independent of how a prompt is chunked.
+//! ENG-BATCH-5: a prompt whose row was taken by another prompt is kept in the host-memory
+//! prompt cache and starts after its prefix when it comes back, with the same tokens.
 
 mod common;
 
@@ -12,6 +14,8 @@ fn a_cached_prefix_gives_the_same_tokens_as_a_fresh_prefill() {
     let mut opts = EngineOptions::new(model_path());
     opts.slots = 1;
     opts.ctx = 512;
+    // the row alone: no host prompt cache
+    opts.prompt_cache_bytes = 0;
     let e = CandleEngine::load(opts).expect("model loads");
     let p2 = chat_tokens(&e, "What causes the seasons on Earth?");
     let p1 = chat_tokens(&e, "Describe a busy morning market.");
@@ -52,4 +56,98 @@ fn a_cached_prefix_gives_the_same_tokens_as_a_fresh_prefill() {
     let with_p2_cached = sampled(&e);
     let with_p1_cached = sampled(&e);
     assert_eq!(with_p2_cached, with_p1_cached);
+}
+
+#[test]
+fn a_prompt_whose_row_was_taken_comes_back_from_the_prompt_cache() {
+    let mut opts = EngineOptions::new(model_path());
+    opts.slots = 1;
+    opts.ctx = 512;
+    let e = CandleEngine::load(opts).expect("model loads");
+    let per_token = e.info().kv_cache_bytes / (e.info().slots * e.info().ctx);
+    let p1 = chat_tokens(&e, "Describe a busy morning market.");
+    let p2 = chat_tokens(&e, "What causes the seasons on Earth?");
+    let shared = p1.iter().zip(&p2).take_while(|(a, b)| a == b).count();
+
+    let fresh = greedy(&e, p2.clone(), 24);
+    assert_eq!(e.prompt_cache_bytes(), 0, "nothing was overwritten yet");
+    // p1 takes the only row: p2's keys and values move to the prompt cache first
+    let _ = greedy(&e, p1.clone(), 8);
+    assert_eq!(e.reused_prompt_tokens(), shared as u64);
+    assert_eq!(e.prompt_cache_bytes(), p2.len() * per_token);
+
+    // p2 again: all but its last token come from the prompt cache, same greedy tokens
+    let again = greedy(&e, p2.clone(), 24);
+    assert_eq!(
+        e.reused_prompt_tokens() - shared as u64,
+        (p2.len() - 1) as u64
+    );
+    assert_eq!(again.ids, fresh.ids, "restored prefix, same greedy tokens");
+    assert_eq!(
+        e.prompt_cache_bytes(),
+        (p1.len() + p2.len()) * per_token,
+        "p1 was saved when p2 took the row back"
+    );
+
+    // seeded sampling after a restore equals seeded sampling after a fresh prefill
+    let params = SamplingParams {
+        temperature: 0.9,
+        seed: 5,
+        ..Default::default()
+    };
+    let (rx, _c) = start(&e, p1.clone(), params.clone(), 16, vec![]);
+    let restored = collect(rx).ids;
+    let mut opts = EngineOptions::new(model_path());
+    opts.slots = 1;
+    opts.ctx = 512;
+    opts.prompt_cache_bytes = 0;
+    let plain = CandleEngine::load(opts).expect("model loads");
+    let (rx, _c) = start(&plain, p1.clone(), params, 16, vec![]);
+    assert_eq!(restored, collect(rx).ids);
+}
+
+#[test]
+fn the_prompt_cache_stays_within_its_bytes() {
+    let mut opts = EngineOptions::new(model_path());
+    opts.slots = 1;
+    opts.ctx = 512;
+    let probe = CandleEngine::load(opts.clone()).expect("model loads");
+    let per_token = probe.info().kv_cache_bytes / (probe.info().slots * probe.info().ctx);
+    let prompts: Vec<Vec<u32>> = [
+        "Name a red fruit.",
+        "Name a green vegetable.",
+        "Name a blue flower.",
+        "Name a yellow bird.",
+    ]
+    .iter()
+    .map(|q| chat_tokens(&probe, q))
+    .collect();
+    drop(probe);
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    // room for two prompts, not three
+    opts.prompt_cache_bytes = 2 * longest * per_token + per_token;
+    let e = CandleEngine::load(opts).expect("model loads");
+    for p in &prompts {
+        let _ = greedy(&e, p.clone(), 2);
+        assert!(e.prompt_cache_bytes() <= 2 * longest * per_token + per_token);
+    }
+    // the first prompt was evicted, the third is still there
+    let before = e.reused_prompt_tokens();
+    let _ = greedy(&e, prompts[2].clone(), 2);
+    assert_eq!(
+        e.reused_prompt_tokens() - before,
+        (prompts[2].len() - 1) as u64
+    );
+    let before = e.reused_prompt_tokens();
+    let _ = greedy(&e, prompts[0].clone(), 2);
+    let shared = prompts[0]
+        .iter()
+        .zip(&prompts[2])
+        .take_while(|(a, b)| a == b)
+        .count();
+    assert_eq!(
+        e.reused_prompt_tokens() - before,
+        shared as u64,
+        "only the shared system prompt is left of it"
+    );
 }

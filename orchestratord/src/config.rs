@@ -155,6 +155,8 @@ pub struct EnginesApiConfig {
     pub slots: usize,
     /// Compute threads of an added pool (0 = one per physical core).
     pub threads: usize,
+    /// Prompt cache of an added pool, MiB (see `pools[].prompt_cache_mib`).
+    pub prompt_cache_mib: usize,
     /// `n_ctx` when the request gives none (the Kolosal default).
     pub default_n_ctx: usize,
     /// Largest `n_ctx` accepted (bounds the KV cache an API call can allocate).
@@ -170,6 +172,7 @@ impl Default for EnginesApiConfig {
             max_pools: 8,
             slots: 4,
             threads: 0,
+            prompt_cache_mib: default_prompt_cache_mib(),
             default_n_ctx: 4096,
             max_n_ctx: 32_768,
             remove_deadline_ms: 30_000,
@@ -294,6 +297,10 @@ pub struct PoolConfig {
     /// `auto`, `as-stored` or `q8_0`.
     #[serde(default = "default_weight_format")]
     pub weight_format: String,
+    /// Host memory (MiB) for the keys and values of prompts whose slots were reused, so
+    /// they start after their cached prefix when they come back; 0 turns it off.
+    #[serde(default = "default_prompt_cache_mib")]
+    pub prompt_cache_mib: usize,
 }
 
 fn default_slots() -> usize {
@@ -307,6 +314,9 @@ fn default_device() -> String {
 }
 fn default_weight_format() -> String {
     "auto".into()
+}
+fn default_prompt_cache_mib() -> usize {
+    engine_candle::DEFAULT_PROMPT_CACHE_BYTES >> 20
 }
 
 /// The default model's cached location (filled by `ci/fetch-model.sh`).
@@ -349,6 +359,7 @@ impl Default for Config {
                 threads: 0,
                 device: default_device(),
                 weight_format: default_weight_format(),
+                prompt_cache_mib: default_prompt_cache_mib(),
             }],
         }
     }
@@ -506,6 +517,7 @@ impl PoolConfig {
             threads: self.threads,
             device,
             weight_format,
+            prompt_cache_bytes: self.prompt_cache_mib << 20,
         })
     }
 }
@@ -513,6 +525,18 @@ impl PoolConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// CFG-1: the configuration README.md shows is accepted as written.
+    #[test]
+    fn the_readme_example_is_a_valid_config() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("```toml\n").map(|i| i + 8);
+        let block = start.and_then(|s| readme[s..].find("```").map(|e| &readme[s..s + e]));
+        let cfg = Config::from_toml(block.unwrap_or_default()).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.pools[0].prompt_cache_mib, 256);
+        assert_eq!(cfg.pool_specs().unwrap()[0].prompt_cache_bytes, 256 << 20);
+    }
 
     /// CFG-1: unknown keys are rejected, naming the key.
     #[test]

@@ -26,6 +26,8 @@ pub struct PoolSpec {
     pub threads: usize,
     pub device: DeviceChoice,
     pub weight_format: WeightFormat,
+    /// Host memory for cached prompts (see `engine_candle::EngineOptions`).
+    pub prompt_cache_bytes: usize,
 }
 
 /// Failures of control-plane actions on a pool.

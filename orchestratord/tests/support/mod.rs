@@ -188,6 +188,7 @@ pub fn pool(id: &str, slots: usize) -> PoolConfig {
         threads: 0,
         device: "cpu".into(),
         weight_format: "auto".into(),
+        prompt_cache_mib: 256,
     }
 }
 

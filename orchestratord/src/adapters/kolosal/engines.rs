@@ -156,6 +156,7 @@ pub async fn add(
             DeviceChoice::Cpu
         },
         weight_format: WeightFormat::Auto,
+        prompt_cache_bytes: api.prompt_cache_mib << 20,
     };
     let pool = state
         .pools

@@ -1,0 +1,117 @@
+//! How the CPU kernels spread work over cores: candle's barrier pool (its workers spin for a
+//! while after each job, as llama.cpp's threads do, then park), with chunks taken from a
+//! shared counter.
+//!
+//! A decode step is hundreds of small parallel jobs (one per matmul, one per attention)
+//! between short serial stretches. A parked worker needs tens of microseconds to wake, about
+//! as long as one job: with a rayon pool the helper joined most jobs late (measured: the
+//! decode thread did two thirds of the kernel work). One spinning pool for the whole process
+//! also keeps candle's own ops (which use the same pool) from competing with ours for cores.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use candle_core::utils::barrier_pool;
+
+thread_local! {
+    /// Workers the calling thread's jobs may use (0: all of the pool).
+    static LIMIT: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Threads in the process's compute pool (the caller included).
+pub(crate) fn pool_threads() -> usize {
+    barrier_pool().n_workers() + 1
+}
+
+/// Runs `f` with at most `threads` workers (0: all) for the jobs this thread starts.
+pub(crate) fn with_threads<R>(threads: usize, f: impl FnOnce() -> R) -> R {
+    let previous = LIMIT.with(|l| l.replace(threads));
+    let out = f();
+    LIMIT.with(|l| l.set(previous));
+    out
+}
+
+/// Workers `par_chunks_mut` spreads over when called from this thread.
+pub(crate) fn current_workers() -> usize {
+    let all = pool_threads();
+    match LIMIT.with(Cell::get) {
+        0 => all,
+        n => n.min(all),
+    }
+}
+
+/// A pointer to the start of a slice that chunks are cut from.
+struct SlicePtr<T>(*mut T);
+// SAFETY: each chunk index is handed to exactly one worker (see `par_chunks_mut`).
+unsafe impl<T: Send> Sync for SlicePtr<T> {}
+
+/// Runs `f(i, chunk)` for the `chunk_len`-element chunks of `data` (the last may be
+/// shorter), spread over the compute pool. Each chunk is visited once, by one worker.
+pub(crate) fn par_chunks_mut<T: Send>(
+    data: &mut [T],
+    chunk_len: usize,
+    f: impl Fn(usize, &mut [T]) + Sync,
+) {
+    let chunk_len = chunk_len.max(1);
+    let len = data.len();
+    let chunks = len.div_ceil(chunk_len);
+    let workers = current_workers();
+    if chunks <= 1 || workers <= 1 {
+        for (i, c) in data.chunks_mut(chunk_len).enumerate() {
+            f(i, c);
+        }
+        return;
+    }
+    let pool = barrier_pool();
+    let caller = pool.n_workers();
+    let next = AtomicUsize::new(0);
+    let base = SlicePtr(data.as_mut_ptr());
+    pool.execute(|tid| {
+        // the caller always works; of the pool's workers, the first `workers - 1`
+        if tid != caller && tid + 1 >= workers {
+            return;
+        }
+        let base = &base;
+        loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            if i >= chunks {
+                return;
+            }
+            let start = i * chunk_len;
+            let n = chunk_len.min(len - start);
+            // SAFETY: chunk `i` is in bounds and no other worker gets index `i`; `data` is
+            // borrowed mutably for the whole call, and `execute` returns after every worker
+            // is done.
+            let chunk = unsafe { std::slice::from_raw_parts_mut(base.0.add(start), n) };
+            f(i, chunk);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_chunk_is_visited_once() {
+        for threads in [0, 1, 2, 3] {
+            with_threads(threads, || {
+                for len in [0usize, 1, 7, 64, 1000] {
+                    let mut v = vec![0u32; len];
+                    par_chunks_mut(&mut v, 16, |i, c| {
+                        for (j, x) in c.iter_mut().enumerate() {
+                            *x += (i * 16 + j) as u32 + 1;
+                        }
+                    });
+                    assert!(v.iter().enumerate().all(|(j, &x)| x == j as u32 + 1));
+                }
+            });
+        }
+    }
+
+    #[test]
+    fn the_thread_limit_applies_to_this_thread_only() {
+        with_threads(1, || assert_eq!(current_workers(), 1));
+        assert_eq!(current_workers(), pool_threads());
+    }
+}
