@@ -115,64 +115,78 @@ pub(crate) unsafe fn hsum8(acc: std::arch::x86_64::__m256) -> f32 {
     _mm_cvtss_f32(r)
 }
 
-/// Runs `row(j, out_j)` for every output feature `j` of an `[n, k]` weight in parallel, where
-/// `out_j` holds the `m` results of feature `j`; then lays them out as `out[r · n + j]`. Each
-/// task owns a run of features for every input row, so weights are read once per call.
-pub(crate) fn par_rows(
-    n: usize,
-    k: usize,
-    m: usize,
-    x: &[f32],
-    out: &mut [f32],
-    row: impl Fn(usize, &mut [f32]) + Sync,
-) {
-    assert_eq!(x.len(), m * k);
-    assert_eq!(out.len(), m * n);
-    // about eight chunks per worker, so the last chunks of a job even out (a worker that is
-    // late or descheduled leaves its share to the others), but never chunks so small that
-    // taking one costs much next to its work (≥ 64 Ki multiply-adds)
-    let rows = n
-        .div_ceil(8 * current_workers())
-        .max((64 << 10) / (m * k).max(1))
-        .max(1);
-    let mut cols: Vec<f32> = vec![0.0; m * n];
-    par_chunks_mut(&mut cols, rows * m, |c, dst| {
-        for (jj, out_j) in dst.chunks_exact_mut(m).enumerate() {
-            row(c * rows + jj, out_j);
-        }
-    });
-    for j in 0..n {
-        for r in 0..m {
-            out[r * n + j] = cols[j * m + r];
-        }
-    }
+/// A quantized `[n, k]` weight whose rows multiply Q8_1 activation blocks.
+pub(crate) trait QuantRows: Sync {
+    fn n(&self) -> usize;
+    fn k(&self) -> usize;
+    /// Weight row `j` times four activation rows, each with exactly `dot`'s arithmetic.
+    fn dot4(&self, j: usize, rows: [&[BlockQ81]; 4], simd: Simd) -> [f32; 4];
+    /// Weight row `j` times one activation row.
+    fn dot(&self, j: usize, row: &[BlockQ81], simd: Simd) -> f32;
 }
 
-/// `out[r, j] = Σ_i x[r, i] · W[j, i]` for `m` rows of `x` (`m × k`) and a quantized weight
-/// of `n` rows: activations are quantized to Q8_1 once, then `dot4(j, rows, simd)` and
-/// `dot(j, row, simd)` give weight row `j`'s products (see `dot_rows`).
-pub(crate) fn quantized_matmul(
-    n: usize,
-    k: usize,
-    x: &[f32],
-    m: usize,
-    out: &mut [f32],
-    dot4: impl Fn(usize, [&[BlockQ81]; 4], Simd) -> [f32; 4] + Sync,
-    dot: impl Fn(usize, &[BlockQ81], Simd) -> f32 + Sync,
-) {
+/// `out_i[r, j] = Σ_c x[r, c] · W_i[j, c]` for `m` rows of `x` (`m × k`) and weights `W_i`
+/// that share `k` (say the query, key and value projections): the activations are quantized
+/// to Q8_1 once and one parallel job covers the rows of all the weights. Returns each
+/// weight's `m × n_i` result. A result does not depend on which weights come together.
+pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> Vec<Vec<f32>> {
+    let Some(k) = ws.first().map(|w| w.k()) else {
+        return Vec::new();
+    };
+    assert!(ws.iter().all(|w| w.k() == k) && x.len() == m * k);
     let nb = k / QK;
     let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
     let simd = Simd::current();
-    par_rows(n, k, m, x, out, |j, out_j| {
-        dot_rows(
-            out_j,
-            &xq,
-            nb,
-            simd,
-            |rows| dot4(j, rows, simd),
-            |a| dot(j, a, simd),
-        );
+    // weight i has global rows starts[i]..starts[i + 1]
+    let mut starts = vec![0];
+    for w in ws {
+        starts.push(starts[starts.len() - 1] + w.n());
+    }
+    let total = starts[ws.len()];
+    // about eight chunks per worker, so the last chunks of a job even out (a worker that is
+    // late or descheduled leaves its share to the others), but never chunks so small that
+    // taking one costs much next to its work (≥ 64 Ki multiply-adds)
+    let rows = total
+        .div_ceil(8 * current_workers())
+        .max((64 << 10) / (m * k).max(1))
+        .max(1);
+    // cols[g · m + r]: global weight row g times activation row r
+    let mut cols: Vec<f32> = vec![0.0; m * total];
+    par_chunks_mut(&mut cols, rows * m, |c, dst| {
+        for (jj, out_j) in dst.chunks_exact_mut(m).enumerate() {
+            let g = c * rows + jj;
+            let i = starts.partition_point(|&s| s <= g) - 1;
+            let (w, j) = (ws[i], g - starts[i]);
+            dot_rows(
+                out_j,
+                &xq,
+                nb,
+                simd,
+                |rs| w.dot4(j, rs, simd),
+                |a| w.dot(j, a, simd),
+            );
+        }
     });
+    ws.iter()
+        .zip(&starts)
+        .map(|(w, &s0)| {
+            let n = w.n();
+            let mut out = vec![0f32; m * n];
+            for j in 0..n {
+                for r in 0..m {
+                    out[r * n + j] = cols[(s0 + j) * m + r];
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// One weight's `quantized_matmuls` into `out` (`m × n`).
+#[cfg(test)]
+pub(crate) fn matmul_into(w: &dyn QuantRows, x: &[f32], m: usize, out: &mut [f32]) {
+    let r = quantized_matmuls(&[w], x, m);
+    out.copy_from_slice(&r[0]);
 }
 
 /// The `m` results of one weight row: four activation rows at a time through `dot4` (they

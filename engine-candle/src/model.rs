@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::attention::{attend, Dims, Span};
 use crate::error::{EngineError, Result};
 use crate::hparams::{Hparams, RopeStyle};
-use crate::weights::Weights;
+use crate::weights::{Linear, Weights};
 
 /// Largest number of prompt tokens pushed through one prefill pass (bounds attention memory).
 pub const PREFILL_CHUNK: usize = 256;
@@ -174,18 +174,16 @@ impl Model {
                 None => t,
             })
         };
-        let q = add(l.wq.forward(h)?, &l.bq)?;
-        let k = add(l.wk.forward(h)?, &l.bk)?;
-        let v = add(l.wv.forward(h)?, &l.bv)?;
-        Ok((q, k, v))
+        let [q, k, v] = Linear::forward_all([&l.wq, &l.wk, &l.wv], h)?;
+        Ok((add(q, &l.bq)?, add(k, &l.bk)?, add(v, &l.bv)?))
     }
 
     fn mlp_and_output(&self, li: usize, x: &Tensor, attn: &Tensor) -> Result<Tensor> {
         let l = &self.w.layers[li];
         let x = (x + l.wo.forward(attn)?)?;
         let h = candle_nn::ops::rms_norm(&x, &l.ffn_norm, self.hp.rms_eps)?;
-        let gate = candle_nn::ops::silu(&l.w_gate.forward(&h)?)?;
-        let up = l.w_up.forward(&h)?;
+        let [gate, up] = Linear::forward_all([&l.w_gate, &l.w_up], &h)?;
+        let gate = candle_nn::ops::silu(&gate)?;
         Ok((&x + l.w_down.forward(&(gate * up)?)?)?)
     }
 

@@ -10,7 +10,7 @@ use half::f16;
 
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::{hsum8, pairs_avx2, pairs_vnni};
-use crate::cpu_quant::{quantized_matmul, BlockQ81, Simd, QK};
+use crate::cpu_quant::{BlockQ81, QuantRows, Simd, QK};
 
 /// One Q4_1 block as stored in GGUF: scale, minimum, 32 four-bit values.
 #[derive(Clone, Copy)]
@@ -68,39 +68,27 @@ impl Q41Matrix {
             scales,
         })
     }
+}
 
-    pub fn n(&self) -> usize {
+impl QuantRows for Q41Matrix {
+    fn n(&self) -> usize {
         self.n
     }
 
-    pub fn k(&self) -> usize {
+    fn k(&self) -> usize {
         self.k
     }
 
-    /// `out[r, j] = Σ_i x[r, i] · W[j, i]` for `m` rows of `x` (`m × k`), `out` is `m × n`.
-    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
+    fn dot4(&self, j: usize, rows: [&[BlockQ81]; 4], simd: Simd) -> [f32; 4] {
         let nb = self.k / QK;
-        let row = |j: usize| {
-            (
-                &self.blocks[j * nb..(j + 1) * nb],
-                &self.scales[j * nb..(j + 1) * nb],
-            )
-        };
-        quantized_matmul(
-            self.n,
-            self.k,
-            x,
-            m,
-            out,
-            |j, rows, simd| {
-                let (w, sc) = row(j);
-                dot4(w, sc, rows, simd)
-            },
-            |j, a, simd| {
-                let (w, sc) = row(j);
-                dot(w, sc, a, simd)
-            },
-        );
+        let r = j * nb..(j + 1) * nb;
+        dot4(&self.blocks[r.clone()], &self.scales[r], rows, simd)
+    }
+
+    fn dot(&self, j: usize, row: &[BlockQ81], simd: Simd) -> f32 {
+        let nb = self.k / QK;
+        let r = j * nb..(j + 1) * nb;
+        dot(&self.blocks[r.clone()], &self.scales[r], row, simd)
     }
 }
 
@@ -219,6 +207,7 @@ simd_kernels!(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu_quant::matmul_into;
     use crate::cpu_quant::quantize_q8_1;
     use candle_core::{Device, Tensor};
 
@@ -247,7 +236,7 @@ mod tests {
             .map(|i| ((i * 31 % 17) as f32 - 8.0) / 8.0)
             .collect();
         let mut out = vec![0f32; m * n];
-        mat.matmul(&x, m, &mut out);
+        matmul_into(&mat, &x, m, &mut out);
         for r in 0..m {
             for j in 0..n {
                 let exact: f32 = (0..k).map(|i| x[r * k + i] * deq[j * k + i]).sum();
@@ -271,7 +260,7 @@ mod tests {
             .map(|i| ((i as f32) * 0.731).sin() * 3.0)
             .collect();
         let mut out = vec![0f32; m * n];
-        mat.matmul(&x, m, &mut out);
+        matmul_into(&mat, &x, m, &mut out);
         let qm = candle_core::quantized::QMatMul::from_qtensor(q).unwrap();
         let xt = Tensor::from_vec(x, (m, k), &Device::Cpu).unwrap();
         let theirs: Vec<f32> = qm
@@ -314,11 +303,25 @@ mod tests {
         let mat = Q41Matrix::from_qtensor(&q).unwrap();
         let x: Vec<f32> = (0..7 * 64).map(|i| (i as f32 * 0.37).cos()).collect();
         let mut all = vec![0f32; 7 * 40];
-        mat.matmul(&x, 7, &mut all);
+        matmul_into(&mat, &x, 7, &mut all);
         for r in 0..7 {
             let mut one = vec![0f32; 40];
-            mat.matmul(&x[r * 64..(r + 1) * 64], 1, &mut one);
+            matmul_into(&mat, &x[r * 64..(r + 1) * 64], 1, &mut one);
             assert_eq!(one, all[r * 40..(r + 1) * 40]);
         }
+    }
+
+    #[test]
+    fn weights_multiplied_together_equal_each_alone() {
+        use crate::cpu_quant::quantized_matmuls;
+        let a = Q41Matrix::from_qtensor(&matrix(40, 64).0).unwrap();
+        // different values from a's rows, so a row taken from the wrong weight shows
+        let w: Vec<f32> = (0..24 * 64).map(|i| (i as f32 * 0.05).cos()).collect();
+        let t = Tensor::from_vec(w, (24, 64), &Device::Cpu).unwrap();
+        let b = Q41Matrix::from_qtensor(&QTensor::quantize(&t, GgmlDType::Q4_1).unwrap()).unwrap();
+        let x: Vec<f32> = (0..5 * 64).map(|i| (i as f32 * 0.21).sin()).collect();
+        let both = quantized_matmuls(&[&a, &b], &x, 5);
+        assert_eq!(both[0], quantized_matmuls(&[&a], &x, 5)[0]);
+        assert_eq!(both[1], quantized_matmuls(&[&b], &x, 5)[0]);
     }
 }

@@ -9,7 +9,7 @@ use half::f16;
 
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::{hsum8, pairs_avx2, pairs_vnni};
-use crate::cpu_quant::{quantized_matmul, BlockQ81, Simd, QK};
+use crate::cpu_quant::{BlockQ81, QuantRows, Simd, QK};
 
 /// A `[n, k]` Q8_0 weight matrix.
 pub(crate) struct Q80Matrix {
@@ -45,39 +45,27 @@ impl Q80Matrix {
         }
         Some(Self { n, k, qs, d })
     }
+}
 
-    pub fn n(&self) -> usize {
+impl QuantRows for Q80Matrix {
+    fn n(&self) -> usize {
         self.n
     }
 
-    pub fn k(&self) -> usize {
+    fn k(&self) -> usize {
         self.k
     }
 
-    /// `out[r, j] = Σ_i x[r, i] · W[j, i]` for `m` rows of `x`.
-    pub fn matmul(&self, x: &[f32], m: usize, out: &mut [f32]) {
+    fn dot4(&self, j: usize, rows: [&[BlockQ81]; 4], simd: Simd) -> [f32; 4] {
         let nb = self.k / QK;
-        let row = |j: usize| {
-            (
-                &self.qs[j * nb..(j + 1) * nb],
-                &self.d[j * nb..(j + 1) * nb],
-            )
-        };
-        quantized_matmul(
-            self.n,
-            self.k,
-            x,
-            m,
-            out,
-            |j, rows, simd| {
-                let (w, d) = row(j);
-                dot4(w, d, rows, simd)
-            },
-            |j, a, simd| {
-                let (w, d) = row(j);
-                dot(w, d, a, simd)
-            },
-        );
+        let r = j * nb..(j + 1) * nb;
+        dot4(&self.qs[r.clone()], &self.d[r], rows, simd)
+    }
+
+    fn dot(&self, j: usize, row: &[BlockQ81], simd: Simd) -> f32 {
+        let nb = self.k / QK;
+        let r = j * nb..(j + 1) * nb;
+        dot(&self.qs[r.clone()], &self.d[r], row, simd)
     }
 }
 
@@ -178,6 +166,7 @@ simd_kernels!(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu_quant::matmul_into;
     use crate::cpu_quant::quantize_q8_1;
     use candle_core::{Device, Module, Tensor};
 
@@ -198,7 +187,7 @@ mod tests {
             .map(|i| ((i as f32) * 0.731).sin() * 3.0)
             .collect();
         let mut out = vec![0f32; m * n];
-        mat.matmul(&x, m, &mut out);
+        matmul_into(&mat, &x, m, &mut out);
         let qm = candle_core::quantized::QMatMul::from_qtensor(q).unwrap();
         let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
         let theirs: Vec<f32> = qm
@@ -213,7 +202,7 @@ mod tests {
         }
         for r in 0..m {
             let mut one = vec![0f32; n];
-            mat.matmul(&x[r * k..(r + 1) * k], 1, &mut one);
+            matmul_into(&mat, &x[r * k..(r + 1) * k], 1, &mut one);
             assert_eq!(one, out[r * n..(r + 1) * n]);
         }
     }

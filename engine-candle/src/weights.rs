@@ -7,6 +7,7 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
+use crate::cpu_quant::{quantized_matmuls, QuantRows};
 use crate::error::{EngineError, Result};
 use crate::hparams::Hparams;
 use crate::q4_1_cpu::Q41Matrix;
@@ -39,34 +40,61 @@ pub(crate) enum Linear {
     Q80(Q80Matrix),
 }
 
-/// `x[.., k]` through an own CPU kernel: `[.., n]`.
-fn cpu_matmul(
-    x: &Tensor,
-    k_w: usize,
-    n: usize,
-    run: impl FnOnce(&[f32], usize, &mut [f32]),
-) -> candle_core::Result<Tensor> {
+/// `x[.., k]` through own CPU kernels, several weights sharing `k` at once: `[.., n_i]` each.
+fn cpu_matmuls(x: &Tensor, ws: &[&dyn QuantRows]) -> candle_core::Result<Vec<Tensor>> {
     let mut dims = x.dims().to_vec();
     let k = dims.pop().unwrap_or(0);
-    if k != k_w {
-        candle_core::bail!("matmul: input has {k} columns, weight has {k_w}");
+    if let Some(w) = ws.iter().find(|w| w.k() != k) {
+        candle_core::bail!("matmul: input has {k} columns, weight has {}", w.k());
     }
     let m: usize = dims.iter().product();
     let xs = x.flatten_all()?.to_vec1::<f32>()?;
-    let mut out = vec![0f32; m * n];
-    run(&xs, m, &mut out);
-    dims.push(n);
-    Tensor::from_vec(out, dims, x.device())
+    quantized_matmuls(ws, &xs, m)
+        .into_iter()
+        .zip(ws)
+        .map(|(out, w)| {
+            let mut d = dims.clone();
+            d.push(w.n());
+            Tensor::from_vec(out, d, x.device())
+        })
+        .collect()
 }
 
 impl Linear {
+    /// The own CPU kernel of this weight, if it has one.
+    fn cpu_rows(&self) -> Option<&dyn QuantRows> {
+        match self {
+            Self::Candle(_) => None,
+            Self::Q41(w) => Some(w),
+            Self::Q80(w) => Some(w),
+        }
+    }
+
     /// `x[.., k]` times the weight's transpose: `[.., n]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
-        match self {
-            Self::Candle(q) => q.forward(x),
-            Self::Q41(w) => cpu_matmul(x, w.k(), w.n(), |xs, m, out| w.matmul(xs, m, out)),
-            Self::Q80(w) => cpu_matmul(x, w.k(), w.n(), |xs, m, out| w.matmul(xs, m, out)),
+        match (self, self.cpu_rows()) {
+            (_, Some(w)) => Ok(cpu_matmuls(x, &[w])?.remove(0)),
+            (Self::Candle(q), None) => q.forward(x),
+            _ => candle_core::bail!("matmul: weight without a kernel"),
         }
+    }
+
+    /// `x` times several weights: with own CPU kernels in one pass (the activations are
+    /// quantized once, one parallel job), else one after another. Same results either way.
+    pub fn forward_all<const N: usize>(
+        ls: [&Linear; N],
+        x: &Tensor,
+    ) -> candle_core::Result<[Tensor; N]> {
+        let rows: Option<Vec<&dyn QuantRows>> = ls.iter().map(|l| l.cpu_rows()).collect();
+        let outs = match rows {
+            Some(ws) => cpu_matmuls(x, &ws)?,
+            None => ls
+                .iter()
+                .map(|l| l.forward(x))
+                .collect::<candle_core::Result<_>>()?,
+        };
+        outs.try_into()
+            .map_err(|_| candle_core::Error::Msg("matmul: result count".into()))
     }
 }
 
