@@ -24,9 +24,14 @@ pub struct PoolMetrics {
     /// While draining: time left until running tasks are ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline_remaining_ms: Option<u64>,
-    /// Prompt tokens the engine took from its per-slot prefix cache instead of computing.
+    /// Prompt tokens the engine took from its prefix caches (a slot's row or the host-memory
+    /// prompt cache) instead of computing.
     #[serde(default)]
     pub prompt_tokens_reused: u64,
+    /// Bytes the engine's host-memory prompt cache holds (bounded by the pool's
+    /// `prompt_cache_mib`).
+    #[serde(default)]
+    pub prompt_cache_bytes: u64,
 }
 
 /// `GET /v1/pools/{id}/health`.

@@ -30,6 +30,7 @@ pub const POOL_RESTARTS: &str = "orchd_pool_restarts_total";
 pub const POOL_LOAD_SECONDS: &str = "orchd_pool_model_load_seconds";
 pub const POOL_CIRCUIT_OPEN: &str = "orchd_pool_circuit_open";
 pub const POOL_PROMPT_REUSED: &str = "orchd_pool_prompt_tokens_reused_total";
+pub const POOL_PROMPT_CACHE_BYTES: &str = "orchd_pool_prompt_cache_bytes";
 
 pub const L_PRIORITY: &str = "priority";
 pub const L_REASON: &str = "reason";
@@ -108,6 +109,14 @@ fn describe() {
         PLACEMENTS,
         "Placement decisions, by pool and reason (pinned, auto)"
     );
+    describe_counter!(
+        POOL_PROMPT_REUSED,
+        "Prompt tokens taken from a prefix cache instead of computed, by pool"
+    );
+    describe_gauge!(
+        POOL_PROMPT_CACHE_BYTES,
+        "Bytes the host-memory prompt cache holds, by pool"
+    );
 }
 
 pub fn enqueued(p: Priority) {
@@ -179,6 +188,7 @@ pub fn pool(s: &pool_manager::PoolSnapshot) {
         .absolute(s.reloads_failed);
     counter!(POOL_RESTARTS, L_POOL => id.clone()).absolute(s.restarts);
     counter!(POOL_PROMPT_REUSED, L_POOL => id.clone()).absolute(s.prompt_tokens_reused);
+    gauge!(POOL_PROMPT_CACHE_BYTES, L_POOL => id.clone()).set(s.prompt_cache_bytes as f64);
     gauge!(POOL_LOAD_SECONDS, L_POOL => id.clone()).set(s.model_load_ms as f64 / 1000.0);
     gauge!(POOL_CIRCUIT_OPEN, L_POOL => id).set(if s.circuit_open() { 1.0 } else { 0.0 });
 }

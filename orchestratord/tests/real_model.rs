@@ -73,6 +73,10 @@ async fn real_model_answers_over_sse() {
         .metrics()
         .await
         .contains("orchd_pool_prompt_tokens_reused_total{pool=\"default\"}"));
+    assert!(s
+        .metrics()
+        .await
+        .contains("orchd_pool_prompt_cache_bytes{pool=\"default\"}"));
 }
 
 /// ORCH-REAL-2: cancel mid-generation on the real engine; the slot comes back.

@@ -90,6 +90,10 @@ impl Engine for CandlePortEngine {
     fn prompt_tokens_reused(&self) -> u64 {
         self.inner.reused_prompt_tokens()
     }
+
+    fn prompt_cache_bytes(&self) -> u64 {
+        self.inner.prompt_cache_bytes() as u64
+    }
 }
 
 /// Loads GGUF models with candle.

@@ -66,6 +66,8 @@ pub struct PoolSnapshot {
     pub last_tokens_per_s: Option<f64>,
     /// Prompt tokens the current engine took from its prefix cache.
     pub prompt_tokens_reused: u64,
+    /// Bytes the current engine's host-memory prompt cache holds.
+    pub prompt_cache_bytes: u64,
 }
 
 impl PoolSnapshot {
@@ -206,6 +208,7 @@ impl Pool {
             consecutive_failures: g.consecutive_failures,
             last_tokens_per_s: g.last_tokens_per_s,
             prompt_tokens_reused: g.engine.as_ref().map_or(0, |e| e.prompt_tokens_reused()),
+            prompt_cache_bytes: g.engine.as_ref().map_or(0, |e| e.prompt_cache_bytes()),
         }
     }
 

@@ -78,6 +78,10 @@ pub trait Engine: Send + Sync + 'static {
     fn prompt_tokens_reused(&self) -> u64 {
         0
     }
+    /// Bytes its host-memory prompt cache holds (an engine without one holds none).
+    fn prompt_cache_bytes(&self) -> u64 {
+        0
+    }
 }
 
 /// Loads engines for pools (candle in production, scripted engines in tests).
