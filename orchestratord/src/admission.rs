@@ -429,7 +429,8 @@ pub fn admit(
             ));
         }
     }
-    let position = match state.queue.push(task.clone()) {
+    let free_slots = snapshots.iter().map(|s| s.slots_free()).sum();
+    let position = match state.queue.push(task.clone(), free_slots) {
         Enqueued::Queued { position } => position,
         Enqueued::QueuedEvicting { position, evicted } => {
             state.fail_task(

@@ -66,11 +66,14 @@ impl TaskQueue {
         self.policy
     }
 
-    /// Admits `task` if there is room (or room can be made under drop-lru).
-    pub fn push(&self, task: Arc<Task>) -> Enqueued {
+    /// Admits `task` if there is room (or room can be made under drop-lru). `free_slots`
+    /// tasks more than the capacity may wait: that many idle slots take queued tasks at once,
+    /// so a burst arriving faster than the dispatcher places it is not refused while slots
+    /// are idle; what waits for a slot to free up stays within the capacity.
+    pub fn push(&self, task: Arc<Task>, free_slots: usize) -> Enqueued {
         let mut q = self.lock();
         let mut evicted = None;
-        if q.len() >= self.capacity {
+        if q.len() >= self.capacity + free_slots {
             match self.policy {
                 FullPolicy::Reject => return Enqueued::Full,
                 FullPolicy::DropLru => match q.batch.pop_front() {
@@ -138,5 +141,51 @@ impl TaskQueue {
             .chain(q.batch.iter())
             .filter(|t| pred(t))
             .count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::task::{NewTask, RunSpec};
+    use pool_manager::PromptInput;
+
+    fn task(id: &str) -> Arc<Task> {
+        Arc::new(Task::new(NewTask {
+            id: id.into(),
+            correlation_id: id.into(),
+            priority: Priority::Interactive,
+            session_id: None,
+            pin: None,
+            model: None,
+            spec: RunSpec {
+                prompt: PromptInput::Text("hi".into()),
+                sampling: Default::default(),
+                max_tokens: 1,
+                stop: Vec::new(),
+            },
+            prompt_tokens: 1,
+            params: serde_json::Value::Null,
+            ctx: 16,
+            deadline: None,
+        }))
+    }
+
+    /// ORCH-Q-1: a burst that arrives before the dispatcher has placed it is admitted up to
+    /// the capacity plus the idle slots; what must wait for a busy slot stays within the
+    /// capacity.
+    #[test]
+    fn idle_slots_add_room_only_for_what_they_take_at_once() {
+        let q = TaskQueue::new(2, FullPolicy::Reject);
+        for i in 0..4 {
+            assert!(matches!(
+                q.push(task(&format!("t{i}")), 2),
+                Enqueued::Queued { .. }
+            ));
+        }
+        assert!(matches!(q.push(task("t4"), 2), Enqueued::Full));
+        // the dispatcher placed two: no idle slot left, two waiting is the capacity
+        assert!(q.remove("t0") && q.remove("t1"));
+        assert!(matches!(q.push(task("t5"), 0), Enqueued::Full));
     }
 }
