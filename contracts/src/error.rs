@@ -39,6 +39,8 @@ pub enum ErrorCode {
     Conflict,
     /// Missing or wrong bearer token (401).
     Unauthorized,
+    /// No worker took the task within the queue timeout (504).
+    QueueTimeout,
 }
 
 impl ErrorCode {
@@ -60,11 +62,12 @@ impl ErrorCode {
             Self::ShuttingDown => "SHUTTING_DOWN",
             Self::Conflict => "CONFLICT",
             Self::Unauthorized => "UNAUTHORIZED",
+            Self::QueueTimeout => "QUEUE_TIMEOUT",
         }
     }
 
     /// All codes, for metrics label pre-registration and docs.
-    pub const ALL: [ErrorCode; 16] = [
+    pub const ALL: [ErrorCode; 17] = [
         Self::AdmissionReject,
         Self::QueueFullDropLru,
         Self::InvalidParams,
@@ -81,6 +84,7 @@ impl ErrorCode {
         Self::ShuttingDown,
         Self::Conflict,
         Self::Unauthorized,
+        Self::QueueTimeout,
     ];
 }
 

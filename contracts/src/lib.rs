@@ -7,6 +7,7 @@ pub mod pool;
 pub mod session;
 pub mod sse;
 pub mod task;
+pub mod worker;
 
 /// The API version; equals OpenAPI `info.version` and `Capabilities.api_version`.
 pub const API_VERSION: &str = "1.0.0";

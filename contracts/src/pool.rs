@@ -39,6 +39,8 @@ pub struct PoolMetrics {
 #[schema(example = json!({"pool_id": "default", "live": true, "ready": true, "draining": false, "state": "ready", "model_ref": "SmolLM2-135M-Instruct.Q4_1.gguf", "engine": "candle", "engine_version": "0.1.0+candle-0.11.1", "slots_total": 4, "slots_free": 3, "queue_depth": 0, "last_error": null, "metrics": {"slots_busy": 1, "tasks_started": 10, "tasks_finished": 9, "reloads_ok": 0, "reloads_failed": 0, "restarts": 0, "model_load_ms": 820}}))]
 pub struct PoolHealth {
     pub pool_id: String,
+    /// `local` (loaded in this process) or `remote` (a connected worker's model).
+    pub kind: String,
     pub live: bool,
     pub ready: bool,
     pub draining: bool,

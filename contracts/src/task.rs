@@ -103,6 +103,10 @@ pub struct TaskRequest {
     /// Output packaging hint (`text` | `json` | `edits`); unknown values are ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_mode: Option<String>,
+    /// With `messages` ending in an `assistant` turn: continue that turn (its text is the start
+    /// of the answer) instead of answering after it. vLLM's parameter of the same name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continue_final_message: Option<bool>,
 }
 
 /// Where to read a task's events.

@@ -44,8 +44,32 @@ fn check_range(
     Ok(())
 }
 
-/// The prompt of a request, checked.
-fn prompt_of(req: &TaskRequest) -> Result<PromptInput, ApiError> {
+/// The prompt of a request, checked, and the text to continue (a final assistant turn under
+/// `continue_final_message`).
+fn prompt_of(req: &TaskRequest) -> Result<(PromptInput, String), ApiError> {
+    let prompt = prompt_input(req)?;
+    if req.continue_final_message != Some(true) {
+        return Ok((prompt, String::new()));
+    }
+    match prompt {
+        PromptInput::Chat(mut turns) if turns.last().is_some_and(|t| t.role == "assistant") => {
+            let last = turns.pop().map(|t| t.content).unwrap_or_default();
+            if turns.is_empty() {
+                return Err(ApiError::invalid(
+                    "messages",
+                    "continue_final_message needs a turn before the final assistant turn",
+                ));
+            }
+            Ok((PromptInput::Chat(turns), last))
+        }
+        _ => Err(ApiError::invalid(
+            "continue_final_message",
+            "continue_final_message needs messages ending with an assistant turn",
+        )),
+    }
+}
+
+fn prompt_input(req: &TaskRequest) -> Result<PromptInput, ApiError> {
     match (&req.prompt, &req.messages) {
         (Some(_), Some(_)) => Err(ApiError::invalid(
             "messages",
@@ -146,7 +170,12 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
             .ok_or_else(|| ApiError::new(ErrorCode::PoolUnavailable, "no pools", true))?,
     };
     let serving: Vec<Arc<Pool>> = all.into_iter().filter(|p| p.serves(&model)).collect();
+    let from_workers = state.workers.knows_model(&model);
     if serving.is_empty() {
+        if from_workers {
+            // a model remote workers serve: the task waits for one (queue timeout)
+            return Ok(Vec::new());
+        }
         return Err(ApiError::invalid(
             "model",
             format!("no pool serves model {model:?}"),
@@ -156,7 +185,7 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
         .into_iter()
         .filter(|p| p.state().accepts_work())
         .collect();
-    if ready.is_empty() {
+    if ready.is_empty() && !from_workers {
         return Err(ApiError::new(
             ErrorCode::PoolUnavailable,
             format!("no pool serving {model:?} is ready"),
@@ -169,6 +198,7 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
 
 struct Validated {
     prompt: PromptInput,
+    continuation: String,
     max_tokens: usize,
     stop: Vec<String>,
     sampling: SamplingParams,
@@ -176,7 +206,7 @@ struct Validated {
 
 fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiError> {
     let a = &state.cfg.admission;
-    let prompt = prompt_of(req)?;
+    let (prompt, continuation) = prompt_of(req)?;
     let max_tokens = req.max_tokens.unwrap_or(a.default_max_tokens);
     if max_tokens == 0 || max_tokens > a.max_tokens_out {
         return Err(ApiError::invalid(
@@ -246,10 +276,38 @@ fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiErro
     };
     Ok(Validated {
         prompt,
+        continuation,
         max_tokens: max_tokens as usize,
         stop,
         sampling,
     })
+}
+
+/// Prompt tokens, counted by the tokenizer of a pool that would run the task, and whether the
+/// count is exact. Engines that take text (remote workers) count on their side; without a
+/// local tokenizer the count is an estimate of one token per 4 bytes, for budgets only.
+fn count_prompt(pools: &[Arc<Pool>], v: &Validated) -> Result<(usize, bool), ApiError> {
+    for engine in pools.iter().filter_map(|p| p.engine()) {
+        let counted = engine.tokenize(&v.prompt, &v.continuation).map_err(|e| {
+            let field = if matches!(v.prompt, PromptInput::Chat(_)) {
+                "messages"
+            } else {
+                "prompt"
+            };
+            reject(
+                ErrorCode::InvalidParams,
+                ApiError::invalid(field, e.to_string()),
+            )
+        })?;
+        if let Some(tokens) = counted {
+            return Ok((tokens.len(), true));
+        }
+    }
+    let bytes = match &v.prompt {
+        PromptInput::Text(t) => t.len(),
+        PromptInput::Chat(turns) => turns.iter().map(|t| t.content.len() + 8).sum(),
+    } + v.continuation.len();
+    Ok((bytes.div_ceil(4).max(1), false))
 }
 
 fn rand_seed() -> u64 {
@@ -302,23 +360,7 @@ pub fn admit(
     }
     let v = validate(state, &req).map_err(|e| reject(e.code(), e))?;
     let pools = resolve_pools(state, &req).map_err(|e| reject(e.code(), e))?;
-    // count with the tokenizer of a pool that would run it
-    let engine = pools
-        .iter()
-        .find_map(|p| p.engine())
-        .ok_or_else(|| ApiError::new(ErrorCode::PoolUnavailable, "no engine loaded", true))?;
-    let prompt_tokens = engine.tokenize(&v.prompt).map_err(|e| {
-        let field = if matches!(v.prompt, PromptInput::Chat(_)) {
-            "messages"
-        } else {
-            "prompt"
-        };
-        reject(
-            ErrorCode::InvalidParams,
-            ApiError::invalid(field, e.to_string()),
-        )
-    })?;
-    let n_prompt = prompt_tokens.len();
+    let (n_prompt, exact) = count_prompt(&pools, &v)?;
     if n_prompt == 0 {
         return Err(reject(
             ErrorCode::InvalidParams,
@@ -330,7 +372,7 @@ pub fn admit(
         .filter_map(|p| p.engine().map(|e| e.descriptor().ctx_max))
         .max()
         .unwrap_or(0);
-    if n_prompt + v.max_tokens > ctx {
+    if exact && ctx > 0 && n_prompt + v.max_tokens > ctx {
         return Err(reject(
             ErrorCode::InvalidParams,
             ApiError::invalid(
@@ -382,7 +424,8 @@ pub fn admit(
         Some(
             req.model
                 .clone()
-                .unwrap_or_else(|| pools[0].spec().model_alias.clone()),
+                .or_else(|| pools.first().map(|p| p.spec().model_alias.clone()))
+                .unwrap_or_default(),
         )
     } else {
         req.model.clone()
@@ -399,6 +442,7 @@ pub fn admit(
         model,
         spec: RunSpec {
             prompt: v.prompt,
+            continuation: v.continuation,
             sampling: v.sampling,
             max_tokens: v.max_tokens,
             stop: v.stop,

@@ -275,6 +275,78 @@ impl Default for SidecarConfig {
 }
 
 /// One pool of the server.
+/// Remote GPU workers (seed 002): machines that connect out over WebSocket to
+/// `/v1/worker/connect` and serve their models as pools. Off while no secret is set.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct WorkersConfig {
+    /// Whether workers may connect (they still need `secret`).
+    pub enabled: bool,
+    /// The shared worker secret; also from env `ORCHD_WORKER_SECRET`.
+    pub secret: Option<String>,
+    /// A `ping` this often.
+    pub heartbeat_interval_ms: u64,
+    /// A worker silent this long (no pong, no frame) is closed: "worker heartbeat timed out".
+    pub pong_timeout_ms: u64,
+    /// A task for a model only workers serve waits this long for one to take it (504 after).
+    pub queue_timeout_ms: u64,
+    /// Longest a request may run on a worker (then `cancel timeout`, 504).
+    pub request_timeout_ms: u64,
+    /// `models_refresh` this often (0 = only on demand).
+    pub models_refresh_interval_ms: u64,
+    /// The first frame must be `register` within this time.
+    pub register_timeout_ms: u64,
+    /// Workers connected at once; more are refused (503).
+    pub max_workers: usize,
+    /// Requests in flight per worker at most (a larger `max_concurrent` is clamped).
+    pub max_concurrent_per_worker: u32,
+    /// Models one worker may register.
+    pub max_models_per_worker: usize,
+    /// Largest WebSocket message accepted from a worker.
+    pub max_frame_bytes: usize,
+    /// Frames buffered per request between the socket and the task.
+    pub chunk_backlog: usize,
+    /// Failed secret checks per peer address per minute before 429s.
+    pub max_auth_failures_per_minute: u32,
+    /// Models served by workers even while none is connected: their tasks queue (and time out
+    /// after `queue_timeout_ms`) instead of being refused as unknown.
+    pub models: Vec<String>,
+    /// Context length assumed for remote models at admission (0 = the worker's backend checks).
+    pub ctx: usize,
+}
+
+impl Default for WorkersConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            secret: None,
+            heartbeat_interval_ms: 10_000,
+            pong_timeout_ms: 30_000,
+            queue_timeout_ms: 30_000,
+            request_timeout_ms: 300_000,
+            models_refresh_interval_ms: 300_000,
+            register_timeout_ms: 10_000,
+            max_workers: 64,
+            max_concurrent_per_worker: 64,
+            max_models_per_worker: 32,
+            max_frame_bytes: 4 << 20,
+            chunk_backlog: 256,
+            max_auth_failures_per_minute: 10,
+            models: Vec::new(),
+            ctx: 0,
+        }
+    }
+}
+
+impl WorkersConfig {
+    /// The secret, when workers are on.
+    pub fn active_secret(&self) -> Option<&str> {
+        self.secret
+            .as_deref()
+            .filter(|s| self.enabled && !s.is_empty())
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
@@ -335,6 +407,7 @@ pub struct Config {
     pub sessions: SessionConfig,
     pub engines_api: EnginesApiConfig,
     pub hyperswarm: HyperswarmConfig,
+    pub workers: WorkersConfig,
     pub pools: Vec<PoolConfig>,
 }
 
@@ -350,6 +423,7 @@ impl Default for Config {
             sessions: SessionConfig::default(),
             engines_api: EnginesApiConfig::default(),
             hyperswarm: HyperswarmConfig::default(),
+            workers: WorkersConfig::default(),
             pools: vec![PoolConfig {
                 id: "default".into(),
                 model: DEFAULT_MODEL_PATH.into(),
@@ -440,6 +514,9 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = env_parse::<String>("ORCHD_WORKER_SECRET")? {
+            self.workers.secret = Some(v);
+        }
         if let Some(first) = self.pools.first_mut() {
             if let Some(v) = env_parse::<String>("ORCHD_MODEL")? {
                 first.model = v;
@@ -481,8 +558,20 @@ impl Config {
             }
             p.spec()?;
         }
-        if self.pools.is_empty() {
-            return bad("at least one pool is required".into());
+        if self.pools.is_empty() && self.workers.active_secret().is_none() {
+            return bad(
+                "at least one pool is required (or remote workers: [workers] secret)".into(),
+            );
+        }
+        let w = &self.workers;
+        if w.heartbeat_interval_ms == 0 || w.pong_timeout_ms < w.heartbeat_interval_ms {
+            return bad("workers: need 0 < heartbeat_interval_ms <= pong_timeout_ms".into());
+        }
+        if w.max_workers == 0 || w.max_concurrent_per_worker == 0 || w.chunk_backlog == 0 {
+            return bad(
+                "workers: max_workers, max_concurrent_per_worker and chunk_backlog must be at least 1"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -510,6 +599,7 @@ impl PoolConfig {
         });
         Ok(PoolSpec {
             id: self.id.clone(),
+            kind: pool_manager::PoolKind::Local,
             model_ref: self.model.clone(),
             model_alias: alias,
             slots: self.slots,

@@ -49,7 +49,22 @@ pub fn dispatch_once(state: &SharedState) {
             continue;
         }
         match place(state, &task) {
-            Placement::Wait => {}
+            Placement::Wait => {
+                if let Some(limit) = state.workers.queue_timeout_for(state, &task) {
+                    if task.lock().queued_since.elapsed() >= limit {
+                        state.fail_task(
+                            &task,
+                            ErrorCode::QueueTimeout,
+                            format!(
+                                "queue timeout: no worker available within {} ms",
+                                limit.as_millis()
+                            ),
+                            true,
+                            Some(1000),
+                        );
+                    }
+                }
+            }
             Placement::Unavailable(why) => {
                 state.fail_task(&task, ErrorCode::PoolUnready, why, true, Some(1000));
             }

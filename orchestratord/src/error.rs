@@ -28,7 +28,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | ErrorCode::ReplicaExhausted
         | ErrorCode::ShuttingDown
         | ErrorCode::WorkerReset => StatusCode::SERVICE_UNAVAILABLE,
-        ErrorCode::DecodeTimeout => StatusCode::GATEWAY_TIMEOUT,
+        ErrorCode::DecodeTimeout | ErrorCode::QueueTimeout => StatusCode::GATEWAY_TIMEOUT,
         ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

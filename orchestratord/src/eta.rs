@@ -87,6 +87,7 @@ mod tests {
             model_alias: "m".into(),
             slots_total: slots,
             slots_busy: busy,
+            engine_load: None,
             last_error: None,
             engine_alive: true,
             tasks_started: 0,

@@ -1,22 +1,63 @@
-//! `orchestratord [--config PATH] [--bind ADDR]`
+//! `orchestratord [--config PATH] [--bind ADDR]` serves; `orchestratord worker --server URL`
+//! serves another orchestrator's queue as a remote worker.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use clap::Parser;
+use clap::{Parser, Subcommand};
 use orchestratord::config::Config;
 use orchestratord::server;
+use orchestratord::worker::{self, BackendChoice, WorkerOptions};
 use pool_manager::CandleFactory;
 
 #[derive(Debug, Parser)]
 #[command(name = "orchestratord", version, about = "LLM serving orchestrator")]
 struct Args {
     /// TOML config file (defaults serve one pool of the default model).
-    #[arg(long, env = "ORCHD_CONFIG")]
+    #[arg(long, env = "ORCHD_CONFIG", global = true)]
     config: Option<PathBuf>,
-    /// Listen address, e.g. 127.0.0.1:8080 (overrides the config).
-    #[arg(long, env = "ORCHD_BIND")]
+    /// Listen address, e.g. 127.0.0.1:8080 (overrides the config). A worker listens only when
+    /// given one (its own pools' API: health, metrics, tasks).
+    #[arg(long, env = "ORCHD_BIND", global = true)]
     bind: Option<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Connect out to an orchestrator and serve its queue (its models become remote pools
+    /// there). Serves the pools of --config with the built-in engine, or forwards to an
+    /// OpenAI-compatible server with --backend-url.
+    Worker(WorkerArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct WorkerArgs {
+    /// The orchestrator, e.g. http://10.0.0.5:8080 (or ws://…, or the full connect URL).
+    #[arg(long, env = "ORCHD_SERVER")]
+    server: String,
+    /// The worker secret the orchestrator expects.
+    #[arg(long, env = "ORCHD_WORKER_SECRET", hide_env_values = true)]
+    secret: String,
+    /// Name shown by the orchestrator (default: the host name).
+    #[arg(long)]
+    name: Option<String>,
+    /// Provider to register under (`?provider=`).
+    #[arg(long)]
+    provider: Option<String>,
+    /// Requests at once (default: the pools' slots, or 4 with --backend-url).
+    #[arg(long)]
+    max_concurrent: Option<u32>,
+    /// Forward to this OpenAI-compatible server instead of loading models here.
+    #[arg(long)]
+    backend_url: Option<String>,
+    /// Models to announce with --backend-url (comma-separated; default: its /v1/models).
+    #[arg(long, value_delimiter = ',')]
+    models: Vec<String>,
+    /// Largest WebSocket message accepted from the server.
+    #[arg(long, default_value_t = 4 << 20)]
+    max_frame_bytes: usize,
 }
 
 async fn shutdown_signal() {
@@ -43,24 +84,68 @@ async fn shutdown_signal() {
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut cfg = Config::load(args.config.as_deref())?;
-    if let Some(b) = args.bind {
-        cfg.bind = b;
+    if let Some(b) = &args.bind {
+        cfg.bind = b.clone();
     }
     // before any thread exists (see engine_candle::configure_process_threads)
     let threads = cfg.pools.iter().map(|p| p.threads).max().unwrap_or(0);
     engine_candle::configure_process_threads(threads);
-    tokio::runtime::Builder::new_multi_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
-        .build()?
-        .block_on(run(cfg))
+        .build()?;
+    match args.command {
+        None => rt.block_on(run(cfg)),
+        Some(Command::Worker(w)) => rt.block_on(run_worker(cfg, w, args.bind)),
+    }
 }
 
-async fn run(cfg: Config) -> anyhow::Result<()> {
+fn init_logs() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .init();
+}
+
+async fn run_worker(cfg: Config, w: WorkerArgs, bind: Option<String>) -> anyhow::Result<()> {
+    init_logs();
+    if bind.is_some() && w.backend_url.is_some() {
+        anyhow::bail!("--bind serves the worker's own pools; with --backend-url it has none");
+    }
+    let choice = match w.backend_url {
+        Some(url) => BackendChoice::Url {
+            url,
+            models: w.models,
+        },
+        None => BackendChoice::Local(Box::new(cfg), Arc::new(CandleFactory)),
+    };
+    let backend = worker::backend(choice).await?;
+    if let (Some(addr), worker::Backend::Local { router, .. }) = (bind, backend.as_ref()) {
+        let listener = tokio::net::TcpListener::bind(&addr).await?;
+        tracing::info!(addr = %listener.local_addr()?, "worker's local API listening");
+        let router = router.clone();
+        tokio::spawn(async move { axum::serve(listener, router).await });
+    }
+    let name = w.name.unwrap_or_else(|| {
+        std::fs::read_to_string("/etc/hostname")
+            .map(|s| s.trim().to_string())
+            .ok()
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "worker".into())
+    });
+    let opts = WorkerOptions {
+        server: w.server,
+        secret: w.secret,
+        name,
+        provider: w.provider,
+        max_concurrent: w.max_concurrent,
+        max_frame_bytes: w.max_frame_bytes,
+    };
+    worker::run(opts, backend, shutdown_signal()).await
+}
+
+async fn run(cfg: Config) -> anyhow::Result<()> {
+    init_logs();
     let bind = cfg.bind.clone();
     let state = server::build_state(cfg, Arc::new(CandleFactory))?;
     let listener = tokio::net::TcpListener::bind(&bind).await?;
@@ -71,6 +156,12 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             Some(h) => tracing::info!(server_id = %h.server_id, "share this Server ID with peers"),
             None => anyhow::bail!("hyperswarm is enabled but its host did not start (see the log)"),
         }
+    }
+    if state.workers.enabled() {
+        tracing::info!(
+            path = contracts::worker::CONNECT_PATH,
+            "remote workers may connect"
+        );
     }
     for p in state.pools.all() {
         let s = p.snapshot();

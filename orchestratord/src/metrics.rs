@@ -31,6 +31,10 @@ pub const POOL_LOAD_SECONDS: &str = "orchd_pool_model_load_seconds";
 pub const POOL_CIRCUIT_OPEN: &str = "orchd_pool_circuit_open";
 pub const POOL_PROMPT_REUSED: &str = "orchd_pool_prompt_tokens_reused_total";
 pub const POOL_PROMPT_CACHE_BYTES: &str = "orchd_pool_prompt_cache_bytes";
+pub const WORKERS_CONNECTED: &str = "orchd_workers_connected";
+pub const WORKER_DISCONNECTS: &str = "orchd_worker_disconnects_total";
+pub const WORKER_AUTH_FAILURES: &str = "orchd_worker_auth_failures_total";
+pub const TASKS_REQUEUED: &str = "orchd_tasks_requeued_total";
 
 pub const L_PRIORITY: &str = "priority";
 pub const L_REASON: &str = "reason";
@@ -117,6 +121,36 @@ fn describe() {
         POOL_PROMPT_CACHE_BYTES,
         "Bytes the host-memory prompt cache holds, by pool"
     );
+    describe_gauge!(WORKERS_CONNECTED, "Remote workers registered now");
+    describe_counter!(
+        WORKER_DISCONNECTS,
+        "Remote worker connections that ended, by reason (closed, heartbeat, drained, shutdown)"
+    );
+    describe_counter!(
+        WORKER_AUTH_FAILURES,
+        "Worker connection attempts refused for a wrong or missing secret"
+    );
+    describe_counter!(
+        TASKS_REQUEUED,
+        "Tasks put back at the front of the queue after their remote worker was lost"
+    );
+}
+
+pub fn workers_connected(n: usize) {
+    gauge!(WORKERS_CONNECTED).set(n as f64);
+}
+
+/// `reason`: closed, heartbeat, drained, shutdown, refused.
+pub fn worker_disconnected(reason: &'static str) {
+    counter!(WORKER_DISCONNECTS, L_REASON => reason).increment(1);
+}
+
+pub fn worker_auth_failed() {
+    counter!(WORKER_AUTH_FAILURES).increment(1);
+}
+
+pub fn requeued() {
+    counter!(TASKS_REQUEUED).increment(1);
 }
 
 pub fn enqueued(p: Priority) {

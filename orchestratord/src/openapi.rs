@@ -30,7 +30,7 @@ struct DataApi;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "orchestratord control plane", description = "Pools: health, drain, resume, reload; capabilities."),
+    info(title = "orchestratord control plane", description = "Pools: health, drain, resume, reload; remote workers; capabilities. Workers connect at GET /v1/worker/connect (WebSocket, seed-002 protocol)."),
     paths(
         routes::capabilities::get,
         routes::pools::list,
@@ -38,8 +38,11 @@ struct DataApi;
         routes::pools::drain,
         routes::pools::resume,
         routes::pools::reload,
+        routes::workers::list,
+        routes::workers::drain,
+        routes::workers::refresh,
     ),
-    components(schemas(contracts::ErrorEnvelope, contracts::ErrorCode, contracts::Capabilities, contracts::PoolHealth)),
+    components(schemas(contracts::ErrorEnvelope, contracts::ErrorCode, contracts::Capabilities, contracts::PoolHealth, contracts::worker::WorkerInfo, contracts::worker::WorkerList)),
     tags((name = "control", description = "Control plane"))
 )]
 struct ControlApi;

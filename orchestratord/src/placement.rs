@@ -1,6 +1,7 @@
 //! Placement: which pool runs a queued task. A pin means that pool only, never a fallback;
-//! otherwise the Ready pools serving the model, most free slots first, then lowest recent
-//! latency, then pool id.
+//! otherwise the Ready pools serving the model, most free slots first (a remote worker's
+//! reported load counts as busy), then least engine load, then lowest recent latency, then
+//! pool id.
 
 use std::cmp::Ordering;
 
@@ -46,6 +47,10 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
         .collect();
     if serving.is_empty() {
         let model = task.model.as_deref().unwrap_or("");
+        if state.workers.knows_model(model) {
+            // a worker may (re)connect for it; the queue timeout bounds the wait
+            return Placement::Wait;
+        }
         return Placement::Unavailable(format!("no pool serves model {model:?} any more"));
     }
     let mut candidates: Vec<_> = serving
@@ -56,6 +61,7 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
     candidates.sort_by(|(a, _), (b, _)| {
         b.slots_free()
             .cmp(&a.slots_free())
+            .then_with(|| a.engine_load.unwrap_or(0).cmp(&b.engine_load.unwrap_or(0)))
             .then_with(|| {
                 let la = a.service_ms_ewma.unwrap_or(f64::MAX);
                 let lb = b.service_ms_ewma.unwrap_or(f64::MAX);

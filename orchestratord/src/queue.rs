@@ -95,6 +95,17 @@ impl TaskQueue {
         }
     }
 
+    /// Puts a task that already held a place back at the front of its class (a requeue after
+    /// its worker was lost keeps its turn); the capacity does not apply.
+    pub fn push_front(&self, task: Arc<Task>) {
+        let mut q = self.lock();
+        match task.priority {
+            Priority::Interactive => q.interactive.push_front(task),
+            Priority::Batch => q.batch.push_front(task),
+        }
+        crate::metrics::queue_depth(q.interactive.len(), q.batch.len());
+    }
+
     /// Removes a queued task; false if it was not queued.
     pub fn remove(&self, id: &str) -> bool {
         let mut q = self.lock();
@@ -160,6 +171,7 @@ mod tests {
             model: None,
             spec: RunSpec {
                 prompt: PromptInput::Text("hi".into()),
+                continuation: String::new(),
                 sampling: Default::default(),
                 max_tokens: 1,
                 stop: Vec::new(),

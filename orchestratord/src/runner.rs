@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use contracts::{ErrorCode, SseMetrics};
-use pool_manager::{EngineJob, FinishReason, PortError, SeqEvent, SlotLease};
+use pool_manager::{EngineJob, FinishReason, PoolKind, PortError, SeqEvent, SlotLease};
 use tokio::sync::mpsc::Receiver;
 
 use crate::eta;
@@ -19,50 +19,69 @@ const RETIRE_WAIT: Duration = Duration::from_secs(5);
 enum Outcome {
     Finished(usize),
     Ended,
+    /// The engine's channel closed without a terminal event (engine died, worker lost).
+    Lost,
 }
 
 pub async fn run(state: SharedState, task: Arc<Task>, lease: SlotLease) {
     let pool = lease.pool().clone();
     let engine = lease.engine.clone();
     let desc = engine.descriptor();
+    let remote = pool.spec().kind != PoolKind::Local;
     if !task.mark_running(pool.id(), desc.clone()) {
         return;
     }
     metrics::started(pool.id());
     metrics::queue_wait(task.submitted.elapsed());
     let placed = Instant::now();
-    let tokens = match engine.tokenize(&task.spec.prompt) {
+    // a requeued task goes on after what it already streamed: no token twice, none missing
+    let (continuation, produced) = task.continuation();
+    let max_tokens = task.spec.max_tokens.saturating_sub(produced);
+    if max_tokens == 0 {
+        state.complete_task(&task, FinishReason::Length.as_str());
+        return;
+    }
+    let tokens = match engine.tokenize(&task.spec.prompt, &continuation) {
         Ok(t) => t,
         Err(e) => {
             state.fail_task(&task, ErrorCode::InvalidParams, e.to_string(), false, None);
             return;
         }
     };
-    if tokens.len() + task.spec.max_tokens > desc.ctx_max {
-        state.fail_task(
-            &task,
-            ErrorCode::InvalidParams,
-            format!(
-                "prompt of {} tokens plus max_tokens {} exceeds the context of {} tokens of pool {}",
-                tokens.len(),
-                task.spec.max_tokens,
-                desc.ctx_max,
-                pool.id()
-            ),
-            false,
-            None,
-        );
-        return;
+    if let Some(n) = tokens.as_ref().map(Vec::len) {
+        if n + max_tokens > desc.ctx_max {
+            state.fail_task(
+                &task,
+                ErrorCode::InvalidParams,
+                format!(
+                    "prompt of {n} tokens plus max_tokens {max_tokens} exceeds the context of {} tokens of pool {}",
+                    desc.ctx_max,
+                    pool.id()
+                ),
+                false,
+                None,
+            );
+            return;
+        }
     }
     let job = EngineJob {
+        prompt: task.spec.prompt.clone(),
+        continuation,
         prompt_tokens: tokens,
         sampling: task.spec.sampling.clone(),
-        max_tokens: task.spec.max_tokens,
+        max_tokens,
         stop: task.spec.stop.clone(),
         cancel: task.cancel.clone(),
+        stop_cause: task.stop_cause.clone(),
+        correlation_id: task.correlation_id.clone(),
     };
     let mut rx = match engine.start(job) {
         Ok(rx) => rx,
+        Err(PortError::Dead(why)) if remote => {
+            drop(lease);
+            state.requeue_lost(&task, &why);
+            return;
+        }
         Err(e) => {
             let (code, retriable) = match &e {
                 PortError::InvalidInput(_) => (ErrorCode::InvalidParams, false),
@@ -76,19 +95,40 @@ pub async fn run(state: SharedState, task: Arc<Task>, lease: SlotLease) {
             return;
         }
     };
-    let outcome = pump(&state, &task, &lease, &mut rx, placed).await;
-    if let Outcome::Finished(tokens_out) = outcome {
-        pool.record_service(placed.elapsed(), tokens_out);
+    let wall_ms = if remote {
+        state.cfg.workers.request_timeout_ms
     } else {
-        // wait until the engine has let go of the sequence, so the slot is really free
-        let _ = tokio::time::timeout(RETIRE_WAIT, async {
-            while let Some(ev) = rx.recv().await {
-                if matches!(ev, SeqEvent::Done(_) | SeqEvent::Failed(_)) {
-                    break;
+        state.cfg.timeouts.wall_ms
+    };
+    let outcome = pump(&state, &task, &lease, &mut rx, placed, wall_ms).await;
+    match outcome {
+        Outcome::Finished(tokens_out) => pool.record_service(placed.elapsed(), tokens_out),
+        Outcome::Lost if remote => {
+            // the worker's socket closed under the task: another worker takes it from here
+            drop(lease);
+            state.requeue_lost(&task, "the worker was lost while running the task");
+            return;
+        }
+        Outcome::Lost => {
+            state.fail_task(
+                &task,
+                ErrorCode::WorkerReset,
+                "the engine stopped while running the task",
+                true,
+                Some(1000),
+            );
+        }
+        Outcome::Ended => {
+            // wait until the engine has let go of the sequence, so the slot is really free
+            let _ = tokio::time::timeout(RETIRE_WAIT, async {
+                while let Some(ev) = rx.recv().await {
+                    if matches!(ev, SeqEvent::Done(_) | SeqEvent::Failed(_)) {
+                        break;
+                    }
                 }
-            }
-        })
-        .await;
+            })
+            .await;
+        }
     }
     if !engine.is_alive() {
         pool.engine_died("the decode thread stopped");
@@ -102,9 +142,10 @@ async fn pump(
     lease: &SlotLease,
     rx: &mut Receiver<SeqEvent>,
     placed: Instant,
+    wall_ms: u64,
 ) -> Outcome {
     let t = &state.cfg.timeouts;
-    let wall = tokio::time::sleep_until((placed + Duration::from_millis(t.wall_ms)).into());
+    let wall = tokio::time::sleep_until((placed + Duration::from_millis(wall_ms)).into());
     tokio::pin!(wall);
     let idle = Duration::from_millis(t.idle_ms);
     let deadline = async {
@@ -127,7 +168,7 @@ async fn pump(
             }
             _ = &mut wall => {
                 state.fail_task(task, ErrorCode::DecodeTimeout,
-                    format!("the task ran longer than {} ms", t.wall_ms), true, None);
+                    format!("the task ran longer than {wall_ms} ms"), true, None);
                 return Outcome::Ended;
             }
             _ = &mut deadline => {
@@ -141,11 +182,7 @@ async fn pump(
                         format!("no token for {} ms", t.idle_ms), true, None);
                     return Outcome::Ended;
                 }
-                Ok(None) => {
-                    state.fail_task(task, ErrorCode::WorkerReset,
-                        "the engine stopped while running the task", true, Some(1000));
-                    return Outcome::Ended;
-                }
+                Ok(None) => return Outcome::Lost,
                 Ok(Some(SeqEvent::Token { text, .. })) => {
                     if !task.push_token(text) {
                         return Outcome::Ended;
@@ -170,6 +207,10 @@ async fn pump(
                 }
                 Ok(Some(SeqEvent::Done(f))) => {
                     let reason = f.reason.as_str();
+                    // a remote worker counted the prompt; admission only estimated it
+                    if f.prompt_tokens > 0 && lease.pool().spec().kind != PoolKind::Local {
+                        task.set_counted_prompt_tokens(f.prompt_tokens as u32);
+                    }
                     if f.reason == FinishReason::Cancelled {
                         // only a cancel of ours stops a sequence; the task already ended
                         return Outcome::Ended;

@@ -39,6 +39,7 @@ pub fn build_state(
         shutting_down: AtomicBool::new(false),
         shutdown: tokio_util::sync::CancellationToken::new(),
         hyperswarm: std::sync::OnceLock::new(),
+        workers: crate::remote_workers::WorkerRegistry::new(&cfg.workers),
         started_at: Instant::now(),
         cfg,
     }))
@@ -63,6 +64,16 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/pools/{id}/drain", post(routes::pools::drain))
         .route("/v1/pools/{id}/resume", post(routes::pools::resume))
         .route("/v1/pools/{id}/reload", post(routes::pools::reload))
+        .route(
+            contracts::worker::CONNECT_PATH,
+            get(crate::remote_workers::connect),
+        )
+        .route("/v1/workers", get(routes::workers::list))
+        .route("/v1/workers/{id}/drain", post(routes::workers::drain))
+        .route(
+            "/v1/workers/{id}/models_refresh",
+            post(routes::workers::refresh),
+        )
         .route(
             "/v1/chat/completions",
             post(crate::adapters::openai::chat_completions),
@@ -130,6 +141,7 @@ pub async fn serve(
         st.shutting_down.store(true, Ordering::SeqCst);
         st.shutdown.cancel();
         tracing::info!("shutting down: admitting nothing new");
+        st.workers.drain_all(&st, "server_shutdown", grace);
         let until = Instant::now() + grace;
         while Instant::now() < until && !st.tasks.unfinished().is_empty() {
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -144,7 +156,10 @@ pub async fn serve(
             );
         }
     };
-    axum::serve(listener, app)
-        .with_graceful_shutdown(signal)
-        .await
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(signal)
+    .await
 }

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use contracts::worker::{CancelReason as WireCancel, MAX_REQUEUE_COUNT};
 use contracts::{ErrorCode, SseError};
 use metrics_exporter_prometheus::PrometheusHandle;
 use pool_manager::{PoolRegistry, PoolSnapshot};
@@ -28,8 +29,10 @@ pub struct AppState {
     pub shutting_down: AtomicBool,
     /// Cancelled when the server shuts down: background adapters stop on it.
     pub shutdown: tokio_util::sync::CancellationToken,
-    /// Set once the Hyperswarm host runs.
+    /// What the Hyperswarm host publishes once it runs (set by the host at start).
     pub hyperswarm: std::sync::OnceLock<crate::adapters::hyperswarm::HostInfo>,
+    /// Connected remote workers.
+    pub workers: crate::remote_workers::WorkerRegistry,
     pub started_at: Instant,
 }
 
@@ -72,6 +75,7 @@ impl AppState {
     /// Cancels a queued or running task. After this returns, the task emits no more tokens.
     /// False if it had already ended.
     pub fn cancel_task(&self, task: &Task, reason: CancelReason) -> bool {
+        task.stop_cause.set(WireCancel::ClientDisconnect);
         if !task.finish("cancelled") {
             return false;
         }
@@ -102,6 +106,15 @@ impl AppState {
         retry_after_ms: Option<u64>,
     ) -> bool {
         let message = message.into();
+        task.stop_cause.set(match code {
+            ErrorCode::DecodeTimeout | ErrorCode::DeadlineUnmet | ErrorCode::QueueTimeout => {
+                WireCancel::Timeout
+            }
+            ErrorCode::ShuttingDown => WireCancel::ServerShutdown,
+            ErrorCode::PoolUnready => WireCancel::GracefulShutdown,
+            ErrorCode::ReplicaExhausted => WireCancel::RequeueExhausted,
+            _ => WireCancel::ClientDisconnect,
+        });
         if !task.fail(SseError {
             code,
             message: message.clone(),
@@ -115,6 +128,31 @@ impl AppState {
         tracing::warn!(task_id = %task.id, code = code.as_str(), %message, "task failed");
         self.after_end(task);
         true
+    }
+
+    /// A running task whose remote worker was lost goes back to the front of the queue,
+    /// keeping its turn; past `MAX_REQUEUE_COUNT` requeues it ends `REPLICA_EXHAUSTED` (the
+    /// seed's cancel reason `requeue_exhausted`).
+    pub fn requeue_lost(&self, task: &Arc<Task>, why: &str) {
+        let Some(n) = task.back_to_queue() else {
+            return;
+        };
+        if n > MAX_REQUEUE_COUNT {
+            self.fail_task(
+                task,
+                ErrorCode::ReplicaExhausted,
+                format!(
+                    "requeue attempts exhausted ({MAX_REQUEUE_COUNT}): {why} (requeue_exhausted)"
+                ),
+                true,
+                Some(1000),
+            );
+            return;
+        }
+        metrics::requeued();
+        tracing::warn!(task_id = %task.id, requeues = n, %why, "worker lost: task requeued");
+        self.queue.push_front(task.clone());
+        self.wake.notify_one();
     }
 
     /// Refreshes the pool gauges.

@@ -7,7 +7,7 @@ use contracts::{
     ErrorCode, Priority, SseEnd, SseError, SseMetrics, SseStarted, SseToken, TaskRecord, TaskState,
     TaskTimings, TerminalEvent, TranscriptEvent,
 };
-use pool_manager::{EngineDescriptor, PromptInput, SamplingParams};
+use pool_manager::{EngineDescriptor, PromptInput, SamplingParams, StopCause};
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -66,6 +66,9 @@ impl TaskEvent {
 #[derive(Debug, Clone)]
 pub struct RunSpec {
     pub prompt: PromptInput,
+    /// Text the client asked to continue (a final assistant turn with
+    /// `continue_final_message`); empty for a fresh answer.
+    pub continuation: String,
     pub sampling: SamplingParams,
     pub max_tokens: usize,
     pub stop: Vec<String>,
@@ -85,6 +88,13 @@ pub struct TaskInner {
     pub tokens_out: u32,
     pub last_metrics_at: Option<Instant>,
     pub error_code: Option<ErrorCode>,
+    /// When the task (re-)entered the queue: the queue timeout counts from here.
+    pub queued_since: Instant,
+    /// Times the task went back to the queue after its remote worker was lost.
+    pub requeues: u32,
+    /// The prompt tokens as the engine that ran the task counted them (a remote worker's
+    /// `token_counts`), when admission could only estimate.
+    pub counted_prompt_tokens: Option<u32>,
 }
 
 impl TaskInner {
@@ -110,6 +120,8 @@ pub struct Task {
     pub deadline: Option<Instant>,
     /// Fired when the task ends early (cancel, timeout, drain): the engine stops decoding it.
     pub cancel: CancellationToken,
+    /// Why the task was stopped early, for a remote worker's `cancel` reason.
+    pub stop_cause: StopCause,
     inner: Mutex<TaskInner>,
     changed: watch::Sender<u64>,
 }
@@ -146,6 +158,7 @@ impl Task {
             submitted: now,
             deadline: n.deadline.map(|d| now + d),
             cancel: CancellationToken::new(),
+            stop_cause: StopCause::default(),
             inner: Mutex::new(TaskInner {
                 state: TaskState::Queued,
                 events: Vec::with_capacity(16),
@@ -158,6 +171,9 @@ impl Task {
                 tokens_out: 0,
                 last_metrics_at: None,
                 error_code: None,
+                queued_since: now,
+                requeues: 0,
+                counted_prompt_tokens: None,
             }),
             changed: watch::channel(0).0,
         }
@@ -203,6 +219,44 @@ impl Task {
         g.engine = Some(engine);
         g.placed_at = Some(Instant::now());
         true
+    }
+
+    /// Prompt tokens for usage: the running engine's count when it gave one, else admission's.
+    pub fn prompt_tokens_used(&self) -> u32 {
+        self.lock()
+            .counted_prompt_tokens
+            .unwrap_or(self.prompt_tokens as u32)
+    }
+
+    pub fn set_counted_prompt_tokens(&self, n: u32) {
+        self.lock().counted_prompt_tokens = Some(n);
+    }
+
+    /// Puts a running task back to `Queued` after its worker was lost, counting the requeue.
+    /// Returns the new count, or `None` when the task already ended.
+    pub fn back_to_queue(&self) -> Option<u32> {
+        let mut g = self.lock();
+        if g.is_terminal() {
+            return None;
+        }
+        g.state = TaskState::Queued;
+        g.pool_id = None;
+        g.queued_since = Instant::now();
+        g.requeues += 1;
+        Some(g.requeues)
+    }
+
+    /// What a (re)started run continues from: the client's continuation plus every token
+    /// already streamed, and how many tokens those were.
+    pub fn continuation(&self) -> (String, usize) {
+        let g = self.lock();
+        let mut text = self.spec.continuation.clone();
+        for ev in &g.events {
+            if let TaskEvent::Token(t) = ev {
+                text.push_str(&t.t);
+            }
+        }
+        (text, g.tokens_out as usize)
     }
 
     /// Appends a token unless the task already ended. Returns false when it has: the caller

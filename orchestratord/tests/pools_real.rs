@@ -223,8 +223,8 @@ impl Engine for Killable {
     fn descriptor(&self) -> EngineDescriptor {
         self.inner.descriptor()
     }
-    fn tokenize(&self, p: &PromptInput) -> Result<Vec<u32>, PortError> {
-        self.inner.tokenize(p)
+    fn tokenize(&self, p: &PromptInput, continuation: &str) -> Result<Option<Vec<u32>>, PortError> {
+        self.inner.tokenize(p, continuation)
     }
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
         if self.dead.load(Ordering::SeqCst) {

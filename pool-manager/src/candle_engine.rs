@@ -56,23 +56,34 @@ impl Engine for CandlePortEngine {
         }
     }
 
-    fn tokenize(&self, prompt: &PromptInput) -> Result<Vec<u32>, PortError> {
-        let text;
-        let s = match prompt {
-            PromptInput::Text(t) => t.as_str(),
-            PromptInput::Chat(turns) => {
-                text = self.inner.render_chat(turns).map_err(map_err)?;
-                text.as_str()
-            }
+    fn tokenize(
+        &self,
+        prompt: &PromptInput,
+        continuation: &str,
+    ) -> Result<Option<Vec<u32>>, PortError> {
+        let mut text = match prompt {
+            PromptInput::Text(t) => t.clone(),
+            PromptInput::Chat(turns) => self.inner.render_chat(turns).map_err(map_err)?,
         };
-        self.inner.tokenizer().encode(s).map_err(map_err)
+        text.push_str(continuation);
+        self.inner
+            .tokenizer()
+            .encode(&text)
+            .map(Some)
+            .map_err(map_err)
     }
 
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
+        let prompt_tokens = match job.prompt_tokens {
+            Some(t) => t,
+            None => self
+                .tokenize(&job.prompt, &job.continuation)?
+                .unwrap_or_default(),
+        };
         let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
         self.inner
             .submit(GenerateRequest {
-                prompt_tokens: job.prompt_tokens,
+                prompt_tokens,
                 sampling: job.sampling,
                 max_tokens: job.max_tokens,
                 stop: job.stop,

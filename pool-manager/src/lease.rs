@@ -24,6 +24,7 @@ impl SlotLease {
 
 impl Drop for SlotLease {
     fn drop(&mut self) {
+        self.engine.unreserve();
         self.pool.release_slot();
     }
 }

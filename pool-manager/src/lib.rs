@@ -11,9 +11,9 @@ mod state;
 
 pub use candle_engine::{CandleFactory, CandlePortEngine};
 pub use lease::SlotLease;
-pub use pool::{Pool, PoolError, PoolSnapshot, PoolSpec, CIRCUIT_OPEN_AFTER};
+pub use pool::{Pool, PoolError, PoolKind, PoolSnapshot, PoolSpec, CIRCUIT_OPEN_AFTER};
 pub use port::{
-    Engine, EngineDescriptor, EngineFactory, EngineJob, PortError, PromptInput,
+    Engine, EngineDescriptor, EngineFactory, EngineJob, PortError, PromptInput, StopCause,
     EVENT_CHANNEL_CAPACITY,
 };
 pub use registry::PoolRegistry;

@@ -13,10 +13,37 @@ use crate::lease::SlotLease;
 use crate::port::{Engine, EngineDescriptor, EngineFactory, EngineJob, PortError, PromptInput};
 use crate::state::{PoolEvent, PoolState, TransitionError};
 
-/// How to build a pool (from config).
+/// Where a pool's engine runs.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum PoolKind {
+    /// Loaded in this process by the pool's factory.
+    #[default]
+    Local,
+    /// Served by a connected remote worker; nothing is loaded here.
+    Remote { worker_id: String },
+}
+
+impl PoolKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Local => "local",
+            Self::Remote { .. } => "remote",
+        }
+    }
+
+    pub fn worker_id(&self) -> Option<&str> {
+        match self {
+            Self::Remote { worker_id } => Some(worker_id),
+            Self::Local => None,
+        }
+    }
+}
+
+/// How to build a pool (from config, the engines API, or a worker's registration).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PoolSpec {
     pub id: String,
+    pub kind: PoolKind,
     /// Model path (candle) or another engine's reference.
     pub model_ref: String,
     /// Name clients use in `model`; defaults to the file stem of `model_ref`.
@@ -49,6 +76,8 @@ pub struct PoolSnapshot {
     pub model_alias: String,
     pub slots_total: usize,
     pub slots_busy: usize,
+    /// What the engine says it runs from every source (a remote worker's `current_load`).
+    pub engine_load: Option<usize>,
     pub last_error: Option<String>,
     pub engine_alive: bool,
     pub tasks_started: u64,
@@ -78,7 +107,8 @@ impl PoolSnapshot {
 
     pub fn slots_free(&self) -> usize {
         if self.state.accepts_work() {
-            self.slots_total.saturating_sub(self.slots_busy)
+            let used = self.slots_busy.max(self.engine_load.unwrap_or(0));
+            self.slots_total.saturating_sub(used)
         } else {
             0
         }
@@ -150,6 +180,22 @@ impl Pool {
         })
     }
 
+    /// A pool that is `Ready` at once with an engine it did not load (a remote worker's).
+    pub fn with_engine(
+        spec: PoolSpec,
+        engine: Arc<dyn Engine>,
+        factory: Arc<dyn EngineFactory>,
+        wake: Arc<Notify>,
+    ) -> Arc<Self> {
+        let pool = Self::new(spec, factory, wake);
+        {
+            let mut g = pool.lock();
+            g.engine = Some(engine);
+            let _ = pool.apply(&mut g, PoolEvent::Loaded);
+        }
+        pool
+    }
+
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // a poisoned lock only means a panic elsewhere; the data is still consistent
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
@@ -191,6 +237,7 @@ impl Pool {
             model_alias: self.spec.model_alias.clone(),
             slots_total: self.spec.slots,
             slots_busy: self.busy.load(Ordering::SeqCst),
+            engine_load: g.engine.as_ref().and_then(|e| e.current_load()),
             last_error: g.last_error.clone(),
             engine_alive: g.engine.as_ref().is_some_and(|e| e.is_alive()),
             tasks_started: self.tasks_started.load(Ordering::Relaxed),
@@ -238,6 +285,10 @@ impl Pool {
                 (n < slots).then_some(n + 1)
             })
             .ok()?;
+        if !engine.try_reserve() {
+            self.busy.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
         self.tasks_started.fetch_add(1, Ordering::Relaxed);
         Some(SlotLease {
             pool: self.clone(),
@@ -332,6 +383,7 @@ impl Pool {
     }
 
     /// Marks the engine dead (its decode thread stopped) and restarts it with backoff.
+    /// A remote pool only goes `Unready`: its worker's registry removes it.
     pub fn engine_died(self: &Arc<Self>, why: &str) {
         {
             let mut g = self.lock();
@@ -341,6 +393,9 @@ impl Pool {
             g.last_error = Some(format!("engine died: {why}"));
             g.engine = None;
             let _ = self.apply(&mut g, PoolEvent::EngineDied);
+        }
+        if self.spec.kind != PoolKind::Local {
+            return;
         }
         self.restarts.fetch_add(1, Ordering::Relaxed);
         let me = self.clone();
@@ -423,17 +478,14 @@ fn backoff(attempt: u32) -> Duration {
 
 /// Decodes one token greedily to prove the engine works before it takes traffic.
 async fn self_test(engine: &dyn Engine) -> Result<(), String> {
+    let prompt = PromptInput::Text("Hello".into());
     let tokens = engine
-        .tokenize(&PromptInput::Text("Hello".into()))
+        .tokenize(&prompt, "")
         .map_err(|e| format!("self-test tokenize: {e}"))?;
+    let mut job = EngineJob::new(prompt, SamplingParams::default(), 1);
+    job.prompt_tokens = tokens;
     let mut rx = engine
-        .start(EngineJob {
-            prompt_tokens: tokens,
-            sampling: SamplingParams::default(),
-            max_tokens: 1,
-            stop: vec![],
-            cancel: CancellationToken::new(),
-        })
+        .start(job)
         .map_err(|e: PortError| format!("self-test start: {e}"))?;
     let run = async {
         while let Some(ev) = rx.recv().await {

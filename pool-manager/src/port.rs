@@ -1,7 +1,8 @@
 //! The Engine port: what a pool needs from whatever runs its model.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
+use contracts::worker::CancelReason;
 use engine_candle::{ChatMessage, SamplingParams, SeqEvent};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -38,13 +39,58 @@ pub enum PromptInput {
     Chat(Vec<ChatMessage>),
 }
 
+/// Why a sequence was stopped early, set once by whoever ends the task before `cancel` fires
+/// (a remote engine tells its worker; a local engine needs only the token).
+#[derive(Debug, Clone, Default)]
+pub struct StopCause(Arc<OnceLock<CancelReason>>);
+
+impl StopCause {
+    /// Records the cause; the first one set wins.
+    pub fn set(&self, reason: CancelReason) {
+        let _ = self.0.set(reason);
+    }
+
+    /// The cause, or `client_disconnect` when nobody said (a client cancel is the common one).
+    pub fn get(&self) -> CancelReason {
+        self.0
+            .get()
+            .cloned()
+            .unwrap_or(CancelReason::ClientDisconnect)
+    }
+}
+
 /// One sequence to run.
 pub struct EngineJob {
-    pub prompt_tokens: Vec<u32>,
+    pub prompt: PromptInput,
+    /// Text the sequence already produced in an earlier run (a requeued task that had streamed
+    /// tokens) or that the client asked to continue: generation goes on after it.
+    pub continuation: String,
+    /// `Engine::tokenize` of `prompt` + `continuation`, for engines that take token ids.
+    pub prompt_tokens: Option<Vec<u32>>,
     pub sampling: SamplingParams,
     pub max_tokens: usize,
     pub stop: Vec<String>,
     pub cancel: CancellationToken,
+    pub stop_cause: StopCause,
+    /// The request's correlation id (empty when none), passed on to remote backends.
+    pub correlation_id: String,
+}
+
+impl EngineJob {
+    /// A job that starts from `prompt` with nothing produced yet.
+    pub fn new(prompt: PromptInput, sampling: SamplingParams, max_tokens: usize) -> Self {
+        Self {
+            prompt,
+            continuation: String::new(),
+            prompt_tokens: None,
+            sampling,
+            max_tokens,
+            stop: Vec::new(),
+            cancel: CancellationToken::new(),
+            stop_cause: StopCause::default(),
+            correlation_id: String::new(),
+        }
+    }
 }
 
 /// Failures at the engine port.
@@ -67,12 +113,31 @@ pub enum PortError {
 /// An engine a pool runs tasks on.
 pub trait Engine: Send + Sync + 'static {
     fn descriptor(&self) -> EngineDescriptor;
-    /// Token ids of a prompt, with the chat template applied to chat turns.
-    fn tokenize(&self, prompt: &PromptInput) -> Result<Vec<u32>, PortError>;
+    /// Token ids of a prompt (the chat template applied to chat turns) followed by
+    /// `continuation`, or `None` when the engine takes text and counts tokens itself (a remote
+    /// worker forwards an OpenAI-shaped body to its backend).
+    fn tokenize(
+        &self,
+        prompt: &PromptInput,
+        continuation: &str,
+    ) -> Result<Option<Vec<u32>>, PortError>;
     /// Starts a sequence; events arrive on the returned bounded channel, ending with exactly
     /// one `Done` or `Failed` unless the engine dies (the channel then closes early).
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError>;
     fn is_alive(&self) -> bool;
+    /// Takes one unit of capacity the engine shares beyond this pool (a remote worker's
+    /// `max_concurrent` spans all its models); false when none is left. Engines whose only
+    /// limit is the pool's slot count always grant it.
+    fn try_reserve(&self) -> bool {
+        true
+    }
+    /// Gives back what `try_reserve` took.
+    fn unreserve(&self) {}
+    /// Sequences the engine runs now from every source, when it reports that (a worker's
+    /// `current_load`, which counts other servers' requests too); placement prefers less.
+    fn current_load(&self) -> Option<usize> {
+        None
+    }
     /// Prompt tokens whose keys and values came from a cached prefix instead of being computed
     /// (an engine without a prefix cache reuses none).
     fn prompt_tokens_reused(&self) -> u64 {

@@ -5,7 +5,19 @@ use std::sync::Arc;
 use tokio::sync::Notify;
 
 use crate::pool::{Pool, PoolSpec};
-use crate::port::EngineFactory;
+use crate::port::{Engine, EngineFactory, PortError};
+
+/// The factory of pools whose engine runs elsewhere: there is nothing to load here.
+struct NothingToLoad;
+
+impl EngineFactory for NothingToLoad {
+    fn load(&self, spec: &PoolSpec, _: &str) -> Result<Arc<dyn Engine>, PortError> {
+        Err(PortError::Load(format!(
+            "pool {} is served by a remote worker; load models on the worker",
+            spec.id
+        )))
+    }
+}
 
 /// The pools, in id order (placement breaks ties by id).
 pub struct PoolRegistry {
@@ -70,6 +82,21 @@ impl PoolRegistry {
         let pool = Pool::new(spec, self.factory.clone(), self.wake.clone());
         g.push(pool.clone());
         g.sort_by(|a, b| a.id().cmp(b.id()));
+        Some(pool)
+    }
+
+    /// Adds a pool that is Ready with an engine loaded elsewhere (a remote worker's model);
+    /// `None` if the id exists.
+    pub fn insert_ready(&self, spec: PoolSpec, engine: Arc<dyn Engine>) -> Option<Arc<Pool>> {
+        let mut g = self.pools.write().ok()?;
+        if g.iter().any(|p| p.id() == spec.id) {
+            return None;
+        }
+        let pool = Pool::with_engine(spec, engine, Arc::new(NothingToLoad), self.wake.clone());
+        g.push(pool.clone());
+        g.sort_by(|a, b| a.id().cmp(b.id()));
+        drop(g);
+        self.wake.notify_one();
         Some(pool)
     }
 

@@ -6,3 +6,4 @@ pub mod meta;
 pub mod pools;
 pub mod sessions;
 pub mod tasks;
+pub mod workers;

@@ -27,6 +27,7 @@ fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
     });
     PoolHealth {
         pool_id: s.id.clone(),
+        kind: pool.spec().kind.as_str().to_string(),
         live: s.engine_alive,
         ready: s.state.accepts_work() && s.engine_alive,
         draining: matches!(s.state, PoolState::Draining),
@@ -123,8 +124,17 @@ pub async fn drain(
     JsonBody(req): JsonBody<DrainRequest>,
 ) -> Result<Response, ApiError> {
     let pool = pool_or_404(&state, &id)?;
-    pool.drain(Duration::from_millis(req.deadline_ms))
-        .map_err(|e| conflict(e, &id))?;
+    let deadline = Duration::from_millis(req.deadline_ms);
+    pool.drain(deadline).map_err(|e| conflict(e, &id))?;
+    // a remote pool's worker is drained whole: graceful_shutdown, closed once idle
+    if let Some(link) = pool
+        .spec()
+        .kind
+        .worker_id()
+        .and_then(|w| state.workers.get(w))
+    {
+        crate::remote_workers::drain(&state, &link, "drain requested", deadline);
+    }
     state.wake.notify_one();
     Ok((StatusCode::ACCEPTED, Json(health_of(&state, &pool))).into_response())
 }
@@ -167,6 +177,12 @@ pub async fn reload(
     JsonBody(req): JsonBody<ReloadRequest>,
 ) -> Result<Json<ReloadResponse>, ApiError> {
     let pool = pool_or_404(&state, &id)?;
+    if pool.spec().kind != pool_manager::PoolKind::Local {
+        return Err(ApiError::conflict(
+            "a remote pool is reloaded on its worker; this server loads nothing for it",
+        )
+        .with_pool(&id));
+    }
     if req.new_model_ref.is_empty() {
         return Err(ApiError::invalid("new_model_ref", "new_model_ref is empty"));
     }

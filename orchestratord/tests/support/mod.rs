@@ -2,6 +2,9 @@
 //! real socket, and an SSE client that parses the raw frames.
 #![allow(dead_code)]
 
+pub mod fake_worker;
+pub mod procs;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,7 +56,11 @@ impl Engine for ScriptedEngine {
         }
     }
 
-    fn tokenize(&self, prompt: &PromptInput) -> Result<Vec<u32>, PortError> {
+    fn tokenize(
+        &self,
+        prompt: &PromptInput,
+        _continuation: &str,
+    ) -> Result<Option<Vec<u32>>, PortError> {
         let (n, text) = words(prompt);
         // markers ride along as token ids the engine recognises
         let mut ids: Vec<u32> = (0..n as u32).map(|i| i + 10).collect();
@@ -66,7 +73,7 @@ impl Engine for ScriptedEngine {
         if text.contains("[die]") {
             ids.push(3);
         }
-        Ok(ids)
+        Ok(Some(ids))
     }
 
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
@@ -83,14 +90,20 @@ impl Engine for ScriptedEngine {
         let delay = self.delay;
         let in_flight = self.in_flight.clone();
         let alive = self.alive.clone();
-        let hang = job.prompt_tokens.contains(&1);
-        let fail = job.prompt_tokens.contains(&2);
-        let die = job.prompt_tokens.contains(&3);
+        let prompt_tokens = match job.prompt_tokens.clone() {
+            Some(t) => t,
+            None => self
+                .tokenize(&job.prompt, &job.continuation)?
+                .unwrap_or_default(),
+        };
+        let hang = prompt_tokens.contains(&1);
+        let fail = prompt_tokens.contains(&2);
+        let die = prompt_tokens.contains(&3);
         tokio::spawn(async move {
             let finish = |reason, n| {
                 SeqEvent::Done(Finish {
                     reason,
-                    prompt_tokens: job.prompt_tokens.len(),
+                    prompt_tokens: prompt_tokens.len(),
                     tokens_out: n,
                     prefill_ms: 0,
                     decode_ms: 0,

@@ -302,7 +302,7 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
                 self.send(&Outgoing::chunk(&id, &t.t)).await
             }
             TaskEvent::End(end) => {
-                let prompt = run.task.prompt_tokens;
+                let prompt = run.task.prompt_tokens_used() as usize;
                 self.finish(&id);
                 let reason = if end.finish_reason == "cancelled" {
                     "abort"

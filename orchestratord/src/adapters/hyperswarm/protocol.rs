@@ -72,7 +72,9 @@ impl PeerCode {
                 Self::OllamaModelNotAvailable
             }
             ErrorCode::InvalidParams | ErrorCode::PayloadTooLarge => Self::BadMessage,
-            ErrorCode::DecodeTimeout | ErrorCode::DeadlineUnmet => Self::TimeoutNoResponse,
+            ErrorCode::DecodeTimeout | ErrorCode::DeadlineUnmet | ErrorCode::QueueTimeout => {
+                Self::TimeoutNoResponse
+            }
             ErrorCode::ShuttingDown => Self::HostOffline,
             _ => Self::GenerationFailed,
         }

@@ -145,6 +145,7 @@ pub async fn add(
     let gpu = req.n_gpu_layers.unwrap_or(100) > 0 && DeviceChoice::cuda_built();
     let spec = PoolSpec {
         id: req.engine_id.clone(),
+        kind: pool_manager::PoolKind::Local,
         model_ref: req.model_path.clone(),
         model_alias: req.engine_id.clone(),
         slots: api.slots,

@@ -41,6 +41,10 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
         presence_penalty: req.presence_penalty,
         frequency_penalty: req.frequency_penalty,
         session_id: super::session_of(req.user.as_deref()),
+        top_k: req.top_k,
+        min_p: req.min_p,
+        repetition_penalty: req.repetition_penalty,
+        continue_final_message: req.continue_final_message,
         ..Default::default()
     })
 }
@@ -71,7 +75,7 @@ pub async fn chat_completions(
     let id = format!("chatcmpl-{}", task.id);
     let created = follow::unix_now();
     let guard = CancelOnDrop::new(&state, &task);
-    let prompt = task.prompt_tokens as u32;
+    let counted = task.clone();
     if !req.stream {
         let (text, end) = follow::collect(task.clone()).await?;
         drop(guard);
@@ -89,7 +93,7 @@ pub async fn chat_completions(
                 },
                 finish_reason: end.finish_reason,
             }],
-            usage: Usage::new(prompt, end.tokens_out),
+            usage: Usage::new(counted.prompt_tokens_used(), end.tokens_out),
         })
         .into_response());
     }
@@ -139,7 +143,7 @@ pub async fn chat_completions(
                     v.push(chunk(
                         Delta::default(),
                         None,
-                        Some(Usage::new(prompt, end.tokens_out)),
+                        Some(Usage::new(counted.prompt_tokens_used(), end.tokens_out)),
                     ));
                 }
                 v.push(Bytes::from_static(DONE));

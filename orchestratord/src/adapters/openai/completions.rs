@@ -69,6 +69,9 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
             presence_penalty: req.presence_penalty,
             frequency_penalty: req.frequency_penalty,
             session_id: super::session_of(req.user.as_deref()),
+            top_k: req.top_k,
+            min_p: req.min_p,
+            repetition_penalty: req.repetition_penalty,
             ..Default::default()
         })
         .collect())
@@ -109,7 +112,7 @@ pub async fn completions(
         let mut choices = Vec::with_capacity(results.len());
         let mut usage = Usage::new(0, 0);
         for ((i, (text, end)), task) in results.into_iter().enumerate().zip(&tasks) {
-            usage = usage + Usage::new(task.prompt_tokens as u32, end.tokens_out);
+            usage = usage + Usage::new(task.prompt_tokens_used(), end.tokens_out);
             choices.push(TextChoice {
                 index: i as u32,
                 text,
@@ -162,7 +165,7 @@ struct Merge {
     events: futures::stream::SelectAll<futures::stream::BoxStream<'static, (usize, TaskEvent)>>,
     /// Dropped (cancelling what still runs) when the stream ends or the client leaves.
     _guards: Vec<CancelOnDrop>,
-    prompt_tokens: Vec<u32>,
+    tasks: Vec<Arc<Task>>,
     open: usize,
     usage: Usage,
     frame: Framer,
@@ -178,18 +181,18 @@ fn stream_frames(
     frame: Framer,
     include_usage: bool,
 ) -> impl Stream<Item = Bytes> {
-    let prompt_tokens = tasks.iter().map(|t| t.prompt_tokens as u32).collect();
     let open = tasks.len();
     let events = futures::stream::select_all(
         tasks
-            .into_iter()
+            .iter()
+            .cloned()
             .enumerate()
             .map(|(i, t)| follow::events(t).map(move |ev| (i, ev)).boxed()),
     );
     let merge = Merge {
         events,
         _guards: guards,
-        prompt_tokens,
+        tasks,
         open,
         usage: Usage::new(0, 0),
         frame,
@@ -213,7 +216,7 @@ fn stream_frames(
                 }
                 TaskEvent::End(end) => {
                     m.open -= 1;
-                    m.usage = m.usage + Usage::new(m.prompt_tokens[i], end.tokens_out);
+                    m.usage = m.usage + Usage::new(m.tasks[i].prompt_tokens_used(), end.tokens_out);
                     let mut b = m
                         .frame
                         .choice(i, String::new(), Some(end.finish_reason))

@@ -43,6 +43,12 @@ pub struct ChatRequest {
     pub n: Option<u32>,
     /// Used as the session id (budgets, accounting) when 1..=128 bytes.
     pub user: Option<String>,
+    /// Sampling extensions (llama.cpp's and vLLM's names): 0 disables top-k.
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    /// Continue the final assistant turn instead of answering after it (vLLM's parameter).
+    pub continue_final_message: Option<bool>,
 }
 
 /// A prompt: one string or several (each its own task, answered as its own choice).
@@ -80,6 +86,10 @@ pub struct CompletionRequest {
     /// Not supported (refused when set).
     pub logprobs: Option<serde_json::Value>,
     pub user: Option<String>,
+    /// Sampling extensions (llama.cpp's and vLLM's names): 0 disables top-k.
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repetition_penalty: Option<f32>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, ToSchema)]

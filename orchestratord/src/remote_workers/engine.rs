@@ -1,0 +1,262 @@
+//! A remote worker's model behind the Engine port. It takes text, not token ids: each job is
+//! sent as an OpenAI-shaped `request`, the worker's streamed chunks come back as `Token`
+//! events, and `token_counts` gives the usage. When the worker is lost the event channel closes
+//! without a terminal event, which the runner answers with a requeue.
+
+use std::sync::Arc;
+
+use contracts::worker::{CancelReason, ServerToWorker, TokenCounts};
+use pool_manager::{
+    Engine, EngineDescriptor, EngineJob, Finish, FinishReason, PortError, PromptInput, SeqEvent,
+    StopCause, EVENT_CHANNEL_CAPACITY,
+};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use super::link::{RequestEvent, WorkerLink};
+use super::openai_wire::{error_message, read_object, request_body, StreamItem, StreamReader};
+use crate::correlation::HEADER as CORRELATION_HEADER;
+
+pub const ENGINE_NAME: &str = "remote-worker";
+
+pub struct RemoteEngine {
+    link: Arc<WorkerLink>,
+    model: String,
+    /// Context assumed at admission (0 = unknown here; the backend checks).
+    ctx: usize,
+}
+
+impl RemoteEngine {
+    pub fn new(link: Arc<WorkerLink>, model: String, ctx: usize) -> Self {
+        Self { link, model, ctx }
+    }
+}
+
+impl Engine for RemoteEngine {
+    fn descriptor(&self) -> EngineDescriptor {
+        EngineDescriptor {
+            engine: ENGINE_NAME.to_string(),
+            engine_version: format!(
+                "protocol {}",
+                self.link.protocol_version.as_deref().unwrap_or("1")
+            ),
+            model_ref: format!("worker:{}/{}", self.link.name, self.model),
+            model_name: self.model.clone(),
+            ctx_max: self.ctx,
+            slots: self.link.max_concurrent,
+            weights_bytes: 0,
+            kv_cache_bytes: 0,
+            layers: 0,
+            layers_on_accelerator: 0,
+        }
+    }
+
+    fn tokenize(&self, _: &PromptInput, _: &str) -> Result<Option<Vec<u32>>, PortError> {
+        Ok(None)
+    }
+
+    fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
+        let request_id = format!("r-{}", uuid::Uuid::new_v4().simple());
+        let Some(events) = self.link.open_request(&request_id) else {
+            return Err(PortError::Dead("the worker disconnected".into()));
+        };
+        let (endpoint_path, body) = request_body(&self.model, &job);
+        let mut headers = std::collections::BTreeMap::new();
+        // only what the backend needs: never the client's credentials or hop-by-hop headers
+        headers.insert("content-type".to_string(), "application/json".to_string());
+        headers.insert("accept".to_string(), "text/event-stream".to_string());
+        if !job.correlation_id.is_empty() {
+            headers.insert(CORRELATION_HEADER.to_string(), job.correlation_id.clone());
+        }
+        let sent = self.link.send(ServerToWorker::Request {
+            request_id: request_id.clone(),
+            model: self.model.clone(),
+            endpoint_path: endpoint_path.to_string(),
+            is_streaming: true,
+            body: body.to_string(),
+            headers,
+        });
+        if !sent {
+            self.link.close_request(&request_id);
+            return Err(PortError::Dead(
+                "the worker's socket is not writable".into(),
+            ));
+        }
+        let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
+        tokio::spawn(relay(
+            self.link.clone(),
+            request_id,
+            job.cancel,
+            job.stop_cause,
+            events,
+            tx,
+        ));
+        Ok(rx)
+    }
+
+    fn is_alive(&self) -> bool {
+        !self.link.closed.is_cancelled()
+    }
+
+    fn try_reserve(&self) -> bool {
+        self.link.try_reserve()
+    }
+
+    fn unreserve(&self) {
+        self.link.unreserve()
+    }
+
+    fn current_load(&self) -> Option<usize> {
+        Some(self.link.reported_load())
+    }
+}
+
+/// What a relay has seen of its request so far.
+#[derive(Default)]
+struct Progress {
+    reader: StreamReader,
+    tokens_out: usize,
+    finish: Option<String>,
+    usage: Option<TokenCounts>,
+}
+
+impl Progress {
+    /// Turns stream items into events; an error item ends the request.
+    async fn apply(
+        &mut self,
+        items: Vec<StreamItem>,
+        tx: &mpsc::Sender<SeqEvent>,
+    ) -> Result<(), Ended> {
+        for item in items {
+            match item {
+                StreamItem::Text(text) => {
+                    let ev = SeqEvent::Token {
+                        id: 0,
+                        text,
+                        index: self.tokens_out,
+                    };
+                    self.tokens_out += 1;
+                    tx.send(ev).await.map_err(|_| Ended::ReceiverGone)?;
+                }
+                StreamItem::Finish(f) => self.finish = Some(f),
+                StreamItem::Usage(u) => self.usage = Some(u),
+                StreamItem::Error(m) => return Err(Ended::Failed(m)),
+            }
+        }
+        Ok(())
+    }
+
+    fn done(&self, counts: Option<TokenCounts>) -> SeqEvent {
+        let usage = counts.or(self.usage);
+        let reason = match self.finish.as_deref() {
+            Some("length") => FinishReason::Length,
+            _ => FinishReason::Stop,
+        };
+        SeqEvent::Done(Finish {
+            reason,
+            prompt_tokens: usage.map_or(0, |u| u.prompt_tokens as usize),
+            tokens_out: self.tokens_out,
+            prefill_ms: 0,
+            decode_ms: 0,
+        })
+    }
+}
+
+enum Ended {
+    ReceiverGone,
+    Failed(String),
+}
+
+/// Carries one request's frames to its task until it ends; tells the worker to stop it when
+/// the task ends first.
+async fn relay(
+    link: Arc<WorkerLink>,
+    request_id: String,
+    cancel: CancellationToken,
+    cause: StopCause,
+    mut events: mpsc::Receiver<RequestEvent>,
+    tx: mpsc::Sender<SeqEvent>,
+) {
+    let mut progress = Progress::default();
+    let stop = |reason: CancelReason| {
+        link.close_request(&request_id);
+        link.send(ServerToWorker::Cancel {
+            request_id: request_id.clone(),
+            reason,
+        });
+    };
+    loop {
+        let ev = tokio::select! {
+            biased;
+            _ = cancel.cancelled() => {
+                stop(cause.get());
+                let _ = tx.send(SeqEvent::Done(Finish {
+                    reason: FinishReason::Cancelled,
+                    prompt_tokens: 0,
+                    tokens_out: progress.tokens_out,
+                    prefill_ms: 0,
+                    decode_ms: 0,
+                })).await;
+                return;
+            }
+            ev = events.recv() => ev,
+        };
+        let outcome = match ev {
+            // the worker was lost: close without a terminal event
+            None => return,
+            Some(RequestEvent::Chunk(c)) => {
+                let items = progress.reader.feed(&c);
+                progress.apply(items, &tx).await
+            }
+            Some(RequestEvent::Complete {
+                status_code,
+                body,
+                token_counts,
+            }) => {
+                link.close_request(&request_id);
+                if status_code != 200 {
+                    let msg = body.as_deref().map(error_message).unwrap_or_default();
+                    let _ = tx
+                        .send(SeqEvent::Failed(format!(
+                            "the worker's backend answered {status_code}: {msg}"
+                        )))
+                        .await;
+                    return;
+                }
+                let mut items = progress.reader.feed("\n");
+                if let Some(v) = body.and_then(|b| serde_json::from_str(&b).ok()) {
+                    read_object(&v, &mut items);
+                }
+                match progress.apply(items, &tx).await {
+                    Ok(()) => {
+                        let _ = tx.send(progress.done(token_counts)).await;
+                    }
+                    Err(Ended::Failed(m)) => {
+                        let _ = tx.send(SeqEvent::Failed(m)).await;
+                    }
+                    Err(Ended::ReceiverGone) => {}
+                }
+                return;
+            }
+            Some(RequestEvent::Error { code, message }) => {
+                link.close_request(&request_id);
+                let _ = tx
+                    .send(SeqEvent::Failed(format!("worker error {code}: {message}")))
+                    .await;
+                return;
+            }
+        };
+        match outcome {
+            Ok(()) => {}
+            Err(Ended::ReceiverGone) => {
+                stop(cause.get());
+                return;
+            }
+            Err(Ended::Failed(m)) => {
+                stop(CancelReason::ClientDisconnect);
+                let _ = tx.send(SeqEvent::Failed(m)).await;
+                return;
+            }
+        }
+    }
+}

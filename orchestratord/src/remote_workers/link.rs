@@ -1,0 +1,174 @@
+//! One connected worker: what the socket loop and the worker's engines share. The link owns the
+//! worker's capacity (`max_concurrent` spans all its models), its requests in flight, and the
+//! frames waiting to be written.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use contracts::worker::{ServerToWorker, TokenCounts};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Frames waiting for the socket writer, per worker.
+pub const OUTBOUND_CAPACITY: usize = 1024;
+
+/// What the worker sent about one request, routed to the engine relay that waits for it.
+#[derive(Debug)]
+pub enum RequestEvent {
+    Chunk(String),
+    Complete {
+        status_code: u16,
+        body: Option<String>,
+        token_counts: Option<TokenCounts>,
+    },
+    Error {
+        code: String,
+        message: String,
+    },
+}
+
+pub struct WorkerLink {
+    pub id: String,
+    pub name: String,
+    pub protocol_version: Option<String>,
+    pub max_concurrent: usize,
+    pub chunk_backlog: usize,
+    outbound: mpsc::Sender<ServerToWorker>,
+    inflight: Mutex<HashMap<String, mpsc::Sender<RequestEvent>>>,
+    reserved: AtomicUsize,
+    reported_load: AtomicUsize,
+    draining: AtomicBool,
+    /// Fired when the socket is gone: engines report dead, relays see their channel close.
+    pub closed: CancellationToken,
+    /// Fired when a drained worker has nothing left in flight: the socket loop closes it.
+    pub drained: CancellationToken,
+    models: Mutex<Vec<String>>,
+}
+
+impl WorkerLink {
+    pub fn new(
+        id: String,
+        name: String,
+        protocol_version: Option<String>,
+        max_concurrent: usize,
+        chunk_backlog: usize,
+        initial_load: usize,
+    ) -> (Self, mpsc::Receiver<ServerToWorker>) {
+        let (tx, rx) = mpsc::channel(OUTBOUND_CAPACITY);
+        (
+            Self {
+                id,
+                name,
+                protocol_version,
+                max_concurrent,
+                chunk_backlog,
+                outbound: tx,
+                inflight: Mutex::new(HashMap::new()),
+                reserved: AtomicUsize::new(0),
+                reported_load: AtomicUsize::new(initial_load),
+                draining: AtomicBool::new(false),
+                closed: CancellationToken::new(),
+                drained: CancellationToken::new(),
+                models: Mutex::new(Vec::new()),
+            },
+            rx,
+        )
+    }
+
+    fn inflight(&self) -> std::sync::MutexGuard<'_, HashMap<String, mpsc::Sender<RequestEvent>>> {
+        self.inflight.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Queues a frame for the worker; false when the socket is gone or hopelessly behind.
+    pub fn send(&self, msg: ServerToWorker) -> bool {
+        !self.closed.is_cancelled() && self.outbound.try_send(msg).is_ok()
+    }
+
+    /// Registers a request about to be sent; its events arrive on the returned channel, which
+    /// closes without a terminal event when the worker is lost.
+    pub fn open_request(&self, request_id: &str) -> Option<mpsc::Receiver<RequestEvent>> {
+        if self.closed.is_cancelled() {
+            return None;
+        }
+        let (tx, rx) = mpsc::channel(self.chunk_backlog);
+        self.inflight().insert(request_id.to_string(), tx);
+        Some(rx)
+    }
+
+    /// Forgets a request (finished, cancelled or failed).
+    pub fn close_request(&self, request_id: &str) {
+        self.inflight().remove(request_id);
+    }
+
+    /// Where the events of `request_id` go, if it is still in flight here.
+    pub fn route(&self, request_id: &str) -> Option<mpsc::Sender<RequestEvent>> {
+        self.inflight().get(request_id).cloned()
+    }
+
+    /// Drops every request's channel: their tasks see the worker lost.
+    pub fn lose_all(&self) {
+        self.inflight().clear();
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.reserved.load(Ordering::SeqCst)
+    }
+
+    pub fn try_reserve(&self) -> bool {
+        if self.closed.is_cancelled() || self.is_draining() {
+            return false;
+        }
+        self.reserved
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.max_concurrent).then_some(n + 1)
+            })
+            .is_ok()
+    }
+
+    pub fn unreserve(&self) {
+        let left = self
+            .reserved
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .map(|n| n - 1)
+            .unwrap_or(0);
+        if left == 0 && self.is_draining() {
+            self.drained.cancel();
+        }
+    }
+
+    pub fn set_reported_load(&self, load: usize) {
+        self.reported_load.store(load, Ordering::SeqCst);
+    }
+
+    pub fn reported_load(&self) -> usize {
+        self.reported_load.load(Ordering::SeqCst)
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
+    }
+
+    /// Starts draining: no new requests; `drained` fires once nothing is in flight.
+    /// False if it was already draining.
+    pub fn start_drain(&self) -> bool {
+        if self.draining.swap(true, Ordering::SeqCst) {
+            return false;
+        }
+        if self.in_flight() == 0 {
+            self.drained.cancel();
+        }
+        true
+    }
+
+    pub fn models(&self) -> Vec<String> {
+        self.models
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn set_models(&self, models: Vec<String>) {
+        *self.models.lock().unwrap_or_else(|p| p.into_inner()) = models;
+    }
+}

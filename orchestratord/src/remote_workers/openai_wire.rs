@@ -1,0 +1,241 @@
+//! The OpenAI shapes a worker's backend speaks: the request body the server sends for a task,
+//! and a reader of the streamed `data:` lines that turns them into text pieces, the finish
+//! reason and the usage. The worker uses the reader too, for `token_counts`.
+
+use contracts::worker::TokenCounts;
+use pool_manager::{EngineJob, PromptInput};
+use serde_json::{json, Value};
+
+/// Longest line kept while waiting for its newline (a frame limit bounds it anyway).
+const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// The endpoint and JSON body of a job for an OpenAI-compatible backend. A continuation is
+/// sent as a final assistant turn with `continue_final_message` (vLLM's parameter, honoured by
+/// orchestratord; llama.cpp's server continues a final assistant turn by itself), or appended
+/// to a raw prompt.
+pub fn request_body(model: &str, job: &EngineJob) -> (&'static str, Value) {
+    let s = &job.sampling;
+    let mut body = json!({
+        "model": model,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+        "max_tokens": job.max_tokens,
+        "temperature": s.temperature,
+        "top_p": s.top_p,
+        "seed": s.seed,
+        "presence_penalty": s.presence_penalty,
+        "frequency_penalty": s.frequency_penalty,
+    });
+    if s.top_k > 0 {
+        body["top_k"] = json!(s.top_k);
+    }
+    if s.min_p > 0.0 {
+        body["min_p"] = json!(s.min_p);
+    }
+    if s.repetition_penalty != 1.0 {
+        body["repetition_penalty"] = json!(s.repetition_penalty);
+    }
+    if !job.stop.is_empty() {
+        body["stop"] = json!(job.stop);
+    }
+    match &job.prompt {
+        PromptInput::Text(p) => {
+            body["prompt"] = json!(format!("{p}{}", job.continuation));
+            ("/v1/completions", body)
+        }
+        PromptInput::Chat(turns) => {
+            let mut messages: Vec<Value> = turns
+                .iter()
+                .map(|t| json!({"role": t.role, "content": t.content}))
+                .collect();
+            if !job.continuation.is_empty() {
+                messages.push(json!({"role": "assistant", "content": job.continuation}));
+                body["continue_final_message"] = json!(true);
+                body["add_generation_prompt"] = json!(false);
+            }
+            body["messages"] = json!(messages);
+            ("/v1/chat/completions", body)
+        }
+    }
+}
+
+/// What one streamed line said.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StreamItem {
+    Text(String),
+    Finish(String),
+    Usage(TokenCounts),
+    Error(String),
+}
+
+/// Reads `data: {json}` lines of an OpenAI stream across arbitrary chunk boundaries.
+#[derive(Debug, Default)]
+pub struct StreamReader {
+    pending: String,
+}
+
+impl StreamReader {
+    /// Feeds one chunk; returns what its complete lines said.
+    pub fn feed(&mut self, chunk: &str) -> Vec<StreamItem> {
+        self.pending.push_str(chunk);
+        let mut out = Vec::new();
+        while let Some(nl) = self.pending.find('\n') {
+            let line: String = self.pending.drain(..=nl).collect();
+            read_line(line.trim_end(), &mut out);
+        }
+        if self.pending.len() > MAX_LINE_BYTES {
+            self.pending.clear();
+            out.push(StreamItem::Error("a stream line exceeded 1 MiB".into()));
+        }
+        out
+    }
+}
+
+fn read_line(line: &str, out: &mut Vec<StreamItem>) {
+    let Some(data) = line.strip_prefix("data:") else {
+        return;
+    };
+    let data = data.trim();
+    if data.is_empty() || data == "[DONE]" {
+        return;
+    }
+    match serde_json::from_str::<Value>(data) {
+        Ok(v) => read_object(&v, out),
+        Err(e) => out.push(StreamItem::Error(format!("unreadable stream line: {e}"))),
+    }
+}
+
+/// Reads one chunk object (or a whole non-streamed response).
+pub fn read_object(v: &Value, out: &mut Vec<StreamItem>) {
+    if let Some(err) = v.get("error") {
+        let msg = err
+            .get("message")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| err.to_string());
+        out.push(StreamItem::Error(msg));
+        return;
+    }
+    if let Some(choice) = v.get("choices").and_then(|c| c.get(0)) {
+        let text = choice
+            .pointer("/delta/content")
+            .or_else(|| choice.pointer("/message/content"))
+            .or_else(|| choice.get("text"))
+            .and_then(Value::as_str);
+        if let Some(t) = text.filter(|t| !t.is_empty()) {
+            out.push(StreamItem::Text(t.to_string()));
+        }
+        if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
+            out.push(StreamItem::Finish(f.to_string()));
+        }
+    }
+    if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+        let n = |k: &str| u.get(k).and_then(Value::as_u64).unwrap_or(0);
+        out.push(StreamItem::Usage(TokenCounts {
+            prompt_tokens: n("prompt_tokens"),
+            completion_tokens: n("completion_tokens"),
+            total_tokens: n("total_tokens"),
+        }));
+    }
+}
+
+/// The message of an error body (`{"error": {"message": …}}`, or the text itself).
+pub fn error_message(body: &str) -> String {
+    serde_json::from_str::<Value>(body)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("error"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| body.chars().take(500).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pool_manager::{ChatMessage, SamplingParams};
+
+    /// WRK-ENG-2: stream lines split anywhere still give each piece of text once, in order,
+    /// with the finish reason and usage.
+    #[test]
+    fn reads_chunks_split_anywhere() {
+        let stream = concat!(
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Par\"}}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"is é\"},\"finish_reason\":null}]}\n\n",
+            "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n",
+            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\"total_tokens\":7}}\n\n",
+            "data: [DONE]\n\n"
+        );
+        for split in [1, 3, 7, 50, stream.len()] {
+            let mut r = StreamReader::default();
+            let mut items = Vec::new();
+            let mut rest = stream;
+            while !rest.is_empty() {
+                let mut at = split.min(rest.len());
+                while !rest.is_char_boundary(at) {
+                    at += 1;
+                }
+                items.extend(r.feed(&rest[..at]));
+                rest = &rest[at..];
+            }
+            assert_eq!(
+                items,
+                vec![
+                    StreamItem::Text("Par".into()),
+                    StreamItem::Text("is é".into()),
+                    StreamItem::Finish("stop".into()),
+                    StreamItem::Usage(TokenCounts {
+                        prompt_tokens: 5,
+                        completion_tokens: 2,
+                        total_tokens: 7
+                    }),
+                ],
+                "split {split}"
+            );
+        }
+    }
+
+    /// WRK-ENG-3: a continuation goes as a final assistant turn with `continue_final_message`;
+    /// a raw prompt gets it appended.
+    #[test]
+    fn continuation_in_the_body() {
+        let turns = vec![ChatMessage {
+            role: "user".into(),
+            content: "Hi".into(),
+        }];
+        let mut job = EngineJob::new(PromptInput::Chat(turns), SamplingParams::default(), 5);
+        job.continuation = "Hello the".into();
+        let (path, body) = request_body("m", &job);
+        assert_eq!(path, "/v1/chat/completions");
+        assert_eq!(body["messages"][1]["role"], "assistant");
+        assert_eq!(body["messages"][1]["content"], "Hello the");
+        assert_eq!(body["continue_final_message"], true);
+        assert_eq!(body["max_tokens"], 5);
+        let mut job = EngineJob::new(
+            PromptInput::Text("Once".into()),
+            SamplingParams::default(),
+            3,
+        );
+        job.continuation = " upon".into();
+        let (path, body) = request_body("m", &job);
+        assert_eq!(path, "/v1/completions");
+        assert_eq!(body["prompt"], "Once upon");
+    }
+
+    #[test]
+    fn error_lines_and_bodies() {
+        let mut r = StreamReader::default();
+        assert_eq!(
+            r.feed("data: {\"error\":{\"message\":\"boom\"}}\n"),
+            vec![StreamItem::Error("boom".into())]
+        );
+        assert_eq!(
+            error_message(r#"{"error":{"message":"too long"}}"#),
+            "too long"
+        );
+        assert_eq!(error_message("plain"), "plain");
+    }
+}

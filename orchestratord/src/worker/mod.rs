@@ -1,0 +1,100 @@
+//! `orchestratord worker`: a machine that connects out to an orchestrator over WebSocket
+//! (seed 002), registers its models, and serves the orchestrator's queue. It reconnects with
+//! backoff and jitter and survives the server restarting; `graceful_shutdown` finishes its
+//! requests and exits.
+
+mod backend;
+mod session;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+
+pub use backend::Backend;
+pub use session::connect_url;
+
+use crate::config::Config;
+use pool_manager::EngineFactory;
+
+/// First and largest wait between connection attempts.
+const RETRY_BASE: Duration = Duration::from_millis(500);
+const RETRY_CAP: Duration = Duration::from_secs(30);
+
+pub struct WorkerOptions {
+    /// The orchestrator: `http://host:port`, `ws://host:port`, or the full connect URL.
+    pub server: String,
+    pub secret: String,
+    pub name: String,
+    pub provider: Option<String>,
+    /// Requests at once; default: the pools' slots, or 4 for a URL backend.
+    pub max_concurrent: Option<u32>,
+    pub max_frame_bytes: usize,
+}
+
+/// Where requests go.
+pub enum BackendChoice {
+    /// Load the pools of this config in process (the candle engine).
+    Local(Box<Config>, Arc<dyn EngineFactory>),
+    /// Forward to an OpenAI-compatible server; announce `models` (empty: its `/v1/models`).
+    Url { url: String, models: Vec<String> },
+}
+
+/// Builds the backend (loading local pools first).
+pub async fn backend(choice: BackendChoice) -> anyhow::Result<Arc<Backend>> {
+    Ok(Arc::new(match choice {
+        BackendChoice::Local(cfg, factory) => {
+            let state = crate::server::build_state(*cfg, factory)?;
+            crate::server::start_background(&state).await;
+            let router = crate::server::router(state.clone());
+            Backend::Local { state, router }
+        }
+        BackendChoice::Url { url, models } => Backend::Http {
+            client: reqwest::Client::new(),
+            base: url.trim_end_matches('/').to_string(),
+            models,
+        },
+    }))
+}
+
+fn backoff(attempt: u32) -> Duration {
+    let exp = RETRY_BASE.saturating_mul(1u32 << attempt.min(8));
+    exp.min(RETRY_CAP)
+        .mul_f64(rand::rng().random_range(0.5..1.0))
+}
+
+/// Serves until drained by the server (`Ok`) or `stop` resolves.
+pub async fn run(
+    opts: WorkerOptions,
+    backend: Arc<Backend>,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    tokio::pin!(stop);
+    let mut attempt: u32 = 0;
+    loop {
+        let outcome = tokio::select! {
+            o = session::run_once(&opts, &backend) => o,
+            _ = &mut stop => return Ok(()),
+        };
+        match outcome {
+            Ok(session::SessionEnd::Drained) => {
+                tracing::info!("drained by the server: exiting");
+                return Ok(());
+            }
+            Ok(session::SessionEnd::Lost(why, registered)) => {
+                tracing::warn!(reason = %why, "connection to the server lost");
+                attempt = if registered { 0 } else { attempt + 1 };
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not serve the server");
+                attempt += 1;
+            }
+        }
+        let wait = backoff(attempt);
+        tracing::info!(wait_ms = wait.as_millis() as u64, "reconnecting");
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = &mut stop => return Ok(()),
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Real processes of the `orchestratord` binary (servers and workers) on loopback, killed when
+//! dropped, with their logs in a temp folder.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+static N: AtomicUsize = AtomicUsize::new(0);
+
+pub struct Proc {
+    pub child: Child,
+    pub log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        assert!(ok, "kill {sig} failed");
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// A fresh temp folder for one process's files.
+pub fn scratch(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "orchd-{tag}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn spawn(tag: &str, args: &[String], config: &str) -> Proc {
+    let dir = scratch(tag);
+    let cfg = dir.join("config.toml");
+    std::fs::write(&cfg, config).unwrap();
+    let log = dir.join("log.txt");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_orchestratord"))
+        .arg("--config")
+        .arg(&cfg)
+        .args(args)
+        .env("RUST_LOG", "info")
+        .env_remove("ORCHD_WORKER_SECRET")
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("spawn orchestratord");
+    Proc { child, log }
+}
+
+/// A server from `config` (its `bind` is set here); returns it and its base URL once it
+/// answers `/v1/health`-independent `/metrics`.
+pub async fn server(config: &str) -> (Proc, String) {
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let p = spawn(
+        "server",
+        &["--bind".into(), format!("127.0.0.1:{port}")],
+        config,
+    );
+    let client = reqwest::Client::new();
+    for _ in 0..600 {
+        if client.get(format!("{base}/metrics")).send().await.is_ok() {
+            return (p, base);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("server did not start: {}", p.log_text());
+}
+
+/// A worker serving `config`'s pools (or `extra` args such as `--backend-url`).
+pub fn worker(server_base: &str, secret: &str, name: &str, config: &str, extra: &[&str]) -> Proc {
+    let mut args: Vec<String> = vec![
+        "worker".into(),
+        "--server".into(),
+        server_base.into(),
+        "--secret".into(),
+        secret.into(),
+        "--name".into(),
+        name.into(),
+    ];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    spawn(&format!("worker-{name}"), &args, config)
+}
+
+/// The config of a worker serving the default model with `slots` slots.
+pub fn worker_config(model: &str, slots: usize) -> String {
+    format!(
+        "[[pools]]\nid = \"local\"\nmodel = \"{model}\"\nalias = \"smol\"\nslots = {slots}\nctx = 1024\nthreads = 1\n"
+    )
+}
+
+/// Polls `f` every 50 ms until it is true or `limit` passes.
+pub async fn eventually<F, Fut>(limit: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let until = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < until {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}

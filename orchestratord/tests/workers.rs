@@ -1,0 +1,431 @@
+//! Remote workers end to end (WRK-E2E-*): real `orchestratord` server and `orchestratord
+//! worker` processes over loopback WebSockets, the real default model on the workers, a server
+//! with no local pool.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::procs::{eventually, server, worker, worker_config, Proc};
+use support::{default_model_path, Ev};
+
+const SECRET: &str = "e2e-secret";
+const MODEL: &str = "smol";
+
+fn server_config(extra: &str) -> String {
+    format!(
+        "pools = []\n[stream]\nkeepalive_ms = 0\nmetrics_interval_ms = 200\n[workers]\nsecret = \"{SECRET}\"\nheartbeat_interval_ms = 200\npong_timeout_ms = 1000\n{extra}"
+    )
+}
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap()
+}
+
+async fn get(base: &str, path: &str) -> serde_json::Value {
+    client()
+        .get(format!("{base}{path}"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// Like `get`, but `Null` while the server does not answer (starting, restarting).
+async fn try_get(base: &str, path: &str) -> serde_json::Value {
+    match client().get(format!("{base}{path}")).send().await {
+        Ok(r) => r.json().await.unwrap_or_default(),
+        Err(_) => serde_json::Value::Null,
+    }
+}
+
+async fn post(base: &str, path: &str, body: serde_json::Value) -> reqwest::Response {
+    client()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+/// The remote pools serving `model`, waiting up to 60 s for `n` of them.
+async fn wait_pools(base: &str, n: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    let ok = eventually(Duration::from_secs(60), || {
+        let base = base.to_string();
+        async move {
+            let v = try_get(&base, "/v1/pools").await;
+            v["pools"].as_array().map(|a| {
+                a.iter()
+                    .filter(|p| p["kind"] == "remote" && p["ready"] == true)
+                    .count()
+            }) == Some(n)
+        }
+    })
+    .await;
+    assert!(
+        ok,
+        "{n} remote pools never came: {}",
+        get(base, "/v1/pools").await
+    );
+    for p in get(base, "/v1/pools").await["pools"].as_array().unwrap() {
+        ids.push(p["pool_id"].as_str().unwrap().to_string());
+    }
+    ids
+}
+
+fn chat(stream: bool, max_tokens: u32) -> serde_json::Value {
+    json!({"model": MODEL, "stream": stream, "max_tokens": max_tokens, "temperature": 0,
+           "messages": [{"role": "system", "content": "You are a helpful assistant."},
+                        {"role": "user", "content": "What is the capital of France?"}]})
+}
+
+async fn sse_events(r: reqwest::Response) -> Vec<Ev> {
+    support::read_events(r)
+        .await
+        .into_iter()
+        .map(|(e, _)| e)
+        .collect()
+}
+
+fn text_of(ev: &[Ev]) -> String {
+    ev.iter()
+        .filter(|e| e.event == "token")
+        .map(|e| e.data["t"].as_str().unwrap())
+        .collect()
+}
+
+/// The worker process named `name` among `procs`, by the id the server gave it.
+async fn worker_running(base: &str, pool_id: &str) -> String {
+    let ws = get(base, "/v1/workers").await;
+    ws["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["pools"].as_array().unwrap().iter().any(|p| p == pool_id))
+        .map(|w| w["worker_name"].as_str().unwrap().to_string())
+        .unwrap_or_default()
+}
+
+/// Waits until the task has streamed a few tokens and returns its pool.
+async fn running_pool(base: &str, task: &str) -> String {
+    let until = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < until {
+        let v = get(base, &format!("/v1/tasks/{task}")).await;
+        if v["record"]["tokens_out"].as_u64().unwrap_or(0) >= 3 {
+            if let Some(p) = v["record"]["pool_id"].as_str() {
+                return p.to_string();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("task {task} never ran");
+}
+
+/// WRK-E2E-1: a worker process with the real model serves `/v1/tasks`, OpenAI chat (streamed
+/// and not, the same greedy text) and the seed-001 chat through a server with no local pool;
+/// after the server restarts the worker registers again by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_serves_every_api_and_survives_a_server_restart() {
+    let (mut srv, base) = server(&server_config("")).await;
+    let _w = worker(
+        &base,
+        SECRET,
+        "gpu-a",
+        &worker_config(&default_model_path(), 2),
+        &[],
+    );
+    wait_pools(&base, 1).await;
+
+    let r = post(&base, "/v1/tasks", json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})).await;
+    assert_eq!(r.status(), 202);
+    let id = r.json::<serde_json::Value>().await.unwrap()["task_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ev = sse_events(
+        client()
+            .get(format!("{base}/v1/tasks/{id}/stream"))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    support::assert_well_formed(&ev);
+    assert_eq!(ev.last().unwrap().event, "end");
+    assert!(text_of(&ev).contains("Paris"), "{}", text_of(&ev));
+    let rec = get(&base, &format!("/v1/artifacts/{id}")).await;
+    assert_eq!(rec["engine"], "remote-worker");
+
+    let v: serde_json::Value = post(&base, "/v1/chat/completions", chat(false, 24))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let answer = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(answer.contains("Paris"), "{v}");
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+    let r = post(&base, "/v1/chat/completions", chat(true, 24)).await;
+    let body = r.text().await.unwrap();
+    let streamed: String = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(streamed, answer);
+
+    let r = post(&base, "/chat/completions", chat(false, 24)).await;
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        v["message"]["content"].as_str().unwrap().contains("Paris"),
+        "{v}"
+    );
+
+    // the server restarts on the same address; the worker comes back by itself
+    let port = base.rsplit(':').next().unwrap().to_string();
+    drop(srv);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let cfg = server_config("");
+    srv = restart_on(&port, &cfg).await;
+    wait_pools(&base, 1).await;
+    let v: serde_json::Value = post(&base, "/v1/chat/completions", chat(false, 24))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], answer.as_str());
+    drop(srv);
+}
+
+async fn restart_on(port: &str, cfg: &str) -> Proc {
+    let dir = support::procs::scratch("server-again");
+    let path = dir.join("config.toml");
+    std::fs::write(&path, cfg).unwrap();
+    let log = std::fs::File::create(dir.join("log.txt")).unwrap();
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_orchestratord"))
+        .arg("--config")
+        .arg(&path)
+        .args(["--bind", &format!("127.0.0.1:{port}")])
+        .env_remove("ORCHD_WORKER_SECRET")
+        .stdout(log.try_clone().unwrap())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    Proc {
+        child,
+        log: dir.join("log.txt"),
+    }
+}
+
+/// WRK-E2E-2: `kill -9` of the worker running a stream while another is connected: the task
+/// finishes on the other, continuing after what was sent — the client's text has no duplicate
+/// and no gap, and equals the uninterrupted greedy answer. Then a frozen worker (SIGSTOP) is
+/// dropped by the heartbeat and its task requeued the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_workers_requeue_and_continue() {
+    let (_srv, base) = server(&server_config("")).await;
+    let cfg = worker_config(&default_model_path(), 1);
+    let mut procs = vec![
+        ("a".to_string(), worker(&base, SECRET, "a", &cfg, &[])),
+        ("b".to_string(), worker(&base, SECRET, "b", &cfg, &[])),
+        ("c".to_string(), worker(&base, SECRET, "c", &cfg, &[])),
+    ];
+    wait_pools(&base, 3).await;
+    let prompt = json!({"model": MODEL, "prompt": "Here is a list of the planets of the solar system:", "max_tokens": 60, "temperature": 0});
+    // the uninterrupted answer
+    let id = post(&base, "/v1/tasks", prompt.clone())
+        .await
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()["task_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let whole = text_of(
+        &sse_events(
+            client()
+                .get(format!("{base}/v1/tasks/{id}/stream"))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await,
+    );
+
+    for how in ["-KILL", "-STOP"] {
+        let id = post(&base, "/v1/tasks", prompt.clone())
+            .await
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()["task_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let stream = client()
+            .get(format!("{base}/v1/tasks/{id}/stream"))
+            .send()
+            .await
+            .unwrap();
+        let reading = tokio::spawn(sse_events(stream));
+        let pool = running_pool(&base, &id).await;
+        let victim = worker_running(&base, &pool).await;
+        let i = procs
+            .iter()
+            .position(|(n, _)| *n == victim)
+            .expect("victim process");
+        let (_, p) = procs.remove(i);
+        p.signal(how);
+        let t0 = Instant::now();
+        let ev = reading.await.unwrap();
+        support::assert_well_formed(&ev);
+        let last = ev.last().unwrap();
+        assert_eq!(last.event, "end", "{last:?}");
+        assert_eq!(text_of(&ev), whole, "{how}: the resumed text differs");
+        assert_eq!(
+            last.data["tokens_out"].as_u64().unwrap() as usize,
+            ev.iter().filter(|e| e.event == "token").count()
+        );
+        let rec = get(&base, &format!("/v1/artifacts/{id}")).await;
+        assert_ne!(rec["pool_id"], pool.as_str(), "finished elsewhere");
+        eprintln!(
+            "{how}: task finished {} ms after the signal",
+            t0.elapsed().as_millis()
+        );
+        // the lost worker is gone from the server
+        let names: Vec<String> = get(&base, "/v1/workers").await["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["worker_name"].as_str().unwrap().to_string())
+            .collect();
+        assert!(!names.contains(&victim), "{names:?}");
+        if how == "-STOP" {
+            p.signal("-CONT");
+        }
+        drop(p);
+    }
+    let m = client()
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(support::counter(&m, "orchd_tasks_requeued_total"), 2.0);
+    assert_eq!(
+        support::counter(&m, "orchd_worker_disconnects_total{reason=\"heartbeat\"}"),
+        1.0
+    );
+}
+
+/// WRK-E2E-3: a client that disconnects mid-stream sends `cancel client_disconnect`, and the
+/// worker's engine lets go of the slot within 100 ms of the server seeing the disconnect
+/// (measured on the worker's own API).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_stops_the_worker_engine() {
+    let (_srv, base) = server(&server_config("")).await;
+    let wport = support::procs::free_port();
+    let wbase = format!("http://127.0.0.1:{wport}");
+    let w = worker(
+        &base,
+        SECRET,
+        "w",
+        &worker_config(&default_model_path(), 1),
+        &["--bind", &format!("127.0.0.1:{wport}")],
+    );
+    wait_pools(&base, 1).await;
+    let r = post(&base, "/v1/chat/completions", chat(true, 500)).await;
+    let mut body = r.bytes_stream();
+    use futures::StreamExt;
+    for _ in 0..4 {
+        body.next().await;
+    }
+    let busy = get(&wbase, "/v1/pools/local/health").await["metrics"]["slots_busy"].as_u64();
+    assert_eq!(busy, Some(1));
+    let t0 = Instant::now();
+    drop(body);
+    let freed = eventually(Duration::from_secs(5), || {
+        let wbase = wbase.clone();
+        async move { get(&wbase, "/v1/pools/local/health").await["metrics"]["slots_busy"] == 0 }
+    })
+    .await;
+    let ms = t0.elapsed().as_millis();
+    assert!(freed, "the worker's slot stayed busy");
+    eprintln!("worker slot free {ms} ms after the client left");
+    assert!(
+        w.log_text().contains("client_disconnect"),
+        "{}",
+        w.log_text()
+    );
+    // the 100 ms goal is measured and reported; the bound here leaves room for a loaded CI host
+    assert!(ms < 2000, "{ms} ms");
+}
+
+/// WRK-E2E-4: a worker fronting another orchestratord through --backend-url serves chats end
+/// to end; its drain ends the worker process once idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_fronting_another_orchestratord() {
+    let backend_cfg = format!(
+        "[[pools]]\nid = \"b\"\nmodel = \"{}\"\nalias = \"{MODEL}\"\nslots = 2\nctx = 1024\nthreads = 1\n",
+        default_model_path()
+    );
+    let (_backend, bbase) = server(&backend_cfg).await;
+    let ok = eventually(Duration::from_secs(60), || {
+        let b = bbase.clone();
+        async move { get(&b, "/v1/pools/b/health").await["state"] == "ready" }
+    })
+    .await;
+    assert!(ok);
+    let (_srv, base) = server(&server_config("")).await;
+    let mut w = worker(
+        &base,
+        SECRET,
+        "front",
+        "",
+        &["--backend-url", &bbase, "--max-concurrent", "2"],
+    );
+    let pools = wait_pools(&base, 1).await;
+    let v: serde_json::Value = post(&base, "/v1/chat/completions", chat(false, 24))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("Paris"),
+        "{v}"
+    );
+    let r = post(
+        &base,
+        &format!("/v1/pools/{}/drain", pools[0]),
+        json!({"deadline_ms": 5000}),
+    )
+    .await;
+    assert_eq!(r.status(), 202);
+    let exited = eventually(Duration::from_secs(10), || {
+        let done = matches!(w.child.try_wait(), Ok(Some(_)));
+        async move { done }
+    })
+    .await;
+    assert!(exited, "the drained worker did not exit: {}", w.log_text());
+    assert!(w.child.try_wait().unwrap().unwrap().success());
+}

@@ -1,0 +1,504 @@
+//! Remote workers, protocol edges (WRK-*): a server on a real socket and workers that speak
+//! seed 002 frame by frame over real WebSockets, so each edge (refusals, loads, losses,
+//! cancels, timeouts, drains) happens exactly when the test says.
+
+mod support;
+
+use std::time::Duration;
+
+use contracts::worker::{CancelReason, ServerToWorker, WorkerToServer};
+use serde_json::json;
+use support::fake_worker::{connect, FakeWorker, Next};
+use support::{config, start, TestServer};
+
+const SECRET: &str = "test-secret";
+
+async fn server(tune: impl FnOnce(&mut orchestratord::config::Config)) -> TestServer {
+    let mut c = config(vec![]);
+    c.workers.secret = Some(SECRET.into());
+    tune(&mut c);
+    start(c, Duration::from_millis(5)).await
+}
+
+async fn worker(s: &TestServer, name: &str, models: &[&str], max: u32) -> FakeWorker {
+    let mut w = connect(&s.base, SECRET).await.expect("accepted");
+    w.register(name, models, max).await;
+    w
+}
+
+fn chat(model: &str, stream: bool) -> serde_json::Value {
+    json!({"model": model, "stream": stream, "max_tokens": 16,
+           "messages": [{"role": "user", "content": "Say hello"}]})
+}
+
+async fn pools_of_kind(s: &TestServer, kind: &str) -> Vec<String> {
+    let v = s.get_json("/v1/pools").await;
+    v["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["kind"] == kind)
+        .map(|p| p["pool_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// WRK-AUTH-1, WRK-AUTH-2: a wrong or missing secret is 401 before any upgrade, failures are
+/// counted, and an address past its limit is answered 429 even with the right secret.
+#[tokio::test]
+async fn wrong_secret_is_refused_and_limited() {
+    let s = server(|c| c.workers.max_auth_failures_per_minute = 3).await;
+    for bad in ["nope", ""] {
+        assert_eq!(connect(&s.base, bad).await.err(), Some(401));
+    }
+    assert_eq!(connect(&s.base, "test-secre").await.err(), Some(401));
+    assert_eq!(connect(&s.base, SECRET).await.err(), Some(429));
+    let m = s.metrics().await;
+    assert_eq!(
+        support::counter(&m, "orchd_worker_auth_failures_total"),
+        3.0
+    );
+    assert!(s.get_json("/v1/workers").await["workers"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+}
+
+/// WRK-REG-1: an unknown protocol_version is refused with a close frame saying why; "1" and
+/// the modelrelay daemon's "2026-04-bridge-v1" are accepted, and so is none.
+#[tokio::test]
+async fn protocol_versions() {
+    let s = server(|_| {}).await;
+    let mut w = connect(&s.base, SECRET).await.unwrap();
+    w.send(&WorkerToServer::Register {
+        worker_name: "future".into(),
+        models: vec!["m".into()],
+        max_concurrent: 1,
+        protocol_version: Some("9".into()),
+        current_load: None,
+    })
+    .await;
+    match w.next(Duration::from_secs(5)).await {
+        Next::Closed(Some(reason)) => assert!(reason.contains("protocol_version"), "{reason}"),
+        other => panic!("expected a close frame, got {other:?}"),
+    }
+    for v in [Some("2026-04-bridge-v1"), None] {
+        let mut w = connect(&s.base, SECRET).await.unwrap();
+        w.send(&WorkerToServer::Register {
+            worker_name: "ok".into(),
+            models: vec!["m".into()],
+            max_concurrent: 1,
+            protocol_version: v.map(str::to_string),
+            current_load: None,
+        })
+        .await;
+        assert!(matches!(
+            w.next(Duration::from_secs(5)).await,
+            Next::Msg(ServerToWorker::RegisterAck { .. })
+        ));
+    }
+}
+
+/// WRK-PROTO-3: a frame that does not parse is answered with `error` and the connection
+/// goes on serving; unknown fields are ignored.
+#[tokio::test]
+async fn unreadable_frames_get_an_error_and_the_worker_keeps_serving() {
+    let s = server(|_| {}).await;
+    let mut w = worker(&s, "w", &["m1"], 2).await;
+    w.send_raw("this is not json").await;
+    match w.next(Duration::from_secs(5)).await {
+        Next::Msg(ServerToWorker::Error { code, .. }) => assert_eq!(code, "bad_message"),
+        other => panic!("expected error, got {other:?}"),
+    }
+    w.send_raw(r#"{"type":"pong","current_load":0,"gpu_temp":71}"#)
+        .await;
+    w.send_raw(r#"{"type":"teleport"}"#).await;
+    assert!(matches!(
+        w.next(Duration::from_secs(5)).await,
+        Next::Msg(ServerToWorker::Error { .. })
+    ));
+    let client = s.client.clone();
+    let url = s.url("/v1/chat/completions");
+    let call = tokio::spawn(async move { client.post(url).json(&chat("m1", false)).send().await });
+    let (id, _, _, _) = w.request().await;
+    w.answer(&id, &["Hi", "!"]).await;
+    let r = call.await.unwrap().unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "Hi!");
+}
+
+/// WRK-POOL-1, WRK-HDR-1, WRK-ENG-1: a registered model is a `remote` pool; a chat runs on it
+/// as an OpenAI body; the client's credentials and cookies never reach the worker, the
+/// correlation id does; usage comes from the worker's token_counts.
+#[tokio::test]
+async fn remote_pool_serves_a_chat_without_the_clients_credentials() {
+    let s = server(|_| {}).await;
+    let mut w = worker(&s, "gpu-box-1", &["m1"], 2).await;
+    let pools = pools_of_kind(&s, "remote").await;
+    assert_eq!(pools.len(), 1);
+    assert!(pools[0].ends_with(":m1"), "{pools:?}");
+    let caps = s.get_json("/v1/capabilities").await;
+    assert_eq!(caps["pools"][0]["kind"], "remote");
+    let req = s
+        .client
+        .post(s.url("/v1/chat/completions"))
+        .header("authorization", "Bearer sk-client-secret")
+        .header("x-api-key", "client-key")
+        .header("cookie", "session=abc")
+        .header("x-correlation-id", "corr-42")
+        .header("connection", "keep-alive")
+        .json(&chat("m1", false));
+    let call = tokio::spawn(req.send());
+    let (id, path, body, headers) = w.request().await;
+    assert_eq!(path, "/v1/chat/completions");
+    assert_eq!(body["model"], "m1");
+    assert_eq!(body["messages"][0]["content"], "Say hello");
+    assert_eq!(body["max_tokens"], 16);
+    for h in headers.keys() {
+        let h = h.to_ascii_lowercase();
+        assert!(
+            !["authorization", "x-api-key", "cookie", "connection"].contains(&h.as_str()),
+            "{h} forwarded: {headers:?}"
+        );
+    }
+    assert_eq!(
+        headers.get("x-correlation-id").map(String::as_str),
+        Some("corr-42")
+    );
+    w.answer(&id, &["Hel", "lo"]).await;
+    let v: serde_json::Value = call.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "Hello");
+    assert_eq!(v["usage"]["prompt_tokens"], 11);
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+}
+
+/// WRK-PLACE-1: placement reads `current_load`: a worker reporting itself full gets nothing
+/// while another has room.
+#[tokio::test]
+async fn reported_load_steers_placement() {
+    let s = server(|_| {}).await;
+    let mut full = connect(&s.base, SECRET).await.unwrap();
+    full.load = 4;
+    full.register("full", &["m"], 4).await;
+    let mut idle = worker(&s, "idle", &["m"], 4).await;
+    let mut calls = Vec::new();
+    for _ in 0..3 {
+        let req = s
+            .client
+            .post(s.url("/v1/chat/completions"))
+            .json(&chat("m", false));
+        calls.push(tokio::spawn(req.send()));
+    }
+    for _ in 0..3 {
+        let (id, ..) = idle.request().await;
+        idle.answer(&id, &["ok"]).await;
+    }
+    assert!(matches!(
+        full.next(Duration::from_millis(300)).await,
+        Next::Quiet
+    ));
+    for c in calls {
+        assert_eq!(c.await.unwrap().unwrap().status(), 200);
+    }
+}
+
+/// WRK-REQ-1, WRK-REQ-2: a worker lost after streaming tokens: the task goes back to the queue
+/// and the next worker continues after the text already sent (final assistant turn with
+/// `continue_final_message`, fewer max_tokens); the client sees every token once, in order.
+#[tokio::test]
+async fn lost_worker_continues_on_the_next_without_duplicate_or_gap() {
+    let s = server(|_| {}).await;
+    let mut a = worker(&s, "a", &["m"], 1).await;
+    let id = s
+        .submit_ok(json!({"model": "m", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "Say hello world"}]}))
+        .await;
+    let (rid, ..) = a.request().await;
+    for p in ["Hello", " wor"] {
+        let chunk = json!({"choices": [{"index": 0, "delta": {"content": p}}]});
+        a.send(&WorkerToServer::ResponseChunk {
+            request_id: rid.clone(),
+            chunk: format!("data: {chunk}\n\n"),
+        })
+        .await;
+    }
+    // both tokens reached the task before the crash
+    let mut seen = 0;
+    for _ in 0..100 {
+        seen = s.get_json(&format!("/v1/tasks/{id}")).await["record"]["tokens_out"]
+            .as_u64()
+            .unwrap_or(0);
+        if seen == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen, 2);
+    a.crash();
+    let mut b = worker(&s, "b", &["m"], 1).await;
+    let (rid, _, body, _) = b.request().await;
+    let msgs = body["messages"].as_array().unwrap();
+    assert_eq!(msgs.last().unwrap()["role"], "assistant");
+    assert_eq!(msgs.last().unwrap()["content"], "Hello wor");
+    assert_eq!(body["continue_final_message"], true);
+    assert_eq!(body["max_tokens"], 8);
+    b.answer(&rid, &["ld", "!"]).await;
+    let ev = s.stream_all(&id).await;
+    support::assert_well_formed(&ev);
+    let text: String = ev
+        .iter()
+        .filter(|e| e.event == "token")
+        .map(|e| e.data["t"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "Hello world!");
+    assert_eq!(ev.last().unwrap().event, "end");
+    assert_eq!(ev.last().unwrap().data["tokens_out"], 4);
+    let m = s.metrics().await;
+    assert_eq!(support::counter(&m, "orchd_tasks_requeued_total"), 1.0);
+}
+
+/// WRK-REQ-3: after 3 requeues the next loss ends the task REPLICA_EXHAUSTED (503, cancel
+/// reason requeue_exhausted), keeping its place in line each time.
+#[tokio::test]
+async fn requeue_exhaustion_is_503() {
+    let s = server(|_| {}).await;
+    let req = s
+        .client
+        .post(s.url("/v1/chat/completions"))
+        .json(&chat("m", false));
+    // the model is known once a worker registered it; between workers the task waits
+    let mut first = Some(worker(&s, "w0", &["m"], 1).await);
+    let call = tokio::spawn(req.send());
+    for i in 0..4 {
+        let mut w = match first.take() {
+            Some(w) => w,
+            None => worker(&s, &format!("w{i}"), &["m"], 1).await,
+        };
+        let _ = w.request().await;
+        w.crash();
+    }
+    let r = call.await.unwrap().unwrap();
+    assert_eq!(r.status(), 503);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "REPLICA_EXHAUSTED");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("requeue_exhausted"),
+        "{v}"
+    );
+}
+
+/// WRK-CANCEL-1: a client that goes away sends `cancel client_disconnect` to the worker.
+#[tokio::test]
+async fn client_disconnect_cancels_on_the_worker() {
+    let s = server(|_| {}).await;
+    let mut w = worker(&s, "w", &["m"], 1).await;
+    let req = s
+        .client
+        .post(s.url("/v1/chat/completions"))
+        .json(&chat("m", true));
+    let call = tokio::spawn(async move {
+        let r = req.send().await.unwrap();
+        let mut body = r.bytes_stream();
+        use futures::StreamExt;
+        let _ = body.next().await; // the role chunk, then the client leaves
+    });
+    let (rid, ..) = w.request().await;
+    let chunk = json!({"choices": [{"index": 0, "delta": {"content": "x"}}]});
+    w.send(&WorkerToServer::ResponseChunk {
+        request_id: rid.clone(),
+        chunk: format!("data: {chunk}\n\n"),
+    })
+    .await;
+    call.await.unwrap();
+    match w.next(Duration::from_secs(5)).await {
+        Next::Msg(ServerToWorker::Cancel { request_id, reason }) => {
+            assert_eq!(request_id, rid);
+            assert_eq!(reason, CancelReason::ClientDisconnect);
+        }
+        other => panic!("expected cancel, got {other:?}"),
+    }
+}
+
+/// WRK-TIME-1: a request past the request timeout: `cancel timeout` to the worker, 504
+/// DECODE_TIMEOUT to the client.
+#[tokio::test]
+async fn request_timeout_cancels_with_reason_timeout() {
+    let s = server(|c| {
+        c.workers.request_timeout_ms = 300;
+        c.timeouts.idle_ms = 10_000;
+    })
+    .await;
+    let mut w = worker(&s, "slow", &["m"], 1).await;
+    let call = tokio::spawn(
+        s.client
+            .post(s.url("/v1/chat/completions"))
+            .json(&chat("m", false))
+            .send(),
+    );
+    let (rid, ..) = w.request().await;
+    match w.next(Duration::from_secs(5)).await {
+        Next::Msg(ServerToWorker::Cancel { request_id, reason }) => {
+            assert_eq!(request_id, rid);
+            assert_eq!(reason, CancelReason::Timeout);
+        }
+        other => panic!("expected cancel, got {other:?}"),
+    }
+    let r = call.await.unwrap().unwrap();
+    assert_eq!(r.status(), 504);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "DECODE_TIMEOUT");
+}
+
+/// WRK-TIME-2, WRK-MODEL-1: a model workers serve but none is connected queues and times out
+/// with 504 QUEUE_TIMEOUT (no worker ever saw it); a model nobody serves is 404.
+#[tokio::test]
+async fn queue_timeout_and_unknown_model() {
+    let s = server(|c| {
+        c.workers.queue_timeout_ms = 300;
+        c.workers.models = vec!["ghost".into()];
+    })
+    .await;
+    let t0 = std::time::Instant::now();
+    let r = s.post("/v1/chat/completions", &chat("ghost", false)).await;
+    assert_eq!(r.status(), 504);
+    assert!(t0.elapsed() >= Duration::from_millis(300));
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "QUEUE_TIMEOUT");
+    let r = s.post("/v1/chat/completions", &chat("nope", false)).await;
+    assert_eq!(r.status(), 404);
+    let r = s
+        .post(
+            "/v1/tasks",
+            &json!({"model": "ghost", "prompt": "hi", "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(r.status(), 202);
+}
+
+/// WRK-DRAIN-1: draining a remote pool sends `graceful_shutdown`, gives the worker nothing
+/// new, and closes its socket only after its request in flight ended.
+#[tokio::test]
+async fn drain_closes_the_worker_after_its_request() {
+    let s = server(|_| {}).await;
+    let mut w = worker(&s, "w", &["m"], 2).await;
+    let pool = pools_of_kind(&s, "remote").await.remove(0);
+    let call = tokio::spawn(
+        s.client
+            .post(s.url("/v1/chat/completions"))
+            .json(&chat("m", false))
+            .send(),
+    );
+    let (rid, ..) = w.request().await;
+    let r = s
+        .post(
+            &format!("/v1/pools/{pool}/drain"),
+            &json!({"deadline_ms": 10000}),
+        )
+        .await;
+    assert_eq!(r.status(), 202);
+    match w.next(Duration::from_secs(5)).await {
+        Next::Msg(ServerToWorker::GracefulShutdown {
+            drain_timeout_secs, ..
+        }) => {
+            assert_eq!(drain_timeout_secs, Some(10))
+        }
+        other => panic!("expected graceful_shutdown, got {other:?}"),
+    }
+    // a new task does not go to it, and the socket stays open while the request runs
+    let late = s
+        .post(
+            "/v1/tasks",
+            &json!({"model": "m", "prompt": "hi", "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(late.status(), 202);
+    assert!(matches!(
+        w.next(Duration::from_millis(400)).await,
+        Next::Quiet
+    ));
+    w.answer(&rid, &["done"]).await;
+    let v: serde_json::Value = call.await.unwrap().unwrap().json().await.unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "done");
+    match w.next(Duration::from_secs(5)).await {
+        Next::Closed(reason) => assert_eq!(reason.as_deref(), Some("drained")),
+        other => panic!("expected close, got {other:?}"),
+    }
+    assert!(pools_of_kind(&s, "remote").await.is_empty());
+}
+
+/// WRK-HB-1: a worker that stops answering is closed with "worker heartbeat timed out" and its
+/// pools go away.
+#[tokio::test]
+async fn silent_worker_is_closed_by_heartbeat() {
+    let s = server(|c| {
+        c.workers.heartbeat_interval_ms = 100;
+        c.workers.pong_timeout_ms = 300;
+    })
+    .await;
+    let mut w = worker(&s, "mute", &["m"], 1).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    assert!(pools_of_kind(&s, "remote").await.is_empty());
+    // the pings it never read, then the close frame with the reason
+    loop {
+        match w.next(Duration::from_secs(2)).await {
+            Next::Closed(reason) => {
+                assert_eq!(reason.as_deref(), Some("worker heartbeat timed out"));
+                break;
+            }
+            Next::Msg(_) => continue,
+            Next::Quiet => panic!("no close frame"),
+        }
+    }
+    let m = s.metrics().await;
+    assert_eq!(
+        support::counter(&m, "orchd_worker_disconnects_total{reason=\"heartbeat\"}"),
+        1.0
+    );
+}
+
+/// WRK-MODEL-2: `models_update` adds and removes the worker's pools at once; the server asks
+/// with `models_refresh` on demand.
+#[tokio::test]
+async fn models_update_changes_the_pools() {
+    let s = server(|_| {}).await;
+    let mut w = worker(&s, "w", &["m1"], 1).await;
+    let workers = s.get_json("/v1/workers").await;
+    let wid = workers["workers"][0]["worker_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = s
+        .post(&format!("/v1/workers/{wid}/models_refresh"), &json!({}))
+        .await;
+    assert_eq!(r.status(), 202);
+    assert!(matches!(
+        w.next(Duration::from_secs(5)).await,
+        Next::Msg(ServerToWorker::ModelsRefresh { .. })
+    ));
+    w.send(&WorkerToServer::ModelsUpdate {
+        models: vec!["m2".into(), "m3".into()],
+        current_load: 0,
+    })
+    .await;
+    let mut pools = Vec::new();
+    for _ in 0..100 {
+        pools = pools_of_kind(&s, "remote").await;
+        if pools.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    pools.sort();
+    assert_eq!(pools, vec![format!("{wid}:m2"), format!("{wid}:m3")]);
+    let models = s.get_json("/v1/models").await;
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&"m2") && !ids.contains(&"m1"), "{ids:?}");
+}
