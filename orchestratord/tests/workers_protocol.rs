@@ -43,10 +43,16 @@ async fn pools_of_kind(s: &TestServer, kind: &str) -> Vec<String> {
 }
 
 /// WRK-AUTH-1, WRK-AUTH-2: a wrong or missing secret is 401 before any upgrade, failures are
-/// counted, and an address past its limit is answered 429 even with the right secret.
+/// counted, and an address past its limit is answered 429 even with the right secret. The
+/// secret may come in the `worker_secret` query parameter.
 #[tokio::test]
 async fn wrong_secret_is_refused_and_limited() {
     let s = server(|c| c.workers.max_auth_failures_per_minute = 3).await;
+    let mut by_query = support::fake_worker::connect_as(&s.base, SECRET, true)
+        .await
+        .expect("accepted with the query parameter");
+    by_query.register("q", &["m"], 1).await;
+    drop(by_query);
     for bad in ["nope", ""] {
         assert_eq!(connect(&s.base, bad).await.err(), Some(401));
     }
@@ -427,6 +433,27 @@ async fn drain_closes_the_worker_after_its_request() {
         other => panic!("expected close, got {other:?}"),
     }
     assert!(pools_of_kind(&s, "remote").await.is_empty());
+}
+
+/// WRK-DRAIN-1, WRK-OFF-1: server shutdown drains every worker (`graceful_shutdown`,
+/// reason `server_shutdown`); without a secret the route does not exist.
+#[tokio::test]
+async fn shutdown_drains_workers_and_no_secret_means_no_workers() {
+    let mut s = server(|_| {}).await;
+    let mut w = worker(&s, "w", &["m"], 1).await;
+    s.begin_shutdown();
+    match w.next(Duration::from_secs(5)).await {
+        Next::Msg(ServerToWorker::GracefulShutdown { reason, .. }) => {
+            assert_eq!(reason.as_deref(), Some("server_shutdown"))
+        }
+        other => panic!("expected graceful_shutdown, got {other:?}"),
+    }
+    let off = start(
+        config(vec![support::pool("p", 1)]),
+        Duration::from_millis(5),
+    )
+    .await;
+    assert_eq!(connect(&off.base, "").await.err(), Some(404));
 }
 
 /// WRK-HB-1: a worker that stops answering is closed with "worker heartbeat timed out" and its

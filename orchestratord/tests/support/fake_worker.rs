@@ -18,12 +18,26 @@ pub struct FakeWorker {
     pub load: u32,
 }
 
-/// Connects to `base` (`http://host:port`) with `secret`; the HTTP status on refusal.
+/// Connects to `base` (`http://host:port`) with `secret` in the header; the HTTP status on
+/// refusal.
 pub async fn connect(base: &str, secret: &str) -> Result<FakeWorker, u16> {
-    let url = format!("{}/v1/worker/connect", base.replace("http://", "ws://"));
+    connect_as(base, secret, false).await
+}
+
+/// Connects with the secret in the header, or in the `worker_secret` query parameter.
+pub async fn connect_as(base: &str, secret: &str, in_query: bool) -> Result<FakeWorker, u16> {
+    let mut url = format!(
+        "{}/v1/worker/connect?provider=test",
+        base.replace("http://", "ws://")
+    );
+    if in_query {
+        url.push_str(&format!("&worker_secret={secret}"));
+    }
     let mut req = url.into_client_request().unwrap();
-    req.headers_mut()
-        .insert(SECRET_HEADER, secret.parse().unwrap());
+    if !in_query {
+        req.headers_mut()
+            .insert(SECRET_HEADER, secret.parse().unwrap());
+    }
     match tokio_tungstenite::connect_async(req).await {
         Ok((ws, _)) => Ok(FakeWorker { ws, load: 0 }),
         Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
