@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use contracts::{ErrorCode, SseMetrics};
-use pool_manager::{EngineJob, FinishReason, PoolKind, PortError, SeqEvent, SlotLease};
+use pool_manager::{
+    EngineJob, FailureNote, FinishReason, PoolKind, PortError, SeqEvent, SlotLease,
+};
 use tokio::sync::mpsc::Receiver;
 
 use crate::eta;
@@ -64,7 +66,9 @@ pub async fn run(state: SharedState, task: Arc<Task>, lease: SlotLease) {
             return;
         }
     }
+    let failure = FailureNote::default();
     let job = EngineJob {
+        failure: failure.clone(),
         prompt: task.spec.prompt.clone(),
         continuation,
         prompt_tokens: tokens,
@@ -100,7 +104,7 @@ pub async fn run(state: SharedState, task: Arc<Task>, lease: SlotLease) {
     } else {
         state.cfg.timeouts.wall_ms
     };
-    let outcome = pump(&state, &task, &lease, &mut rx, placed, wall_ms).await;
+    let outcome = pump(&state, &task, &lease, &mut rx, placed, wall_ms, &failure).await;
     match outcome {
         Outcome::Finished(tokens_out) => pool.record_service(placed.elapsed(), tokens_out),
         Outcome::Lost if remote => {
@@ -143,6 +147,7 @@ async fn pump(
     rx: &mut Receiver<SeqEvent>,
     placed: Instant,
     wall_ms: u64,
+    failure: &FailureNote,
 ) -> Outcome {
     let t = &state.cfg.timeouts;
     let wall = tokio::time::sleep_until((placed + Duration::from_millis(wall_ms)).into());
@@ -219,7 +224,11 @@ async fn pump(
                     return Outcome::Finished(f.tokens_out);
                 }
                 Ok(Some(SeqEvent::Failed(m))) => {
-                    state.fail_task(task, ErrorCode::Internal, format!("engine error: {m}"), true, None);
+                    if let Some(PortError::InvalidInput(why)) = failure.get() {
+                        state.fail_task(task, ErrorCode::InvalidParams, why, false, None);
+                    } else {
+                        state.fail_task(task, ErrorCode::Internal, format!("engine error: {m}"), true, None);
+                    }
                     return Outcome::Ended;
                 }
             }

@@ -178,6 +178,42 @@ async fn remote_pool_serves_a_chat_without_the_clients_credentials() {
     assert_eq!(v["usage"]["completion_tokens"], 2);
 }
 
+/// WRK-ENG-4: a backend's 4xx (it refused the input) is the client's 400 INVALID_PARAMS with
+/// the backend's reason; a 5xx is a retriable server error.
+#[tokio::test]
+async fn backend_refusals_keep_their_class() {
+    let s = server(|_| {}).await;
+    let mut w = worker(&s, "w", &["m"], 1).await;
+    for (status, want_status, want_code) in [(400, 400, "INVALID_PARAMS"), (503, 500, "INTERNAL")] {
+        let call = tokio::spawn(
+            s.client
+                .post(s.url("/v1/chat/completions"))
+                .json(&chat("m", false))
+                .send(),
+        );
+        let (rid, ..) = w.request().await;
+        w.send(&WorkerToServer::ResponseComplete {
+            request_id: rid,
+            status_code: status,
+            headers: Default::default(),
+            body: Some(r#"{"error":{"message":"the prompt is longer than the context"}}"#.into()),
+            token_counts: None,
+        })
+        .await;
+        let r = call.await.unwrap().unwrap();
+        assert_eq!(r.status(), want_status);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], want_code);
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("longer than the context"),
+            "{v}"
+        );
+    }
+}
+
 /// WRK-PLACE-1: placement reads `current_load`: a worker reporting itself full gets nothing
 /// while another has room.
 #[tokio::test]
@@ -206,6 +242,39 @@ async fn reported_load_steers_placement() {
     for c in calls {
         assert_eq!(c.await.unwrap().unwrap().status(), 200);
     }
+}
+
+/// WRK-PLACE-1: a load report that counted our own request does not hold the slot once that
+/// request ended (reports come with pongs, seconds apart).
+#[tokio::test]
+async fn a_stale_load_report_does_not_hold_a_free_slot() {
+    let s = server(|_| {}).await;
+    let mut w = worker(&s, "one-slot", &["m"], 1).await;
+    let first = tokio::spawn(
+        s.client
+            .post(s.url("/v1/chat/completions"))
+            .json(&chat("m", false))
+            .send(),
+    );
+    let second = tokio::spawn(
+        s.client
+            .post(s.url("/v1/chat/completions"))
+            .json(&chat("m", false))
+            .send(),
+    );
+    let (rid, ..) = w.request().await;
+    w.send(&WorkerToServer::Pong {
+        current_load: 1,
+        timestamp_unix_ms: None,
+    })
+    .await;
+    w.answer(&rid, &["one"]).await;
+    let t0 = std::time::Instant::now();
+    let (rid, ..) = w.request().await;
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    w.answer(&rid, &["two"]).await;
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
+    assert_eq!(second.await.unwrap().unwrap().status(), 200);
 }
 
 /// WRK-REQ-1, WRK-REQ-2: a worker lost after streaming tokens: the task goes back to the queue

@@ -13,8 +13,8 @@ pub use candle_engine::{CandleFactory, CandlePortEngine};
 pub use lease::SlotLease;
 pub use pool::{Pool, PoolError, PoolKind, PoolSnapshot, PoolSpec, CIRCUIT_OPEN_AFTER};
 pub use port::{
-    Engine, EngineDescriptor, EngineFactory, EngineJob, PortError, PromptInput, StopCause,
-    EVENT_CHANNEL_CAPACITY,
+    Engine, EngineDescriptor, EngineFactory, EngineJob, FailureNote, PortError, PromptInput,
+    StopCause, EVENT_CHANNEL_CAPACITY,
 };
 pub use registry::PoolRegistry;
 pub use state::{PoolEvent, PoolState, TransitionError};

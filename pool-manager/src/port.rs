@@ -59,6 +59,22 @@ impl StopCause {
     }
 }
 
+/// What an engine says about a `Failed` event it sent, set before sending it: a remote
+/// backend that refused the input (a 4xx: the client's mistake) notes `InvalidInput`; no note
+/// means the engine failed.
+#[derive(Debug, Clone, Default)]
+pub struct FailureNote(Arc<OnceLock<PortError>>);
+
+impl FailureNote {
+    pub fn set(&self, e: PortError) {
+        let _ = self.0.set(e);
+    }
+
+    pub fn get(&self) -> Option<PortError> {
+        self.0.get().cloned()
+    }
+}
+
 /// One sequence to run.
 pub struct EngineJob {
     pub prompt: PromptInput,
@@ -74,6 +90,8 @@ pub struct EngineJob {
     pub stop_cause: StopCause,
     /// The request's correlation id (empty when none), passed on to remote backends.
     pub correlation_id: String,
+    /// How to read a `Failed` event of this job.
+    pub failure: FailureNote,
 }
 
 impl EngineJob {
@@ -89,6 +107,7 @@ impl EngineJob {
             cancel: CancellationToken::new(),
             stop_cause: StopCause::default(),
             correlation_id: String::new(),
+            failure: FailureNote::default(),
         }
     }
 }

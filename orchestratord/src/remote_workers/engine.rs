@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use contracts::worker::{CancelReason, ServerToWorker, TokenCounts};
 use pool_manager::{
-    Engine, EngineDescriptor, EngineJob, Finish, FinishReason, PortError, PromptInput, SeqEvent,
-    StopCause, EVENT_CHANNEL_CAPACITY,
+    Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason, PortError, PromptInput,
+    SeqEvent, StopCause, EVENT_CHANNEL_CAPACITY,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -86,8 +86,11 @@ impl Engine for RemoteEngine {
         tokio::spawn(relay(
             self.link.clone(),
             request_id,
-            job.cancel,
-            job.stop_cause,
+            Ends {
+                cancel: job.cancel,
+                cause: job.stop_cause,
+                failure: job.failure,
+            },
             events,
             tx,
         ));
@@ -107,7 +110,7 @@ impl Engine for RemoteEngine {
     }
 
     fn current_load(&self) -> Option<usize> {
-        Some(self.link.reported_load())
+        Some(self.link.load())
     }
 }
 
@@ -167,16 +170,27 @@ enum Ended {
     Failed(String),
 }
 
+/// How a job can end early, and how its failure is read.
+struct Ends {
+    cancel: CancellationToken,
+    cause: StopCause,
+    failure: FailureNote,
+}
+
 /// Carries one request's frames to its task until it ends; tells the worker to stop it when
 /// the task ends first.
 async fn relay(
     link: Arc<WorkerLink>,
     request_id: String,
-    cancel: CancellationToken,
-    cause: StopCause,
+    ends: Ends,
     mut events: mpsc::Receiver<RequestEvent>,
     tx: mpsc::Sender<SeqEvent>,
 ) {
+    let Ends {
+        cancel,
+        cause,
+        failure,
+    } = ends;
     let mut progress = Progress::default();
     let stop = |reason: CancelReason| {
         link.close_request(&request_id);
@@ -216,11 +230,12 @@ async fn relay(
                 link.close_request(&request_id);
                 if status_code != 200 {
                     let msg = body.as_deref().map(error_message).unwrap_or_default();
-                    let _ = tx
-                        .send(SeqEvent::Failed(format!(
-                            "the worker's backend answered {status_code}: {msg}"
-                        )))
-                        .await;
+                    let msg = format!("the worker's backend answered {status_code}: {msg}");
+                    // a refused input (not a timeout or a rate limit) is the client's mistake
+                    if (400..500).contains(&status_code) && ![408, 429].contains(&status_code) {
+                        failure.set(PortError::InvalidInput(msg.clone()));
+                    }
+                    let _ = tx.send(SeqEvent::Failed(msg)).await;
                     return;
                 }
                 let mut items = progress.reader.feed("\n");

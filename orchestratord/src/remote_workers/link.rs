@@ -37,7 +37,10 @@ pub struct WorkerLink {
     outbound: mpsc::Sender<ServerToWorker>,
     inflight: Mutex<HashMap<String, mpsc::Sender<RequestEvent>>>,
     reserved: AtomicUsize,
-    reported_load: AtomicUsize,
+    /// Load the worker reported beyond our own requests (other servers' work): reported
+    /// `current_load` minus what we had in flight then. Ours is counted live, so a report
+    /// that lags behind our requests ending never holds a free slot back.
+    external_load: AtomicUsize,
     draining: AtomicBool,
     /// Fired when the socket is gone: engines report dead, relays see their channel close.
     pub closed: CancellationToken,
@@ -66,7 +69,7 @@ impl WorkerLink {
                 outbound: tx,
                 inflight: Mutex::new(HashMap::new()),
                 reserved: AtomicUsize::new(0),
-                reported_load: AtomicUsize::new(initial_load),
+                external_load: AtomicUsize::new(initial_load),
                 draining: AtomicBool::new(false),
                 closed: CancellationToken::new(),
                 drained: CancellationToken::new(),
@@ -137,12 +140,15 @@ impl WorkerLink {
         }
     }
 
-    pub fn set_reported_load(&self, load: usize) {
-        self.reported_load.store(load, Ordering::SeqCst);
+    /// Takes a `current_load` report; returns whether the load beyond ours changed.
+    pub fn set_reported_load(&self, load: usize) -> bool {
+        let external = load.saturating_sub(self.in_flight());
+        self.external_load.swap(external, Ordering::SeqCst) != external
     }
 
-    pub fn reported_load(&self) -> usize {
-        self.reported_load.load(Ordering::SeqCst)
+    /// What the worker runs now: our requests (live) plus its last report of others'.
+    pub fn load(&self) -> usize {
+        self.in_flight() + self.external_load.load(Ordering::SeqCst)
     }
 
     pub fn is_draining(&self) -> bool {

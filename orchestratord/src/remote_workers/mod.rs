@@ -108,6 +108,21 @@ impl WorkerRegistry {
         self.links().get(id).cloned()
     }
 
+    /// An id for a worker named `name`: `w-<name>` (characters a pool id cannot hold become
+    /// `_`), with `-2`, `-3`, … while a connected worker holds it. A worker that reconnects
+    /// gets its old id back, so its pool ids (and their metric label sets) stay the same.
+    fn free_id(&self, name: &str) -> String {
+        let base = format!("w-{}", clean(name));
+        let links = self.links();
+        if !links.contains_key(&base) {
+            return base;
+        }
+        (2..)
+            .map(|n| format!("{base}-{n}"))
+            .find(|id| !links.contains_key(id))
+            .unwrap_or(base)
+    }
+
     /// Adds a registered worker; false when `max_workers` are connected.
     fn add(&self, link: Arc<WorkerLink>) -> bool {
         let mut g = self.links();
@@ -150,11 +165,9 @@ pub fn drain(state: &AppState, link: &WorkerLink, reason: &str, deadline: Durati
     }
 }
 
-/// The pool id of a worker's model: `<worker id>:<model>`, with characters a URL path or a
-/// pool id may not hold replaced by `_`.
-pub fn pool_id(worker_id: &str, model: &str) -> String {
-    let clean: String = model
-        .chars()
+/// `s` with characters a URL path segment or a pool id may not hold replaced by `_`.
+fn clean(s: &str) -> String {
+    s.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() || "-_.".contains(c) {
                 c
@@ -162,8 +175,12 @@ pub fn pool_id(worker_id: &str, model: &str) -> String {
                 '_'
             }
         })
-        .collect();
-    format!("{worker_id}:{clean}")
+        .collect()
+}
+
+/// The pool id of a worker's model: `<worker id>:<model>` (cleaned).
+pub fn pool_id(worker_id: &str, model: &str) -> String {
+    format!("{worker_id}:{}", clean(model))
 }
 
 /// Makes the worker's pools match `models`: new models become Ready remote pools, models it

@@ -199,7 +199,7 @@ async fn serve_worker(
             return;
         }
     };
-    let id = format!("w-{}", &uuid::Uuid::new_v4().simple().to_string()[..8]);
+    let id = state.workers.free_id(&reg.name);
     let (link, outbound) = WorkerLink::new(
         id.clone(),
         reg.name.clone(),
@@ -312,6 +312,10 @@ async fn frame_loop(
                 send_or!(text(&ServerToWorker::ModelsRefresh { reason: Some("periodic".into()) }), "heartbeat");
             }
             _ = link.drained.cancelled() => {
+                // what is queued (graceful_shutdown, a last cancel) goes out before the close
+                while let Ok(m) = outbound.try_recv() {
+                    send_or!(text(&m), "drained");
+                }
                 let _ = tokio::time::timeout(beat, sink.send(close(1000, "drained"))).await;
                 return "drained";
             }
@@ -410,9 +414,7 @@ async fn handle_frame(
 }
 
 fn set_load(state: &SharedState, link: &WorkerLink, load: u32) {
-    let load = load as usize;
-    if link.reported_load() != load {
-        link.set_reported_load(load);
+    if link.set_reported_load(load as usize) {
         state.wake.notify_one();
     }
 }

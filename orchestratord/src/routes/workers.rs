@@ -24,7 +24,7 @@ fn info(link: &WorkerLink) -> WorkerInfo {
         models,
         max_concurrent: link.max_concurrent as u32,
         in_flight: link.in_flight() as u32,
-        current_load: link.reported_load() as u32,
+        current_load: link.load() as u32,
         draining: link.is_draining(),
     }
 }
