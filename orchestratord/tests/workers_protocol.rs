@@ -176,6 +176,17 @@ async fn remote_pool_serves_a_chat_without_the_clients_credentials() {
     assert_eq!(v["choices"][0]["message"]["content"], "Hello");
     assert_eq!(v["usage"]["prompt_tokens"], 11);
     assert_eq!(v["usage"]["completion_tokens"], 2);
+    // a pin to the remote pool runs there, like any pin
+    let id = s
+        .submit_ok(json!({"pool_id": pools[0], "prompt": "Once", "max_tokens": 4}))
+        .await;
+    let (rid, path, body, _) = w.request().await;
+    assert_eq!(path, "/v1/completions");
+    assert_eq!(body["prompt"], "Once");
+    w.answer(&rid, &[" upon"]).await;
+    let ev = s.stream_all(&id).await;
+    support::assert_well_formed(&ev);
+    assert_eq!(s.record(&id).await["pool_id"], pools[0].as_str());
 }
 
 /// WRK-ENG-4: a backend's 4xx (it refused the input) is the client's 400 INVALID_PARAMS with
@@ -559,21 +570,36 @@ async fn silent_worker_is_closed_by_heartbeat() {
 /// with `models_refresh` on demand.
 #[tokio::test]
 async fn models_update_changes_the_pools() {
-    let s = server(|_| {}).await;
+    let s = server(|c| c.workers.models_refresh_interval_ms = 200).await;
     let mut w = worker(&s, "w", &["m1"], 1).await;
     let workers = s.get_json("/v1/workers").await;
     let wid = workers["workers"][0]["worker_id"]
         .as_str()
         .unwrap()
         .to_string();
+    assert_eq!(wid, "w-w");
+    match w.next(Duration::from_secs(5)).await {
+        Next::Msg(ServerToWorker::ModelsRefresh { reason }) => {
+            assert_eq!(reason.as_deref(), Some("periodic"))
+        }
+        other => panic!("expected a periodic models_refresh, got {other:?}"),
+    }
     let r = s
         .post(&format!("/v1/workers/{wid}/models_refresh"), &json!({}))
         .await;
     assert_eq!(r.status(), 202);
-    assert!(matches!(
-        w.next(Duration::from_secs(5)).await,
-        Next::Msg(ServerToWorker::ModelsRefresh { .. })
-    ));
+    let mut asked = false;
+    for _ in 0..5 {
+        if let Next::Msg(ServerToWorker::ModelsRefresh { reason }) =
+            w.next(Duration::from_secs(5)).await
+        {
+            if reason.as_deref() == Some("requested") {
+                asked = true;
+                break;
+            }
+        }
+    }
+    assert!(asked, "no requested models_refresh");
     w.send(&WorkerToServer::ModelsUpdate {
         models: vec!["m2".into(), "m3".into()],
         current_load: 0,
