@@ -86,6 +86,24 @@ fn chat(stream: bool, max_tokens: u32) -> serde_json::Value {
                         {"role": "user", "content": "What is the capital of France?"}]})
 }
 
+/// Submits a task; its id.
+async fn submit(base: &str, body: &serde_json::Value) -> String {
+    let r = post(base, "/v1/tasks", body.clone()).await;
+    assert_eq!(r.status(), 202);
+    let v: serde_json::Value = r.json().await.unwrap();
+    v["task_id"].as_str().unwrap().to_string()
+}
+
+/// A task's whole event stream.
+async fn stream(base: &str, id: &str) -> Vec<Ev> {
+    let r = client()
+        .get(format!("{base}/v1/tasks/{id}/stream"))
+        .send()
+        .await
+        .unwrap();
+    sse_events(r).await
+}
+
 async fn sse_events(r: reqwest::Response) -> Vec<Ev> {
     support::read_events(r)
         .await
@@ -143,20 +161,9 @@ async fn worker_serves_every_api_and_survives_a_server_restart() {
     );
     wait_pools(&base, 1).await;
 
-    let r = post(&base, "/v1/tasks", json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})).await;
-    assert_eq!(r.status(), 202);
-    let id = r.json::<serde_json::Value>().await.unwrap()["task_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let ev = sse_events(
-        client()
-            .get(format!("{base}/v1/tasks/{id}/stream"))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    let task = json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0});
+    let id = submit(&base, &task).await;
+    let ev = stream(&base, &id).await;
     support::assert_well_formed(&ev);
     assert_eq!(ev.last().unwrap().event, "end");
     assert!(text_of(&ev).contains("Paris"), "{}", text_of(&ev));
@@ -249,40 +256,13 @@ async fn lost_workers_requeue_and_continue() {
     wait_pools(&base, 3).await;
     let prompt = json!({"model": MODEL, "prompt": "Here is a list of the planets of the solar system:", "max_tokens": 60, "temperature": 0});
     // the uninterrupted answer
-    let id = post(&base, "/v1/tasks", prompt.clone())
-        .await
-        .json::<serde_json::Value>()
-        .await
-        .unwrap()["task_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let whole = text_of(
-        &sse_events(
-            client()
-                .get(format!("{base}/v1/tasks/{id}/stream"))
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await,
-    );
+    let id = submit(&base, &prompt).await;
+    let whole = text_of(&stream(&base, &id).await);
 
     for how in ["-KILL", "-STOP"] {
-        let id = post(&base, "/v1/tasks", prompt.clone())
-            .await
-            .json::<serde_json::Value>()
-            .await
-            .unwrap()["task_id"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        let stream = client()
-            .get(format!("{base}/v1/tasks/{id}/stream"))
-            .send()
-            .await
-            .unwrap();
-        let reading = tokio::spawn(sse_events(stream));
+        let id = submit(&base, &prompt).await;
+        let (b, i) = (base.clone(), id.clone());
+        let reading = tokio::spawn(async move { stream(&b, &i).await });
         let pool = running_pool(&base, &id).await;
         let victim = worker_running(&base, &pool).await;
         let i = procs

@@ -31,6 +31,19 @@ fn chat(model: &str, stream: bool) -> serde_json::Value {
            "messages": [{"role": "user", "content": "Say hello"}]})
 }
 
+/// Sends a chat in the background (the worker answers it meanwhile).
+fn spawn_chat(
+    s: &TestServer,
+    model: &str,
+    stream: bool,
+) -> tokio::task::JoinHandle<reqwest::Result<reqwest::Response>> {
+    let req = s
+        .client
+        .post(s.url("/v1/chat/completions"))
+        .json(&chat(model, stream));
+    tokio::spawn(req.send())
+}
+
 async fn pools_of_kind(s: &TestServer, kind: &str) -> Vec<String> {
     let v = s.get_json("/v1/pools").await;
     v["pools"]
@@ -196,12 +209,7 @@ async fn backend_refusals_keep_their_class() {
     let s = server(|_| {}).await;
     let mut w = worker(&s, "w", &["m"], 1).await;
     for (status, want_status, want_code) in [(400, 400, "INVALID_PARAMS"), (503, 500, "INTERNAL")] {
-        let call = tokio::spawn(
-            s.client
-                .post(s.url("/v1/chat/completions"))
-                .json(&chat("m", false))
-                .send(),
-        );
+        let call = spawn_chat(&s, "m", false);
         let (rid, ..) = w.request().await;
         w.send(&WorkerToServer::ResponseComplete {
             request_id: rid,
@@ -261,18 +269,8 @@ async fn reported_load_steers_placement() {
 async fn a_stale_load_report_does_not_hold_a_free_slot() {
     let s = server(|_| {}).await;
     let mut w = worker(&s, "one-slot", &["m"], 1).await;
-    let first = tokio::spawn(
-        s.client
-            .post(s.url("/v1/chat/completions"))
-            .json(&chat("m", false))
-            .send(),
-    );
-    let second = tokio::spawn(
-        s.client
-            .post(s.url("/v1/chat/completions"))
-            .json(&chat("m", false))
-            .send(),
-    );
+    let first = spawn_chat(&s, "m", false);
+    let second = spawn_chat(&s, "m", false);
     let (rid, ..) = w.request().await;
     w.send(&WorkerToServer::Pong {
         current_load: 1,
@@ -418,12 +416,7 @@ async fn request_timeout_cancels_with_reason_timeout() {
     })
     .await;
     let mut w = worker(&s, "slow", &["m"], 1).await;
-    let call = tokio::spawn(
-        s.client
-            .post(s.url("/v1/chat/completions"))
-            .json(&chat("m", false))
-            .send(),
-    );
+    let call = spawn_chat(&s, "m", false);
     let (rid, ..) = w.request().await;
     match w.next(Duration::from_secs(5)).await {
         Next::Msg(ServerToWorker::Cancel { request_id, reason }) => {
@@ -471,12 +464,7 @@ async fn drain_closes_the_worker_after_its_request() {
     let s = server(|_| {}).await;
     let mut w = worker(&s, "w", &["m"], 2).await;
     let pool = pools_of_kind(&s, "remote").await.remove(0);
-    let call = tokio::spawn(
-        s.client
-            .post(s.url("/v1/chat/completions"))
-            .json(&chat("m", false))
-            .send(),
-    );
+    let call = spawn_chat(&s, "m", false);
     let (rid, ..) = w.request().await;
     let r = s
         .post(
