@@ -409,3 +409,84 @@ async fn worker_fronting_another_orchestratord() {
     assert!(exited, "the drained worker did not exit: {}", w.log_text());
     assert!(w.child.try_wait().unwrap().unwrap().success());
 }
+
+/// WRK-W-4: a server that refuses protocol "1" (modelrelay's accepts only
+/// "2026-04-bridge-v1") is asked again at once with the bridge version; `graceful_shutdown`
+/// on an idle worker makes it exit 0. The server side is scripted: a real WebSocket server
+/// that refuses the first registration and acknowledges the second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_falls_back_to_the_bridge_protocol_version() {
+    use axum::extract::ws::{CloseFrame, Message, WebSocketUpgrade};
+    use contracts::worker::{ServerToWorker, WorkerToServer};
+    use std::sync::{Arc, Mutex};
+
+    let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+    let log = seen.clone();
+    let app = axum::Router::new().route(
+        "/v1/worker/connect",
+        axum::routing::get(move |ws: WebSocketUpgrade| {
+            let log = log.clone();
+            async move {
+                ws.on_upgrade(move |mut socket| async move {
+                    let Some(Ok(Message::Text(t))) = socket.recv().await else {
+                        return;
+                    };
+                    let Ok(WorkerToServer::Register {
+                        protocol_version,
+                        models,
+                        ..
+                    }) = serde_json::from_str(&t)
+                    else {
+                        return;
+                    };
+                    log.lock().unwrap().push(protocol_version.clone());
+                    if protocol_version.as_deref() != Some("2026-04-bridge-v1") {
+                        let close = CloseFrame {
+                            code: 1002,
+                            reason: "worker registration protocol error".into(),
+                        };
+                        let _ = socket.send(Message::Close(Some(close))).await;
+                        return;
+                    }
+                    for msg in [
+                        ServerToWorker::RegisterAck {
+                            worker_id: "worker-1".into(),
+                            models,
+                            warnings: vec![],
+                            protocol_version: protocol_version.clone(),
+                        },
+                        ServerToWorker::GracefulShutdown {
+                            reason: Some("maintenance".into()),
+                            drain_timeout_secs: Some(5),
+                        },
+                    ] {
+                        let t = serde_json::to_string(&msg).unwrap();
+                        let _ = socket.send(Message::Text(t.into())).await;
+                    }
+                    while let Some(Ok(_)) = socket.recv().await {}
+                })
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let mut w = worker(
+        &base,
+        SECRET,
+        "picky",
+        "",
+        &["--backend-url", "http://127.0.0.1:9", "--models", "m"],
+    );
+    let exited = eventually(Duration::from_secs(10), || {
+        let done = matches!(w.child.try_wait(), Ok(Some(_)));
+        async move { done }
+    })
+    .await;
+    assert!(exited, "the worker did not exit: {}", w.log_text());
+    assert!(w.child.try_wait().unwrap().unwrap().success());
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![Some("1".to_string()), Some("2026-04-bridge-v1".to_string())]
+    );
+}

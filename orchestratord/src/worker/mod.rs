@@ -9,6 +9,7 @@ mod session;
 use std::sync::Arc;
 use std::time::Duration;
 
+use contracts::worker::{PROTOCOL_BRIDGE_V1, PROTOCOL_V1};
 use rand::Rng;
 
 pub use backend::Backend;
@@ -63,7 +64,9 @@ fn backoff(attempt: u32) -> Duration {
         .mul_f64(rand::rng().random_range(0.5..1.0))
 }
 
-/// Serves until drained by the server (`Ok`) or `stop` resolves.
+/// Serves until drained by the server (`Ok`) or `stop` resolves. Registers with the seed's
+/// protocol version "1"; a server that refuses it is asked again at once with
+/// "2026-04-bridge-v1" (what modelrelay's server accepts), which is kept from then on.
 pub async fn run(
     opts: WorkerOptions,
     backend: Arc<Backend>,
@@ -71,11 +74,17 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     tokio::pin!(stop);
     let mut attempt: u32 = 0;
+    let mut version = PROTOCOL_V1;
     loop {
         let outcome = tokio::select! {
-            o = session::run_once(&opts, &backend) => o,
+            o = session::run_once(&opts, &backend, version) => o,
             _ = &mut stop => return Ok(()),
         };
+        if let (Err(session::SessionError::Refused(why)), PROTOCOL_V1) = (&outcome, version) {
+            tracing::info!(reason = %why, "registration refused with protocol 1; trying {PROTOCOL_BRIDGE_V1}");
+            version = PROTOCOL_BRIDGE_V1;
+            continue;
+        }
         match outcome {
             Ok(session::SessionEnd::Drained) => {
                 tracing::info!("drained by the server: exiting");

@@ -5,9 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use contracts::worker::{
-    ServerToWorker, TokenCounts, WorkerToServer, CONNECT_PATH, PROTOCOL_V1, SECRET_HEADER,
-};
+use contracts::worker::{ServerToWorker, TokenCounts, WorkerToServer, CONNECT_PATH, SECRET_HEADER};
 use futures::{SinkExt, StreamExt};
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
@@ -25,6 +23,29 @@ const ACK_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_BODY_BYTES: usize = 8 << 20;
 /// How often the worker checks whether its models changed.
 const MODEL_CHECK: Duration = Duration::from_secs(5);
+
+/// Why a connection could not be served.
+#[derive(Debug)]
+pub enum SessionError {
+    /// The server closed the socket instead of acknowledging `register` (its reason).
+    Refused(String),
+    Other(String),
+}
+
+impl From<String> for SessionError {
+    fn from(s: String) -> Self {
+        Self::Other(s)
+    }
+}
+
+impl std::fmt::Display for SessionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Refused(why) => write!(f, "the server refused the registration: {why}"),
+            Self::Other(why) => f.write_str(why),
+        }
+    }
+}
 
 /// How a connection ended.
 pub enum SessionEnd {
@@ -56,8 +77,12 @@ pub fn connect_url(server: &str, provider: Option<&str>) -> String {
     url
 }
 
-/// Connects, registers, and serves until the socket ends.
-pub async fn run_once(opts: &WorkerOptions, backend: &Arc<Backend>) -> Result<SessionEnd, String> {
+/// Connects, registers with `protocol_version`, and serves until the socket ends.
+pub async fn run_once(
+    opts: &WorkerOptions,
+    backend: &Arc<Backend>,
+    protocol_version: &str,
+) -> Result<SessionEnd, SessionError> {
     let url = connect_url(&opts.server, opts.provider.as_deref());
     let mut req = url
         .as_str()
@@ -84,7 +109,7 @@ pub async fn run_once(opts: &WorkerOptions, backend: &Arc<Backend>) -> Result<Se
         worker_name: opts.name.clone(),
         models: models.clone(),
         max_concurrent,
-        protocol_version: Some(PROTOCOL_V1.into()),
+        protocol_version: Some(protocol_version.into()),
         current_load: Some(0),
     };
     sink.send(text(&register))
@@ -106,15 +131,14 @@ pub async fn run_once(opts: &WorkerOptions, backend: &Arc<Backend>) -> Result<Se
                     tracing::warn!(warning = %w, "server warning");
                 }
             }
-            other => return Err(format!("expected register_ack, got {other:?}")),
+            other => return Err(format!("expected register_ack, got {other:?}").into()),
         },
         Some(Ok(Message::Close(f))) => {
-            return Err(format!(
-                "the server refused the registration: {}",
-                f.map(|f| f.reason.to_string()).unwrap_or_default()
+            return Err(SessionError::Refused(
+                f.map(|f| f.reason.to_string()).unwrap_or_default(),
             ))
         }
-        other => return Err(format!("expected register_ack, got {other:?}")),
+        other => return Err(format!("expected register_ack, got {other:?}").into()),
     }
     let (out_tx, mut out_rx) = mpsc::channel::<WorkerToServer>(256);
     let (done_tx, mut done_rx) = mpsc::channel::<String>(1024);
