@@ -5,7 +5,8 @@
 # CUDA kernels are compiled to PTX by nvcc and every `cfg(feature = "cuda")` path of ours is
 # type-checked and compiled. Nothing is linked here: the driver, cuBLAS and NVRTC libraries are
 # those of the GPU machine. 13.0.x because the lent GPU machines run driver 580 (CUDA 13.0),
-# which cannot load PTX from a newer toolkit. Extra args go to the first cargo build.
+# which cannot load PTX from a newer toolkit. Extra args go to cargo build. About 9 minutes
+# on 2 cores the first time (candle's quantized matmul kernels), seconds after that.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 dir=.cache/cuda
@@ -22,5 +23,5 @@ export CPATH="$cu/include:$cu/include/cccl${CPATH:+:$CPATH}"
 # no GPU to ask: build PTX/SASS for Hopper (H100/H200) unless told otherwise
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
 nvcc --version | tail -n 1 >&2
-cargo build -p engine-candle -p pool-manager --features cuda "$@"
-cargo build -p orchestratord --lib --features cuda
+# one build: orchestratord's `cuda` turns on pool-manager's and engine-candle's
+cargo build -p orchestratord --lib --features cuda "$@"
