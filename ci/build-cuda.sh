@@ -22,6 +22,8 @@ export PATH="$cu/bin:$PATH" CUDA_ROOT="$cu" CUDA_PATH="$cu" CUDA_HOME="$cu"
 export CPATH="$cu/include:$cu/include/cccl${CPATH:+:$CPATH}"
 # no GPU to ask: build PTX/SASS for Hopper (H100/H200) unless told otherwise
 export CUDA_COMPUTE_CAP="${CUDA_COMPUTE_CAP:-90}"
+# candle-kernels' builder runs one nvcc per file on half the cores unless told; use them all
+export CUDAFORGE_THREADS="${CUDAFORGE_THREADS:-$(nproc)}"
 nvcc --version | tail -n 1 >&2
 # one build: orchestratord's `cuda` turns on pool-manager's and engine-candle's
 cargo build -p orchestratord --lib --features cuda "$@"

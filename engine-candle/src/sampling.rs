@@ -40,6 +40,10 @@ impl Default for SamplingParams {
     }
 }
 
+/// Temperatures below this are greedy (vLLM's epsilon): `1/t` of a tinier one overflows f32
+/// once it scales a logit, and the softmax turns to NaN.
+pub const GREEDY_BELOW: f32 = 1e-5;
+
 /// Tokens (prompt and generated) the repetition penalty looks back over.
 pub const REPEAT_WINDOW: usize = 64;
 
@@ -130,7 +134,7 @@ impl Sampler {
     pub fn sample(&mut self, logits: &mut [f32], recent: &[u32]) -> u32 {
         self.apply_penalties(logits, recent);
         let p = &self.params;
-        if p.temperature <= 0.0 {
+        if p.temperature < GREEDY_BELOW {
             return argmax(logits);
         }
         let inv_t = 1.0 / p.temperature;
@@ -143,7 +147,7 @@ impl Sampler {
                 .filter(|(_, l)| l.is_finite())
                 .map(|(i, &l)| (i as u32, l * inv_t)),
         );
-        if cand.is_empty() {
+        if cand.is_empty() || cand.iter().any(|c| !c.1.is_finite()) {
             return argmax(logits);
         }
         let by_value_desc =
@@ -208,6 +212,65 @@ pub fn argmax(logits: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ENG-SAMP-2: temperatures between 0 and a small epsilon are greedy; 1e-39 once gave
+    /// the lowest-ranked token (1/t overflowed and the softmax was NaN).
+    #[test]
+    fn tiny_temperatures_are_greedy() {
+        let logits: Vec<f32> = (0..64)
+            .map(|i| ((i * 37) % 64) as f32 * 0.5 - 10.0)
+            .collect();
+        let best = argmax(&logits);
+        for t in [1e-39f32, f32::MIN_POSITIVE, 1e-30, 1e-8, 9e-6] {
+            let mut s = Sampler::new(SamplingParams {
+                temperature: t,
+                seed: 3,
+                ..Default::default()
+            });
+            for _ in 0..10 {
+                assert_eq!(s.sample(&mut logits.clone(), &[]), best, "t = {t}");
+            }
+        }
+    }
+
+    /// ENG-SAMP-2: any valid parameter set over any finite logits picks an existing token
+    /// (random sets from a fixed seed, extremes included); nothing NaN decides the pick.
+    #[test]
+    fn random_valid_parameters_always_pick_a_real_token() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+        let pick = |rng: &mut rand_chacha::ChaCha8Rng, edges: &[f32], lo: f32, hi: f32| {
+            if rng.random_bool(0.3) {
+                edges[rng.random_range(0..edges.len())]
+            } else {
+                rng.random_range(lo..=hi)
+            }
+        };
+        for _ in 0..2000 {
+            let p = SamplingParams {
+                temperature: pick(&mut rng, &[0.0, 1e-39, 1e-6, 1e-5, 100.0], 0.0, 100.0),
+                top_k: rng.random_range(0..80),
+                top_p: pick(&mut rng, &[f32::MIN_POSITIVE, 1e-9, 1.0], 1e-6, 1.0),
+                min_p: pick(&mut rng, &[0.0, 1.0], 0.0, 1.0),
+                repetition_penalty: pick(&mut rng, &[1e-6, 1.0, 10.0], 0.01, 10.0),
+                presence_penalty: pick(&mut rng, &[-2.0, 2.0], -2.0, 2.0),
+                frequency_penalty: pick(&mut rng, &[-2.0, 2.0], -2.0, 2.0),
+                seed: rng.random(),
+            };
+            p.validate().expect("valid by construction");
+            let n = rng.random_range(1..70);
+            let scale = pick(&mut rng, &[1e-30, 1e30], -50.0, 50.0);
+            let mut logits: Vec<f32> = (0..n)
+                .map(|_| rng.random_range(-1.0f32..1.0) * scale)
+                .collect();
+            let recent: Vec<u32> = (0..rng.random_range(0..10))
+                .map(|_| rng.random_range(0..n as u32))
+                .collect();
+            let mut s = Sampler::new(p.clone());
+            let id = s.sample(&mut logits, &recent);
+            assert!((id as usize) < n, "{p:?} picked {id} of {n}");
+        }
+    }
 
     #[test]
     fn greedy_picks_the_largest_and_lowest_on_ties() {

@@ -100,7 +100,10 @@ fn main() -> anyhow::Result<()> {
 }
 
 fn init_logs() {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
+        // colour codes only for a person at a terminal, never in log files or pipes
+        .with_ansi(std::io::stdout().is_terminal())
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )

@@ -317,7 +317,7 @@ async fn lost_workers_requeue_and_continue() {
 
 /// WRK-E2E-3: a client that disconnects mid-stream sends `cancel client_disconnect`, and the
 /// worker's engine lets go of the slot within 100 ms of the server seeing the disconnect
-/// (measured on the worker's own API).
+/// (measured on the worker's own API); a pool the worker stops serving leaves the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_disconnect_stops_the_worker_engine() {
     let (_srv, base) = server(&server_config("")).await;
@@ -356,6 +356,31 @@ async fn client_disconnect_stops_the_worker_engine() {
     );
     // the 100 ms goal is measured and reported; the bound here leaves room for a loaded CI host
     assert!(ms < 2000, "{ms} ms");
+
+    // WRK-W-3: the worker's own pool stops serving (drained on its API): its next
+    // models_update removes the remote pool on the server
+    let r = client()
+        .post(format!("{wbase}/v1/pools/local/drain"))
+        .json(&json!({"deadline_ms": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let gone = eventually(Duration::from_secs(15), || {
+        let base = base.clone();
+        async move {
+            try_get(&base, "/v1/pools").await["pools"]
+                .as_array()
+                .is_some_and(|a| a.is_empty())
+        }
+    })
+    .await;
+    assert!(gone, "{}", get(&base, "/v1/pools").await);
+    // the worker stays connected, serving nothing until its pool is back
+    assert_eq!(
+        get(&base, "/v1/workers").await["workers"][0]["models"],
+        json!([])
+    );
 }
 
 /// WRK-E2E-4: a worker fronting another orchestratord through --backend-url serves chats end

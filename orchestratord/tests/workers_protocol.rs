@@ -117,6 +117,35 @@ async fn protocol_versions() {
     }
 }
 
+/// WRK-BOUND-1, WRK-POOL-1: workers are bounded (one more is closed with the reason), and
+/// workers of one name get distinct ids.
+#[tokio::test]
+async fn worker_count_is_bounded_and_names_share_no_id() {
+    let s = server(|c| c.workers.max_workers = 2).await;
+    let _a = worker(&s, "same", &["m"], 1).await;
+    let _b = worker(&s, "same", &["m"], 1).await;
+    let ids: Vec<String> = s.get_json("/v1/workers").await["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["worker_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, vec!["w-same", "w-same-2"]);
+    let mut c = connect(&s.base, SECRET).await.unwrap();
+    c.send(&WorkerToServer::Register {
+        worker_name: "third".into(),
+        models: vec!["m".into()],
+        max_concurrent: 1,
+        protocol_version: None,
+        current_load: None,
+    })
+    .await;
+    match c.next(Duration::from_secs(5)).await {
+        Next::Closed(Some(reason)) => assert!(reason.contains("too many workers"), "{reason}"),
+        other => panic!("expected a close, got {other:?}"),
+    }
+}
+
 /// WRK-PROTO-3: a frame that does not parse is answered with `error` and the connection
 /// goes on serving; unknown fields are ignored.
 #[tokio::test]

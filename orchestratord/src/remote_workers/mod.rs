@@ -108,30 +108,28 @@ impl WorkerRegistry {
         self.links().get(id).cloned()
     }
 
-    /// An id for a worker named `name`: `w-<name>` (characters a pool id cannot hold become
-    /// `_`), with `-2`, `-3`, … while a connected worker holds it. A worker that reconnects
-    /// gets its old id back, so its pool ids (and their metric label sets) stay the same.
-    fn free_id(&self, name: &str) -> String {
-        let base = format!("w-{}", clean(name));
-        let links = self.links();
-        if !links.contains_key(&base) {
-            return base;
-        }
-        (2..)
-            .map(|n| format!("{base}-{n}"))
-            .find(|id| !links.contains_key(id))
-            .unwrap_or(base)
-    }
-
-    /// Adds a registered worker; false when `max_workers` are connected.
-    fn add(&self, link: Arc<WorkerLink>) -> bool {
+    /// Registers a worker named `name` under a free id, built by `make` while the registry is
+    /// locked (two workers of one name registering at once get different ids); `None` when
+    /// `max_workers` are connected. The id is `w-<name>` (characters a pool id cannot hold
+    /// become `_`), with `-2`, `-3`, … while a connected worker holds it: a worker that
+    /// reconnects gets its old id back, so its pool ids (and their metric label sets) stay.
+    fn add(
+        &self,
+        name: &str,
+        make: impl FnOnce(String) -> Arc<WorkerLink>,
+    ) -> Option<Arc<WorkerLink>> {
         let mut g = self.links();
         if g.len() >= self.cfg.max_workers {
-            return false;
+            return None;
         }
-        g.insert(link.id.clone(), link);
+        let base = format!("w-{}", clean(name));
+        let id = std::iter::once(base.clone())
+            .chain((2..).map(|n| format!("{base}-{n}")))
+            .find(|id| !g.contains_key(id))?;
+        let link = make(id.clone());
+        g.insert(id, link.clone());
         crate::metrics::workers_connected(g.len());
-        true
+        Some(link)
     }
 
     fn remove(&self, id: &str) {

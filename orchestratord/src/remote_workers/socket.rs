@@ -199,17 +199,20 @@ async fn serve_worker(
             return;
         }
     };
-    let id = state.workers.free_id(&reg.name);
-    let (link, outbound) = WorkerLink::new(
-        id.clone(),
-        reg.name.clone(),
-        reg.protocol_version.clone(),
-        reg.max_concurrent,
-        w.chunk_backlog,
-        reg.load,
-    );
-    let link = Arc::new(link);
-    if !state.workers.add(link.clone()) {
+    let mut outbound = None;
+    let added = state.workers.add(&reg.name, |id| {
+        let (link, rx) = WorkerLink::new(
+            id,
+            reg.name.clone(),
+            reg.protocol_version.clone(),
+            reg.max_concurrent,
+            w.chunk_backlog,
+            reg.load,
+        );
+        outbound = Some(rx);
+        Arc::new(link)
+    });
+    let (Some(link), Some(outbound)) = (added, outbound) else {
         let _ = socket
             .send(close(
                 CLOSE_AWAY,
@@ -218,7 +221,8 @@ async fn serve_worker(
             .await;
         crate::metrics::worker_disconnected("refused");
         return;
-    }
+    };
+    let id = link.id.clone();
     sync_pools(&state, &link, &reg.models);
     let ack = ServerToWorker::RegisterAck {
         worker_id: id.clone(),
