@@ -162,3 +162,80 @@ async fn a_client_going_away_cancels_its_task_on_every_adapter() {
     }
     assert_eq!(s.state.pools.get("p1").unwrap().snapshot().slots_busy, 0);
 }
+
+/// ADP-OAI-4: every field of OpenAI's chat-completions request (as its API reference lists
+/// them) is honoured or refused with a 400 naming it: a client asking for JSON output, tools
+/// or log-probabilities never gets a 200 as if it had not asked. Neutral values pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_openai_chat_field_is_honoured_or_refused_by_name() {
+    let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(1)).await;
+    // (field, a value that asks for something, honoured?)
+    let fields = [
+        ("audio", json!({"voice": "alloy", "format": "wav"}), false),
+        ("frequency_penalty", json!(0.5), true),
+        ("function_call", json!("auto"), false),
+        ("functions", json!([{"name": "f", "parameters": {}}]), false),
+        ("logit_bias", json!({"50256": -100}), false),
+        ("logprobs", json!(true), false),
+        ("max_completion_tokens", json!(3), true),
+        ("max_tokens", json!(3), true),
+        ("metadata", json!({"k": "v"}), true),
+        ("modalities", json!(["text", "audio"]), false),
+        ("n", json!(2), false),
+        ("parallel_tool_calls", json!(true), false),
+        (
+            "prediction",
+            json!({"type": "content", "content": "x"}),
+            false,
+        ),
+        ("presence_penalty", json!(0.5), true),
+        ("prompt_cache_key", json!("k"), true),
+        ("reasoning_effort", json!("low"), false),
+        ("response_format", json!({"type": "json_object"}), false),
+        ("safety_identifier", json!("u1"), true),
+        ("seed", json!(7), true),
+        ("service_tier", json!("auto"), true),
+        ("stop", json!(["\n"]), true),
+        ("store", json!(true), false),
+        ("stream", json!(false), true),
+        ("stream_options", json!({"include_usage": true}), true),
+        ("temperature", json!(0.7), true),
+        ("tool_choice", json!("auto"), false),
+        (
+            "tools",
+            json!([{"type": "function", "function": {"name": "f"}}]),
+            false,
+        ),
+        ("top_logprobs", json!(3), false),
+        ("top_p", json!(0.9), true),
+        ("user", json!("u1"), true),
+        ("verbosity", json!("high"), false),
+        ("web_search_options", json!({}), false),
+    ];
+    for (field, value, honoured) in fields {
+        let mut body = json!({"model": "scripted-model", "messages": msgs(), "max_tokens": 3});
+        body[field] = value;
+        let r = chat(&s, body).await;
+        let status = r.status().as_u16();
+        let v: serde_json::Value = r.json().await.unwrap();
+        if honoured {
+            assert_eq!(status, 200, "{field}: {v}");
+        } else {
+            assert_eq!(status, 400, "{field} was not refused: {v}");
+            assert_eq!(v["error"]["param"], field, "{v}");
+            assert_eq!(v["error"]["code"], "INVALID_PARAMS");
+        }
+    }
+    for (field, neutral) in [
+        ("response_format", json!({"type": "text"})),
+        ("tools", json!([])),
+        ("tool_choice", json!("none")),
+        ("logprobs", json!(false)),
+        ("modalities", json!(["text"])),
+        ("store", json!(false)),
+    ] {
+        let mut body = json!({"model": "scripted-model", "messages": msgs(), "max_tokens": 2});
+        body[field] = neutral;
+        assert_eq!(chat(&s, body).await.status(), 200, "{field}");
+    }
+}

@@ -22,6 +22,17 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("n", "only n = 1 is supported"));
     }
+    req.unimplemented.check()?;
+    let continuing = req.continue_final_message == Some(true);
+    if req
+        .add_generation_prompt
+        .is_some_and(|add| add == continuing)
+    {
+        return Err(ApiError::invalid(
+            "add_generation_prompt",
+            "add_generation_prompt must be the opposite of continue_final_message (the default)",
+        ));
+    }
     Ok(TaskRequest {
         messages: Some(
             req.messages

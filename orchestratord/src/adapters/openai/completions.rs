@@ -37,9 +37,7 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
     if req.echo {
         return Err(ApiError::invalid("echo", "echo is not supported"));
     }
-    if req.logprobs.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::invalid("logprobs", "logprobs are not supported"));
-    }
+    req.unimplemented.check()?;
     let prompts: Vec<String> = match &req.prompt {
         PromptField::One(p) => vec![p.clone()],
         PromptField::Many(v) => v.clone(),

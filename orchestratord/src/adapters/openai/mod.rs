@@ -4,6 +4,7 @@
 mod chat;
 mod completions;
 pub mod types;
+mod unimplemented;
 
 pub use chat::{__path_chat_completions, __path_models, chat_completions, models};
 pub use completions::{__path_completions, completions};

@@ -49,6 +49,11 @@ pub struct ChatRequest {
     pub repetition_penalty: Option<f32>,
     /// Continue the final assistant turn instead of answering after it (vLLM's parameter).
     pub continue_final_message: Option<bool>,
+    /// With `continue_final_message`: false (the only value honoured then); otherwise true.
+    pub add_generation_prompt: Option<bool>,
+    /// Fields of OpenAI's API not implemented here: refused unless neutral.
+    #[serde(flatten)]
+    pub unimplemented: super::unimplemented::Unimplemented,
 }
 
 /// A prompt: one string or several (each its own task, answered as its own choice).
@@ -83,13 +88,14 @@ pub struct CompletionRequest {
     /// Not supported (refused when true).
     #[serde(default)]
     pub echo: bool,
-    /// Not supported (refused when set).
-    pub logprobs: Option<serde_json::Value>,
     pub user: Option<String>,
     /// Sampling extensions (llama.cpp's and vLLM's names): 0 disables top-k.
     pub top_k: Option<u32>,
     pub min_p: Option<f32>,
     pub repetition_penalty: Option<f32>,
+    /// Fields of OpenAI's API not implemented here: refused unless neutral.
+    #[serde(flatten)]
+    pub unimplemented: super::unimplemented::Unimplemented,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, ToSchema)]
