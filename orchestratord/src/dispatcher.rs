@@ -65,8 +65,8 @@ pub fn dispatch_once(state: &SharedState) {
                     }
                 }
             }
-            Placement::Unavailable(why) => {
-                state.fail_task(&task, ErrorCode::PoolUnready, why, true, Some(1000));
+            Placement::Unavailable(code, why) => {
+                state.fail_task(&task, code, why, true, Some(1000));
             }
             Placement::Leased(lease) => {
                 if !state.queue.remove(&task.id) {

@@ -5,7 +5,8 @@
 
 use std::cmp::Ordering;
 
-use pool_manager::SlotLease;
+use contracts::ErrorCode;
+use pool_manager::{PoolState, SlotLease};
 
 use crate::metrics;
 use crate::state::AppState;
@@ -16,19 +17,37 @@ pub enum Placement {
     Leased(SlotLease),
     /// No slot free now; stay queued.
     Wait,
-    /// The pinned pool is gone or no longer takes work, or no pool serves the task's model any
-    /// more (its engine was removed): the task fails typed.
-    Unavailable(String),
+    /// The pinned pool is gone or no longer takes work (`POOL_UNREADY`), or no pool serving
+    /// the task's model can take it again by itself — removed, draining, drained, or failing
+    /// with its circuit open (`POOL_UNAVAILABLE`): the task ends typed instead of waiting
+    /// forever.
+    Unavailable(ErrorCode, String),
+}
+
+/// Whether a pool that takes no work now will again without an operator: loading,
+/// restarting with its circuit closed, or reloading.
+fn may_come_back(s: &pool_manager::PoolSnapshot) -> bool {
+    match s.state {
+        PoolState::Ready | PoolState::Reloading | PoolState::Loading => true,
+        PoolState::Unready => !s.circuit_open(),
+        PoolState::Draining | PoolState::Drained => false,
+    }
 }
 
 pub fn place(state: &AppState, task: &Task) -> Placement {
     if let Some(pin) = &task.pin {
         let Some(pool) = state.pools.get(pin) else {
-            return Placement::Unavailable(format!("pinned pool {pin:?} was removed"));
+            return Placement::Unavailable(
+                ErrorCode::PoolUnready,
+                format!("pinned pool {pin:?} was removed"),
+            );
         };
         let st = pool.state();
         if !st.accepts_work() {
-            return Placement::Unavailable(format!("pinned pool {pin:?} is {}", st.as_str()));
+            return Placement::Unavailable(
+                ErrorCode::PoolUnready,
+                format!("pinned pool {pin:?} is {}", st.as_str()),
+            );
         }
         return match pool.try_lease() {
             Some(lease) => {
@@ -51,11 +70,28 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
             // a worker may (re)connect for it; the queue timeout bounds the wait
             return Placement::Wait;
         }
-        return Placement::Unavailable(format!("no pool serves model {model:?} any more"));
+        return Placement::Unavailable(
+            ErrorCode::PoolUnavailable,
+            format!("no pool serves model {model:?} any more"),
+        );
     }
-    let mut candidates: Vec<_> = serving
+    let snapshots: Vec<_> = serving.into_iter().map(|p| (p.snapshot(), p)).collect();
+    let model = task.model.as_deref().unwrap_or("");
+    if !snapshots.iter().any(|(s, _)| may_come_back(s)) && !state.workers.knows_model(model) {
+        let states: Vec<String> = snapshots
+            .iter()
+            .map(|(s, _)| format!("{} {}", s.id, s.state.as_str()))
+            .collect();
+        return Placement::Unavailable(
+            ErrorCode::PoolUnavailable,
+            format!(
+                "no pool serving {model:?} will take work again by itself ({})",
+                states.join(", ")
+            ),
+        );
+    }
+    let mut candidates: Vec<_> = snapshots
         .into_iter()
-        .map(|p| (p.snapshot(), p))
         .filter(|(s, _)| s.state.accepts_work() && s.slots_free() > 0)
         .collect();
     candidates.sort_by(|(a, _), (b, _)| {

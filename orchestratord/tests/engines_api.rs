@@ -89,7 +89,8 @@ async fn engines_are_pools_added_listed_and_removed() {
     let ev = s.stream_all(&queued).await;
     let last = ev.last().unwrap();
     assert_eq!(last.event, "error");
-    assert_eq!(last.data["code"], "POOL_UNREADY");
+    // no pool serving e1 will take work again (ORCH-Q-5)
+    assert_eq!(last.data["code"], "POOL_UNAVAILABLE");
     assert_eq!(last.data["retriable"], true);
     for id in &busy {
         let last = s.stream_all(id).await.pop().unwrap();

@@ -135,3 +135,26 @@ async fn failing_pool_backs_off_and_opens_its_breaker() {
     let id = s.submit_ok(json!({"prompt": "x", "max_tokens": 2})).await;
     assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
 }
+
+/// ORCH-Q-5: a queued task whose model has no pool that will take work again by itself (here
+/// the only pool is draining) ends at once with a retriable POOL_UNAVAILABLE instead of
+/// waiting forever; the running task still finishes within the drain deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_tasks_do_not_wait_for_a_pool_that_cannot_come_back() {
+    let s = start(config(vec![pool("p1", 1)]), Duration::from_millis(20)).await;
+    let running = s.submit_ok(json!({"prompt": "go", "max_tokens": 20})).await;
+    let queued = s
+        .submit_ok(json!({"prompt": "wait", "max_tokens": 5}))
+        .await;
+    let (st, _) = post(&s, "/v1/pools/p1/drain", json!({"deadline_ms": 10000})).await;
+    assert_eq!(st, 202);
+    let t0 = std::time::Instant::now();
+    let ev = s.stream_all(&queued).await;
+    assert_well_formed(&ev);
+    let last = ev.last().unwrap();
+    assert_eq!(last.data["code"], "POOL_UNAVAILABLE", "{last:?}");
+    assert_eq!(last.data["retriable"], true);
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    let ev = s.stream_all(&running).await;
+    assert_eq!(ev.last().unwrap().event, "end");
+}
