@@ -5,7 +5,7 @@
 # CUDA kernels are compiled to PTX by nvcc and every `cfg(feature = "cuda")` path of ours is
 # type-checked and compiled. Nothing is linked here: the driver, cuBLAS and NVRTC libraries are
 # those of the GPU machine. 13.0.x because the lent GPU machines run driver 580 (CUDA 13.0),
-# which cannot load PTX from a newer toolkit. Extra args go to cargo build. About 9 minutes
+# which cannot load PTX from a newer toolkit. Extra args go to cargo build. About 5.5 minutes
 # on 2 cores the first time (candle's quantized matmul kernels), seconds after that.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
