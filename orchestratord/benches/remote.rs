@@ -7,9 +7,9 @@
 //! under `cargo test` it runs one tiny pair as a smoke test.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use futures::StreamExt;
+use orchestratord::loadgen::{run_level, LoadSpec};
 
 struct Proc(Child);
 
@@ -68,48 +68,6 @@ async fn wait_ready(client: &reqwest::Client, base: &str) {
     panic!("{base} never had a ready pool");
 }
 
-/// One streamed chat: (tokens, TTFT).
-async fn chat(
-    client: &reqwest::Client,
-    base: &str,
-    i: usize,
-    max_tokens: usize,
-) -> (usize, Duration) {
-    let body = serde_json::json!({
-        "model": "smol", "stream": true, "max_tokens": max_tokens, "temperature": 0,
-        "messages": [{"role": "user", "content": format!("Write a short story about robot number {i}.")}]
-    });
-    let t0 = Instant::now();
-    let r = client
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&body)
-        .send()
-        .await
-        .expect("request");
-    let mut stream = r.bytes_stream();
-    let (mut tokens, mut ttft, mut buf) = (0, None, String::new());
-    while let Some(chunk) = stream.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk.expect("body")));
-        while let Some(nl) = buf.find('\n') {
-            let line: String = buf.drain(..=nl).collect();
-            let Some(data) = line.trim().strip_prefix("data: ") else {
-                continue;
-            };
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(data) else {
-                continue;
-            };
-            if v["choices"][0]["delta"]["content"]
-                .as_str()
-                .is_some_and(|c| !c.is_empty())
-            {
-                tokens += 1;
-                ttft.get_or_insert_with(|| t0.elapsed());
-            }
-        }
-    }
-    (tokens, ttft.unwrap_or_else(|| t0.elapsed()))
-}
-
 /// `requests` chats at `concurrency`: (aggregate tokens/s, TTFT p50 in ms).
 async fn level(
     client: &reqwest::Client,
@@ -118,30 +76,17 @@ async fn level(
     requests: usize,
     max_tokens: usize,
 ) -> (f64, f64) {
-    let t0 = Instant::now();
-    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let mut lanes = Vec::new();
-    for _ in 0..concurrency {
-        let (client, base, next) = (client.clone(), base.to_string(), next.clone());
-        lanes.push(tokio::spawn(async move {
-            let mut out = Vec::new();
-            loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                if i >= requests {
-                    return out;
-                }
-                out.push(chat(&client, &base, i, max_tokens).await);
-            }
-        }));
-    }
-    let mut all = Vec::new();
-    for l in lanes {
-        all.extend(l.await.expect("lane"));
-    }
-    let secs = t0.elapsed().as_secs_f64();
-    let tokens: usize = all.iter().map(|(n, _)| n).sum();
-    let mut ttfts: Vec<f64> = all.iter().map(|(_, t)| t.as_secs_f64() * 1000.0).collect();
-    (tokens as f64 / secs, median(&mut ttfts))
+    let spec = LoadSpec {
+        base_url: base.to_string(),
+        model: "smol".into(),
+        concurrency,
+        requests,
+        max_tokens,
+        timeout: Duration::from_secs(300),
+    };
+    let r = run_level(client, &spec).await;
+    assert!(r.errors.is_empty(), "{base}: {:?}", r.errors);
+    (r.tokens_per_s, r.ttft_p50_ms)
 }
 
 fn median(v: &mut [f64]) -> f64 {

@@ -12,6 +12,7 @@ pub mod error;
 pub mod eta;
 pub mod examples;
 pub mod json_body;
+pub mod loadgen;
 pub mod metrics;
 pub mod openapi;
 pub mod placement;

@@ -239,3 +239,34 @@ async fn every_openai_chat_field_is_honoured_or_refused_by_name() {
         assert_eq!(chat(&s, body).await.status(), 200, "{field}");
     }
 }
+
+/// The in-repo load generator (`orchd-load`, `orchestratord::loadgen`) against a live server:
+/// every request completes with its tokens counted (from `usage`), refusals are counted by
+/// kind, never as completions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn load_generator_counts_tokens_and_errors() {
+    use orchestratord::loadgen::{run_level, LoadSpec};
+    let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(1)).await;
+    let mut spec = LoadSpec {
+        base_url: s.base.clone(),
+        model: "scripted-model".into(),
+        concurrency: 2,
+        requests: 6,
+        max_tokens: 5,
+        timeout: Duration::from_secs(30),
+    };
+    let r = run_level(&s.client, &spec).await;
+    assert_eq!((r.completed, r.output_tokens), (6, 30), "{r:?}");
+    assert!(
+        r.errors.is_empty() && r.tokens_per_s > 0.0 && r.ttft_p50_ms > 0.0,
+        "{r:?}"
+    );
+    assert!(
+        r.ttft_p50_ms <= r.ttft_p95_ms && r.itl_p50_ms <= r.itl_p95_ms,
+        "{r:?}"
+    );
+    spec.model = "no-such-model".into();
+    let r = run_level(&s.client, &spec).await;
+    assert_eq!(r.completed, 0);
+    assert_eq!(r.errors.get("http 404"), Some(&6), "{r:?}");
+}
