@@ -354,6 +354,7 @@ async fn client_disconnect_stops_the_worker_engine() {
         "{}",
         w.log_text()
     );
+    assert!(!w.log_text().contains('\x1b'), "colour codes in a log file");
     // the 100 ms goal is measured and reported; the bound here leaves room for a loaded CI host
     assert!(ms < 2000, "{ms} ms");
 

@@ -545,6 +545,19 @@ async fn shutdown_drains_workers_and_no_secret_means_no_workers() {
         }
         other => panic!("expected graceful_shutdown, got {other:?}"),
     }
+    // a plain request (no WebSocket upgrade) with the right secret: a typed 400, not text
+    let on = server(|_| {}).await;
+    let r = on
+        .client
+        .get(on.url("/v1/worker/connect"))
+        .header("x-worker-secret", SECRET)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "INVALID_PARAMS");
+    assert_eq!(v["field"], "upgrade");
     let off = start(
         config(vec![support::pool("p", 1)]),
         Duration::from_millis(5),

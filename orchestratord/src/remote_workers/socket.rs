@@ -5,6 +5,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{ConnectInfo, Query, State};
 use axum::http::HeaderMap;
@@ -44,7 +45,7 @@ pub async fn connect(
     Query(q): Query<ConnectQuery>,
     headers: HeaderMap,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
     let w = &state.cfg.workers;
     let Some(secret) = w.active_secret() else {
@@ -88,6 +89,16 @@ pub async fn connect(
             .with_retry_after(1000)
             .into_response();
     }
+    let ws = match ws {
+        Ok(ws) => ws,
+        Err(e) => {
+            return ApiError::invalid(
+                "upgrade",
+                format!("workers connect with a WebSocket upgrade: {e}"),
+            )
+            .into_response()
+        }
+    };
     let max = w.max_frame_bytes;
     ws.max_message_size(max)
         .max_frame_size(max)
