@@ -31,6 +31,7 @@ fn run_batch(e: &CandleEngine, prompts: &[Vec<u32>], max_tokens: usize) -> (Vec<
     for p in prompts {
         let (tx, rx) = tokio::sync::mpsc::channel(256);
         e.submit(GenerateRequest {
+            permit: e.try_acquire().expect("a free slot per prompt"),
             prompt_tokens: p.clone(),
             sampling: SamplingParams::default(),
             max_tokens,

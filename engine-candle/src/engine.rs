@@ -14,6 +14,7 @@ use crate::error::{EngineError, Result};
 use crate::hparams::{md_str, Hparams};
 use crate::model::{KvCache, Model};
 use crate::scheduler::{Command, GenerateRequest, Scheduler, Shared};
+use crate::slots::{SlotPermit, Slots};
 use crate::tokenizer::GgufTokenizer;
 use crate::weights::{GgufFile, WeightFormat};
 
@@ -183,6 +184,7 @@ pub struct CandleEngine {
     template: ChatTemplate,
     commands: SyncSender<Command>,
     shared: Arc<Shared>,
+    slots: Slots,
 }
 
 impl CandleEngine {
@@ -235,7 +237,6 @@ impl CandleEngine {
             n => n.min(pool_threads()),
         };
         let shared = Arc::new(Shared {
-            in_flight: AtomicUsize::new(0),
             reused_tokens: std::sync::atomic::AtomicU64::new(0),
             prompt_cache_bytes: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
@@ -286,6 +287,7 @@ impl CandleEngine {
             template,
             commands: tx,
             shared,
+            slots: Slots::new(opts.slots),
         })
     }
 
@@ -318,9 +320,15 @@ impl CandleEngine {
         self.shared.prompt_cache_bytes.load(Ordering::Relaxed)
     }
 
-    /// Sequences submitted and not yet finished.
-    pub fn in_flight(&self) -> usize {
-        self.shared.in_flight.load(Ordering::SeqCst)
+    /// One of the engine's slots for a sequence to [`CandleEngine::submit`], or `None` when
+    /// all are taken (each is given back when its sequence leaves its row).
+    pub fn try_acquire(&self) -> Option<SlotPermit> {
+        self.slots.try_acquire()
+    }
+
+    /// The engine's slots: the one count of sequences submitted and not yet let go.
+    pub fn slots(&self) -> &Slots {
+        &self.slots
     }
 
     /// Checks that a prompt of `prompt_tokens` can generate `max_tokens` within the context.
@@ -338,8 +346,14 @@ impl CandleEngine {
         Ok(())
     }
 
-    /// Starts a sequence. Events arrive on `req.events`; fails at once when all slots are busy.
+    /// Starts a sequence in the slot of `req.permit`. Events arrive on `req.events`; a refused
+    /// request gives its slot back at once.
     pub fn submit(&self, req: GenerateRequest) -> Result<()> {
+        if !self.slots.owns(&req.permit) {
+            return Err(EngineError::InvalidParams(
+                "the slot permit belongs to another engine".into(),
+            ));
+        }
         req.sampling.validate()?;
         if req.max_tokens == 0 {
             return Err(EngineError::InvalidParams(
@@ -350,22 +364,9 @@ impl CandleEngine {
         if !self.is_alive() {
             return Err(EngineError::Stopped);
         }
-        let slots = self.info.slots;
-        self.shared
-            .in_flight
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < slots).then_some(n + 1)
-            })
-            .map_err(|_| EngineError::NoFreeSlot(slots))?;
-        if self
-            .commands
+        self.commands
             .send(Command::Submit(Box::new(req), Instant::now()))
-            .is_err()
-        {
-            self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-            return Err(EngineError::Stopped);
-        }
-        Ok(())
+            .map_err(|_| EngineError::Stopped)
     }
 }
 

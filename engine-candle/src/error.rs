@@ -25,8 +25,6 @@ pub enum EngineError {
     },
     #[error("invalid sampling parameters: {0}")]
     InvalidParams(String),
-    #[error("no free slot: all {0} sequences slots are busy")]
-    NoFreeSlot(usize),
     #[error("the engine's decode thread has stopped")]
     Stopped,
     #[error("device: {0}")]

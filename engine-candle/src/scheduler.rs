@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use crate::error::EngineError;
 use crate::model::{KvCache, Model, Segment};
 use crate::prompt_cache::{common_prefix, Entry, PromptCache};
+use crate::slots::SlotPermit;
 
 /// Longest prompt that joins a forward pass beside the decoding sequences; longer prompts are
 /// prefilled alone in chunks.
@@ -75,6 +76,9 @@ pub enum SeqEvent {
 
 /// A generation request for one sequence.
 pub struct GenerateRequest {
+    /// The slot the sequence runs in, taken with [`crate::CandleEngine::try_acquire`]; the
+    /// engine releases it when it lets go of the sequence's row, before the final event.
+    pub permit: SlotPermit,
     pub prompt_tokens: Vec<u32>,
     pub sampling: SamplingParams,
     pub max_tokens: usize,
@@ -111,7 +115,6 @@ struct Draining {
 }
 
 pub(crate) struct Shared {
-    pub in_flight: AtomicUsize,
     pub alive: AtomicBool,
     /// Prompt tokens whose keys and values were reused from a cached prefix (not recomputed).
     pub reused_tokens: std::sync::atomic::AtomicU64,
@@ -242,10 +245,6 @@ impl Scheduler {
             .retain_mut(|d| flush(&mut d.backlog, &d.events) && !d.backlog.is_empty());
     }
 
-    fn release_slot(&self) {
-        self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
-    }
-
     /// Removes the running sequence `i` (the last one takes its index); its row becomes free
     /// and keeps the sequence's prompt as a reusable prefix.
     fn remove_row(&mut self, i: usize, final_event: Option<SeqEvent>) {
@@ -258,7 +257,7 @@ impl Scheduler {
             cached: seq.req.prompt_tokens[..kept].to_vec(),
         });
         // free the slot before the final event goes out: whoever receives it may submit at once
-        self.release_slot();
+        seq.req.permit.release();
         if let Some(ev) = final_event {
             seq.backlog.push_back(ev);
         }
@@ -381,9 +380,9 @@ impl Scheduler {
                 i += 1;
             }
         }
-        self.waiting.retain(|(req, _)| {
+        self.waiting.retain_mut(|(req, _)| {
             if req.cancel.is_cancelled() || req.events.is_closed() {
-                self.shared.in_flight.fetch_sub(1, Ordering::SeqCst);
+                req.permit.release();
                 let _ = req.events.try_send(SeqEvent::Done(Finish {
                     reason: FinishReason::Cancelled,
                     prompt_tokens: req.prompt_tokens.len(),
@@ -426,13 +425,13 @@ impl Scheduler {
         });
     }
 
-    fn fail_waiting(&mut self, req: &GenerateRequest, row: usize, e: &EngineError) {
+    fn fail_waiting(&mut self, req: &mut GenerateRequest, row: usize, e: &EngineError) {
         // the row's contents are unknown after a failed pass: nothing is reusable
         self.free.push(FreeRow {
             row,
             cached: Vec::new(),
         });
-        self.release_slot();
+        req.permit.release();
         let _ = req.events.try_send(SeqEvent::Failed(e.to_string()));
     }
 
@@ -445,7 +444,7 @@ impl Scheduler {
                 .front()
                 .is_some_and(|(r, _)| r.prompt_tokens.len() > STEP_PROMPT_BUDGET)
         {
-            let Some((req, submitted)) = self.waiting.pop_front() else {
+            let Some((mut req, submitted)) = self.waiting.pop_front() else {
                 return;
             };
             let Some((row, reuse)) = self.take_row(&req.prompt_tokens) else {
@@ -461,7 +460,7 @@ impl Scheduler {
                     let i = self.running.len() - 1;
                     self.accept_token(i);
                 }
-                Err(e) => self.fail_waiting(&req, row, &e),
+                Err(e) => self.fail_waiting(&mut req, row, &e),
             }
         }
     }
@@ -597,7 +596,7 @@ impl Scheduler {
             Err(e) => {
                 let msg = e.to_string();
                 tracing::error!(error = %msg, "forward pass failed");
-                for (req, _, row, _) in &joining {
+                for (req, _, row, _) in &mut joining {
                     self.fail_waiting(req, *row, &e);
                 }
                 while !self.running.is_empty() {

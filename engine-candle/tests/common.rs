@@ -53,7 +53,13 @@ pub fn start(
     let (tx, rx) = tokio::sync::mpsc::channel(16);
     let cancel = CancellationToken::new();
     loop {
+        // other tests share the engine: wait for a slot
+        let Some(permit) = e.try_acquire() else {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            continue;
+        };
         let req = GenerateRequest {
+            permit,
             prompt_tokens: prompt_tokens.clone(),
             sampling: sampling.clone(),
             max_tokens,
@@ -63,10 +69,6 @@ pub fn start(
         };
         match e.submit(req) {
             Ok(()) => return (rx, cancel),
-            // other tests share the engine: wait for a slot
-            Err(engine_candle::EngineError::NoFreeSlot(_)) => {
-                std::thread::sleep(std::time::Duration::from_millis(5))
-            }
             Err(err) => panic!("submit failed: {err}"),
         }
     }

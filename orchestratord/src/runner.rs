@@ -15,9 +15,6 @@ use crate::metrics;
 use crate::state::SharedState;
 use crate::task::Task;
 
-/// Longest wait for the engine to confirm a stopped sequence before the slot is reused.
-const RETIRE_WAIT: Duration = Duration::from_secs(5);
-
 enum Outcome {
     Finished(usize),
     Ended,
@@ -25,7 +22,7 @@ enum Outcome {
     Lost,
 }
 
-pub async fn run(state: SharedState, task: Arc<Task>, lease: SlotLease) {
+pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     let pool = lease.pool().clone();
     let engine = lease.engine.clone();
     let desc = engine.descriptor();
@@ -66,8 +63,19 @@ pub async fn run(state: SharedState, task: Arc<Task>, lease: SlotLease) {
             return;
         }
     }
+    let Some(permit) = lease.take_permit() else {
+        state.fail_task(
+            &task,
+            ErrorCode::Internal,
+            "the slot lease carried no slot",
+            true,
+            Some(1000),
+        );
+        return;
+    };
     let failure = FailureNote::default();
     let job = EngineJob {
+        permit,
         failure: failure.clone(),
         prompt: task.spec.prompt.clone(),
         continuation,
@@ -89,7 +97,6 @@ pub async fn run(state: SharedState, task: Arc<Task>, lease: SlotLease) {
         Err(e) => {
             let (code, retriable) = match &e {
                 PortError::InvalidInput(_) => (ErrorCode::InvalidParams, false),
-                PortError::Busy => (ErrorCode::PoolUnavailable, true),
                 PortError::Dead(_) | PortError::Load(_) => (ErrorCode::WorkerReset, true),
             };
             state.fail_task(&task, code, e.to_string(), retriable, Some(1000));
@@ -122,17 +129,8 @@ pub async fn run(state: SharedState, task: Arc<Task>, lease: SlotLease) {
                 Some(1000),
             );
         }
-        Outcome::Ended => {
-            // wait until the engine has let go of the sequence, so the slot is really free
-            let _ = tokio::time::timeout(RETIRE_WAIT, async {
-                while let Some(ev) = rx.recv().await {
-                    if matches!(ev, SeqEvent::Done(_) | SeqEvent::Failed(_)) {
-                        break;
-                    }
-                }
-            })
-            .await;
-        }
+        // the engine gives the slot back when it lets go of the sequence
+        Outcome::Ended => {}
     }
     if !engine.is_alive() {
         pool.engine_died("the decode thread stopped");

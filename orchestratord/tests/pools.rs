@@ -158,3 +158,36 @@ async fn queued_tasks_do_not_wait_for_a_pool_that_cannot_come_back() {
     let ev = s.stream_all(&running).await;
     assert_eq!(ev.last().unwrap().event, "end");
 }
+
+/// POOL-LEASE-2: the engine owns the slot. A cancelled task whose engine is slow to let go of
+/// the sequence keeps its slot busy until the engine gave it back; the next task waits for
+/// it and then runs to its end (no "engine busy" failure, however long the engine takes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_is_free_when_the_engine_lets_go_not_before() {
+    let s = start(config(vec![pool("p1", 1)]), Duration::from_millis(5)).await;
+    let slow = s
+        .submit_ok(json!({"prompt": "[hang] [linger]", "max_tokens": 5}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(s.cancel(&slow).await, 204);
+    let cancelled_at = std::time::Instant::now();
+    let next = s
+        .submit_ok(json!({"prompt": "after", "max_tokens": 3}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, h) = health(&s, "p1").await;
+    assert_eq!(h["metrics"]["slots_busy"], 1, "the engine still holds it: {h}");
+    assert_eq!(h["slots_free"], 0);
+    let status = s.get_json(&format!("/v1/tasks/{next}")).await;
+    assert_eq!(status["state"], "queued", "{status}");
+    let events = s.stream_all(&next).await;
+    assert_eq!(events.last().unwrap().event, "end", "{events:?}");
+    assert!(
+        cancelled_at.elapsed() >= LINGER,
+        "the next task ran only after the engine let go"
+    );
+    let status = s.get_json(&format!("/v1/tasks/{slow}")).await;
+    assert_eq!(status["state"], "cancelled", "{status}");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(health(&s, "p1").await.1["metrics"]["slots_busy"], 0);
+}

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use pool_manager::{
     CandleFactory, Engine, EngineDescriptor, EngineFactory, EngineJob, PoolSpec, PortError,
-    PromptInput, SeqEvent,
+    PromptInput, SeqEvent, SlotPermit,
 };
 use serde_json::json;
 use support::*;
@@ -248,6 +248,12 @@ impl Engine for Killable {
     }
     fn is_alive(&self) -> bool {
         !self.dead.load(Ordering::SeqCst) && self.inner.is_alive()
+    }
+    fn try_acquire(&self) -> Option<SlotPermit> {
+        self.inner.try_acquire()
+    }
+    fn slots_in_use(&self) -> usize {
+        self.inner.slots_in_use()
     }
 }
 

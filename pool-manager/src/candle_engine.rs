@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use engine_candle::{CandleEngine, EngineError, EngineOptions, GenerateRequest, SeqEvent};
+use engine_candle::{
+    CandleEngine, EngineError, EngineOptions, GenerateRequest, SeqEvent, SlotPermit,
+};
 use tokio::sync::mpsc;
 
 use crate::pool::PoolSpec;
@@ -19,7 +21,6 @@ pub struct CandlePortEngine {
 
 fn map_err(e: EngineError) -> PortError {
     match e {
-        EngineError::NoFreeSlot(_) => PortError::Busy,
         EngineError::Stopped => PortError::Dead(e.to_string()),
         EngineError::ContextOverflow { .. }
         | EngineError::InvalidParams(_)
@@ -83,6 +84,7 @@ impl Engine for CandlePortEngine {
         let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
         self.inner
             .submit(GenerateRequest {
+                permit: job.permit,
                 prompt_tokens,
                 sampling: job.sampling,
                 max_tokens: job.max_tokens,
@@ -96,6 +98,14 @@ impl Engine for CandlePortEngine {
 
     fn is_alive(&self) -> bool {
         self.inner.is_alive()
+    }
+
+    fn try_acquire(&self) -> Option<SlotPermit> {
+        self.inner.try_acquire()
+    }
+
+    fn slots_in_use(&self) -> usize {
+        self.inner.slots().in_use()
     }
 
     fn prompt_tokens_reused(&self) -> u64 {

@@ -1,30 +1,32 @@
-//! A slot lease: the right to run one task on a pool's engine, released on drop.
+//! A slot lease: the right to run one task on a pool's engine. It wraps the engine's
+//! [`SlotPermit`]; the slot is given back when the engine lets go of the sequence (or when the
+//! lease is dropped before the permit went to the engine).
 
 use std::sync::Arc;
 
+use engine_candle::SlotPermit;
 use tokio_util::sync::CancellationToken;
 
 use crate::pool::Pool;
 use crate::port::Engine;
 
-/// Held by a running task. Dropping it frees the slot and wakes the dispatcher.
+/// Held by a running task.
 pub struct SlotLease {
     pub(crate) pool: Arc<Pool>,
     /// The engine at lease time: a reload swaps the pool's engine, never this one.
     pub engine: Arc<dyn Engine>,
     /// Fires when a drain deadline passes: the task must end with a retriable error.
     pub drain_deadline: CancellationToken,
+    pub(crate) permit: Option<SlotPermit>,
 }
 
 impl SlotLease {
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
     }
-}
 
-impl Drop for SlotLease {
-    fn drop(&mut self) {
-        self.engine.unreserve();
-        self.pool.release_slot();
+    /// The engine slot, for the job that runs in it (`None` once taken).
+    pub fn take_permit(&mut self) -> Option<SlotPermit> {
+        self.permit.take()
     }
 }

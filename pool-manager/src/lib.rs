@@ -21,5 +21,6 @@ pub use state::{PoolEvent, PoolState, TransitionError};
 
 /// Types of the engine library that cross the port unchanged.
 pub use engine_candle::{
-    ChatMessage, DeviceChoice, Finish, FinishReason, SamplingParams, SeqEvent, WeightFormat,
+    ChatMessage, DeviceChoice, Finish, FinishReason, SamplingParams, SeqEvent, SlotPermit, Slots,
+    WeightFormat,
 };

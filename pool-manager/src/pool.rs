@@ -1,7 +1,7 @@
 //! One pool: a model loaded into an engine with N slots, and its lifecycle.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use engine_candle::{DeviceChoice, SamplingParams, SeqEvent, WeightFormat};
@@ -118,6 +118,9 @@ impl PoolSnapshot {
 struct Inner {
     state: PoolState,
     engine: Option<Arc<dyn Engine>>,
+    /// Engines this pool ran before a reload or a death whose sequences may still hold slots:
+    /// their slots count against the pool until the engine lets go of them.
+    retiring: Vec<Weak<dyn Engine>>,
     last_error: Option<String>,
     drain_token: CancellationToken,
     drain_deadline: Option<Instant>,
@@ -143,7 +146,6 @@ pub struct Pool {
     spec: PoolSpec,
     factory: Arc<dyn EngineFactory>,
     inner: Mutex<Inner>,
-    busy: AtomicUsize,
     wake: Arc<Notify>,
     tasks_started: AtomicU64,
     tasks_finished: AtomicU64,
@@ -161,6 +163,7 @@ impl Pool {
             inner: Mutex::new(Inner {
                 state: PoolState::Loading,
                 engine: None,
+                retiring: Vec::new(),
                 last_error: None,
                 drain_token: CancellationToken::new(),
                 drain_deadline: None,
@@ -170,7 +173,6 @@ impl Pool {
                 last_tokens_per_s: None,
                 consecutive_failures: 0,
             }),
-            busy: AtomicUsize::new(0),
             wake,
             tasks_started: AtomicU64::new(0),
             tasks_finished: AtomicU64::new(0),
@@ -236,7 +238,7 @@ impl Pool {
             descriptor: g.engine.as_ref().map(|e| e.descriptor()),
             model_alias: self.spec.model_alias.clone(),
             slots_total: self.spec.slots,
-            slots_busy: self.busy.load(Ordering::SeqCst),
+            slots_busy: busy(&g),
             engine_load: g.engine.as_ref().and_then(|e| e.current_load()),
             last_error: g.last_error.clone(),
             engine_alive: g.engine.as_ref().is_some_and(|e| e.is_alive()),
@@ -269,9 +271,10 @@ impl Pool {
         Ok(next)
     }
 
-    /// Grants a slot if the pool takes work and one is free.
+    /// Grants a slot if the pool takes work and its engine has one free (slots that an
+    /// engine replaced by a reload still holds count against the pool).
     pub fn try_lease(self: &Arc<Self>) -> Option<SlotLease> {
-        let g = self.lock();
+        let mut g = self.lock();
         if !g.state.accepts_work() {
             return None;
         }
@@ -279,29 +282,41 @@ impl Pool {
         if !engine.is_alive() {
             return None;
         }
-        let slots = self.spec.slots;
-        self.busy
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < slots).then_some(n + 1)
-            })
-            .ok()?;
-        if !engine.try_reserve() {
-            self.busy.fetch_sub(1, Ordering::SeqCst);
+        g.retiring
+            .retain(|e| e.upgrade().is_some_and(|e| e.slots_in_use() > 0));
+        let held_by_old: usize = g
+            .retiring
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|e| e.slots_in_use())
+            .sum();
+        if engine.slots_in_use() + held_by_old >= self.spec.slots {
             return None;
         }
+        let mut permit = engine.try_acquire()?;
+        let drain_deadline = g.drain_token.clone();
+        drop(g);
+        let me = Arc::downgrade(self);
+        permit.on_release(move || {
+            if let Some(pool) = me.upgrade() {
+                pool.slot_returned();
+            }
+        });
         self.tasks_started.fetch_add(1, Ordering::Relaxed);
         Some(SlotLease {
             pool: self.clone(),
             engine,
-            drain_deadline: g.drain_token.clone(),
+            drain_deadline,
+            permit: Some(permit),
         })
     }
 
-    pub(crate) fn release_slot(&self) {
-        self.busy.fetch_sub(1, Ordering::SeqCst);
+    /// An engine gave a slot of this pool back: a draining pool may be done, the dispatcher
+    /// may place the next task.
+    fn slot_returned(&self) {
         self.tasks_finished.fetch_add(1, Ordering::Relaxed);
         let mut g = self.lock();
-        if g.state == PoolState::Draining && self.busy.load(Ordering::SeqCst) == 0 {
+        if g.state == PoolState::Draining && busy(&g) == 0 {
             let _ = self.apply(&mut g, PoolEvent::DrainComplete);
         }
         drop(g);
@@ -391,7 +406,7 @@ impl Pool {
                 return;
             }
             g.last_error = Some(format!("engine died: {why}"));
-            g.engine = None;
+            retire(&mut g, None);
             let _ = self.apply(&mut g, PoolEvent::EngineDied);
         }
         if self.spec.kind != PoolKind::Local {
@@ -411,7 +426,7 @@ impl Pool {
         self.apply(&mut g, PoolEvent::Drain)?;
         g.drain_deadline = Some(Instant::now() + deadline);
         let token = g.drain_token.clone();
-        if self.busy.load(Ordering::SeqCst) == 0 {
+        if busy(&g) == 0 {
             let _ = self.apply(&mut g, PoolEvent::DrainComplete);
         }
         drop(g);
@@ -442,7 +457,7 @@ impl Pool {
             Ok((engine, ms)) => {
                 let mut g = self.lock();
                 // running leases keep their Arc to the old engine; it is freed after them
-                g.engine = Some(engine);
+                retire(&mut g, Some(engine));
                 g.model_load_ms = ms;
                 g.last_error = None;
                 g.drain_token = CancellationToken::new();
@@ -458,6 +473,28 @@ impl Pool {
                 self.reloads_failed.fetch_add(1, Ordering::Relaxed);
                 Err(PoolError::ReloadFailed(e))
             }
+        }
+    }
+}
+
+/// Slots the pool's engines hold now: the current one's and those of engines it replaced.
+fn busy(g: &Inner) -> usize {
+    let current = g.engine.as_ref().map_or(0, |e| e.slots_in_use());
+    let old: usize = g
+        .retiring
+        .iter()
+        .filter_map(Weak::upgrade)
+        .map(|e| e.slots_in_use())
+        .sum();
+    current + old
+}
+
+/// Puts `next` in the place of the pool's engine; the one it replaces keeps counting its
+/// slots until its sequences are let go.
+fn retire(g: &mut Inner, next: Option<Arc<dyn Engine>>) {
+    if let Some(old) = std::mem::replace(&mut g.engine, next) {
+        if old.slots_in_use() > 0 {
+            g.retiring.push(Arc::downgrade(&old));
         }
     }
 }
@@ -482,7 +519,10 @@ async fn self_test(engine: &dyn Engine) -> Result<(), String> {
     let tokens = engine
         .tokenize(&prompt, "")
         .map_err(|e| format!("self-test tokenize: {e}"))?;
-    let mut job = EngineJob::new(prompt, SamplingParams::default(), 1);
+    let permit = engine
+        .try_acquire()
+        .ok_or_else(|| "self-test: the new engine has no free slot".to_string())?;
+    let mut job = EngineJob::new(permit, prompt, SamplingParams::default(), 1);
     job.prompt_tokens = tokens;
     let mut rx = engine
         .start(job)

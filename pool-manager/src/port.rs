@@ -3,7 +3,7 @@
 use std::sync::{Arc, OnceLock};
 
 use contracts::worker::CancelReason;
-use engine_candle::{ChatMessage, SamplingParams, SeqEvent};
+use engine_candle::{ChatMessage, SamplingParams, SeqEvent, SlotPermit};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -77,6 +77,9 @@ impl FailureNote {
 
 /// One sequence to run.
 pub struct EngineJob {
+    /// The slot it runs in, from [`Engine::try_acquire`] of the same engine. The engine gives
+    /// it back when it has let go of the sequence (after the last event), never before.
+    pub permit: SlotPermit,
     pub prompt: PromptInput,
     /// Text the sequence already produced in an earlier run (a requeued task that had streamed
     /// tokens) or that the client asked to continue: generation goes on after it.
@@ -95,9 +98,15 @@ pub struct EngineJob {
 }
 
 impl EngineJob {
-    /// A job that starts from `prompt` with nothing produced yet.
-    pub fn new(prompt: PromptInput, sampling: SamplingParams, max_tokens: usize) -> Self {
+    /// A job in `permit`'s slot that starts from `prompt` with nothing produced yet.
+    pub fn new(
+        permit: SlotPermit,
+        prompt: PromptInput,
+        sampling: SamplingParams,
+        max_tokens: usize,
+    ) -> Self {
         Self {
+            permit,
             prompt,
             continuation: String::new(),
             prompt_tokens: None,
@@ -118,9 +127,6 @@ pub enum PortError {
     /// The input cannot be run by this engine (bad template, bad params, context overflow).
     #[error("{0}")]
     InvalidInput(String),
-    /// All slots busy (the lease accounting should prevent this).
-    #[error("engine busy")]
-    Busy,
     /// The engine's worker is gone.
     #[error("engine stopped: {0}")]
     Dead(String),
@@ -144,14 +150,13 @@ pub trait Engine: Send + Sync + 'static {
     /// one `Done` or `Failed` unless the engine dies (the channel then closes early).
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError>;
     fn is_alive(&self) -> bool;
-    /// Takes one unit of capacity the engine shares beyond this pool (a remote worker's
-    /// `max_concurrent` spans all its models); false when none is left. Engines whose only
-    /// limit is the pool's slot count always grant it.
-    fn try_reserve(&self) -> bool {
-        true
-    }
-    /// Gives back what `try_reserve` took.
-    fn unreserve(&self) {}
+    /// One of the engine's slots, or `None` when all are taken (or it takes no new work).
+    /// The engine is the one owner of its capacity: a slot is free again exactly when the
+    /// engine let go of the sequence that ran in it (a remote worker's slots span all its
+    /// models).
+    fn try_acquire(&self) -> Option<SlotPermit>;
+    /// Slots taken now (permits not yet given back).
+    fn slots_in_use(&self) -> usize;
     /// Sequences the engine runs now from every source, when it reports that (a worker's
     /// `current_load`, which counts other servers' requests too); placement prefers less.
     fn current_load(&self) -> Option<usize> {

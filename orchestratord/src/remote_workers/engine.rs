@@ -8,7 +8,7 @@ use std::sync::Arc;
 use contracts::worker::{CancelReason, ServerToWorker, TokenCounts};
 use pool_manager::{
     Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason, PortError, PromptInput,
-    SeqEvent, StopCause, EVENT_CHANNEL_CAPACITY,
+    SeqEvent, SlotPermit, StopCause, EVENT_CHANNEL_CAPACITY,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -56,6 +56,11 @@ impl Engine for RemoteEngine {
     }
 
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
+        if !self.link.owns(&job.permit) {
+            return Err(PortError::InvalidInput(
+                "the slot permit belongs to another engine".into(),
+            ));
+        }
         let request_id = format!("r-{}", uuid::Uuid::new_v4().simple());
         let Some(events) = self.link.open_request(&request_id) else {
             return Err(PortError::Dead("the worker disconnected".into()));
@@ -90,6 +95,7 @@ impl Engine for RemoteEngine {
                 cancel: job.cancel,
                 cause: job.stop_cause,
                 failure: job.failure,
+                permit: job.permit,
             },
             events,
             tx,
@@ -101,12 +107,12 @@ impl Engine for RemoteEngine {
         !self.link.closed.is_cancelled()
     }
 
-    fn try_reserve(&self) -> bool {
-        self.link.try_reserve()
+    fn try_acquire(&self) -> Option<SlotPermit> {
+        self.link.try_acquire()
     }
 
-    fn unreserve(&self) {
-        self.link.unreserve()
+    fn slots_in_use(&self) -> usize {
+        self.link.in_flight()
     }
 
     fn current_load(&self) -> Option<usize> {
@@ -175,6 +181,9 @@ struct Ends {
     cancel: CancellationToken,
     cause: StopCause,
     failure: FailureNote,
+    /// The worker slot, given back when the relay ends (the request is over or the worker
+    /// was told to stop it).
+    permit: SlotPermit,
 }
 
 /// Carries one request's frames to its task until it ends; tells the worker to stop it when
@@ -190,6 +199,7 @@ async fn relay(
         cancel,
         cause,
         failure,
+        permit: _slot,
     } = ends;
     let mut progress = Progress::default();
     let stop = |reason: CancelReason| {

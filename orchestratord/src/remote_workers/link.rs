@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use contracts::worker::{ServerToWorker, TokenCounts};
+use pool_manager::{SlotPermit, Slots};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -36,7 +37,8 @@ pub struct WorkerLink {
     pub chunk_backlog: usize,
     outbound: mpsc::Sender<ServerToWorker>,
     inflight: Mutex<HashMap<String, mpsc::Sender<RequestEvent>>>,
-    reserved: AtomicUsize,
+    /// The worker's `max_concurrent` slots, shared by all its models' pools.
+    slots: Slots,
     /// Load the worker reported beyond our own requests (other servers' work): reported
     /// `current_load` minus what we had in flight then. Ours is counted live, so a report
     /// that lags behind our requests ending never holds a free slot back.
@@ -68,7 +70,7 @@ impl WorkerLink {
                 chunk_backlog,
                 outbound: tx,
                 inflight: Mutex::new(HashMap::new()),
-                reserved: AtomicUsize::new(0),
+                slots: Slots::new(max_concurrent),
                 external_load: AtomicUsize::new(initial_load),
                 draining: AtomicBool::new(false),
                 closed: CancellationToken::new(),
@@ -114,30 +116,32 @@ impl WorkerLink {
         self.inflight().clear();
     }
 
+    /// Our requests the worker runs (slots taken).
     pub fn in_flight(&self) -> usize {
-        self.reserved.load(Ordering::SeqCst)
+        self.slots.in_use()
     }
 
-    pub fn try_reserve(&self) -> bool {
+    /// Whether `permit` is one of this worker's slots.
+    pub fn owns(&self, permit: &SlotPermit) -> bool {
+        self.slots.owns(permit)
+    }
+
+    /// One of the worker's slots, unless it is gone or draining; a drained worker's last
+    /// slot given back fires `drained`.
+    pub fn try_acquire(self: &Arc<Self>) -> Option<SlotPermit> {
         if self.closed.is_cancelled() || self.is_draining() {
-            return false;
+            return None;
         }
-        self.reserved
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < self.max_concurrent).then_some(n + 1)
-            })
-            .is_ok()
-    }
-
-    pub fn unreserve(&self) {
-        let left = self
-            .reserved
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .map(|n| n - 1)
-            .unwrap_or(0);
-        if left == 0 && self.is_draining() {
-            self.drained.cancel();
-        }
+        let mut permit = self.slots.try_acquire()?;
+        let me = Arc::downgrade(self);
+        permit.on_release(move || {
+            if let Some(link) = me.upgrade() {
+                if link.is_draining() && link.in_flight() == 0 {
+                    link.drained.cancel();
+                }
+            }
+        });
+        Some(permit)
     }
 
     /// Takes a `current_load` report; returns whether the load beyond ours changed.

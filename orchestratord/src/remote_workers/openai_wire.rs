@@ -155,7 +155,7 @@ pub fn error_message(body: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pool_manager::{ChatMessage, SamplingParams};
+    use pool_manager::{ChatMessage, SamplingParams, Slots};
 
     /// WRK-ENG-2: stream lines split anywhere still give each piece of text once, in order,
     /// with the finish reason and usage.
@@ -206,7 +206,12 @@ mod tests {
             role: "user".into(),
             content: "Hi".into(),
         }];
-        let mut job = EngineJob::new(PromptInput::Chat(turns), SamplingParams::default(), 5);
+        let mut job = EngineJob::new(
+            Slots::new(1).try_acquire().unwrap(),
+            PromptInput::Chat(turns),
+            SamplingParams::default(),
+            5,
+        );
         job.continuation = "Hello the".into();
         let (path, body) = request_body("m", &job);
         assert_eq!(path, "/v1/chat/completions");
@@ -215,6 +220,7 @@ mod tests {
         assert_eq!(body["continue_final_message"], true);
         assert_eq!(body["max_tokens"], 5);
         let mut job = EngineJob::new(
+            Slots::new(1).try_acquire().unwrap(),
             PromptInput::Text("Once".into()),
             SamplingParams::default(),
             3,

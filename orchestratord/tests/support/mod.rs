@@ -5,7 +5,7 @@
 pub mod fake_worker;
 pub mod procs;
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,19 +13,23 @@ use orchestratord::config::{Config, PoolConfig};
 use orchestratord::state::SharedState;
 use pool_manager::{
     Engine, EngineDescriptor, EngineFactory, EngineJob, Finish, FinishReason, PoolSpec, PortError,
-    PromptInput, SeqEvent,
+    PromptInput, SeqEvent, SlotPermit, Slots,
 };
 use tokio::sync::mpsc;
 
 /// An engine that emits `tok{i} ` every `delay`; prompt words count as tokens. Markers in the
 /// prompt script failures: `[hang]` emits nothing, `[fail]` fails after 2 tokens, `[die]`
-/// drops the channel after 2 tokens without a terminal event.
+/// drops the channel after 2 tokens without a terminal event, `[linger]` keeps its slot for
+/// [`LINGER`] after a cancel (an engine slow to let go of a sequence).
+/// How long a `[linger]` sequence keeps its slot after its cancel.
+pub const LINGER: Duration = Duration::from_millis(1500);
+
 pub struct ScriptedEngine {
     pub delay: Duration,
     pub slots: usize,
     pub ctx: usize,
     pub model_ref: String,
-    pub in_flight: Arc<AtomicUsize>,
+    pub gate: Slots,
     pub alive: Arc<AtomicBool>,
 }
 
@@ -73,22 +77,26 @@ impl Engine for ScriptedEngine {
         if text.contains("[die]") {
             ids.push(3);
         }
+        if text.contains("[linger]") {
+            ids.push(4);
+        }
         Ok(Some(ids))
     }
 
+    fn try_acquire(&self) -> Option<SlotPermit> {
+        self.gate.try_acquire()
+    }
+
+    fn slots_in_use(&self) -> usize {
+        self.gate.in_use()
+    }
+
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
-        if self
-            .in_flight
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < self.slots).then_some(n + 1)
-            })
-            .is_err()
-        {
-            return Err(PortError::Busy);
+        if !self.gate.owns(&job.permit) {
+            return Err(PortError::InvalidInput("permit of another engine".into()));
         }
         let (tx, rx) = mpsc::channel(pool_manager::EVENT_CHANNEL_CAPACITY);
         let delay = self.delay;
-        let in_flight = self.in_flight.clone();
         let alive = self.alive.clone();
         let prompt_tokens = match job.prompt_tokens.clone() {
             Some(t) => t,
@@ -99,6 +107,8 @@ impl Engine for ScriptedEngine {
         let hang = prompt_tokens.contains(&1);
         let fail = prompt_tokens.contains(&2);
         let die = prompt_tokens.contains(&3);
+        let linger = prompt_tokens.contains(&4);
+        let mut permit = job.permit;
         tokio::spawn(async move {
             let finish = |reason, n| {
                 SeqEvent::Done(Finish {
@@ -113,15 +123,21 @@ impl Engine for ScriptedEngine {
             loop {
                 if hang {
                     job.cancel.cancelled().await;
+                    if linger {
+                        tokio::time::sleep(LINGER).await;
+                    }
+                    permit.release();
                     let _ = tx.send(finish(FinishReason::Cancelled, 0)).await;
                     break;
                 }
                 if n == job.max_tokens {
+                    permit.release();
                     let _ = tx.send(finish(FinishReason::Length, n)).await;
                     break;
                 }
                 if (fail || die) && n == 2 {
                     if fail {
+                        permit.release();
                         let _ = tx.send(SeqEvent::Failed("scripted failure".into())).await;
                     } else {
                         alive.store(false, Ordering::SeqCst);
@@ -129,6 +145,7 @@ impl Engine for ScriptedEngine {
                     break;
                 }
                 if job.cancel.is_cancelled() {
+                    permit.release();
                     let _ = tx.send(finish(FinishReason::Cancelled, n)).await;
                     break;
                 }
@@ -138,7 +155,8 @@ impl Engine for ScriptedEngine {
                 } else {
                     tokio::select! {
                         _ = job.cancel.cancelled() => {
-                            let _ = tx.send(finish(FinishReason::Cancelled, n)).await;
+                            permit.release();
+                    let _ = tx.send(finish(FinishReason::Cancelled, n)).await;
                             break;
                         }
                         _ = tokio::time::sleep(delay) => {}
@@ -157,7 +175,8 @@ impl Engine for ScriptedEngine {
                 }
                 n += 1;
             }
-            in_flight.fetch_sub(1, Ordering::SeqCst);
+            // like candle: the slot is free before the final event goes out
+            drop(permit);
         });
         Ok(rx)
     }
@@ -185,7 +204,7 @@ impl EngineFactory for ScriptedFactory {
             slots: spec.slots,
             ctx: self.ctx,
             model_ref: model_ref.to_string(),
-            in_flight: Arc::new(AtomicUsize::new(0)),
+            gate: Slots::new(spec.slots),
             alive: Arc::new(AtomicBool::new(true)),
         }))
     }
