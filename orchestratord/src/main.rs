@@ -153,9 +153,9 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let state = server::build_state(cfg, Arc::new(CandleFactory))?;
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
-    server::start_background(&state).await;
+    let bg = server::start_background(&state).await;
     if state.cfg.hyperswarm.enabled {
-        match state.hyperswarm.get() {
+        match &bg.hyperswarm {
             Some(h) => tracing::info!(server_id = %h.server_id, "share this Server ID with peers"),
             None => anyhow::bail!("hyperswarm is enabled but its host did not start (see the log)"),
         }

@@ -13,11 +13,11 @@ use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
 use crate::config::{Config, ConfigError};
-use crate::queue::TaskQueue;
+use crate::lifecycle::queue::TaskQueue;
+use crate::lifecycle::task_store::TaskStore;
 use crate::routes;
 use crate::sessions::SessionStore;
 use crate::state::{AppState, SharedState};
-use crate::task_store::TaskStore;
 
 /// Creates the state; pools start in `Loading`.
 pub fn build_state(
@@ -111,19 +111,26 @@ pub fn router(state: SharedState) -> Router {
         .with_state(state)
 }
 
+/// What runs beside the HTTP server once [`start_background`] returns.
+#[derive(Debug, Default)]
+pub struct Background {
+    /// What the Hyperswarm host publishes, when it is enabled and started.
+    pub hyperswarm: Option<crate::adapters::hyperswarm::HostInfo>,
+}
+
 /// Loads the pools (first attempt), starts the dispatcher and, when enabled, the Hyperswarm
-/// host (a failure to start it is logged; `state.hyperswarm` stays empty).
-pub async fn start_background(state: &SharedState) {
-    tokio::spawn(crate::dispatcher::run(state.clone()));
+/// host (a failure to start it is logged and leaves `hyperswarm` empty).
+pub async fn start_background(state: &SharedState) -> Background {
+    tokio::spawn(crate::lifecycle::dispatcher::run(state.clone()));
     state.pools.load_all().await;
+    let mut bg = Background::default();
     if state.cfg.hyperswarm.enabled {
         match crate::adapters::hyperswarm::start(state).await {
-            Ok(info) => {
-                let _ = state.hyperswarm.set(info);
-            }
+            Ok(info) => bg.hyperswarm = Some(info),
             Err(e) => tracing::error!(error = %e, "hyperswarm host did not start"),
         }
     }
+    bg
 }
 
 /// Serves until `shutdown` resolves, then stops admitting, lets running tasks finish for the

@@ -11,11 +11,11 @@ use pool_manager::{PoolRegistry, PoolSnapshot};
 use tokio::sync::Notify;
 
 use crate::config::Config;
+use crate::lifecycle::queue::TaskQueue;
+use crate::lifecycle::task::Task;
+use crate::lifecycle::task_store::TaskStore;
 use crate::metrics::{self, CancelReason};
-use crate::queue::TaskQueue;
 use crate::sessions::SessionStore;
-use crate::task::Task;
-use crate::task_store::TaskStore;
 
 pub struct AppState {
     pub cfg: Config,
@@ -29,14 +29,17 @@ pub struct AppState {
     pub shutting_down: AtomicBool,
     /// Cancelled when the server shuts down: background adapters stop on it.
     pub shutdown: tokio_util::sync::CancellationToken,
-    /// What the Hyperswarm host publishes once it runs (set by the host at start).
-    pub hyperswarm: std::sync::OnceLock<crate::adapters::hyperswarm::HostInfo>,
+    /// What the Hyperswarm host reports to `/v1/capabilities`, set by the host once it runs.
+    pub hyperswarm: std::sync::OnceLock<CapabilityReport<contracts::HyperswarmCapability>>,
     /// Connected remote workers.
     pub workers: crate::remote_workers::WorkerRegistry,
     pub started_at: Instant,
 }
 
 pub type SharedState = Arc<AppState>;
+
+/// How a background adapter reports its live status without core state knowing its types.
+pub type CapabilityReport<T> = Box<dyn Fn() -> T + Send + Sync>;
 
 impl AppState {
     pub fn is_shutting_down(&self) -> bool {

@@ -90,11 +90,10 @@ async fn peers_chat_over_a_local_hyperswarm_testnet() {
     hs.sidecar.max_restart_backoff_ms = 1000;
     let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
     let host = s
-        .state
+        .background
         .hyperswarm
-        .get()
-        .expect("hyperswarm host started")
-        .clone();
+        .clone()
+        .expect("hyperswarm host started");
     let status = host.sidecar.clone().expect("sidecar supervised");
     let announced = || async {
         let caps = s.get_json("/v1/capabilities").await;

@@ -19,7 +19,7 @@ struct Peer {
 
 impl Peer {
     async fn connect(s: &TestServer) -> Peer {
-        let addr = s.state.hyperswarm.get().expect("host runs").listen;
+        let addr = s.background.hyperswarm.as_ref().expect("host runs").listen;
         let (r, w) = TcpStream::connect(addr).await.unwrap().into_split();
         Peer {
             lines: BufReader::new(r).lines(),

@@ -176,7 +176,10 @@ async fn a_slot_is_free_when_the_engine_lets_go_not_before() {
         .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (_, h) = health(&s, "p1").await;
-    assert_eq!(h["metrics"]["slots_busy"], 1, "the engine still holds it: {h}");
+    assert_eq!(
+        h["metrics"]["slots_busy"], 1,
+        "the engine still holds it: {h}"
+    );
     assert_eq!(h["slots_free"], 0);
     let status = s.get_json(&format!("/v1/tasks/{next}")).await;
     assert_eq!(status["state"], "queued", "{status}");

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use contracts::{ErrorCode, TaskRequest};
 use futures::Stream;
 
-use crate::admission;
 use crate::error::ApiError;
+use crate::lifecycle::admission;
+use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::CancelReason;
 use crate::state::SharedState;
-use crate::task::{Task, TaskEvent};
 
 /// The task's events from the first one, then live, ending after the terminal event.
 pub fn events(task: Arc<Task>) -> impl Stream<Item = TaskEvent> {

@@ -26,8 +26,8 @@ pub use link::WorkerLink;
 pub use socket::connect;
 
 use crate::config::WorkersConfig;
+use crate::lifecycle::task::Task;
 use crate::state::AppState;
-use crate::task::Task;
 
 /// Models remembered as served by workers (beyond the configured ones).
 const MAX_KNOWN_MODELS: usize = 1024;

@@ -60,20 +60,6 @@ pub async fn get(State(state): State<SharedState>) -> Json<Capabilities> {
             policy: state.queue.policy().label().to_string(),
         },
         features: FEATURES.iter().map(|s| s.to_string()).collect(),
-        hyperswarm: state.hyperswarm.get().map(|h| {
-            use std::sync::atomic::Ordering;
-            contracts::HyperswarmCapability {
-                server_id: h.server_id.clone(),
-                sidecar: h.sidecar.is_some(),
-                announced: h
-                    .sidecar
-                    .as_ref()
-                    .is_some_and(|s| s.announced.load(Ordering::SeqCst)),
-                sidecar_restarts: h
-                    .sidecar
-                    .as_ref()
-                    .map_or(0, |s| s.restarts.load(Ordering::SeqCst)),
-            }
-        }),
+        hyperswarm: state.hyperswarm.get().map(|report| report()),
     })
 }

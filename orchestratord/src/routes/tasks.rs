@@ -6,13 +6,13 @@ use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use contracts::{AdmissionResponse, ErrorEnvelope, TaskRequest, TaskStatus};
 
-use crate::admission;
 use crate::correlation::CorrelationId;
 use crate::error::ApiError;
 use crate::examples;
 use crate::json_body::JsonBody;
+use crate::lifecycle::admission;
+use crate::lifecycle::sse;
 use crate::metrics::CancelReason;
-use crate::sse;
 use crate::state::SharedState;
 
 /// Submit a task.

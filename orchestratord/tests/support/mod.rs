@@ -240,6 +240,7 @@ pub fn config(pools: Vec<PoolConfig>) -> Config {
 pub struct TestServer {
     pub base: String,
     pub state: SharedState,
+    pub background: orchestratord::server::Background,
     pub client: reqwest::Client,
     shutdown: Option<tokio::sync::oneshot::Sender<()>>,
 }
@@ -256,7 +257,7 @@ pub async fn start_with(cfg: Config, factory: Arc<dyn EngineFactory>) -> TestSer
     let state = orchestratord::server::build_state(cfg, factory).expect("config");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
-    orchestratord::server::start_background(&state).await;
+    let bg = orchestratord::server::start_background(&state).await;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let st = state.clone();
     tokio::spawn(async move {
@@ -268,6 +269,7 @@ pub async fn start_with(cfg: Config, factory: Arc<dyn EngineFactory>) -> TestSer
     TestServer {
         base,
         state,
+        background: bg,
         client: reqwest::Client::builder()
             .pool_max_idle_per_host(0)
             .build()

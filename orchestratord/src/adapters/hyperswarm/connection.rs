@@ -19,9 +19,9 @@ use super::line_reader::{read_lines, Line};
 use super::protocol::{parse, ChatStart, Incoming, Outgoing, PeerCode, RequestId};
 use crate::adapters::follow::{self, CancelOnDrop};
 use crate::config::HyperswarmConfig;
+use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::CancelReason;
 use crate::state::SharedState;
-use crate::task::{Task, TaskEvent};
 
 /// What every connection of one host shares.
 pub struct Host {

@@ -21,13 +21,26 @@ pub use sidecar::SidecarStatus;
 
 use crate::state::SharedState;
 
-/// What the running host tells `/v1/capabilities`.
+/// The running host: where it listens and what it tells `/v1/capabilities`.
 #[derive(Debug, Clone)]
 pub struct HostInfo {
     pub server_id: String,
     pub listen: SocketAddr,
     /// Present when orchestratord runs the sidecar.
     pub sidecar: Option<Arc<SidecarStatus>>,
+}
+
+impl HostInfo {
+    /// The host's entry in `/v1/capabilities`.
+    pub fn capability(&self) -> contracts::HyperswarmCapability {
+        let sidecar = self.sidecar.as_deref();
+        contracts::HyperswarmCapability {
+            server_id: self.server_id.clone(),
+            sidecar: sidecar.is_some(),
+            announced: sidecar.is_some_and(|s| s.announced.load(Ordering::SeqCst)),
+            sidecar_restarts: sidecar.map_or(0, |s| s.restarts.load(Ordering::SeqCst)),
+        }
+    }
 }
 
 /// Starts the listener (and the sidecar when configured); returns at once.
@@ -44,6 +57,8 @@ pub async fn start(state: &SharedState) -> anyhow::Result<HostInfo> {
         sidecar: cfg.sidecar.enabled.then(|| status.clone()),
     };
     tracing::info!(server_id = %info.server_id, %listen, "hyperswarm host listening");
+    let report = info.clone();
+    let _ = state.hyperswarm.set(Box::new(move || report.capability()));
     let host = Arc::new(Host {
         state: state.clone(),
         cfg: cfg.clone(),

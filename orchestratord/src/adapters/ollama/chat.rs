@@ -15,8 +15,8 @@ use crate::adapters::follow::{self, CancelOnDrop};
 use crate::correlation::CorrelationId;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
+use crate::lifecycle::task::TaskEvent;
 use crate::state::SharedState;
-use crate::task::TaskEvent;
 
 /// The SSE terminator.
 const END: &[u8] = b"data: [END]\n\n";

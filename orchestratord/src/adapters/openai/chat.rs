@@ -15,8 +15,8 @@ use crate::adapters::follow::{self, CancelOnDrop};
 use crate::correlation::CorrelationId;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
+use crate::lifecycle::task::TaskEvent;
 use crate::state::SharedState;
-use crate::task::TaskEvent;
 
 fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
     if req.n.is_some_and(|n| n != 1) {
@@ -170,7 +170,9 @@ pub async fn chat_completions(
         };
         futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>))
     });
-    Ok(crate::sse::event_stream_response(Body::from_stream(stream)))
+    Ok(crate::lifecycle::sse::event_stream_response(
+        Body::from_stream(stream),
+    ))
 }
 
 /// The models the Ready pools serve.

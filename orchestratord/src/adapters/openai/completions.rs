@@ -18,8 +18,8 @@ use crate::adapters::follow::{self, CancelOnDrop};
 use crate::correlation::CorrelationId;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
+use crate::lifecycle::task::{Task, TaskEvent};
 use crate::state::SharedState;
-use crate::task::{Task, TaskEvent};
 
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
@@ -122,9 +122,9 @@ pub async fn completions(
     }
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let stream = stream_frames(tasks, guards, frame, include_usage);
-    Ok(crate::sse::event_stream_response(Body::from_stream(
-        stream.map(Ok::<_, std::io::Error>),
-    )))
+    Ok(crate::lifecycle::sse::event_stream_response(
+        Body::from_stream(stream.map(Ok::<_, std::io::Error>)),
+    ))
 }
 
 struct Framer {

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use contracts::Priority;
 
 use crate::config::FullPolicy;
-use crate::task::Task;
+use crate::lifecycle::task::Task;
 
 pub struct TaskQueue {
     inner: Mutex<Classes>,
@@ -158,7 +158,7 @@ impl TaskQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::task::{NewTask, RunSpec};
+    use crate::lifecycle::task::{NewTask, RunSpec};
     use pool_manager::PromptInput;
 
     fn task(id: &str) -> Arc<Task> {

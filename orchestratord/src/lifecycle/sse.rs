@@ -11,9 +11,9 @@ use bytes::{BufMut, BytesMut};
 use futures::Stream;
 use tokio::sync::watch;
 
+use crate::lifecycle::task::Task;
 use crate::metrics::CancelReason;
 use crate::state::SharedState;
-use crate::task::Task;
 
 /// Cancels the task if the client goes away before the terminal event.
 struct DisconnectGuard {

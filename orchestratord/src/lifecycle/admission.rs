@@ -8,12 +8,12 @@ use contracts::{AdmissionResponse, ErrorCode, Priority, StreamLinks, TaskRequest
 use pool_manager::{ChatMessage, Pool, PromptInput, SamplingParams};
 
 use crate::error::ApiError;
-use crate::eta;
+use crate::lifecycle::eta;
+use crate::lifecycle::queue::Enqueued;
+use crate::lifecycle::task::{NewTask, RunSpec, Task};
+use crate::lifecycle::task_store::Inserted;
 use crate::metrics;
-use crate::queue::Enqueued;
 use crate::state::SharedState;
-use crate::task::{NewTask, RunSpec, Task};
-use crate::task_store::Inserted;
 
 const MAX_ID_LEN: usize = 128;
 

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 use contracts::ErrorCode;
 use tracing::Instrument;
 
-use crate::placement::{place, Placement};
-use crate::runner;
+use crate::lifecycle::placement::{place, Placement};
+use crate::lifecycle::runner;
 use crate::state::SharedState;
 
 /// How often the dispatcher looks even without a wake-up (deadlines, sweeps, gauges).

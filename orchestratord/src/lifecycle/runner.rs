@@ -10,10 +10,10 @@ use pool_manager::{
 };
 use tokio::sync::mpsc::Receiver;
 
-use crate::eta;
+use crate::lifecycle::eta;
+use crate::lifecycle::task::Task;
 use crate::metrics;
 use crate::state::SharedState;
-use crate::task::Task;
 
 enum Outcome {
     Finished(usize),

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use crate::task::Task;
+use crate::lifecycle::task::Task;
 
 pub struct TaskStore {
     map: Mutex<HashMap<String, Arc<Task>>>,

@@ -1,0 +1,32 @@
+//! The life of a task, top to bottom. Every adapter (task API, OpenAI, Ollama-style chat,
+//! Kolosal, Hyperswarm) goes through the same steps:
+//!
+//! 1. [`admission`]: validate the request, count its prompt (tokenized once, off the async
+//!    runtime), check context and budgets, and either refuse it with a typed error or create
+//!    the [`task::Task`] and put it in the queue.
+//! 2. [`queue`]: the bounded two-class queue (interactive before batch); full means 429 with
+//!    `Retry-After`, or the oldest batch task dropped, by policy.
+//! 3. [`dispatcher`]: one loop, woken on every change, that takes queued tasks in order and
+//!    asks placement for a slot; queue timeouts and deadlines end tasks that waited too long.
+//! 4. [`placement`]: the pool for a task (its pin, or the least loaded pool serving its
+//!    model) and a slot lease from that pool's engine; a task whose pools cannot come back
+//!    ends at once with a retriable error.
+//! 5. [`runner`]: runs the placed task on its engine slot and turns engine events into task
+//!    events, with cancel, drain deadline, wall-clock, idle and deadline checks; a task whose
+//!    remote worker was lost goes back to the queue with what it already produced.
+//! 6. [`subscription`]: how anyone follows a task's events (replay from any point, then
+//!    live) and how a client that goes away cancels it (only the last subscriber, after the
+//!    grace period); [`sse`] writes a subscription as `text/event-stream` with event ids.
+//!
+//! [`task_store`] keeps tasks (and their records) for the artifact TTL; [`eta`] turns pool
+//! measurements into the queue-time and on-time estimates admission and the stream report.
+
+pub mod admission;
+pub mod dispatcher;
+pub mod eta;
+pub mod placement;
+pub mod queue;
+pub mod runner;
+pub mod sse;
+pub mod task;
+pub mod task_store;
