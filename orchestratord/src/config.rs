@@ -82,8 +82,12 @@ pub struct StreamConfig {
     pub metrics_interval_ms: u64,
     /// SSE comment sent after this much silence (0 = never).
     pub keepalive_ms: u64,
-    /// A client that disconnects from a stream before its end cancels the task.
+    /// A client that disconnects from a stream before its end cancels the task (when it was
+    /// the task's last follower and nobody followed again within the grace period).
     pub cancel_on_disconnect: bool,
+    /// How long a task API stream's task waits for a reader to come back (`Last-Event-ID`)
+    /// after its last reader left, before the disconnect cancels it.
+    pub disconnect_grace_ms: u64,
     /// How long a finished task's record and transcript stay readable.
     pub transcript_ttl_ms: u64,
     /// Most task records kept; the oldest finished ones go first.
@@ -96,6 +100,7 @@ impl Default for StreamConfig {
             metrics_interval_ms: 500,
             keepalive_ms: 15_000,
             cancel_on_disconnect: true,
+            disconnect_grace_ms: 5_000,
             transcript_ttl_ms: 300_000,
             max_retained_tasks: 4096,
         }

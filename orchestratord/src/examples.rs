@@ -30,10 +30,10 @@ pub fn reload_rollback() -> Value {
     json!({"code": "CONFLICT", "message": "reload failed, rolled back: cannot read model file /models/missing.gguf: No such file or directory (os error 2)", "retriable": false, "pool_id": "default"})
 }
 pub fn sse_stream() -> Value {
-    Value::String("event: started\ndata: {\"queue_position\":0,\"predicted_start_ms\":0}\n\nevent: token\ndata: {\"t\":\"The\",\"i\":0}\n\nevent: token\ndata: {\"t\":\" capital\",\"i\":1}\n\nevent: metrics\ndata: {\"queue_depth\":0,\"on_time_probability\":1.0,\"tokens_out\":2}\n\nevent: end\ndata: {\"tokens_out\":2,\"decode_time_ms\":31,\"decode_ms\":31,\"finish_reason\":\"length\"}\n\n".into())
+    Value::String("retry: 1000\n\nid: 0\nevent: started\ndata: {\"queue_position\":0,\"predicted_start_ms\":0}\n\nid: 1\nevent: token\ndata: {\"t\":\"The\",\"i\":0}\n\nid: 2\nevent: token\ndata: {\"t\":\" capital\",\"i\":1}\n\nid: 3\nevent: metrics\ndata: {\"queue_depth\":0,\"on_time_probability\":1.0,\"tokens_out\":2}\n\nid: 4\nevent: end\ndata: {\"tokens_out\":2,\"decode_time_ms\":31,\"decode_ms\":31,\"finish_reason\":\"length\"}\n\n".into())
 }
 pub fn sse_error_stream() -> Value {
-    Value::String("event: started\ndata: {\"queue_position\":3,\"predicted_start_ms\":1200}\n\nevent: error\ndata: {\"code\":\"QUEUE_FULL_DROP_LRU\",\"message\":\"evicted from a full queue by a newer task (drop-lru)\",\"retriable\":true,\"retry_after_ms\":400}\n\n".into())
+    Value::String("retry: 1000\n\nid: 0\nevent: started\ndata: {\"queue_position\":3,\"predicted_start_ms\":1200}\n\nid: 1\nevent: error\ndata: {\"code\":\"QUEUE_FULL_DROP_LRU\",\"message\":\"evicted from a full queue by a newer task (drop-lru)\",\"retriable\":true,\"retry_after_ms\":400}\n\n".into())
 }
 pub fn task_status() -> Value {
     json!({"task_id": "t-1", "state": "completed", "record": record()})

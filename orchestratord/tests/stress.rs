@@ -34,6 +34,8 @@ async fn five_hundred_tasks_with_cancels_and_disconnects() {
     let mut cfg = config(vec![pool("p1", 4), pool("p2", 4)]);
     cfg.queue.capacity = 600;
     cfg.timeouts.idle_ms = 10_000;
+    // a disconnect cancels at once here; the grace period has its own tests (sse_resume.rs)
+    cfg.stream.disconnect_grace_ms = 0;
     let s = std::sync::Arc::new(start(cfg, Duration::from_millis(1)).await);
     let before = s.metrics().await;
     let mut rng = Lcg(42);

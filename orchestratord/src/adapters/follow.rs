@@ -4,70 +4,28 @@
 use std::sync::Arc;
 
 use contracts::{ErrorCode, TaskRequest};
-use futures::Stream;
 
 use crate::error::ApiError;
 use crate::lifecycle::admission;
+use crate::lifecycle::subscription::{Resume, Subscription};
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::CancelReason;
 use crate::state::SharedState;
 
-/// The task's events from the first one, then live, ending after the terminal event.
-pub fn events(task: Arc<Task>) -> impl Stream<Item = TaskEvent> {
-    let changes = task.subscribe();
-    futures::stream::unfold(
-        (
-            task,
-            changes,
-            0usize,
-            std::collections::VecDeque::new(),
-            false,
-        ),
-        |(task, mut changes, mut cursor, mut pending, mut done)| async move {
-            loop {
-                if let Some(ev) = pending.pop_front() {
-                    return Some((ev, (task, changes, cursor, pending, done)));
-                }
-                if done {
-                    return None;
-                }
-                {
-                    let g = task.lock();
-                    pending.extend(g.events[cursor..].iter().cloned());
-                    cursor = g.events.len();
-                    done = g.is_terminal();
-                }
-                if pending.is_empty() && !done && changes.changed().await.is_err() {
-                    return None;
-                }
-            }
-        },
-    )
+/// Follows an admitted task for a protocol that cannot come back to the same stream: the
+/// client going away (the response dropped) cancels it unless someone else follows it.
+pub fn subscribe(state: &SharedState, task: &Arc<Task>) -> Subscription {
+    Subscription::new(state, task.clone(), 0, Resume::Never)
 }
 
-/// Cancels the task when dropped before its end: the response future or stream holding it
-/// was dropped because the client went away.
-pub struct CancelOnDrop {
-    state: SharedState,
-    task: Arc<Task>,
+/// The keep-alive interval of streaming responses (`stream.keepalive_ms`; 0 = none).
+pub fn keepalive(state: &SharedState) -> Option<std::time::Duration> {
+    let ms = state.cfg.stream.keepalive_ms;
+    (ms > 0).then(|| std::time::Duration::from_millis(ms))
 }
 
-impl CancelOnDrop {
-    pub fn new(state: &SharedState, task: &Arc<Task>) -> Self {
-        Self {
-            state: state.clone(),
-            task: task.clone(),
-        }
-    }
-}
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        if !self.task.is_terminal() {
-            self.state.cancel_task(&self.task, CancelReason::Disconnect);
-        }
-    }
-}
+/// An SSE comment: keeps proxies from closing a quiet stream; parsers ignore it.
+pub const SSE_KEEPALIVE: &[u8] = b": keep-alive\n\n";
 
 /// Admits a task for an API that addresses models by name: an unknown `model` is 404
 /// (`NOT_FOUND`, param `model`) rather than the task API's 400.
@@ -141,10 +99,10 @@ pub fn unix_now() -> u64 {
 }
 
 /// Waits for the task's end: its whole text and the `end` event, or its error.
-pub async fn collect(task: Arc<Task>) -> Result<(String, contracts::SseEnd), ApiError> {
+pub async fn collect(sub: Subscription) -> Result<(String, contracts::SseEnd), ApiError> {
     use futures::StreamExt;
     let mut text = String::new();
-    let mut events = Box::pin(events(task));
+    let mut events = Box::pin(sub.events());
     while let Some(ev) = events.next().await {
         match ev {
             TaskEvent::Token(t) => text.push_str(&t.t),

@@ -28,5 +28,6 @@ pub mod placement;
 pub mod queue;
 pub mod runner;
 pub mod sse;
+pub mod subscription;
 pub mod task;
 pub mod task_store;

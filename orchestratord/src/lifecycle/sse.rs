@@ -1,115 +1,73 @@
-//! The SSE writer: replays a task's transcript from the start, then follows it live, and ends
-//! right after the terminal event. Events are serialized straight into one reusable buffer per
-//! stream (no per-token allocation here), all pending events in one chunk.
+//! The SSE writer of the task API: a [`Subscription`] written as `text/event-stream`. Each
+//! event carries its `id:` (its position in the task), so a client that reconnects with
+//! `Last-Event-ID` resumes right after it; the first chunk says `retry:` so browsers come back
+//! within the disconnect grace period. Events are serialized straight into one reusable
+//! buffer per stream (no per-token allocation here), all pending events in one chunk.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{header, HeaderValue, Response, StatusCode};
 use bytes::{BufMut, BytesMut};
 use futures::Stream;
-use tokio::sync::watch;
 
-use crate::lifecycle::task::Task;
-use crate::metrics::CancelReason;
-use crate::state::SharedState;
+use super::subscription::Subscription;
 
-/// Cancels the task if the client goes away before the terminal event.
-struct DisconnectGuard {
-    state: SharedState,
-    task: Arc<Task>,
-    cancel_on_disconnect: bool,
-    done: bool,
-}
+/// How soon a browser's `EventSource` should reconnect after losing the stream.
+pub const RECONNECT_MS: u64 = 1000;
 
-impl Drop for DisconnectGuard {
-    fn drop(&mut self) {
-        if !self.done && self.cancel_on_disconnect && !self.task.is_terminal() {
-            self.state.cancel_task(&self.task, CancelReason::Disconnect);
-        }
-    }
-}
-
-struct StreamState {
-    guard: DisconnectGuard,
-    changes: watch::Receiver<u64>,
-    cursor: usize,
+struct Writer {
+    sub: Subscription,
     buf: BytesMut,
     keepalive: Option<Duration>,
 }
 
-/// Appends events `cursor..` as SSE frames. Returns true once the terminal event is written.
-fn write_pending(s: &mut StreamState) -> bool {
-    let task = s.guard.task.clone();
-    let g = task.lock();
-    let end = g.events.len();
-    for ev in &g.events[s.cursor..end] {
-        s.buf.put_slice(b"event: ");
-        s.buf.put_slice(ev.name().as_bytes());
-        s.buf.put_slice(b"\ndata: ");
+/// Appends the unread events as SSE frames. Returns true once the terminal event is written.
+fn write_pending(w: &mut Writer) -> bool {
+    let buf = &mut w.buf;
+    w.sub.read_pending(|id, ev| {
+        buf.put_slice(b"id: ");
+        buf.put_slice(id.to_string().as_bytes());
+        buf.put_slice(b"\nevent: ");
+        buf.put_slice(ev.name().as_bytes());
+        buf.put_slice(b"\ndata: ");
         // writing JSON into BytesMut cannot fail
-        let _ = ev.write_json((&mut s.buf).writer());
-        s.buf.put_slice(b"\n\n");
-    }
-    s.cursor = end;
-    g.is_terminal() && end == g.events.len()
+        let _ = ev.write_json(buf.writer());
+        buf.put_slice(b"\n\n");
+    })
 }
 
-fn event_stream(s: StreamState) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
-    futures::stream::unfold(Some(s), |st| async move {
-        let mut s = st?;
+fn event_stream(w: Writer) -> impl Stream<Item = Result<Bytes, std::io::Error>> {
+    futures::stream::unfold(Some(w), |st| async move {
+        let mut w = st?;
         loop {
-            let finished = write_pending(&mut s);
-            if !s.buf.is_empty() {
-                let chunk = s.buf.split().freeze();
-                if finished {
-                    s.guard.done = true;
-                    // the stream ends after this chunk
-                    return Some((Ok(chunk), None));
-                }
-                return Some((Ok(chunk), Some(s)));
+            let finished = write_pending(&mut w);
+            if !w.buf.is_empty() {
+                let chunk = w.buf.split().freeze();
+                // after the terminal event the stream ends with this chunk
+                return Some((Ok(chunk), (!finished).then_some(w)));
             }
             if finished {
-                s.guard.done = true;
                 return None;
             }
-            let wait = s.changes.changed();
-            let changed = match s.keepalive {
-                Some(k) => tokio::time::timeout(k, wait).await.ok(),
-                None => Some(wait.await),
-            };
-            match changed {
+            if !w.sub.wait(w.keepalive).await {
                 // keep-alive: an SSE comment line, ignored by parsers
-                None => return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), Some(s))),
-                Some(Err(_)) => {
-                    // the task was dropped from the store; finish with what we have
-                    s.guard.done = true;
-                    return None;
-                }
-                Some(Ok(())) => {}
+                return Some((Ok(Bytes::from_static(b": keep-alive\n\n")), Some(w)));
             }
         }
     })
 }
 
-/// The streaming response for `task` (headers set for proxies and caches).
-pub fn response(state: SharedState, task: Arc<Task>) -> Response<Body> {
-    let cfg = &state.cfg.stream;
-    let keepalive = (cfg.keepalive_ms > 0).then(|| Duration::from_millis(cfg.keepalive_ms));
-    let s = StreamState {
-        changes: task.subscribe(),
-        guard: DisconnectGuard {
-            cancel_on_disconnect: cfg.cancel_on_disconnect,
-            state: state.clone(),
-            task,
-            done: false,
-        },
-        cursor: 0,
-        buf: BytesMut::with_capacity(4096),
-        keepalive,
+/// The streaming response of `sub` (headers set for proxies and caches).
+pub fn response(sub: Subscription, keepalive_ms: u64) -> Response<Body> {
+    let mut buf = BytesMut::with_capacity(4096);
+    buf.put_slice(format!("retry: {RECONNECT_MS}\n\n").as_bytes());
+    let w = Writer {
+        sub,
+        buf,
+        keepalive: (keepalive_ms > 0).then(|| Duration::from_millis(keepalive_ms)),
     };
-    event_stream_response(Body::from_stream(event_stream(s)))
+    event_stream_response(Body::from_stream(event_stream(w)))
 }
 
 /// A 200 `text/event-stream` response with the headers proxies and caches need.

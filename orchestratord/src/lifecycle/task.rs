@@ -124,6 +124,15 @@ pub struct Task {
     pub stop_cause: StopCause,
     inner: Mutex<TaskInner>,
     changed: watch::Sender<u64>,
+    /// Who follows the task now, and how many times the last of them left (see
+    /// `subscription.rs`: a disconnect cancels only when nobody came back in the grace period).
+    followers: Mutex<Followers>,
+}
+
+#[derive(Default)]
+struct Followers {
+    now: usize,
+    departures: u64,
 }
 
 /// Fields of a new task.
@@ -176,7 +185,35 @@ impl Task {
                 counted_prompt_tokens: None,
             }),
             changed: watch::channel(0).0,
+            followers: Mutex::new(Followers::default()),
         }
+    }
+
+    fn followers(&self) -> MutexGuard<'_, Followers> {
+        self.followers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Counts a new follower of the task's events.
+    pub fn follow(&self) {
+        self.followers().now += 1;
+    }
+
+    /// A follower left. When it was the last one, returns the number of that departure (to
+    /// tell later whether anyone came back and left again).
+    pub fn unfollow(&self) -> Option<u64> {
+        let mut f = self.followers();
+        f.now = f.now.saturating_sub(1);
+        if f.now > 0 {
+            return None;
+        }
+        f.departures += 1;
+        Some(f.departures)
+    }
+
+    /// Whether nobody followed the task since departure `n` (from [`Task::unfollow`]).
+    pub fn unfollowed_since(&self, n: u64) -> bool {
+        let f = self.followers();
+        f.now == 0 && f.departures == n
     }
 
     pub fn lock(&self) -> MutexGuard<'_, TaskInner> {

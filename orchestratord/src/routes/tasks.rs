@@ -1,7 +1,7 @@
 //! `/v1/tasks`: submit, status, stream, cancel.
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use contracts::{AdmissionResponse, ErrorEnvelope, TaskRequest, TaskStatus};
@@ -12,6 +12,7 @@ use crate::examples;
 use crate::json_body::JsonBody;
 use crate::lifecycle::admission;
 use crate::lifecycle::sse;
+use crate::lifecycle::subscription::{Resume, Subscription};
 use crate::metrics::CancelReason;
 use crate::state::SharedState;
 
@@ -69,25 +70,63 @@ pub async fn status(
     }))
 }
 
-/// Stream a task's events as SSE, from the start.
+/// Stream a task's events as SSE, from the start or, with `Last-Event-ID`, right after the
+/// event with that id. Each event carries its `id:`. A stream that goes away before the end
+/// cancels the task only when nobody follows it again within the disconnect grace period.
 #[utoipa::path(
     get, operation_id = "streamTask", path = "/v1/tasks/{id}/stream", tag = "data",
-    params(("id" = String, Path, description = "Task id")),
+    params(
+        ("id" = String, Path, description = "Task id"),
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after the event with this id (what `EventSource` sends when it reconnects)"),
+    ),
     responses(
-        (status = 200, description = "SSE: started, token*, metrics*, then exactly one end or error", content_type = "text/event-stream", body = String, example = examples::sse_stream),
+        (status = 200, description = "SSE: started, token*, metrics*, then exactly one end or error; every event with its id", content_type = "text/event-stream", body = String, example = examples::sse_stream),
+        (status = 204, description = "The stream already delivered its terminal event to this reader (`Last-Event-ID` is the last event): nothing more will come, do not reconnect"),
+        (status = 400, description = "`Last-Event-ID` is not an event id of this task", body = ErrorEnvelope, example = examples::invalid_params),
         (status = 404, description = "Unknown or expired task", body = ErrorEnvelope, example = examples::not_found),
     )
 )]
 pub async fn stream(
     State(state): State<SharedState>,
     Path(id): Path<String>,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let task = state
         .tasks
         .get(&id)
         .ok_or_else(|| ApiError::not_found("task", &id))?;
-    Ok(sse::response(state, task))
+    let from = match headers.get(LAST_EVENT_ID) {
+        None => 0,
+        Some(v) => {
+            let (len, terminal) = {
+                let g = task.lock();
+                (g.events.len(), g.is_terminal())
+            };
+            let last = v
+                .to_str()
+                .ok()
+                .and_then(|s| s.trim().parse::<usize>().ok())
+                .filter(|&n| n < len)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        LAST_EVENT_ID,
+                        format!(
+                            "Last-Event-ID must be the id of an event this task sent (0..{len})"
+                        ),
+                    )
+                })?;
+            if terminal && last + 1 == len {
+                return Ok(StatusCode::NO_CONTENT.into_response());
+            }
+            last + 1
+        }
+    };
+    let sub = Subscription::new(&state, task, from, Resume::WithinGrace);
+    Ok(sse::response(sub, state.cfg.stream.keepalive_ms))
 }
+
+/// The header an `EventSource` sends when it reconnects.
+const LAST_EVENT_ID: &str = "last-event-id";
 
 /// Cancel a queued or running task. After 204, no `token` event is ever sent.
 #[utoipa::path(

@@ -292,6 +292,8 @@ pub async fn start(cfg: Config, token_delay: Duration) -> TestServer {
 /// One parsed SSE event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ev {
+    /// The SSE `id:` (the task API sends one per event).
+    pub id: Option<usize>,
     pub event: String,
     pub data: serde_json::Value,
 }
@@ -302,9 +304,12 @@ pub fn parse_frames(buf: &mut String) -> Vec<Ev> {
     while let Some(end) = buf.find("\n\n") {
         let frame: String = buf.drain(..end + 2).collect();
         let mut event = None;
+        let mut id = None;
         let mut data = String::new();
         for line in frame.lines() {
-            if let Some(v) = line.strip_prefix("event: ") {
+            if let Some(v) = line.strip_prefix("id: ") {
+                id = Some(v.parse().unwrap_or_else(|e| panic!("id {v:?}: {e}")));
+            } else if let Some(v) = line.strip_prefix("event: ") {
                 event = Some(v.to_string());
             } else if let Some(v) = line.strip_prefix("data: ") {
                 data.push_str(v);
@@ -313,7 +318,7 @@ pub fn parse_frames(buf: &mut String) -> Vec<Ev> {
         if let Some(event) = event {
             let data = serde_json::from_str(&data)
                 .unwrap_or_else(|e| panic!("event {event} data is not JSON ({e}): {data:?}"));
-            out.push(Ev { event, data });
+            out.push(Ev { id, event, data });
         }
     }
     out

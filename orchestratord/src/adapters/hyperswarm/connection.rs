@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::line_reader::{read_lines, Line};
 use super::protocol::{parse, ChatStart, Incoming, Outgoing, PeerCode, RequestId};
-use crate::adapters::follow::{self, CancelOnDrop};
+use crate::adapters::follow;
 use crate::config::HyperswarmConfig;
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::CancelReason;
@@ -64,14 +64,14 @@ impl Host {
 
 struct Running {
     task: Arc<Task>,
-    /// Cancels the task if the connection goes away first.
-    _guard: CancelOnDrop,
     last_progress: Instant,
 }
 
 struct Conn<W> {
     host: Arc<Host>,
     writer: W,
+    /// Each running request's subscription: dropping it (the connection went away) cancels
+    /// the task.
     events: StreamMap<RequestId, BoxStream<'static, TaskEvent>>,
     running: HashMap<RequestId, Running>,
     last_activity: Instant,
@@ -257,12 +257,13 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
         let cid = format!("hyperswarm-{}", id.0);
         match follow::admit(&host.state, req, &cid) {
             Ok(task) => {
-                self.events
-                    .insert(id.clone(), follow::events(task.clone()).boxed());
+                self.events.insert(
+                    id.clone(),
+                    follow::subscribe(&host.state, &task).events().boxed(),
+                );
                 self.running.insert(
                     id,
                     Running {
-                        _guard: CancelOnDrop::new(&host.state, &task),
                         task,
                         last_progress: Instant::now(),
                     },
@@ -283,8 +284,8 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
             tracing::debug!(request_id = %id.0, "abort for no running request");
             return true;
         };
-        self.events.remove(&id);
         self.host.state.cancel_task(&run.task, CancelReason::Client);
+        self.events.remove(&id);
         self.send(&Outgoing::end(&id, "abort", None)).await
     }
 
@@ -351,8 +352,8 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
             .collect();
         for id in stale {
             if let Some(run) = self.running.remove(&id) {
-                self.events.remove(&id);
                 self.host.state.cancel_task(&run.task, CancelReason::Client);
+                self.events.remove(&id);
                 let msg = format!("no token for {} ms", limit.as_millis());
                 if !(self
                     .send(&Outgoing::error(
@@ -375,8 +376,8 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
         let ids: Vec<RequestId> = self.running.keys().cloned().collect();
         for id in ids {
             if let Some(run) = self.running.remove(&id) {
-                self.events.remove(&id);
                 self.host.state.cancel_task(&run.task, CancelReason::Client);
+                self.events.remove(&id);
                 let _ = self.send(&Outgoing::error(code, message, Some(&id))).await;
                 let _ = self.send(&Outgoing::end(&id, "error", None)).await;
             }

@@ -11,10 +11,11 @@ use futures::StreamExt;
 
 use super::types::*;
 use crate::adapters::error::{error_type, OpenAiError};
-use crate::adapters::follow::{self, CancelOnDrop};
+use crate::adapters::follow;
 use crate::correlation::CorrelationId;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
+use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::TaskEvent;
 use crate::state::SharedState;
 
@@ -104,10 +105,9 @@ async fn handle(
     framing: Option<Framing>,
 ) -> Result<Response<Body>, OpenAiError> {
     let task = follow::admit(&state, to_task(&req), &cid.0)?;
-    let guard = CancelOnDrop::new(&state, &task);
+    let sub = follow::subscribe(&state, &task);
     let Some(framing) = framing else {
-        let (text, end) = follow::collect(task.clone()).await?;
-        drop(guard);
+        let (text, end) = follow::collect(sub).await?;
         return Ok(Json(ChatResponse {
             id: format!("cmpl-{}", task.id),
             model: req.model,
@@ -119,8 +119,16 @@ async fn handle(
         .into_response());
     };
     let mut index = 0u32;
-    let stream = follow::events(task.clone()).flat_map(move |ev| {
-        let _keep = &guard;
+    // NDJSON has no comment lines: only the SSE framing sends keep-alives
+    let keepalive = follow::keepalive(&state).filter(|_| framing == Framing::Sse);
+    let stream = sub.into_stream(keepalive).flat_map(move |f| {
+        let ev = match f {
+            Followed::Event(_, ev) => ev,
+            Followed::KeepAlive => {
+                let frames = vec![Bytes::from_static(follow::SSE_KEEPALIVE)];
+                return futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>));
+            }
+        };
         let mut next = |content: String, done: bool, finish: Option<String>| {
             let c = ChatChunk {
                 message: ChatMessage::assistant(content),

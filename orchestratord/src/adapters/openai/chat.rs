@@ -11,10 +11,11 @@ use futures::StreamExt;
 use super::types::*;
 use super::{DONE, FINGERPRINT};
 use crate::adapters::error::{body as error_body, OpenAiError};
-use crate::adapters::follow::{self, CancelOnDrop};
+use crate::adapters::follow;
 use crate::correlation::CorrelationId;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
+use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::TaskEvent;
 use crate::state::SharedState;
 
@@ -85,11 +86,10 @@ pub async fn chat_completions(
     let model = follow::model_name(&state, req.model.as_deref(), &task);
     let id = format!("chatcmpl-{}", task.id);
     let created = follow::unix_now();
-    let guard = CancelOnDrop::new(&state, &task);
+    let sub = follow::subscribe(&state, &task);
     let counted = task.clone();
     if !req.stream {
-        let (text, end) = follow::collect(task.clone()).await?;
-        drop(guard);
+        let (text, end) = follow::collect(sub).await?;
         return Ok(Json(ChatResponse {
             id,
             object: "chat.completion",
@@ -128,48 +128,56 @@ pub async fn chat_completions(
             usage,
         })
     };
-    let stream = follow::events(task.clone()).flat_map(move |ev| {
-        let _keep = &guard;
-        let frames: Vec<Bytes> = match ev {
-            TaskEvent::Started(_) => vec![chunk(
-                Delta {
-                    role: Some("assistant"),
-                    content: Some(String::new()),
-                },
-                None,
-                None,
-            )],
-            TaskEvent::Token(t) => vec![chunk(
-                Delta {
-                    role: None,
-                    content: Some(t.t),
-                },
-                None,
-                None,
-            )],
-            TaskEvent::Metrics(_) => vec![],
-            TaskEvent::End(end) => {
-                let mut v = vec![chunk(Delta::default(), Some(end.finish_reason), None)];
-                if include_usage {
-                    v.push(chunk(
-                        Delta::default(),
-                        None,
-                        Some(Usage::new(counted.prompt_tokens_used(), end.tokens_out)),
-                    ));
+    let stream = sub
+        .into_stream(follow::keepalive(&state))
+        .flat_map(move |f| {
+            let ev = match f {
+                Followed::Event(_, ev) => ev,
+                Followed::KeepAlive => {
+                    let frames = vec![Bytes::from_static(follow::SSE_KEEPALIVE)];
+                    return futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>));
                 }
-                v.push(Bytes::from_static(DONE));
-                v
-            }
-            TaskEvent::Error(e) => {
-                let env = contracts::ErrorEnvelope::new(e.code, e.message, e.retriable);
-                vec![
-                    follow::sse_data(&error_body(&env)),
-                    Bytes::from_static(DONE),
-                ]
-            }
-        };
-        futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>))
-    });
+            };
+            let frames: Vec<Bytes> = match ev {
+                TaskEvent::Started(_) => vec![chunk(
+                    Delta {
+                        role: Some("assistant"),
+                        content: Some(String::new()),
+                    },
+                    None,
+                    None,
+                )],
+                TaskEvent::Token(t) => vec![chunk(
+                    Delta {
+                        role: None,
+                        content: Some(t.t),
+                    },
+                    None,
+                    None,
+                )],
+                TaskEvent::Metrics(_) => vec![],
+                TaskEvent::End(end) => {
+                    let mut v = vec![chunk(Delta::default(), Some(end.finish_reason), None)];
+                    if include_usage {
+                        v.push(chunk(
+                            Delta::default(),
+                            None,
+                            Some(Usage::new(counted.prompt_tokens_used(), end.tokens_out)),
+                        ));
+                    }
+                    v.push(Bytes::from_static(DONE));
+                    v
+                }
+                TaskEvent::Error(e) => {
+                    let env = contracts::ErrorEnvelope::new(e.code, e.message, e.retriable);
+                    vec![
+                        follow::sse_data(&error_body(&env)),
+                        Bytes::from_static(DONE),
+                    ]
+                }
+            };
+            futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>))
+        });
     Ok(crate::lifecycle::sse::event_stream_response(
         Body::from_stream(stream),
     ))

@@ -14,10 +14,11 @@ use futures::{Stream, StreamExt};
 use super::types::*;
 use super::{DONE, FINGERPRINT};
 use crate::adapters::error::{body as error_body, OpenAiError};
-use crate::adapters::follow::{self, CancelOnDrop};
+use crate::adapters::follow;
 use crate::correlation::CorrelationId;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
+use crate::lifecycle::subscription::{Followed, Subscription};
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::state::SharedState;
 
@@ -101,12 +102,15 @@ pub async fn completions(
     let model = follow::model_name(&state, req.model.as_deref(), &tasks[0]);
     let id = format!("cmpl-{}", tasks[0].id);
     let created = follow::unix_now();
-    let guards: Vec<CancelOnDrop> = tasks.iter().map(|t| CancelOnDrop::new(&state, t)).collect();
     let frame = Framer { id, created, model };
     if !req.stream {
-        // the first failure answers at once; dropping the guards cancels the others
-        let results =
-            futures::future::try_join_all(tasks.iter().map(|t| follow::collect(t.clone()))).await?;
+        // the first failure answers at once; dropping the other subscriptions cancels them
+        let results = futures::future::try_join_all(
+            tasks
+                .iter()
+                .map(|t| follow::collect(follow::subscribe(&state, t))),
+        )
+        .await?;
         let mut choices = Vec::with_capacity(results.len());
         let mut usage = Usage::new(0, 0);
         for ((i, (text, end)), task) in results.into_iter().enumerate().zip(&tasks) {
@@ -117,11 +121,11 @@ pub async fn completions(
                 finish_reason: Some(end.finish_reason),
             });
         }
-        drop(guards);
         return Ok(Json(frame.response(choices, Some(usage))).into_response());
     }
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let stream = stream_frames(tasks, guards, frame, include_usage);
+    let subs = tasks.iter().map(|t| follow::subscribe(&state, t)).collect();
+    let stream = stream_frames(tasks, subs, follow::keepalive(&state), frame, include_usage);
     Ok(crate::lifecycle::sse::event_stream_response(
         Body::from_stream(stream.map(Ok::<_, std::io::Error>)),
     ))
@@ -158,11 +162,10 @@ impl Framer {
     }
 }
 
-/// Where the merged stream stands.
+/// Where the merged stream stands. Its subscriptions are dropped (cancelling what still runs)
+/// when the stream ends or the client leaves.
 struct Merge {
-    events: futures::stream::SelectAll<futures::stream::BoxStream<'static, (usize, TaskEvent)>>,
-    /// Dropped (cancelling what still runs) when the stream ends or the client leaves.
-    _guards: Vec<CancelOnDrop>,
+    events: futures::stream::SelectAll<futures::stream::BoxStream<'static, (usize, Followed)>>,
     tasks: Vec<Arc<Task>>,
     open: usize,
     usage: Usage,
@@ -175,21 +178,19 @@ struct Merge {
 /// frame then `[DONE]` at the first failure (the other tasks are cancelled).
 fn stream_frames(
     tasks: Vec<Arc<Task>>,
-    guards: Vec<CancelOnDrop>,
+    subs: Vec<Subscription>,
+    keepalive: Option<std::time::Duration>,
     frame: Framer,
     include_usage: bool,
 ) -> impl Stream<Item = Bytes> {
     let open = tasks.len();
     let events = futures::stream::select_all(
-        tasks
-            .iter()
-            .cloned()
+        subs.into_iter()
             .enumerate()
-            .map(|(i, t)| follow::events(t).map(move |ev| (i, ev)).boxed()),
+            .map(|(i, s)| s.into_stream(keepalive).map(move |f| (i, f)).boxed()),
     );
     let merge = Merge {
         events,
-        _guards: guards,
         tasks,
         open,
         usage: Usage::new(0, 0),
@@ -202,9 +203,13 @@ fn stream_frames(
             if m.done {
                 return None;
             }
-            let Some((i, ev)) = m.events.next().await else {
+            let Some((i, followed)) = m.events.next().await else {
                 m.done = true;
                 return Some((Bytes::from_static(DONE), m));
+            };
+            let ev = match followed {
+                Followed::Event(_, ev) => ev,
+                Followed::KeepAlive => return Some((Bytes::from_static(follow::SSE_KEEPALIVE), m)),
             };
             match ev {
                 TaskEvent::Started(_) | TaskEvent::Metrics(_) => {}
