@@ -59,6 +59,8 @@ pub struct AdmissionConfig {
     pub max_stop_bytes: usize,
     /// Most prompts in one `/v1/completions` request (each becomes a task).
     pub max_prompts_per_request: usize,
+    /// Prompts templated and tokenized at once, on blocking threads (0 = one per CPU).
+    pub tokenize_concurrency: usize,
 }
 
 impl Default for AdmissionConfig {
@@ -71,6 +73,7 @@ impl Default for AdmissionConfig {
             max_stop_sequences: 8,
             max_stop_bytes: 128,
             max_prompts_per_request: 16,
+            tokenize_concurrency: 0,
         }
     }
 }

@@ -39,6 +39,7 @@ pub fn build_state(
         shutting_down: AtomicBool::new(false),
         shutdown: tokio_util::sync::CancellationToken::new(),
         hyperswarm: std::sync::OnceLock::new(),
+        tokenizers: crate::lifecycle::tokenize::Tokenizers::new(cfg.admission.tokenize_concurrency),
         workers: crate::remote_workers::WorkerRegistry::new(&cfg.workers),
         started_at: Instant::now(),
         cfg,

@@ -31,6 +31,8 @@ pub struct AppState {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// What the Hyperswarm host reports to `/v1/capabilities`, set by the host once it runs.
     pub hyperswarm: std::sync::OnceLock<CapabilityReport<contracts::HyperswarmCapability>>,
+    /// Where prompts are templated and tokenized (bounded, off the async runtime).
+    pub tokenizers: crate::lifecycle::tokenize::Tokenizers,
     /// Connected remote workers.
     pub workers: crate::remote_workers::WorkerRegistry,
     pub started_at: Instant,

@@ -29,8 +29,13 @@ pub const SSE_KEEPALIVE: &[u8] = b": keep-alive\n\n";
 
 /// Admits a task for an API that addresses models by name: an unknown `model` is 404
 /// (`NOT_FOUND`, param `model`) rather than the task API's 400.
-pub fn admit(state: &SharedState, req: TaskRequest, cid: &str) -> Result<Arc<Task>, ApiError> {
+pub async fn admit(
+    state: &SharedState,
+    req: TaskRequest,
+    cid: &str,
+) -> Result<Arc<Task>, ApiError> {
     admission::admit(state, req, cid)
+        .await
         .map(|(_, task, _)| task)
         .map_err(|e| {
             if e.code() == ErrorCode::InvalidParams && e.envelope.field.as_deref() == Some("model")
@@ -46,14 +51,14 @@ pub fn admit(state: &SharedState, req: TaskRequest, cid: &str) -> Result<Arc<Tas
 
 /// Admits several tasks as one request: all or none. When one is refused, those already
 /// admitted are cancelled and the refusal is returned.
-pub fn admit_all(
+pub async fn admit_all(
     state: &SharedState,
     reqs: Vec<TaskRequest>,
     cid: &str,
 ) -> Result<Vec<Arc<Task>>, ApiError> {
     let mut tasks = Vec::with_capacity(reqs.len());
     for req in reqs {
-        match admit(state, req, cid) {
+        match admit(state, req, cid).await {
             Ok(t) => tasks.push(t),
             Err(e) => {
                 for t in &tasks {

@@ -12,6 +12,7 @@ use crate::lifecycle::eta;
 use crate::lifecycle::queue::Enqueued;
 use crate::lifecycle::task::{NewTask, RunSpec, Task};
 use crate::lifecycle::task_store::Inserted;
+use crate::lifecycle::tokenize::PromptIds;
 use crate::metrics;
 use crate::state::SharedState;
 
@@ -286,28 +287,38 @@ fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiErro
 /// Prompt tokens, counted by the tokenizer of a pool that would run the task, and whether the
 /// count is exact. Engines that take text (remote workers) count on their side; without a
 /// local tokenizer the count is an estimate of one token per 4 bytes, for budgets only.
-fn count_prompt(pools: &[Arc<Pool>], v: &Validated) -> Result<(usize, bool), ApiError> {
+/// The ids come with the count when a local tokenizer made it (exact); they go with the task so
+/// the runner does not tokenize again.
+async fn count_prompt(
+    state: &SharedState,
+    pools: &[Arc<Pool>],
+    v: &Validated,
+) -> Result<(usize, Option<PromptIds>), ApiError> {
     for engine in pools.iter().filter_map(|p| p.engine()) {
-        let counted = engine.tokenize(&v.prompt, &v.continuation).map_err(|e| {
-            let field = if matches!(v.prompt, PromptInput::Chat(_)) {
-                "messages"
-            } else {
-                "prompt"
-            };
-            reject(
-                ErrorCode::InvalidParams,
-                ApiError::invalid(field, e.to_string()),
-            )
-        })?;
-        if let Some(tokens) = counted {
-            return Ok((tokens.len(), true));
+        let counted = state
+            .tokenizers
+            .tokenize(engine, &v.prompt, &v.continuation)
+            .await
+            .map_err(|e| {
+                let field = if matches!(v.prompt, PromptInput::Chat(_)) {
+                    "messages"
+                } else {
+                    "prompt"
+                };
+                reject(
+                    ErrorCode::InvalidParams,
+                    ApiError::invalid(field, e.to_string()),
+                )
+            })?;
+        if let Some(ids) = counted {
+            return Ok((ids.ids.len(), Some(ids)));
         }
     }
     let bytes = match &v.prompt {
         PromptInput::Text(t) => t.len(),
         PromptInput::Chat(turns) => turns.iter().map(|t| t.content.len() + 8).sum(),
     } + v.continuation.len();
-    Ok((bytes.div_ceil(4).max(1), false))
+    Ok((bytes.div_ceil(4).max(1), None))
 }
 
 fn rand_seed() -> u64 {
@@ -340,7 +351,7 @@ fn reject(code: ErrorCode, err: ApiError) -> ApiError {
 
 /// Admits a task. Returns the 202 body and whether the task is new (false for an idempotent
 /// resubmission of an existing `task_id`).
-pub fn admit(
+pub async fn admit(
     state: &SharedState,
     req: TaskRequest,
     correlation_id: &str,
@@ -360,7 +371,8 @@ pub fn admit(
     }
     let v = validate(state, &req).map_err(|e| reject(e.code(), e))?;
     let pools = resolve_pools(state, &req).map_err(|e| reject(e.code(), e))?;
-    let (n_prompt, exact) = count_prompt(&pools, &v)?;
+    let (n_prompt, prompt_ids) = count_prompt(state, &pools, &v).await?;
+    let exact = prompt_ids.is_some();
     if n_prompt == 0 {
         return Err(reject(
             ErrorCode::InvalidParams,
@@ -448,6 +460,7 @@ pub fn admit(
             stop: v.stop,
         },
         prompt_tokens: n_prompt,
+        prompt_ids,
         params: redact(&req),
         ctx,
         deadline: req.deadline_ms.map(Duration::from_millis),

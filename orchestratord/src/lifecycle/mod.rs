@@ -18,6 +18,7 @@
 //!    live) and how a client that goes away cancels it (only the last subscriber, after the
 //!    grace period); [`sse`] writes a subscription as `text/event-stream` with event ids.
 //!
+//! [`tokenize`] templates and tokenizes prompts off the runtime, once per task.
 //! [`task_store`] keeps tasks (and their records) for the artifact TTL; [`eta`] turns pool
 //! measurements into the queue-time and on-time estimates admission and the stream report.
 
@@ -31,3 +32,4 @@ pub mod sse;
 pub mod subscription;
 pub mod task;
 pub mod task_store;
+pub mod tokenize;

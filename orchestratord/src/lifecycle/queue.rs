@@ -177,6 +177,7 @@ mod tests {
                 stop: Vec::new(),
             },
             prompt_tokens: 1,
+            prompt_ids: None,
             params: serde_json::Value::Null,
             ctx: 16,
             deadline: None,

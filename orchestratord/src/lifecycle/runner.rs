@@ -40,12 +40,25 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
         state.complete_task(&task, FinishReason::Length.as_str());
         return;
     }
-    let tokens = match engine.tokenize(&task.spec.prompt, &continuation) {
-        Ok(t) => t,
-        Err(e) => {
-            state.fail_task(&task, ErrorCode::InvalidParams, e.to_string(), false, None);
-            return;
-        }
+    // admission's ids serve when this engine has the model that counted them and nothing was
+    // produced since; else tokenize again, off the runtime
+    let counted = task
+        .prompt_ids
+        .as_ref()
+        .filter(|p| produced == 0 && p.model_ref == desc.model_ref);
+    let tokens = match counted {
+        Some(p) => Some(p.ids.as_ref().clone()),
+        None => match state
+            .tokenizers
+            .tokenize(engine.clone(), &task.spec.prompt, &continuation)
+            .await
+        {
+            Ok(ids) => ids.map(|p| p.ids.as_ref().clone()),
+            Err(e) => {
+                state.fail_task(&task, ErrorCode::InvalidParams, e.to_string(), false, None);
+                return;
+            }
+        },
     };
     if let Some(n) = tokens.as_ref().map(Vec::len) {
         if n + max_tokens > desc.ctx_max {

@@ -8,6 +8,8 @@ use contracts::{
     TaskTimings, TerminalEvent, TranscriptEvent,
 };
 use pool_manager::{EngineDescriptor, PromptInput, SamplingParams, StopCause};
+
+use super::tokenize::PromptIds;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -113,6 +115,8 @@ pub struct Task {
     pub model: Option<String>,
     pub spec: RunSpec,
     pub prompt_tokens: usize,
+    /// The prompt's token ids as admission counted them (engines that take token ids).
+    pub prompt_ids: Option<PromptIds>,
     /// The request with the prompt redacted, for the record.
     pub params: serde_json::Value,
     pub ctx: usize,
@@ -145,6 +149,7 @@ pub struct NewTask {
     pub model: Option<String>,
     pub spec: RunSpec,
     pub prompt_tokens: usize,
+    pub prompt_ids: Option<PromptIds>,
     pub params: serde_json::Value,
     pub ctx: usize,
     pub deadline: Option<Duration>,
@@ -162,6 +167,7 @@ impl Task {
             model: n.model,
             spec: n.spec,
             prompt_tokens: n.prompt_tokens,
+            prompt_ids: n.prompt_ids,
             params: n.params,
             ctx: n.ctx,
             submitted: now,

@@ -36,7 +36,7 @@ pub async fn submit(
     Extension(cid): Extension<CorrelationId>,
     JsonBody(req): JsonBody<TaskRequest>,
 ) -> Result<Response, ApiError> {
-    let (body, _task, _new) = admission::admit(&state, req, &cid.0)?;
+    let (body, _task, _new) = admission::admit(&state, req, &cid.0).await?;
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
 }
 

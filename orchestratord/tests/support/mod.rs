@@ -5,7 +5,7 @@
 pub mod fake_worker;
 pub mod procs;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +20,14 @@ use tokio::sync::mpsc;
 /// An engine that emits `tok{i} ` every `delay`; prompt words count as tokens. Markers in the
 /// prompt script failures: `[hang]` emits nothing, `[fail]` fails after 2 tokens, `[die]`
 /// drops the channel after 2 tokens without a terminal event, `[linger]` keeps its slot for
-/// [`LINGER`] after a cancel (an engine slow to let go of a sequence).
+/// [`LINGER`] after a cancel (an engine slow to let go of a sequence), `[slowtok]` takes
+/// [`SLOW_TOKENIZE`] to tokenize.
+/// Prompts marked `[counted]` the scripted engines of this test binary tokenized.
+pub static TOKENIZE_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// How long tokenizing a `[slowtok]` prompt takes (a huge prompt's CPU time).
+pub const SLOW_TOKENIZE: Duration = Duration::from_millis(400);
+
 /// How long a `[linger]` sequence keeps its slot after its cancel.
 pub const LINGER: Duration = Duration::from_millis(1500);
 
@@ -66,6 +73,13 @@ impl Engine for ScriptedEngine {
         _continuation: &str,
     ) -> Result<Option<Vec<u32>>, PortError> {
         let (n, text) = words(prompt);
+        if text.contains("[counted]") {
+            TOKENIZE_CALLS.fetch_add(1, Ordering::SeqCst);
+        }
+        if text.contains("[slowtok]") {
+            // blocks its thread, as tokenizing a megabyte does
+            std::thread::sleep(SLOW_TOKENIZE);
+        }
         // markers ride along as token ids the engine recognises
         let mut ids: Vec<u32> = (0..n as u32).map(|i| i + 10).collect();
         if text.contains("[hang]") {

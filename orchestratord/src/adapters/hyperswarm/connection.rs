@@ -255,7 +255,7 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
             ..Default::default()
         };
         let cid = format!("hyperswarm-{}", id.0);
-        match follow::admit(&host.state, req, &cid) {
+        match follow::admit(&host.state, req, &cid).await {
             Ok(task) => {
                 self.events.insert(
                     id.clone(),

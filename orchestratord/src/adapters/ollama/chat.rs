@@ -104,7 +104,7 @@ async fn handle(
     req: ChatRequest,
     framing: Option<Framing>,
 ) -> Result<Response<Body>, OpenAiError> {
-    let task = follow::admit(&state, to_task(&req), &cid.0)?;
+    let task = follow::admit(&state, to_task(&req), &cid.0).await?;
     let sub = follow::subscribe(&state, &task);
     let Some(framing) = framing else {
         let (text, end) = follow::collect(sub).await?;

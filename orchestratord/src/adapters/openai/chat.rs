@@ -82,7 +82,7 @@ pub async fn chat_completions(
     body: Result<JsonBody<ChatRequest>, ApiError>,
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
-    let task = follow::admit(&state, to_task(&req)?, &cid.0)?;
+    let task = follow::admit(&state, to_task(&req)?, &cid.0).await?;
     let model = follow::model_name(&state, req.model.as_deref(), &task);
     let id = format!("chatcmpl-{}", task.id);
     let created = follow::unix_now();

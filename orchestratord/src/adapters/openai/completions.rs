@@ -98,7 +98,7 @@ pub async fn completions(
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
     let reqs = to_tasks(&req, state.cfg.admission.max_prompts_per_request)?;
-    let tasks = follow::admit_all(&state, reqs, &cid.0)?;
+    let tasks = follow::admit_all(&state, reqs, &cid.0).await?;
     let model = follow::model_name(&state, req.model.as_deref(), &tasks[0]);
     let id = format!("cmpl-{}", tasks[0].id);
     let created = follow::unix_now();
