@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The project's test command: fetches the default model (cached), installs the official
 # OpenAI Python SDK the adapter test drives (cached in .cache/pydeps) and the Hyperswarm
-# sidecar's npm packages (orchestratord/hyperswarm-sidecar/node_modules) and headless Chromium
-# (Debian's package; the EventSource test drives it), and runs every test of the workspace, real
+# sidecar's npm packages (orchestratord/hyperswarm-sidecar/node_modules) headless Chromium and
+# promtool (Debian's packages; the EventSource and metrics tests drive them), and runs every test of the workspace, real
 # model included.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ci/fetch-model.sh >/dev/null
 ci/install-pydeps.sh >/dev/null
 ci/install-sidecar.sh >/dev/null
-ci/install-browser.sh >/dev/null
+ci/install-debs.sh >/dev/null
 cargo test --workspace --all-targets "$@"

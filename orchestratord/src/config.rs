@@ -112,6 +112,25 @@ impl Default for StreamConfig {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// How often histogram samples are drained into their buckets and live series refreshed.
+    pub upkeep_interval_ms: u64,
+    /// Gauges and counters not refreshed for this long (a removed pool's) are dropped. The
+    /// process's first server sets both (the recorder is process-wide).
+    pub idle_timeout_ms: u64,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            upkeep_interval_ms: 5_000,
+            idle_timeout_ms: 60_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
 pub struct TimeoutConfig {
     /// Longest a task may run on a slot.
     pub wall_ms: u64,
@@ -412,6 +431,7 @@ pub struct Config {
     pub admission: AdmissionConfig,
     pub stream: StreamConfig,
     pub timeouts: TimeoutConfig,
+    pub metrics: MetricsConfig,
     pub sessions: SessionConfig,
     pub engines_api: EnginesApiConfig,
     pub hyperswarm: HyperswarmConfig,
@@ -428,6 +448,7 @@ impl Default for Config {
             admission: AdmissionConfig::default(),
             stream: StreamConfig::default(),
             timeouts: TimeoutConfig::default(),
+            metrics: MetricsConfig::default(),
             sessions: SessionConfig::default(),
             engines_api: EnginesApiConfig::default(),
             hyperswarm: HyperswarmConfig::default(),
@@ -555,6 +576,12 @@ impl Config {
             || self.admission.default_max_tokens > self.admission.max_tokens_out
         {
             return bad("admission: need 0 < default_max_tokens <= max_tokens_out".into());
+        }
+        let m = &self.metrics;
+        if m.upkeep_interval_ms == 0 || m.idle_timeout_ms < 2 * m.upkeep_interval_ms {
+            return bad(
+                "metrics: need 0 < upkeep_interval_ms and idle_timeout_ms >= 2 × upkeep_interval_ms (live series are refreshed by the upkeep)".into(),
+            );
         }
         let mut ids = std::collections::HashSet::new();
         for p in &self.pools {

@@ -1,6 +1,9 @@
 //! Every Prometheus metric name and label, and the helpers that record them.
-//! Labels are bounded: priorities, reasons and error codes are fixed sets; pool ids come from
-//! config.
+//! Labels are bounded: priorities, reasons and error codes are fixed sets (all of them exist
+//! from the start, at 0); pool ids are those of live pools. The upkeep loop ([`upkeep`], every
+//! `metrics.upkeep_interval_ms`) drains histogram samples into their buckets, so memory does
+//! not grow between scrapes, and refreshes every live series; gauges and counters nobody
+//! refreshed for `metrics.idle_timeout_ms` (those of removed pools) are dropped.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -8,6 +11,7 @@ use std::time::Duration;
 use contracts::{ErrorCode, Priority};
 use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use metrics_util::MetricKindMask;
 
 pub const TASKS_ENQUEUED: &str = "orchd_tasks_enqueued_total";
 pub const TASKS_STARTED: &str = "orchd_tasks_started_total";
@@ -22,7 +26,7 @@ pub const TTFT: &str = "orchd_time_to_first_token_seconds";
 pub const TOKEN_LATENCY: &str = "orchd_token_latency_seconds";
 pub const QUEUE_WAIT: &str = "orchd_queue_wait_seconds";
 pub const POOL_SLOTS_BUSY: &str = "orchd_pool_slots_busy";
-pub const POOL_SLOTS_TOTAL: &str = "orchd_pool_slots_total";
+pub const POOL_SLOTS: &str = "orchd_pool_slots";
 pub const POOL_STATE: &str = "orchd_pool_state";
 pub const PLACEMENTS: &str = "orchd_placement_decisions_total";
 pub const POOL_RELOADS: &str = "orchd_pool_reloads_total";
@@ -59,8 +63,9 @@ impl CancelReason {
     }
 }
 
-/// Installs the process-wide recorder once and returns its handle.
-pub fn install() -> PrometheusHandle {
+/// Installs the process-wide recorder once and returns its handle; series not refreshed for
+/// `idle_timeout` are dropped (the first call's value holds for the process).
+pub fn install(idle_timeout: Duration) -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
@@ -68,6 +73,10 @@ pub fn install() -> PrometheusHandle {
                 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
             ];
             let builder = PrometheusBuilder::new()
+                .idle_timeout(
+                    MetricKindMask::GAUGE | MetricKindMask::COUNTER,
+                    Some(idle_timeout),
+                )
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), &buckets)
                 .unwrap_or_else(|_| PrometheusBuilder::new());
             let recorder = builder.build_recorder();
@@ -104,7 +113,23 @@ fn describe() {
     describe_histogram!(TOKEN_LATENCY, "Time between consecutive tokens of a task");
     describe_histogram!(QUEUE_WAIT, "Submission to placement on a slot");
     describe_gauge!(POOL_SLOTS_BUSY, "Busy slots, by pool");
-    describe_gauge!(POOL_SLOTS_TOTAL, "Slots, by pool");
+    describe_gauge!(POOL_SLOTS, "Slots, by pool");
+    describe_counter!(
+        POOL_RELOADS,
+        "Model reloads, by pool and outcome (ok, rolled_back)"
+    );
+    describe_counter!(
+        POOL_RESTARTS,
+        "Engine restarts after the engine died, by pool"
+    );
+    describe_gauge!(
+        POOL_LOAD_SECONDS,
+        "Time the pool's current model took to load and self-test"
+    );
+    describe_gauge!(
+        POOL_CIRCUIT_OPEN,
+        "1 while repeated load failures keep the pool's circuit breaker open"
+    );
     describe_gauge!(
         POOL_STATE,
         "1 for the pool's current state, 0 for the others"
@@ -134,6 +159,49 @@ fn describe() {
         TASKS_REQUEUED,
         "Tasks put back at the front of the queue after their remote worker was lost"
     );
+}
+
+/// Reasons of `orchd_worker_disconnects_total`.
+const WORKER_DISCONNECT_REASONS: [&str; 5] =
+    ["closed", "heartbeat", "drained", "shutdown", "refused"];
+/// Outcomes of `orchd_tasks_finished_total`.
+const OUTCOMES: [&str; 4] = ["stop", "length", "cancelled", "error"];
+
+/// Drains histogram samples and refreshes every series that should stay: the fixed label sets
+/// (so they exist at 0 before their first event) and the live pools' (from `pools`). What is
+/// not refreshed here or by traffic for the idle timeout (a removed pool's series) goes away.
+pub fn upkeep(handle: &PrometheusHandle, pools: &[pool_manager::PoolSnapshot]) {
+    handle.run_upkeep();
+    for p in [Priority::Interactive, Priority::Batch] {
+        counter!(TASKS_ENQUEUED, L_PRIORITY => p.as_str()).increment(0);
+    }
+    for r in [CancelReason::Client, CancelReason::Disconnect] {
+        counter!(TASKS_CANCELLED, L_REASON => r.label()).increment(0);
+    }
+    for code in ErrorCode::ALL {
+        counter!(TASKS_REJECTED, L_REASON => code.as_str()).increment(0);
+        counter!(ERRORS, L_CODE => code.as_str()).increment(0);
+    }
+    for o in OUTCOMES {
+        counter!(TASKS_FINISHED, L_OUTCOME => o).increment(0);
+    }
+    for r in WORKER_DISCONNECT_REASONS {
+        counter!(WORKER_DISCONNECTS, L_REASON => r).increment(0);
+    }
+    counter!(TOKENS_IN).increment(0);
+    counter!(TOKENS_OUT).increment(0);
+    counter!(WORKER_AUTH_FAILURES).increment(0);
+    counter!(TASKS_REQUEUED).increment(0);
+    gauge!(QUEUE_DEPTH, L_PRIORITY => "interactive").increment(0.0);
+    gauge!(QUEUE_DEPTH, L_PRIORITY => "batch").increment(0.0);
+    gauge!(WORKERS_CONNECTED).increment(0.0);
+    for s in pools {
+        pool(s);
+        counter!(TASKS_STARTED, L_POOL => s.id.clone()).increment(0);
+        for reason in ["pinned", "auto"] {
+            counter!(PLACEMENTS, L_POOL => s.id.clone(), L_REASON => reason).increment(0);
+        }
+    }
 }
 
 pub fn workers_connected(n: usize) {
@@ -212,7 +280,7 @@ pub fn queue_wait(d: Duration) {
 pub fn pool(s: &pool_manager::PoolSnapshot) {
     let id = s.id.clone();
     gauge!(POOL_SLOTS_BUSY, L_POOL => id.clone()).set(s.slots_busy as f64);
-    gauge!(POOL_SLOTS_TOTAL, L_POOL => id.clone()).set(s.slots_total as f64);
+    gauge!(POOL_SLOTS, L_POOL => id.clone()).set(s.slots_total as f64);
     for st in pool_manager::PoolState::ALL {
         let v = if st == s.state { 1.0 } else { 0.0 };
         gauge!(POOL_STATE, L_POOL => id.clone(), L_STATE => st.as_str()).set(v);

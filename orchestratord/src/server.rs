@@ -35,7 +35,7 @@ pub fn build_state(
         sessions: SessionStore::new(cfg.sessions.clone()),
         pools,
         wake,
-        metrics: crate::metrics::install(),
+        metrics: crate::metrics::install(Duration::from_millis(cfg.metrics.idle_timeout_ms)),
         shutting_down: AtomicBool::new(false),
         shutdown: tokio_util::sync::CancellationToken::new(),
         hyperswarm: std::sync::OnceLock::new(),
@@ -123,6 +123,7 @@ pub struct Background {
 /// host (a failure to start it is logged and leaves `hyperswarm` empty).
 pub async fn start_background(state: &SharedState) -> Background {
     tokio::spawn(crate::lifecycle::dispatcher::run(state.clone()));
+    tokio::spawn(state.clone().metrics_upkeep_loop());
     state.pools.load_all().await;
     let mut bg = Background::default();
     if state.cfg.hyperswarm.enabled {

@@ -166,4 +166,20 @@ impl AppState {
             metrics::pool(&p.snapshot());
         }
     }
+
+    /// Runs the metrics upkeep (see `metrics.rs`) every `metrics.upkeep_interval_ms` until
+    /// shutdown.
+    pub async fn metrics_upkeep_loop(self: Arc<Self>) {
+        let period = std::time::Duration::from_millis(self.cfg.metrics.upkeep_interval_ms);
+        let mut every = tokio::time::interval(period);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.shutdown.cancelled() => return,
+                _ = every.tick() => {}
+            }
+            let pools: Vec<PoolSnapshot> = self.pools.all().iter().map(|p| p.snapshot()).collect();
+            metrics::upkeep(&self.metrics, &pools);
+        }
+    }
 }

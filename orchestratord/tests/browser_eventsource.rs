@@ -1,5 +1,5 @@
 //! ORCH-SSE-4, ORCH-CAN-2 with a real browser: headless Chromium (Debian's
-//! `chromium-headless-shell`, installed by `ci/install-browser.sh`) opens an `EventSource` on a
+//! `chromium-headless-shell`, installed by `ci/install-debs.sh`) opens an `EventSource` on a
 //! task's stream through a TCP proxy that cuts the first stream connection mid-stream. The
 //! browser reconnects by itself with `Last-Event-ID`; the page must see every event exactly
 //! once, in order, ending with `end` (the task was not cancelled by the cut).
@@ -33,7 +33,7 @@ fn chromium() -> String {
             return name.to_string();
         }
     }
-    panic!("no Chromium found: run ci/install-browser.sh (Debian's chromium-headless-shell) or set CHROMIUM")
+    panic!("no Chromium found: run ci/install-debs.sh (Debian's chromium-headless-shell) or set CHROMIUM")
 }
 
 /// What the proxy saw of the stream requests.
