@@ -7,9 +7,19 @@
 //! as long as one job: with a rayon pool the helper joined most jobs late (measured: the
 //! decode thread did two thirds of the kernel work). One spinning pool for the whole process
 //! also keeps candle's own ops (which use the same pool) from competing with ours for cores.
+//!
+//! The pool is shared by every engine of the process, and a panic that reaches it poisons its
+//! call lock: every later job of every engine would panic. So no panic of ours reaches it:
+//! each worker's part runs under `catch_unwind`, and the first panic is raised again on the
+//! calling (decode) thread after the pool is done and its lock released. That engine's decode
+//! thread dies and its pool restarts it; the other engines never notice (decided over a pool
+//! per engine, which would put two spinning pools on the same cores).
 
+use std::any::Any;
 use std::cell::Cell;
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use candle_core::utils::barrier_pool;
 
@@ -58,6 +68,7 @@ pub(crate) fn par_chunks_mut<T: Send>(
     let workers = current_workers();
     if chunks <= 1 || workers <= 1 {
         for (i, c) in data.chunks_mut(chunk_len).enumerate() {
+            fault::maybe_panic();
             f(i, c);
         }
         return;
@@ -66,13 +77,14 @@ pub(crate) fn par_chunks_mut<T: Send>(
     let caller = pool.n_workers();
     let next = AtomicUsize::new(0);
     let base = SlicePtr(data.as_mut_ptr());
+    let panicked: Mutex<Option<Box<dyn Any + Send>>> = Mutex::new(None);
     pool.execute(|tid| {
         // the caller always works; of the pool's workers, the first `workers - 1`
         if tid != caller && tid + 1 >= workers {
             return;
         }
         let base = &base;
-        loop {
+        let run = catch_unwind(AssertUnwindSafe(|| loop {
             let i = next.fetch_add(1, Ordering::Relaxed);
             if i >= chunks {
                 return;
@@ -83,9 +95,40 @@ pub(crate) fn par_chunks_mut<T: Send>(
             // borrowed mutably for the whole call, and `execute` returns after every worker
             // is done.
             let chunk = unsafe { std::slice::from_raw_parts_mut(base.0.add(start), n) };
+            fault::maybe_panic();
             f(i, chunk);
+        }));
+        if let Err(payload) = run {
+            // the others stop taking chunks; the first panic is raised after the pool is done
+            next.store(chunks, Ordering::Relaxed);
+            let mut p = panicked.lock().unwrap_or_else(|e| e.into_inner());
+            p.get_or_insert(payload);
         }
     });
+    if let Some(payload) = panicked.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        resume_unwind(payload);
+    }
+}
+
+/// Fault injection for tests: makes the next kernel chunk panic (feature `fault-injection`;
+/// without it nothing here exists beyond a no-op).
+pub mod fault {
+    #[cfg(feature = "fault-injection")]
+    static ARMED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+    /// The next kernel chunk any engine runs panics (once).
+    #[cfg(feature = "fault-injection")]
+    pub fn arm_kernel_panic() {
+        ARMED.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    #[inline]
+    pub(crate) fn maybe_panic() {
+        #[cfg(feature = "fault-injection")]
+        if ARMED.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            panic!("injected kernel panic");
+        }
+    }
 }
 
 #[cfg(test)]
@@ -107,6 +150,20 @@ mod tests {
                 }
             });
         }
+    }
+
+    #[test]
+    fn a_panicking_chunk_reaches_the_caller_and_leaves_the_pool_usable() {
+        let caught = std::panic::catch_unwind(|| {
+            let mut v = vec![0u32; 256];
+            par_chunks_mut(&mut v, 8, |i, _| assert!(i != 5, "chunk 5 fails"));
+        });
+        assert!(caught.is_err(), "the panic reached the caller");
+        // the shared pool still runs jobs (a poisoned pool would panic here)
+        let mut v = vec![0u32; 256];
+        par_chunks_mut(&mut v, 8, |_, c| c.iter_mut().for_each(|x| *x = 1));
+        assert!(v.iter().all(|&x| x == 1));
+        candle_core::utils::barrier_pool().execute(|_| {});
     }
 
     #[test]

@@ -22,6 +22,7 @@ mod tokenizer;
 mod weights;
 
 pub use chat_template::{ChatMessage, ChatTemplate, TemplateSource, CHATML_FALLBACK};
+pub use cpu_parallel::fault;
 pub use engine::{
     configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, ModelInfo,
     DEFAULT_PROMPT_CACHE_BYTES, ENGINE_NAME, ENGINE_VERSION,
