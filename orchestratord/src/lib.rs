@@ -18,5 +18,6 @@ pub mod remote_workers;
 pub mod routes;
 pub mod server;
 pub mod sessions;
+pub mod soak;
 pub mod state;
 pub mod worker;
