@@ -162,3 +162,29 @@ async fn refusals_come_before_any_stream_byte() {
         assert_eq!(v["error"]["code"], "ADMISSION_REJECT");
     }
 }
+
+/// ADP-SEED-3: every field of the request is honoured or refused by name: the seed's fields and
+/// our additions run; anything else (Ollama's `options`, OpenAI's `tools`, …) is a 400 naming
+/// it, on both endpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_fields_are_refused_by_name() {
+    let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(1)).await;
+    let full = json!({
+        "model": "scripted-model",
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+        "stream": false, "temperature": 0.7, "top_p": 0.9, "max_tokens": 3, "seed": 7,
+        "stop": ["zzz"],
+    });
+    let r = post(&s, "/chat/completions", full.clone()).await;
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    for field in ["options", "tools", "format", "keep_alive", "top_k"] {
+        for path in ["/chat/completions", "/chat/sse"] {
+            let mut body = full.clone();
+            body[field] = json!(1);
+            let r = post(&s, path, body).await;
+            assert_eq!(r.status(), 400, "{path} {field}");
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["error"]["param"], field, "{path}: {v}");
+        }
+    }
+}

@@ -7,7 +7,9 @@ use utoipa::ToSchema;
 use crate::adapters::openai::types::Message;
 
 /// `POST /chat/completions` and `POST /chat/sse` (where `stream` is ignored: always streamed).
+/// A field not listed here is refused by name (400), never silently ignored.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 #[schema(as = SeedChatRequest)]
 #[schema(example = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello, how are you?"}], "stream": true, "temperature": 0.7}))]
 pub struct ChatRequest {
