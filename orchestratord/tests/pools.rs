@@ -194,3 +194,35 @@ async fn a_slot_is_free_when_the_engine_lets_go_not_before() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(health(&s, "p1").await.1["metrics"]["slots_busy"], 0);
 }
+
+/// POOL-DRAIN-2: an engine that dies while its pool drains restarts the pool drained, not
+/// serving: the operator's drain holds until they resume it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_during_a_drain_does_not_undo_the_drain() {
+    let s = start(config(vec![pool("p1", 1)]), Duration::from_millis(100)).await;
+    let doomed = s
+        .submit_ok(json!({"prompt": "[die] going down", "max_tokens": 50}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (st, _) = post(&s, "/v1/pools/p1/drain", json!({"deadline_ms": 10000})).await;
+    assert_eq!(st, 202);
+    let ev = s.stream_all(&doomed).await;
+    assert_eq!(ev.last().unwrap().data["code"], "WORKER_RESET", "{ev:?}");
+    let mut h = health(&s, "p1").await.1;
+    for _ in 0..100 {
+        if h["metrics"]["restarts"] == 1 && h["state"] != "unready" && h["state"] != "loading" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        h = health(&s, "p1").await.1;
+    }
+    assert_eq!(h["state"], "drained", "{h}");
+    let r = s.submit(json!({"prompt": "x", "pool_id": "p1"})).await;
+    assert_eq!(r.status(), 503, "a drained pool takes no work");
+    let (st, _) = post(&s, "/v1/pools/p1/resume", json!({})).await;
+    assert_eq!(st, 200);
+    let id = s
+        .submit_ok(json!({"prompt": "back", "max_tokens": 2}))
+        .await;
+    assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
+}

@@ -121,6 +121,9 @@ struct Inner {
     /// Engines this pool ran before a reload or a death whose sequences may still hold slots:
     /// their slots count against the pool until the engine lets go of them.
     retiring: Vec<Weak<dyn Engine>>,
+    /// The operator drained the pool and has not resumed it: a restart after an engine death
+    /// brings it back drained, not serving.
+    held_drained: bool,
     last_error: Option<String>,
     drain_token: CancellationToken,
     drain_deadline: Option<Instant>,
@@ -164,6 +167,7 @@ impl Pool {
                 state: PoolState::Loading,
                 engine: None,
                 retiring: Vec::new(),
+                held_drained: false,
                 last_error: None,
                 drain_token: CancellationToken::new(),
                 drain_deadline: None,
@@ -369,6 +373,13 @@ impl Pool {
                 g.last_error = None;
                 g.consecutive_failures = 0;
                 let _ = self.apply(&mut g, PoolEvent::Loaded);
+                if g.held_drained {
+                    // the engine died while the pool was drained or draining: it stays so
+                    let _ = self.apply(&mut g, PoolEvent::Drain);
+                    if busy(&g) == 0 {
+                        let _ = self.apply(&mut g, PoolEvent::DrainComplete);
+                    }
+                }
                 Ok(())
             }
             Err(e) => {
@@ -424,6 +435,7 @@ impl Pool {
     pub fn drain(self: &Arc<Self>, deadline: Duration) -> Result<(), PoolError> {
         let mut g = self.lock();
         self.apply(&mut g, PoolEvent::Drain)?;
+        g.held_drained = true;
         g.drain_deadline = Some(Instant::now() + deadline);
         let token = g.drain_token.clone();
         if busy(&g) == 0 {
@@ -441,6 +453,7 @@ impl Pool {
     pub fn resume(&self) -> Result<(), PoolError> {
         let mut g = self.lock();
         self.apply(&mut g, PoolEvent::Resume)?;
+        g.held_drained = false;
         g.drain_token = CancellationToken::new();
         g.drain_deadline = None;
         Ok(())
@@ -462,6 +475,8 @@ impl Pool {
                 g.last_error = None;
                 g.drain_token = CancellationToken::new();
                 g.drain_deadline = None;
+                // a reload puts the pool back into service (also a drained one)
+                g.held_drained = false;
                 let _ = self.apply(&mut g, PoolEvent::ReloadDone);
                 self.reloads_ok.fetch_add(1, Ordering::Relaxed);
                 Ok(ms)
