@@ -41,6 +41,12 @@ pub enum ErrorCode {
     Unauthorized,
     /// No worker took the task within the queue timeout (504).
     QueueTimeout,
+    /// The key is valid but its scope does not cover the route (403).
+    Forbidden,
+    /// A request body that is not `application/json` (415).
+    UnsupportedMediaType,
+    /// Too many failed authentication attempts from this address; wait (429).
+    AuthRateLimited,
 }
 
 impl ErrorCode {
@@ -63,11 +69,14 @@ impl ErrorCode {
             Self::Conflict => "CONFLICT",
             Self::Unauthorized => "UNAUTHORIZED",
             Self::QueueTimeout => "QUEUE_TIMEOUT",
+            Self::Forbidden => "FORBIDDEN",
+            Self::UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
+            Self::AuthRateLimited => "AUTH_RATE_LIMITED",
         }
     }
 
     /// All codes, for metrics label pre-registration and docs.
-    pub const ALL: [ErrorCode; 17] = [
+    pub const ALL: [ErrorCode; 20] = [
         Self::AdmissionReject,
         Self::QueueFullDropLru,
         Self::InvalidParams,
@@ -85,6 +94,9 @@ impl ErrorCode {
         Self::Conflict,
         Self::Unauthorized,
         Self::QueueTimeout,
+        Self::Forbidden,
+        Self::UnsupportedMediaType,
+        Self::AuthRateLimited,
     ];
 }
 

@@ -15,6 +15,23 @@ pub struct ChatMessage {
 /// ChatML, used when a model ships no `tokenizer.chat_template` (documented fallback).
 pub const CHATML_FALLBACK: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// A piece of a rendered prompt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// The template's own text: special tokens written here are control tokens.
+    Markup(String),
+    /// A message's content, from a client: tokenized as plain text.
+    Content(String),
+}
+
+impl Piece {
+    pub fn text(&self) -> &str {
+        match self {
+            Self::Markup(t) | Self::Content(t) => t,
+        }
+    }
+}
+
 /// Where the template in use came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TemplateSource {
@@ -60,6 +77,51 @@ impl ChatTemplate {
 
     pub fn source(&self) -> TemplateSource {
         self.source
+    }
+
+    /// Renders the conversation as pieces: the template's own text (`Piece::Markup`, where
+    /// special tokens count) and the messages' contents (`Piece::Content`, text from clients,
+    /// where they do not). Each content is replaced by a placeholder with a fresh random nonce
+    /// while the template runs, then put back, so no content can ever be read as markup. A
+    /// template that transforms contents (trims them, say) sees only the placeholder: the
+    /// content goes in as sent.
+    pub fn render_pieces(&self, messages: &[ChatMessage]) -> Result<Vec<Piece>> {
+        let nonce: u64 = rand::random();
+        let mark = |i: usize| format!("\u{E000}{nonce:016x}:{i}\u{E001}");
+        let masked: Vec<ChatMessage> = messages
+            .iter()
+            .enumerate()
+            .map(|(i, m)| ChatMessage {
+                role: m.role.clone(),
+                content: mark(i),
+            })
+            .collect();
+        let text = self.render(&masked)?;
+        let mut pieces = Vec::new();
+        let mut rest = text.as_str();
+        let prefix = format!("\u{E000}{nonce:016x}:");
+        while let Some(at) = rest.find(&prefix) {
+            let after = &rest[at + prefix.len()..];
+            let Some(end) = after.find('\u{E001}') else {
+                break;
+            };
+            let Some(m) = after[..end]
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| messages.get(i))
+            else {
+                break;
+            };
+            if at > 0 {
+                pieces.push(Piece::Markup(rest[..at].to_string()));
+            }
+            pieces.push(Piece::Content(m.content.clone()));
+            rest = &after[end + '\u{E001}'.len_utf8()..];
+        }
+        if !rest.is_empty() {
+            pieces.push(Piece::Markup(rest.to_string()));
+        }
+        Ok(pieces)
     }
 
     /// Renders the conversation with the generation prompt for the assistant's next turn.

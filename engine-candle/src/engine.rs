@@ -304,6 +304,36 @@ impl CandleEngine {
         self.template.render(messages)
     }
 
+    /// Token ids of a chat: the template's markup with its special tokens, the messages'
+    /// contents as plain text (a client cannot forge a turn), BOS first when the model wants
+    /// it.
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+        let mut ids: Vec<u32> = self.tokenizer.bos().into_iter().collect();
+        for piece in self.chat_pieces(messages)? {
+            ids.extend(match &piece {
+                crate::chat_template::Piece::Markup(t) => self.tokenizer.encode_markup(t)?,
+                crate::chat_template::Piece::Content(t) => self.tokenizer.encode_plain(t)?,
+            });
+        }
+        Ok(ids)
+    }
+
+    /// The pieces [`Self::encode_chat`] tokenizes: the template's markup and the contents.
+    pub fn chat_pieces(
+        &self,
+        messages: &[ChatMessage],
+    ) -> Result<Vec<crate::chat_template::Piece>> {
+        self.template.render_pieces(messages)
+    }
+
+    /// Token ids of a raw prompt from a client: plain text (special tokens written in it are
+    /// characters), BOS first when the model wants it.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
+        let mut ids: Vec<u32> = self.tokenizer.bos().into_iter().collect();
+        ids.extend(self.tokenizer.encode_plain(text)?);
+        Ok(ids)
+    }
+
     /// Whether the decode thread still runs.
     pub fn is_alive(&self) -> bool {
         self.shared.alive.load(Ordering::SeqCst)

@@ -21,7 +21,7 @@ mod text_stream;
 mod tokenizer;
 mod weights;
 
-pub use chat_template::{ChatMessage, ChatTemplate, TemplateSource, CHATML_FALLBACK};
+pub use chat_template::{ChatMessage, ChatTemplate, Piece, TemplateSource, CHATML_FALLBACK};
 pub use cpu_parallel::fault;
 pub use engine::{
     configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, ModelInfo,

@@ -27,6 +27,9 @@ const QWEN2_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}
 /// Tokenizer plus the per-token byte table used for incremental detokenization.
 pub struct GgufTokenizer {
     inner: Tokenizer,
+    /// The same tokenizer with special-token parsing off: `<|im_end|>` written in a client's
+    /// text is encoded as the characters it is, never as the control token.
+    plain: Tokenizer,
     /// Raw bytes of every token id; empty for control tokens (never shown as text).
     token_bytes: Vec<Vec<u8>>,
     /// Ids that end a generation (EOS, end-of-turn, end-of-text).
@@ -171,6 +174,8 @@ impl GgufTokenizer {
             }
         }
         inner.add_special_tokens(&special);
+        let mut plain = inner.clone();
+        plain.set_encode_special_tokens(true);
 
         let id = |key: &str| md_u32(md, key).ok();
         let mut stop_ids: Vec<u32> = Vec::new();
@@ -197,6 +202,7 @@ impl GgufTokenizer {
         );
         Ok(Self {
             inner,
+            plain,
             token_bytes,
             stop_ids,
             bos_id: id("tokenizer.ggml.bos_token_id"),
@@ -219,6 +225,31 @@ impl GgufTokenizer {
         }
         ids.extend_from_slice(enc.get_ids());
         Ok(ids)
+    }
+
+    /// Token ids of text from a client: special tokens written in it are plain text, so no
+    /// one can forge a turn or an end of text. No BOS is added (see [`Self::bos`]).
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .plain
+            .encode_fast(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Token ids of text the server itself wrote (a chat template's markup): special tokens
+    /// are recognised. No BOS is added.
+    pub fn encode_markup(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode_fast(text, false)
+            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// The BOS id when the model wants one before every prompt.
+    pub fn bos(&self) -> Option<u32> {
+        self.bos_id.filter(|_| self.add_bos)
     }
 
     /// Text of `ids`, control tokens left out. Invalid UTF-8 is replaced.

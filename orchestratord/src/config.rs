@@ -223,12 +223,17 @@ pub struct HyperswarmConfig {
     pub system_prompt: String,
     /// `max_tokens` of each chat (capped by `admission.max_tokens_out`).
     pub max_tokens: u32,
-    /// Connections at once; one more is answered `CONNECT_FAILED` and closed.
+    /// Connections at once. When full, the connection idle the longest makes room for a
+    /// newcomer; when all have a request running, the newcomer gets `CONNECT_FAILED`. One
+    /// connection per remote public key at a time.
     pub max_clients: usize,
     /// Longest NDJSON line read; a longer one is `BAD_MESSAGE` and skipped.
     pub max_line_bytes: usize,
     /// Longest prompt in UTF-8 bytes (the seed's 8 KB).
     pub max_prompt_bytes: usize,
+    /// Messages a connection may send per second (a burst of as many); over it they are
+    /// answered BAD_MESSAGE and dropped, and a connection that keeps on is closed.
+    pub max_messages_per_second: u32,
     /// Requests running at once on one connection; one more is `MODEL_BUSY`.
     pub max_requests_per_connection: usize,
     /// A running request without a new token this long ends `TIMEOUT_NO_RESPONSE`.
@@ -252,6 +257,7 @@ impl Default for HyperswarmConfig {
             max_clients: 5,
             max_line_bytes: 64 * 1024,
             max_prompt_bytes: 8 * 1024,
+            max_messages_per_second: 10,
             max_requests_per_connection: 1,
             no_progress_timeout_ms: 60_000,
             idle_timeout_ms: 600_000,
@@ -299,6 +305,86 @@ impl Default for SidecarConfig {
             max_restart_backoff_ms: 30_000,
         }
     }
+}
+
+/// API keys and who may reach the server without one (see `auth/`).
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// `tenant:scope:key` entries (scope `data` or `admin`; the key may be `sha256:<hex>`).
+    /// Prefer `key_file` or env `ORCHD_API_KEYS`: a config file is often world-readable.
+    pub keys: Vec<String>,
+    /// A file of `tenant:scope:key` lines (`#` comments; keys may be `sha256:<hex>`).
+    pub key_file: Option<String>,
+    /// Serve a non-loopback address without keys (also `--insecure-no-auth`).
+    pub insecure_no_auth: bool,
+    /// `/metrics` without a key (else any valid key).
+    pub metrics_public: bool,
+    /// Failed authentications per peer address per minute before 429s.
+    pub max_failures_per_minute: u32,
+}
+
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("keys", &format_args!("[{} redacted]", self.keys.len()))
+            .field("key_file", &self.key_file)
+            .field("insecure_no_auth", &self.insecure_no_auth)
+            .field("metrics_public", &self.metrics_public)
+            .field("max_failures_per_minute", &self.max_failures_per_minute)
+            .finish()
+    }
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        Self {
+            keys: Vec::new(),
+            key_file: None,
+            insecure_no_auth: false,
+            metrics_public: true,
+            max_failures_per_minute: 20,
+        }
+    }
+}
+
+/// The HTTP listener: browser access, slow clients, connection cap.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HttpConfig {
+    /// Origins a browser page may call from (CORS); empty = CORS off and cross-origin writes
+    /// refused.
+    pub cors_allowed_origins: Vec<String>,
+    /// A client must send its request head within this time.
+    pub header_read_timeout_ms: u64,
+    /// Longest wait for the next part of a request body.
+    pub body_read_timeout_ms: u64,
+    /// A response write (an SSE reader that stopped reading) may stall this long before the
+    /// connection is closed.
+    pub write_stall_timeout_ms: u64,
+    /// Connections served at once; more wait in the listen backlog.
+    pub max_connections: usize,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            cors_allowed_origins: Vec::new(),
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 30_000,
+            write_stall_timeout_ms: 60_000,
+            max_connections: 1024,
+        }
+    }
+}
+
+/// Where models may be loaded from.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelsConfig {
+    /// Directories whose GGUF files `POST /engines` and reloads may load (besides the model
+    /// cache and the directories of the configured pools' models).
+    pub dirs: Vec<String>,
 }
 
 /// One pool of the server.
@@ -436,6 +522,9 @@ pub struct Config {
     pub engines_api: EnginesApiConfig,
     pub hyperswarm: HyperswarmConfig,
     pub workers: WorkersConfig,
+    pub auth: AuthConfig,
+    pub http: HttpConfig,
+    pub models: ModelsConfig,
     pub pools: Vec<PoolConfig>,
 }
 
@@ -453,6 +542,9 @@ impl Default for Config {
             engines_api: EnginesApiConfig::default(),
             hyperswarm: HyperswarmConfig::default(),
             workers: WorkersConfig::default(),
+            auth: AuthConfig::default(),
+            http: HttpConfig::default(),
+            models: ModelsConfig::default(),
             pools: vec![PoolConfig {
                 id: "default".into(),
                 model: DEFAULT_MODEL_PATH.into(),

@@ -16,13 +16,16 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
     match code {
         ErrorCode::InvalidParams => StatusCode::BAD_REQUEST,
         ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+        ErrorCode::Forbidden => StatusCode::FORBIDDEN,
+        ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         ErrorCode::NotFound => StatusCode::NOT_FOUND,
         ErrorCode::Conflict => StatusCode::CONFLICT,
         ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         ErrorCode::DeadlineUnmet => StatusCode::UNPROCESSABLE_ENTITY,
-        ErrorCode::AdmissionReject | ErrorCode::QueueFullDropLru | ErrorCode::BudgetExceeded => {
-            StatusCode::TOO_MANY_REQUESTS
-        }
+        ErrorCode::AdmissionReject
+        | ErrorCode::QueueFullDropLru
+        | ErrorCode::BudgetExceeded
+        | ErrorCode::AuthRateLimited => StatusCode::TOO_MANY_REQUESTS,
         ErrorCode::PoolUnready
         | ErrorCode::PoolUnavailable
         | ErrorCode::ReplicaExhausted

@@ -4,14 +4,17 @@
 //! the same task lifecycle.
 
 pub mod adapters;
+pub mod auth;
 pub mod config;
 pub mod correlation;
 pub mod error;
 pub mod examples;
 pub mod json_body;
 pub mod lifecycle;
+pub mod listener;
 pub mod loadgen;
 pub mod metrics;
+pub mod model_paths;
 pub mod openapi;
 pub mod process_stats;
 pub mod remote_workers;

@@ -20,6 +20,11 @@ struct Args {
     /// given one (its own pools' API: health, metrics, tasks).
     #[arg(long, env = "ORCHD_BIND", global = true)]
     bind: Option<String>,
+    /// Serve a non-loopback address without API keys (anyone who reaches the port controls
+    /// the server). Keys come from ORCHD_API_KEYS or auth.key_file, never from the command
+    /// line.
+    #[arg(long)]
+    insecure_no_auth: bool,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -79,6 +84,13 @@ async fn shutdown_signal() {
         _ = ctrl_c => {},
         _ = term => {},
     }
+    // a second interrupt does not wait for the grace period
+    tokio::spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("second interrupt: exiting now");
+            std::process::exit(130);
+        }
+    });
 }
 
 fn main() -> anyhow::Result<()> {
@@ -86,6 +98,9 @@ fn main() -> anyhow::Result<()> {
     let mut cfg = Config::load(args.config.as_deref())?;
     if let Some(b) = &args.bind {
         cfg.bind = b.clone();
+    }
+    if args.insecure_no_auth {
+        cfg.auth.insecure_no_auth = true;
     }
     // before any thread exists (see engine_candle::configure_process_threads)
     let threads = cfg.pools.iter().map(|p| p.threads).max().unwrap_or(0);
@@ -114,6 +129,11 @@ async fn run_worker(cfg: Config, w: WorkerArgs, bind: Option<String>) -> anyhow:
     init_logs();
     if bind.is_some() && w.backend_url.is_some() {
         anyhow::bail!("--bind serves the worker's own pools; with --backend-url it has none");
+    }
+    if let Some(addr) = &bind {
+        // the worker's own API has the server's routes: the same rule for exposing it
+        let auth = orchestratord::auth::Auth::load(&cfg.auth, &cfg.http.cors_allowed_origins)?;
+        orchestratord::auth::check_exposure(addr, &auth, cfg.auth.insecure_no_auth)?;
     }
     let choice = match w.backend_url {
         Some(url) => BackendChoice::Url {

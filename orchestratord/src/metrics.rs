@@ -39,6 +39,7 @@ pub const WORKERS_CONNECTED: &str = "orchd_workers_connected";
 pub const WORKER_DISCONNECTS: &str = "orchd_worker_disconnects_total";
 pub const WORKER_AUTH_FAILURES: &str = "orchd_worker_auth_failures_total";
 pub const TASKS_REQUEUED: &str = "orchd_tasks_requeued_total";
+pub const AUTH_FAILURES: &str = "orchd_auth_failures_total";
 
 pub const L_PRIORITY: &str = "priority";
 pub const L_REASON: &str = "reason";
@@ -156,6 +157,10 @@ fn describe() {
         "Worker connection attempts refused for a wrong or missing secret"
     );
     describe_counter!(
+        AUTH_FAILURES,
+        "Requests refused by API-key checks, by reason (missing, invalid, forbidden, rate_limited)"
+    );
+    describe_counter!(
         TASKS_REQUEUED,
         "Tasks put back at the front of the queue after their remote worker was lost"
     );
@@ -164,6 +169,8 @@ fn describe() {
 /// Reasons of `orchd_worker_disconnects_total`.
 const WORKER_DISCONNECT_REASONS: [&str; 5] =
     ["closed", "heartbeat", "drained", "shutdown", "refused"];
+/// Reasons of `orchd_auth_failures_total`.
+const AUTH_FAILURE_REASONS: [&str; 4] = ["missing", "invalid", "forbidden", "rate_limited"];
 /// Outcomes of `orchd_tasks_finished_total`.
 const OUTCOMES: [&str; 4] = ["stop", "length", "cancelled", "error"];
 
@@ -187,6 +194,9 @@ pub fn upkeep(handle: &PrometheusHandle, pools: &[pool_manager::PoolSnapshot]) {
     }
     for r in WORKER_DISCONNECT_REASONS {
         counter!(WORKER_DISCONNECTS, L_REASON => r).increment(0);
+    }
+    for r in AUTH_FAILURE_REASONS {
+        counter!(AUTH_FAILURES, L_REASON => r).increment(0);
     }
     counter!(TOKENS_IN).increment(0);
     counter!(TOKENS_OUT).increment(0);
@@ -215,6 +225,11 @@ pub fn worker_disconnected(reason: &'static str) {
 
 pub fn worker_auth_failed() {
     counter!(WORKER_AUTH_FAILURES).increment(1);
+}
+
+/// `reason`: one of `AUTH_FAILURE_REASONS`.
+pub fn auth_failed(reason: &'static str) {
+    counter!(AUTH_FAILURES, L_REASON => reason).increment(1);
 }
 
 pub fn requeued() {

@@ -87,16 +87,124 @@ fn versioned(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     doc
 }
 
+/// Declares the API-key schemes and, on every operation that needs a key (per
+/// `auth::routes::classify`, the table the server enforces), the requirement and its 401; 403
+/// on admin routes; 415 where a body is taken. `error_schema` is the body those errors have.
+fn secured(mut doc: utoipa::openapi::OpenApi, error_schema: &str) -> utoipa::openapi::OpenApi {
+    use axum::http::Method;
+    use utoipa::openapi::security::{
+        ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
+    };
+    use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
+
+    use crate::auth::routes::{classify, Access};
+
+    let comps = doc.components.get_or_insert_with(Default::default);
+    comps.add_security_scheme(
+        "bearer",
+        SecurityScheme::Http(
+            HttpBuilder::new()
+                .scheme(HttpAuthScheme::Bearer)
+                .description(Some(
+                    "An API key (`tenant:scope:key` in ORCHD_API_KEYS or auth.key_file) as a bearer token",
+                ))
+                .build(),
+        ),
+    );
+    comps.add_security_scheme(
+        "apiKey",
+        SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::with_description(
+            "x-api-key",
+            "The same key in the x-api-key header",
+        ))),
+    );
+    let error = |description: &str, code: &str, message: &str| {
+        let example = if error_schema == "ErrorBody" {
+            serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}})
+        } else {
+            serde_json::json!({"code": code, "message": message, "retriable": false})
+        };
+        ResponseBuilder::new()
+            .description(description)
+            .content(
+                "application/json",
+                ContentBuilder::new()
+                    .schema(Some(Ref::from_schema_name(error_schema)))
+                    .example(Some(example))
+                    .build(),
+            )
+            .build()
+    };
+    for (path, item) in doc.paths.paths.iter_mut() {
+        let ops = [
+            (Method::GET, item.get.as_mut()),
+            (Method::POST, item.post.as_mut()),
+            (Method::DELETE, item.delete.as_mut()),
+            (Method::PUT, item.put.as_mut()),
+        ];
+        for (method, op) in ops {
+            let Some(op) = op else { continue };
+            let (access, _) = classify(&method, path);
+            if matches!(access, Access::Open | Access::Metrics) {
+                continue;
+            }
+            op.security = Some(vec![
+                SecurityRequirement::new("bearer", Vec::<String>::new()),
+                SecurityRequirement::new("apiKey", Vec::<String>::new()),
+            ]);
+            let r = &mut op.responses.responses;
+            r.insert(
+                "401".into(),
+                error(
+                    "UNAUTHORIZED: no API key, or not a valid one (with WWW-Authenticate: Bearer)",
+                    "UNAUTHORIZED",
+                    "an API key is required: Authorization: Bearer <key> (or x-api-key)",
+                )
+                .into(),
+            );
+            r.insert(
+                "403".into(),
+                if access == Access::Admin {
+                    error(
+                        "FORBIDDEN: the key's scope is data and this route needs admin, or a browser write from an origin not allowed",
+                        "FORBIDDEN",
+                        "this route needs an admin key; tenant \"alice\" has a data key",
+                    )
+                } else {
+                    error(
+                        "FORBIDDEN: a browser write from an origin not in http.cors_allowed_origins",
+                        "FORBIDDEN",
+                        "cross-origin writes are refused: this Origin is not in http.cors_allowed_origins",
+                    )
+                }
+                .into(),
+            );
+            if op.request_body.is_some() {
+                r.insert(
+                    "415".into(),
+                    error(
+                        "UNSUPPORTED_MEDIA_TYPE: the body is not sent as application/json",
+                        "UNSUPPORTED_MEDIA_TYPE",
+                        "request bodies must be sent with Content-Type: application/json",
+                    )
+                    .into(),
+                );
+            }
+        }
+    }
+    doc
+}
+
 pub fn data() -> utoipa::openapi::OpenApi {
-    versioned(DataApi::openapi())
+    secured(versioned(DataApi::openapi()), "ErrorEnvelope")
 }
 
 pub fn control() -> utoipa::openapi::OpenApi {
-    versioned(ControlApi::openapi())
+    secured(versioned(ControlApi::openapi()), "ErrorEnvelope")
 }
 
 pub fn adapters() -> utoipa::openapi::OpenApi {
-    versioned(AdaptersApi::openapi())
+    secured(versioned(AdaptersApi::openapi()), "ErrorBody")
 }
 
 /// Every document in one (served at `/openapi.json`).

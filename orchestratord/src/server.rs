@@ -24,6 +24,8 @@ pub fn build_state(
     cfg: Config,
     factory: Arc<dyn EngineFactory>,
 ) -> Result<SharedState, ConfigError> {
+    let auth = crate::auth::Auth::load(&cfg.auth, &cfg.http.cors_allowed_origins)?;
+    crate::auth::check_exposure(&cfg.bind, &auth, cfg.auth.insecure_no_auth)?;
     let wake = Arc::new(Notify::new());
     let pools = PoolRegistry::new(cfg.pool_specs()?, factory, wake.clone());
     Ok(Arc::new(AppState {
@@ -41,9 +43,29 @@ pub fn build_state(
         hyperswarm: std::sync::OnceLock::new(),
         tokenizers: crate::lifecycle::tokenize::Tokenizers::new(cfg.admission.tokenize_concurrency),
         workers: crate::remote_workers::WorkerRegistry::new(&cfg.workers),
+        auth,
+        model_dirs: model_dirs(&cfg),
         started_at: Instant::now(),
         cfg,
     }))
+}
+
+/// The model cache, the directories of the configured pools' models, and `models.dirs`.
+fn model_dirs(cfg: &Config) -> crate::model_paths::ModelDirs {
+    use std::path::Path;
+    let cache = Path::new(crate::config::DEFAULT_MODEL_PATH)
+        .parent()
+        .map(Path::to_path_buf);
+    let pools = cfg
+        .pools
+        .iter()
+        .filter_map(|p| Path::new(&p.model).parent().map(Path::to_path_buf));
+    let dirs: Vec<std::path::PathBuf> = cache
+        .into_iter()
+        .chain(pools)
+        .chain(cfg.models.dirs.iter().map(std::path::PathBuf::from))
+        .collect();
+    crate::model_paths::ModelDirs::new(dirs)
 }
 
 /// Every route, with the correlation-id layer and the body limit.
@@ -108,8 +130,48 @@ pub fn router(state: SharedState) -> Router {
         .route("/openapi.json", get(routes::meta::openapi_json))
         .fallback(routes::meta::not_found)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            Duration::from_millis(state.cfg.http.body_read_timeout_ms.max(1)),
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::middleware,
+        ))
         .layer(axum::middleware::from_fn(crate::correlation::middleware))
+        .layer(tower::util::option_layer(cors(
+            &state.cfg.http.cors_allowed_origins,
+        )))
         .with_state(state)
+}
+
+/// CORS for the configured origins (none: no CORS headers, browsers keep their same-origin
+/// rule), with `Authorization`, `Content-Type`, `X-Correlation-Id` and `Last-Event-ID`
+/// allowed and the correlation and backoff headers exposed.
+fn cors(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use axum::http::{header, HeaderName, HeaderValue, Method};
+    let origins: Vec<HeaderValue> = origins
+        .iter()
+        .filter_map(|o| HeaderValue::from_str(o).ok())
+        .collect();
+    if origins.is_empty() {
+        return None;
+    }
+    let layer = tower_http::cors::CorsLayer::new()
+        .allow_origin(origins)
+        .allow_methods([Method::GET, Method::POST, Method::DELETE])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            HeaderName::from_static(crate::correlation::HEADER),
+            HeaderName::from_static("last-event-id"),
+            HeaderName::from_static("x-api-key"),
+        ])
+        .expose_headers([
+            HeaderName::from_static(crate::correlation::HEADER),
+            header::RETRY_AFTER,
+            HeaderName::from_static("x-backoff-ms"),
+        ]);
+    Some(layer)
 }
 
 /// What runs beside the HTTP server once [`start_background`] returns.
@@ -135,8 +197,13 @@ pub async fn start_background(state: &SharedState) -> Background {
     bg
 }
 
+/// Connections still open this long after the shutdown's grace period are dropped.
+pub const SHUTDOWN_MARGIN: Duration = Duration::from_secs(2);
+
 /// Serves until `shutdown` resolves, then stops admitting, lets running tasks finish for the
-/// grace period, and ends whatever is left with a retriable error.
+/// grace period, ends whatever is left with a retriable error, and closes the connections
+/// (those still open [`SHUTDOWN_MARGIN`] later, such as a reader that never reads, are
+/// dropped).
 pub async fn serve(
     state: SharedState,
     listener: TcpListener,
@@ -165,10 +232,5 @@ pub async fn serve(
             );
         }
     };
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(signal)
-    .await
+    crate::listener::serve(listener, app, &state.cfg.http, signal, SHUTDOWN_MARGIN).await
 }

@@ -44,8 +44,15 @@ pub struct Remaining {
     pub time_ms: Option<u64>,
 }
 
+/// A session's key: the tenant that owns it and its id (ids are per tenant).
+type Key = (String, String);
+
+fn key(owner: &str, id: &str) -> Key {
+    (owner.to_string(), id.to_string())
+}
+
 pub struct SessionStore {
-    map: Mutex<HashMap<String, Session>>,
+    map: Mutex<HashMap<Key, Session>>,
     cfg: SessionConfig,
 }
 
@@ -57,7 +64,7 @@ impl SessionStore {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Session>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Session>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -66,11 +73,12 @@ impl SessionStore {
     }
 
     /// Charges a task's `tokens` (prompt + max_tokens) to the session, creating it if needed.
-    pub fn reserve(&self, id: &str, tokens: u64) -> Result<(), BudgetError> {
+    pub fn reserve(&self, owner: &str, id: &str, tokens: u64) -> Result<(), BudgetError> {
         let mut map = self.lock();
         let now = Instant::now();
         let ttl = self.ttl();
-        if !map.contains_key(id) && map.len() >= self.cfg.max_sessions.max(1) {
+        let id = key(owner, id);
+        if !map.contains_key(&id) && map.len() >= self.cfg.max_sessions.max(1) {
             map.retain(|_, s| now.duration_since(s.last_used) < ttl);
             if map.len() >= self.cfg.max_sessions.max(1) {
                 // forget the least recently used session to stay bounded
@@ -83,7 +91,7 @@ impl SessionStore {
                 }
             }
         }
-        let s = map.entry(id.to_string()).or_insert(Session {
+        let s = map.entry(id).or_insert(Session {
             last_used: now,
             turns: 0,
             tokens_used: 0,
@@ -113,17 +121,17 @@ impl SessionStore {
     }
 
     /// Returns unused reserved tokens and charges decode time when a task ends.
-    pub fn settle(&self, id: &str, refund_tokens: u64, time_ms: u64) {
-        if let Some(s) = self.lock().get_mut(id) {
+    pub fn settle(&self, owner: &str, id: &str, refund_tokens: u64, time_ms: u64) {
+        if let Some(s) = self.lock().get_mut(&key(owner, id)) {
             s.tokens_used = s.tokens_used.saturating_sub(refund_tokens);
             s.time_used_ms += time_ms;
             s.last_used = Instant::now();
         }
     }
 
-    pub fn remaining(&self, id: &str) -> Remaining {
+    pub fn remaining(&self, owner: &str, id: &str) -> Remaining {
         let map = self.lock();
-        let Some(s) = map.get(id) else {
+        let Some(s) = map.get(&key(owner, id)) else {
             return Remaining::default();
         };
         Remaining {
@@ -138,9 +146,13 @@ impl SessionStore {
         }
     }
 
-    pub fn info(&self, id: &str) -> Option<SessionInfo> {
+    /// The session `id` of `owner`, or with `owner` `None` (an admin) of any tenant.
+    pub fn info(&self, owner: Option<&str>, id: &str) -> Option<SessionInfo> {
         let map = self.lock();
-        let s = map.get(id)?;
+        let s = match owner {
+            Some(o) => map.get(&key(o, id))?,
+            None => map.iter().find(|((_, i), _)| i == id).map(|(_, s)| s)?,
+        };
         let idle = s.last_used.elapsed();
         if idle >= self.ttl() {
             return None;
@@ -164,8 +176,17 @@ impl SessionStore {
         })
     }
 
-    pub fn delete(&self, id: &str) -> bool {
-        self.lock().remove(id).is_some()
+    /// Forgets the session `id` of `owner` (`None`: of any tenant, for admins).
+    pub fn delete(&self, owner: Option<&str>, id: &str) -> bool {
+        let mut map = self.lock();
+        let k = match owner {
+            Some(o) => key(o, id),
+            None => match map.keys().find(|(_, i)| i == id) {
+                Some(k) => k.clone(),
+                None => return false,
+            },
+        };
+        map.remove(&k).is_some()
     }
 
     /// Forgets sessions unused past their TTL (called periodically).
@@ -193,29 +214,37 @@ mod tests {
     #[test]
     fn token_budget_is_reserved_and_refunded() {
         let s = store(Some(100), 10);
-        s.reserve("a", 60).unwrap();
+        s.reserve("t", "a", 60).unwrap();
         assert!(matches!(
-            s.reserve("a", 50),
+            s.reserve("t", "a", 50),
             Err(BudgetError::Tokens { .. })
         ));
-        s.settle("a", 40, 10);
-        s.reserve("a", 50).unwrap();
-        assert_eq!(s.info("a").unwrap().tokens_used, 70);
+        s.settle("t", "a", 40, 10);
+        s.reserve("t", "a", 50).unwrap();
+        assert_eq!(s.info(Some("t"), "a").unwrap().tokens_used, 70);
+        // another tenant's "a" is another session, and cannot read this one
+        s.reserve("u", "a", 100).unwrap();
+        assert_eq!(s.info(Some("u"), "a").unwrap().tokens_used, 100);
+        assert!(s.info(Some("v"), "a").is_none());
+        assert!(!s.delete(Some("v"), "a"));
     }
 
     #[test]
     fn time_budget_blocks_once_spent() {
         let s = store(None, 10);
-        s.reserve("a", 1).unwrap();
-        s.settle("a", 0, 1000);
-        assert!(matches!(s.reserve("a", 1), Err(BudgetError::Time { .. })));
+        s.reserve("t", "a", 1).unwrap();
+        s.settle("t", "a", 0, 1000);
+        assert!(matches!(
+            s.reserve("t", "a", 1),
+            Err(BudgetError::Time { .. })
+        ));
     }
 
     #[test]
     fn session_count_is_bounded() {
         let s = store(None, 2);
         for id in ["a", "b", "c", "d"] {
-            s.reserve(id, 1).unwrap();
+            s.reserve("t", id, 1).unwrap();
         }
         assert_eq!(s.lock().len(), 2);
     }

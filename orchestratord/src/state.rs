@@ -35,6 +35,10 @@ pub struct AppState {
     pub tokenizers: crate::lifecycle::tokenize::Tokenizers,
     /// Connected remote workers.
     pub workers: crate::remote_workers::WorkerRegistry,
+    /// API keys and the failed-attempt limiter.
+    pub auth: crate::auth::Auth,
+    /// Where models may be loaded from (`POST /engines`, reloads).
+    pub model_dirs: crate::model_paths::ModelDirs,
     pub started_at: Instant,
 }
 
@@ -63,7 +67,7 @@ impl AppState {
     }
 
     fn after_end(&self, task: &Task) {
-        self.queue.remove(&task.id);
+        self.queue.remove(task);
         if let Some(sid) = &task.session_id {
             let g = task.lock();
             let refund = (task.spec.max_tokens as u64).saturating_sub(g.tokens_out as u64);
@@ -72,7 +76,7 @@ impl AppState {
                 _ => 0,
             };
             drop(g);
-            self.sessions.settle(sid, refund, time);
+            self.sessions.settle(&task.owner, sid, refund, time);
         }
         self.wake.notify_one();
     }

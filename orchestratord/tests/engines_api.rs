@@ -4,18 +4,10 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::*;
-
-/// A file with the GGUF magic (the scripted factory loads any path).
-fn fake_gguf(name: &str) -> PathBuf {
-    let p = std::env::temp_dir().join(format!("orchd-{}-{name}.gguf", std::process::id()));
-    std::fs::write(&p, b"GGUF\x03\x00\x00\x00rest").unwrap();
-    p
-}
 
 async fn add(s: &TestServer, body: Value) -> reqwest::Response {
     s.post("/engines", &body).await

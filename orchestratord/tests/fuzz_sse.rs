@@ -28,6 +28,7 @@ fn cases() -> u32 {
 fn task(id: usize) -> Arc<Task> {
     Arc::new(Task::new(NewTask {
         id: format!("fz-{id}"),
+        owner: "local".into(),
         correlation_id: String::new(),
         priority: Priority::Interactive,
         session_id: None,

@@ -248,8 +248,10 @@ async fn busy_and_failures_are_typed() {
     assert_eq!(msgs.last().unwrap()["payload"]["finish_reason"], "error");
 }
 
-/// HS-PROTO-7: the client limit answers CONNECT_FAILED and closes; a disconnect cancels the
-/// peer's task; no progress → TIMEOUT_NO_RESPONSE; idle connections are closed.
+/// HS-PROTO-7, SEC-HS-1: when the host is full a newcomer takes the place of the idlest
+/// connection (told CONNECT_FAILED and closed); when every connection is busy the newcomer is
+/// refused; a disconnect cancels the peer's task; no progress → TIMEOUT_NO_RESPONSE; idle
+/// connections are closed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_disconnects_and_timeouts() {
     let mut cfg = hs_config(2);
@@ -262,11 +264,32 @@ async fn limits_disconnects_and_timeouts() {
     a.expect().await;
     let mut b = Peer::connect(&s).await;
     b.expect().await;
+    b.send_json(json!({"type": "chat_start", "request_id": "d", "payload": {"prompt": "x", "max_tokens": 200}}))
+        .await;
+    assert_eq!(b.expect().await["type"], "chat_chunk");
+    // full: the newcomer takes idle a's place, never busy b's
     let mut c = Peer::connect(&s).await;
-    let refused = c.expect().await;
+    assert_eq!(c.expect().await["type"], "server_info");
+    let evicted = a.expect().await;
+    assert_eq!(evicted["payload"]["code"], "CONNECT_FAILED");
+    assert!(a.next().await.is_none(), "the evicted connection is closed");
+    // every connection busy: refused
+    c.send_json(json!({"type": "chat_start", "request_id": "e", "payload": {"prompt": "x", "max_tokens": 200}}))
+        .await;
+    assert_eq!(c.expect().await["type"], "chat_chunk");
+    let mut x = Peer::connect(&s).await;
+    let refused = x.expect().await;
     assert_eq!(refused["type"], "error");
     assert_eq!(refused["payload"]["code"], "CONNECT_FAILED");
-    assert!(c.next().await.is_none(), "refused connection is closed");
+    assert!(x.next().await.is_none(), "refused connection is closed");
+    c.send_json(json!({"type": "abort", "request_id": "e"}))
+        .await;
+    loop {
+        let m = c.expect().await;
+        if m["type"] == "chat_end" {
+            break;
+        }
+    }
 
     // a disconnect cancels the running task and frees the slot
     let disconnects = || async {
@@ -291,14 +314,54 @@ async fn limits_disconnects_and_timeouts() {
     assert_eq!(d.expect().await["type"], "server_info");
 
     // a request that makes no progress ends TIMEOUT_NO_RESPONSE, then chat_end error
-    a.send_json(start_msg("h", "stuck [hang]")).await;
-    let msgs = a.until_end("h").await;
+    c.send_json(start_msg("h", "stuck [hang]")).await;
+    let msgs = c.until_end("h").await;
     assert_eq!(msgs[0]["payload"]["code"], "TIMEOUT_NO_RESPONSE");
     assert_eq!(msgs[1]["payload"]["finish_reason"], "error");
     // an idle connection is told and closed
     let m = d.expect().await;
     assert_eq!(m["payload"]["code"], "TIMEOUT_NO_RESPONSE");
     assert!(d.next().await.is_none());
+}
+
+/// SEC-HS-1: one connection per remote public key (the sidecar's `_peer` line); a peer that
+/// floods messages past the rate gets BAD_MESSAGE for the excess, then is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_per_peer_key_and_a_message_rate() {
+    let mut cfg = hs_config(1);
+    cfg.hyperswarm.max_clients = 4;
+    cfg.hyperswarm.max_messages_per_second = 5;
+    let s = start(cfg, Duration::from_millis(1)).await;
+    let peer_line = json!({"type": "_peer", "payload": {"public_key": "ab12cd"}});
+    let mut a = Peer::connect(&s).await;
+    a.expect().await;
+    a.send_json(peer_line.clone()).await;
+    let mut b = Peer::connect(&s).await;
+    b.expect().await;
+    b.send_json(peer_line.clone()).await;
+    let m = b.expect().await;
+    assert_eq!(m["payload"]["code"], "CONNECT_FAILED", "{m}");
+    assert!(b.next().await.is_none());
+    // a keeps its connection; another key is welcome
+    let mut c = Peer::connect(&s).await;
+    c.expect().await;
+    c.send_json(json!({"type": "_peer", "payload": {"public_key": "ef34"}}))
+        .await;
+    // a flood: a burst of 5 passes (aborts of nothing answer nothing), the rest is refused
+    for i in 0..40 {
+        a.send_json(json!({"type": "abort", "request_id": format!("n{i}")}))
+            .await;
+    }
+    let mut refused = 0;
+    while let Some(m) = a.next().await {
+        assert_eq!(m["payload"]["code"], "BAD_MESSAGE", "{m}");
+        refused += 1;
+    }
+    assert!(refused > 20, "refused {refused}, then closed");
+    // the well-behaved peer is unaffected
+    c.send_json(start_msg("ok", "hello")).await;
+    let msgs = c.until_end("ok").await;
+    assert_eq!(msgs.last().unwrap()["type"], "chat_end");
 }
 
 /// HS-ID-2: the Server ID is in capabilities and stays the same across restarts.

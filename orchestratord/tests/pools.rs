@@ -63,7 +63,7 @@ async fn drain_resume_and_refused_transitions() {
     let (st, v) = post(
         &s,
         "/v1/pools/p1/reload",
-        json!({"new_model_ref": "/models/other.gguf"}),
+        json!({"new_model_ref": fake_gguf("other")}),
     )
     .await;
     assert_eq!(st, 409);
@@ -86,21 +86,17 @@ async fn drain_resume_and_refused_transitions() {
     let (st, v) = post(
         &s,
         "/v1/pools/p1/reload",
-        json!({"new_model_ref": "/models/missing.gguf"}),
+        json!({"new_model_ref": fake_gguf("missing")}),
     )
     .await;
     assert_eq!(st, 409);
     assert!(v["message"].as_str().unwrap().contains("rolled back"));
     assert_eq!(health(&s, "p1").await.1["model_ref"], "/models/p1.gguf");
-    let (st, v) = post(
-        &s,
-        "/v1/pools/p1/reload",
-        json!({"new_model_ref": "/models/v2.gguf"}),
-    )
-    .await;
+    let v2 = fake_gguf("v2");
+    let (st, v) = post(&s, "/v1/pools/p1/reload", json!({"new_model_ref": v2})).await;
     assert_eq!(st, 200, "{v}");
     let caps: serde_json::Value = s.get_json("/v1/capabilities").await;
-    assert_eq!(caps["pools"][0]["model_ref"], "/models/v2.gguf");
+    assert_eq!(caps["pools"][0]["model_ref"], v2.display().to_string());
 }
 
 /// POOL-LOAD-1: a pool whose model cannot load is Unready with last_error, retries with

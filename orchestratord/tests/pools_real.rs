@@ -144,6 +144,7 @@ async fn reload_switches_without_failures_and_rolls_back_bad_models() {
     tokio::time::sleep(Duration::from_millis(200)).await;
     let copy = std::env::temp_dir().join(format!("orchd-reload-{}.gguf", std::process::id()));
     std::fs::copy(default_model_path(), &copy).unwrap();
+    let copy = std::fs::canonicalize(copy).unwrap();
     let r = s
         .client
         .post(s.url("/v1/pools/p1/reload"))
@@ -161,7 +162,7 @@ async fn reload_switches_without_failures_and_rolls_back_bad_models() {
         health(&s, "p1").await["model_ref"],
         copy.display().to_string()
     );
-    // missing file
+    // missing file: refused before the pool is touched, saying only that (SEC-MODEL-1)
     let r = s
         .client
         .post(s.url("/v1/pools/p1/reload"))
@@ -169,13 +170,14 @@ async fn reload_switches_without_failures_and_rolls_back_bad_models() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 409);
+    assert_eq!(r.status(), 400);
     let v: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(v["code"], "CONFLICT");
-    assert!(v["message"].as_str().unwrap().contains("rolled back"));
+    assert_eq!(v["code"], "INVALID_PARAMS");
+    assert_eq!(v["message"], "new_model_ref: not an allowed model path");
     // corrupt file
     let bad = std::env::temp_dir().join(format!("orchd-bad-{}.gguf", std::process::id()));
     std::fs::write(&bad, b"GGUF this is not a model").unwrap();
+    let bad = std::fs::canonicalize(bad).unwrap();
     let r = s
         .client
         .post(s.url("/v1/pools/p1/reload"))
@@ -191,14 +193,14 @@ async fn reload_switches_without_failures_and_rolls_back_bad_models() {
         "old model still serving"
     );
     assert_eq!(h["ready"], true);
-    assert_eq!(h["metrics"]["reloads_failed"], 2);
+    assert_eq!(h["metrics"]["reloads_failed"], 1);
     let m = s.metrics().await;
     assert_eq!(
         counter(
             &m,
             "orchd_pool_reloads_total{pool=\"p1\",outcome=\"rolled_back\"}"
         ),
-        2.0
+        1.0
     );
     assert_eq!(
         counter(&m, "orchd_pool_reloads_total{pool=\"p1\",outcome=\"ok\"}"),

@@ -62,16 +62,25 @@ impl Engine for CandlePortEngine {
         prompt: &PromptInput,
         continuation: &str,
     ) -> Result<Option<Vec<u32>>, PortError> {
-        let mut text = match prompt {
-            PromptInput::Text(t) => t.clone(),
-            PromptInput::Chat(turns) => self.inner.render_chat(turns).map_err(map_err)?,
+        // client text is never parsed for special tokens: only the chat template's markup
+        // makes control tokens (a prompt cannot forge a turn)
+        let mut ids = match prompt {
+            PromptInput::Text(t) => {
+                let mut text = t.clone();
+                text.push_str(continuation);
+                return self.inner.encode_text(&text).map(Some).map_err(map_err);
+            }
+            PromptInput::Chat(turns) => self.inner.encode_chat(turns).map_err(map_err)?,
         };
-        text.push_str(continuation);
-        self.inner
-            .tokenizer()
-            .encode(&text)
-            .map(Some)
-            .map_err(map_err)
+        if !continuation.is_empty() {
+            ids.extend(
+                self.inner
+                    .tokenizer()
+                    .encode_plain(continuation)
+                    .map_err(map_err)?,
+            );
+        }
+        Ok(Some(ids))
     }
 
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use contracts::{ErrorCode, TaskRequest};
 
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::admission;
 use crate::lifecycle::subscription::{Resume, Subscription};
@@ -32,9 +33,9 @@ pub const SSE_KEEPALIVE: &[u8] = b": keep-alive\n\n";
 pub async fn admit(
     state: &SharedState,
     req: TaskRequest,
-    cid: &str,
+    caller: &Caller,
 ) -> Result<Arc<Task>, ApiError> {
-    admission::admit(state, req, cid)
+    admission::admit(state, req, caller)
         .await
         .map(|(_, task, _)| task)
         .map_err(|e| {
@@ -54,11 +55,11 @@ pub async fn admit(
 pub async fn admit_all(
     state: &SharedState,
     reqs: Vec<TaskRequest>,
-    cid: &str,
+    caller: &Caller,
 ) -> Result<Vec<Arc<Task>>, ApiError> {
     let mut tasks = Vec::with_capacity(reqs.len());
     for req in reqs {
-        match admit(state, req, cid).await {
+        match admit(state, req, caller).await {
             Ok(t) => tasks.push(t),
             Err(e) => {
                 for t in &tasks {

@@ -7,6 +7,7 @@ use std::time::Duration;
 use contracts::{AdmissionResponse, ErrorCode, Priority, StreamLinks, TaskRequest};
 use pool_manager::{ChatMessage, Pool, PromptInput, SamplingParams};
 
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::eta;
 use crate::lifecycle::queue::Enqueued;
@@ -354,8 +355,9 @@ fn reject(code: ErrorCode, err: ApiError) -> ApiError {
 pub async fn admit(
     state: &SharedState,
     req: TaskRequest,
-    correlation_id: &str,
+    caller: &Caller,
 ) -> Result<(AdmissionResponse, Arc<Task>, bool), ApiError> {
+    let owner = caller.tenant();
     if state.is_shutting_down() {
         return Err(reject(
             ErrorCode::ShuttingDown,
@@ -364,8 +366,8 @@ pub async fn admit(
         ));
     }
     if let Some(id) = &req.task_id {
-        if let Some(existing) = state.tasks.get(id) {
-            let pos = state.queue.position(id).unwrap_or(0);
+        if let Some(existing) = state.tasks.get(Some(owner), id) {
+            let pos = state.queue.position(&existing).unwrap_or(0);
             return Ok((admission_of(&existing, pos, 0, 0), existing, false));
         }
     }
@@ -419,7 +421,7 @@ pub async fn admit(
     }
     let reserved = (n_prompt + v.max_tokens) as u64;
     if let Some(sid) = &req.session_id {
-        state.sessions.reserve(sid, reserved).map_err(|e| {
+        state.sessions.reserve(owner, sid, reserved).map_err(|e| {
             reject(
                 ErrorCode::BudgetExceeded,
                 ApiError::new(ErrorCode::BudgetExceeded, e.to_string(), false),
@@ -428,7 +430,7 @@ pub async fn admit(
     }
     let refund = |state: &SharedState| {
         if let Some(sid) = &req.session_id {
-            state.sessions.settle(sid, reserved, 0);
+            state.sessions.settle(owner, sid, reserved, 0);
         }
     };
     let pin = req.pool_id.clone();
@@ -447,7 +449,8 @@ pub async fn admit(
             .task_id
             .clone()
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
-        correlation_id: correlation_id.to_string(),
+        owner: owner.to_string(),
+        correlation_id: caller.correlation_id.clone(),
         priority: req.priority.unwrap_or(Priority::Interactive),
         session_id: req.session_id.clone(),
         pin,
@@ -469,7 +472,7 @@ pub async fn admit(
         Inserted::New => {}
         Inserted::Existing(t) => {
             refund(state);
-            let pos = state.queue.position(&t.id).unwrap_or(0);
+            let pos = state.queue.position(&t).unwrap_or(0);
             return Ok((admission_of(&t, pos, 0, 0), t, false));
         }
         Inserted::Full => {
@@ -500,7 +503,7 @@ pub async fn admit(
             position
         }
         Enqueued::Full => {
-            state.tasks.remove(&task.id);
+            state.tasks.remove(&task);
             refund(state);
             let cap = state.queue.capacity();
             return Err(reject(

@@ -35,7 +35,7 @@ pub fn dispatch_once(state: &SharedState) {
     let now = Instant::now();
     for task in state.queue.in_order() {
         if task.is_terminal() {
-            state.queue.remove(&task.id);
+            state.queue.remove(&task);
             continue;
         }
         if task.deadline.is_some_and(|d| now >= d) {
@@ -69,7 +69,7 @@ pub fn dispatch_once(state: &SharedState) {
                 state.fail_task(&task, code, why, true, Some(1000));
             }
             Placement::Leased(lease) => {
-                if !state.queue.remove(&task.id) {
+                if !state.queue.remove(&task) {
                     // cancelled between the snapshot and now: the lease drops here
                     continue;
                 }

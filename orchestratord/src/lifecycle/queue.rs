@@ -27,11 +27,11 @@ impl Classes {
         self.interactive.len() + self.batch.len()
     }
 
-    fn position(&self, id: &str) -> Option<usize> {
+    fn position(&self, task: &Task) -> Option<usize> {
         self.interactive
             .iter()
             .chain(self.batch.iter())
-            .position(|t| t.id == id)
+            .position(|t| std::ptr::eq(Arc::as_ptr(t), task))
     }
 }
 
@@ -82,12 +82,12 @@ impl TaskQueue {
                 },
             }
         }
-        let id = task.id.clone();
+        let this = task.clone();
         match task.priority {
             Priority::Interactive => q.interactive.push_back(task),
             Priority::Batch => q.batch.push_back(task),
         }
-        let position = q.position(&id).unwrap_or(0);
+        let position = q.position(&this).unwrap_or(0);
         crate::metrics::queue_depth(q.interactive.len(), q.batch.len());
         match evicted {
             Some(evicted) => Enqueued::QueuedEvicting { position, evicted },
@@ -107,17 +107,18 @@ impl TaskQueue {
     }
 
     /// Removes a queued task; false if it was not queued.
-    pub fn remove(&self, id: &str) -> bool {
+    pub fn remove(&self, task: &Task) -> bool {
         let mut q = self.lock();
         let before = q.len();
-        q.interactive.retain(|t| t.id != id);
-        q.batch.retain(|t| t.id != id);
+        q.interactive
+            .retain(|t| !std::ptr::eq(Arc::as_ptr(t), task));
+        q.batch.retain(|t| !std::ptr::eq(Arc::as_ptr(t), task));
         crate::metrics::queue_depth(q.interactive.len(), q.batch.len());
         q.len() != before
     }
 
-    pub fn position(&self, id: &str) -> Option<usize> {
-        self.lock().position(id)
+    pub fn position(&self, task: &Task) -> Option<usize> {
+        self.lock().position(task)
     }
 
     pub fn len(&self) -> usize {
@@ -164,6 +165,7 @@ mod tests {
     fn task(id: &str) -> Arc<Task> {
         Arc::new(Task::new(NewTask {
             id: id.into(),
+            owner: "local".into(),
             correlation_id: id.into(),
             priority: Priority::Interactive,
             session_id: None,
@@ -190,15 +192,13 @@ mod tests {
     #[test]
     fn idle_slots_add_room_only_for_what_they_take_at_once() {
         let q = TaskQueue::new(2, FullPolicy::Reject);
-        for i in 0..4 {
-            assert!(matches!(
-                q.push(task(&format!("t{i}")), 2),
-                Enqueued::Queued { .. }
-            ));
+        let tasks: Vec<_> = (0..4).map(|i| task(&format!("t{i}"))).collect();
+        for t in &tasks {
+            assert!(matches!(q.push(t.clone(), 2), Enqueued::Queued { .. }));
         }
         assert!(matches!(q.push(task("t4"), 2), Enqueued::Full));
         // the dispatcher placed two: no idle slot left, two waiting is the capacity
-        assert!(q.remove("t0") && q.remove("t1"));
+        assert!(q.remove(&tasks[0]) && q.remove(&tasks[1]));
         assert!(matches!(q.push(task("t5"), 0), Enqueued::Full));
     }
 }

@@ -205,7 +205,7 @@ async fn pump(
                     }
                     task.maybe_push_metrics(interval, |tokens_out| {
                         let remaining = task.session_id.as_deref()
-                            .map(|s| state.sessions.remaining(s))
+                            .map(|s| state.sessions.remaining(&task.owner, s))
                             .unwrap_or_default();
                         let left = task.deadline.map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64);
                         SseMetrics {

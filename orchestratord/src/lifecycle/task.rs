@@ -108,6 +108,8 @@ impl TaskInner {
 /// An admitted task.
 pub struct Task {
     pub id: String,
+    /// The tenant that submitted it: only that tenant (and admins) can see it.
+    pub owner: String,
     pub correlation_id: String,
     pub priority: Priority,
     pub session_id: Option<String>,
@@ -142,6 +144,7 @@ struct Followers {
 /// Fields of a new task.
 pub struct NewTask {
     pub id: String,
+    pub owner: String,
     pub correlation_id: String,
     pub priority: Priority,
     pub session_id: Option<String>,
@@ -160,6 +163,7 @@ impl Task {
         let now = Instant::now();
         Self {
             id: n.id,
+            owner: n.owner,
             correlation_id: n.correlation_id,
             priority: n.priority,
             session_id: n.session_id,

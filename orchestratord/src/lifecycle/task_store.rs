@@ -1,5 +1,6 @@
-//! All known tasks by id, bounded: finished tasks are kept for a TTL, and at most
-//! `max_retained` records exist; the oldest finished ones are dropped first.
+//! All known tasks by tenant and id, bounded: finished tasks are kept for a TTL, and at most
+//! `max_retained` records exist; the oldest finished ones are dropped first. Ids are per
+//! tenant: two tenants may both use `task_id: "job-1"`, and neither can see the other's.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -7,8 +8,15 @@ use std::time::{Duration, Instant};
 
 use crate::lifecycle::task::Task;
 
+/// A task's key: its owner and its id.
+type Key = (String, String);
+
+fn key_of(task: &Task) -> Key {
+    (task.owner.clone(), task.id.clone())
+}
+
 pub struct TaskStore {
-    map: Mutex<HashMap<String, Arc<Task>>>,
+    map: Mutex<HashMap<Key, Arc<Task>>>,
     ttl: Duration,
     max_retained: usize,
 }
@@ -31,12 +39,18 @@ impl TaskStore {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Task>>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<Key, Arc<Task>>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn get(&self, id: &str) -> Option<Arc<Task>> {
-        self.lock().get(id).cloned()
+    /// The task `id` of `owner`, or with `owner` `None` (an admin) of any
+    /// tenant's first).
+    pub fn get(&self, owner: Option<&str>, id: &str) -> Option<Arc<Task>> {
+        let map = self.lock();
+        match owner {
+            Some(o) => map.get(&(o.to_string(), id.to_string())).cloned(),
+            None => map.values().find(|t| t.id == id).cloned(),
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -50,7 +64,7 @@ impl TaskStore {
     /// Inserts unless the id exists. Makes room by dropping expired, then oldest finished tasks.
     pub fn insert(&self, task: Arc<Task>) -> Inserted {
         let mut map = self.lock();
-        if let Some(t) = map.get(&task.id) {
+        if let Some(t) = map.get(&key_of(&task)) {
             return Inserted::Existing(t.clone());
         }
         if map.len() >= self.max_retained {
@@ -59,7 +73,7 @@ impl TaskStore {
                 return Inserted::Full;
             }
         }
-        map.insert(task.id.clone(), task);
+        map.insert(key_of(&task), task);
         Inserted::New
     }
 
@@ -70,7 +84,7 @@ impl TaskStore {
         Self::evict(&mut map, self.ttl, cap);
     }
 
-    fn evict(map: &mut HashMap<String, Arc<Task>>, ttl: Duration, target: usize) {
+    fn evict(map: &mut HashMap<Key, Arc<Task>>, ttl: Duration, target: usize) {
         let now = Instant::now();
         map.retain(|_, t| {
             let ended = t.lock().ended_at;
@@ -79,7 +93,7 @@ impl TaskStore {
         if map.len() <= target {
             return;
         }
-        let mut finished: Vec<(Instant, String)> = map
+        let mut finished: Vec<(Instant, Key)> = map
             .iter()
             .filter_map(|(id, t)| t.lock().ended_at.map(|e| (e, id.clone())))
             .collect();
@@ -102,7 +116,7 @@ impl TaskStore {
 
 impl TaskStore {
     /// Forgets a task that never got admitted.
-    pub fn remove(&self, id: &str) {
-        self.lock().remove(id);
+    pub fn remove(&self, task: &Task) {
+        self.lock().remove(&key_of(task));
     }
 }

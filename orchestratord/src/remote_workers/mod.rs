@@ -7,9 +7,7 @@
 //! - `link`: one worker's shared state (capacity, requests in flight, outbound frames).
 //! - `engine`: the Engine port over a link (text in, token events out, requeue on loss).
 //! - `openai_wire`: the OpenAI request body and stream reader the backends speak.
-//! - `auth`: the secret check and the per-address failure limit.
 
-mod auth;
 mod engine;
 mod link;
 pub mod openai_wire;
@@ -37,13 +35,13 @@ pub struct WorkerRegistry {
     cfg: WorkersConfig,
     links: Mutex<HashMap<String, Arc<WorkerLink>>>,
     known: Mutex<BTreeSet<String>>,
-    limiter: auth::FailureLimiter,
+    limiter: crate::auth::limiter::FailureLimiter,
 }
 
 impl WorkerRegistry {
     pub fn new(cfg: &WorkersConfig) -> Self {
         Self {
-            limiter: auth::FailureLimiter::new(cfg.max_auth_failures_per_minute),
+            limiter: crate::auth::limiter::FailureLimiter::new(cfg.max_auth_failures_per_minute),
             known: Mutex::new(cfg.models.iter().cloned().collect()),
             links: Mutex::new(HashMap::new()),
             cfg: cfg.clone(),

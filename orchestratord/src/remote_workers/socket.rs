@@ -20,7 +20,8 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::link::{RequestEvent, WorkerLink};
-use super::{auth, drain, remove_pools, sync_pools};
+use super::{drain, remove_pools, sync_pools};
+use crate::auth::limiter as auth;
 use crate::error::ApiError;
 use crate::state::SharedState;
 
@@ -61,7 +62,7 @@ pub async fn connect(
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
     if state.workers.limiter.is_limited(ip) {
         return ApiError::new(
-            ErrorCode::AdmissionReject,
+            ErrorCode::AuthRateLimited,
             "too many failed worker authentications from this address",
             true,
         )

@@ -4,6 +4,7 @@ use axum::extract::{Path, State};
 use axum::Json;
 use contracts::{ErrorEnvelope, TaskRecord};
 
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::examples;
 use crate::state::SharedState;
@@ -20,11 +21,12 @@ use crate::state::SharedState;
 )]
 pub async fn get(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<TaskRecord>, ApiError> {
     state
         .tasks
-        .get(&id)
+        .get(caller.principal.lookup_owner(), &id)
         .map(|t| Json(t.record()))
         .ok_or_else(|| ApiError::not_found("artifact", &id))
 }

@@ -183,17 +183,41 @@ pub async fn reload(
         )
         .with_pool(&id));
     }
-    if req.new_model_ref.is_empty() {
-        return Err(ApiError::invalid("new_model_ref", "new_model_ref is empty"));
-    }
-    let load_ms = pool
-        .reload(&req.new_model_ref)
+    let model_ref = allowed_model(&state, "new_model_ref", &req.new_model_ref).await?;
+    // a server-owned job: a client that goes away does not leave the pool reloading; the
+    // outcome shows in the pool's health either way
+    let job = {
+        let (state, pool, model_ref) = (state.clone(), pool.clone(), model_ref.clone());
+        tokio::spawn(async move {
+            let r = pool.reload(&model_ref).await;
+            state.wake.notify_one();
+            r
+        })
+    };
+    let load_ms = job
         .await
+        .map_err(|e| ApiError::internal(format!("the reload job failed: {e}")))?
         .map_err(|e| conflict(e, &id))?;
-    state.wake.notify_one();
     Ok(Json(ReloadResponse {
         pool_id: id,
-        model_ref: req.new_model_ref,
+        model_ref,
         load_ms,
     }))
+}
+
+/// The canonical path of the model file `requested` when it is allowed (see
+/// `model_paths.rs`), else a 400 naming `field` that says only why in general terms.
+pub async fn allowed_model(
+    state: &SharedState,
+    field: &str,
+    requested: &str,
+) -> Result<String, ApiError> {
+    let (st, requested_owned) = (state.clone(), requested.to_string());
+    let checked = tokio::task::spawn_blocking(move || st.model_dirs.check(&requested_owned))
+        .await
+        .map_err(|e| ApiError::internal(format!("the path check failed: {e}")))?;
+    match checked {
+        Ok(p) => Ok(p.to_string_lossy().into_owned()),
+        Err(why) => Err(ApiError::invalid(field, format!("{field}: {why}"))),
+    }
 }

@@ -5,6 +5,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use contracts::{ErrorEnvelope, SessionInfo};
 
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::examples;
 use crate::state::SharedState;
@@ -20,11 +21,12 @@ use crate::state::SharedState;
 )]
 pub async fn get(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<SessionInfo>, ApiError> {
     state
         .sessions
-        .info(&id)
+        .info(caller.principal.lookup_owner(), &id)
         .map(Json)
         .ok_or_else(|| ApiError::not_found("session", &id))
 }
@@ -40,9 +42,10 @@ pub async fn get(
 )]
 pub async fn delete(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if state.sessions.delete(&id) {
+    if state.sessions.delete(caller.principal.lookup_owner(), &id) {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found("session", &id))

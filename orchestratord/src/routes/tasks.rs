@@ -3,10 +3,10 @@
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use contracts::{AdmissionResponse, ErrorEnvelope, TaskRequest, TaskStatus};
 
-use crate::correlation::CorrelationId;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::examples;
 use crate::json_body::JsonBody;
@@ -33,11 +33,24 @@ use crate::state::SharedState;
 )]
 pub async fn submit(
     State(state): State<SharedState>,
-    Extension(cid): Extension<CorrelationId>,
+    caller: Caller,
     JsonBody(req): JsonBody<TaskRequest>,
 ) -> Result<Response, ApiError> {
-    let (body, _task, _new) = admission::admit(&state, req, &cid.0).await?;
+    let (body, _task, _new) = admission::admit(&state, req, &caller).await?;
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+/// The task `id` as `caller` may see it: its own tenant's, or any for an admin. Another
+/// tenant's task is 404, as if it did not exist.
+pub fn visible_task(
+    state: &SharedState,
+    caller: &Caller,
+    id: &str,
+) -> Result<std::sync::Arc<crate::lifecycle::task::Task>, ApiError> {
+    state
+        .tasks
+        .get(caller.principal.lookup_owner(), id)
+        .ok_or_else(|| ApiError::not_found("task", id))
 }
 
 /// A task's state and record.
@@ -51,12 +64,10 @@ pub async fn submit(
 )]
 pub async fn status(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<TaskStatus>, ApiError> {
-    let task = state
-        .tasks
-        .get(&id)
-        .ok_or_else(|| ApiError::not_found("task", &id))?;
+    let task = visible_task(&state, &caller, &id)?;
     let (st, code) = {
         let g = task.lock();
         (g.state, g.error_code)
@@ -64,7 +75,7 @@ pub async fn status(
     Ok(Json(TaskStatus {
         task_id: task.id.clone(),
         state: st,
-        queue_position: state.queue.position(&id).map(|p| p as u32),
+        queue_position: state.queue.position(&task).map(|p| p as u32),
         error_code: code,
         record: task.record(),
     }))
@@ -88,13 +99,11 @@ pub async fn status(
 )]
 pub async fn stream(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let task = state
-        .tasks
-        .get(&id)
-        .ok_or_else(|| ApiError::not_found("task", &id))?;
+    let task = visible_task(&state, &caller, &id)?;
     let from = match headers.get(LAST_EVENT_ID) {
         None => 0,
         Some(v) => {
@@ -139,12 +148,10 @@ const LAST_EVENT_ID: &str = "last-event-id";
 )]
 pub async fn cancel(
     State(state): State<SharedState>,
+    caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let task = state
-        .tasks
-        .get(&id)
-        .ok_or_else(|| ApiError::not_found("task", &id))?;
+    let task = visible_task(&state, &caller, &id)?;
     state.cancel_task(&task, CancelReason::Client);
     Ok(StatusCode::NO_CONTENT)
 }

@@ -248,7 +248,17 @@ pub fn config(pools: Vec<PoolConfig>) -> Config {
     c.stream.metrics_interval_ms = 50;
     c.stream.keepalive_ms = 0;
     c.timeouts.idle_ms = 2_000;
+    // fake model files live in the temp dir
+    c.models.dirs = vec![std::env::temp_dir().display().to_string()];
     c
+}
+
+/// A file with the GGUF magic in the temp dir (the scripted factory loads any such path;
+/// one named `*missing*` it refuses). Returns its canonical path.
+pub fn fake_gguf(name: &str) -> std::path::PathBuf {
+    let p = std::env::temp_dir().join(format!("orchd-{}-{name}.gguf", std::process::id()));
+    std::fs::write(&p, b"GGUF\x03\x00\x00\x00rest").unwrap();
+    std::fs::canonicalize(&p).unwrap()
 }
 
 pub struct TestServer {
@@ -479,5 +489,6 @@ pub fn default_model_path() -> String {
     let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(p.exists(), "run ci/fetch-model.sh first ({})", p.display());
-    p.display().to_string()
+    // canonical: model paths with `..` are refused by the server
+    std::fs::canonicalize(&p).unwrap().display().to_string()
 }

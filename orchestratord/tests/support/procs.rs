@@ -60,6 +60,12 @@ pub fn free_port() -> u16 {
 }
 
 fn spawn(tag: &str, args: &[String], config: &str) -> Proc {
+    spawn_env(tag, args, config, &[])
+}
+
+/// A process of the binary with `config`, `args` and extra environment (`RUST_LOG` may be
+/// overridden there); keys and secrets come only from `env`.
+pub fn spawn_env(tag: &str, args: &[String], config: &str, env: &[(&str, &str)]) -> Proc {
     let dir = scratch(tag);
     let cfg = dir.join("config.toml");
     std::fs::write(&cfg, config).unwrap();
@@ -71,6 +77,8 @@ fn spawn(tag: &str, args: &[String], config: &str) -> Proc {
         .args(args)
         .env("RUST_LOG", "info")
         .env_remove("ORCHD_WORKER_SECRET")
+        .env_remove("ORCHD_API_KEYS")
+        .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
         .stderr(out)
@@ -82,12 +90,18 @@ fn spawn(tag: &str, args: &[String], config: &str) -> Proc {
 /// A server from `config` (its `bind` is set here); returns it and its base URL once it
 /// answers `/v1/health`-independent `/metrics`.
 pub async fn server(config: &str) -> (Proc, String) {
+    server_env(config, &[]).await
+}
+
+/// [`server`] with extra environment.
+pub async fn server_env(config: &str, env: &[(&str, &str)]) -> (Proc, String) {
     let port = free_port();
     let base = format!("http://127.0.0.1:{port}");
-    let p = spawn(
+    let p = spawn_env(
         "server",
         &["--bind".into(), format!("127.0.0.1:{port}")],
         config,
+        env,
     );
     let client = reqwest::Client::new();
     for _ in 0..600 {

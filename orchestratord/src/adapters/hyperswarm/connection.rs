@@ -16,12 +16,18 @@ use tokio_stream::StreamMap;
 use tokio_util::sync::CancellationToken;
 
 use super::line_reader::{read_lines, Line};
+use super::peers::PeerHandle;
 use super::protocol::{parse, ChatStart, Incoming, Outgoing, PeerCode, RequestId};
 use crate::adapters::follow;
+use crate::auth::Caller;
 use crate::config::HyperswarmConfig;
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::CancelReason;
 use crate::state::SharedState;
+
+/// The tenant Hyperswarm peers' tasks belong to (they reach the host by its Server ID, not
+/// with an API key).
+pub const HYPERSWARM_TENANT: &str = "hyperswarm";
 
 /// What every connection of one host shares.
 pub struct Host {
@@ -77,7 +83,16 @@ struct Conn<W> {
     last_activity: Instant,
     lines_seen: u64,
     peer: Option<String>,
+    place: PeerHandle,
+    /// Messages the peer may still send now (refilled at `max_messages_per_second`).
+    allowance: f64,
+    refilled: Instant,
+    /// Messages over the rate so far; past `RATE_STRIKES` the connection is closed.
+    strikes: u32,
 }
+
+/// Messages over the rate a connection may send before it is closed.
+const RATE_STRIKES: u32 = 20;
 
 /// Sends `CONNECT_FAILED` to a connection over the client limit and closes it.
 pub async fn refuse<W: AsyncWrite + Unpin>(mut writer: W, max: usize) {
@@ -93,8 +108,9 @@ pub async fn refuse<W: AsyncWrite + Unpin>(mut writer: W, max: usize) {
     .await;
 }
 
-/// Serves one connection until the peer leaves, the host shuts down, or it idles out.
-pub async fn serve<R, W>(host: Arc<Host>, reader: R, writer: W)
+/// Serves one connection until the peer leaves, the host shuts down, it idles out, or a
+/// newcomer takes its place while it is idle.
+pub async fn serve<R, W>(host: Arc<Host>, reader: R, writer: W, place: PeerHandle)
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin,
@@ -108,6 +124,10 @@ where
         last_activity: Instant::now(),
         lines_seen: 0,
         peer: None,
+        place,
+        allowance: host.cfg.max_messages_per_second.max(1) as f64,
+        refilled: Instant::now(),
+        strikes: 0,
         host: host.clone(),
     };
     let info = Outgoing::server_info(&host.host_name, &host.model(), host.status());
@@ -131,7 +151,16 @@ where
             _ = tokio::time::sleep_until(deadline) => {
                 open = c.on_timeout().await;
             }
+            _ = c.place.evicted() => {
+                let _ = c.send(&Outgoing::error(
+                    &PeerCode::ConnectFailed,
+                    "the host is full and this connection was idle the longest; reconnect when you need it",
+                    None,
+                )).await;
+                open = false;
+            }
         }
+        c.place.update(c.running.len());
     }
     reading.abort();
     let _ = c.writer.shutdown().await;
@@ -173,9 +202,40 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
             .await
     }
 
+    /// Whether one more message fits the rate (a token bucket of one second's messages).
+    fn within_rate(&mut self) -> bool {
+        let rate = self.host.cfg.max_messages_per_second.max(1) as f64;
+        let now = Instant::now();
+        let refill = now.duration_since(self.refilled).as_secs_f64() * rate;
+        self.allowance = (self.allowance + refill).min(rate);
+        self.refilled = now;
+        if self.allowance >= 1.0 {
+            self.allowance -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
     async fn on_line(&mut self, line: Line) -> bool {
         self.last_activity = Instant::now();
         self.lines_seen += 1;
+        if !self.within_rate() {
+            self.strikes += 1;
+            if self.strikes > RATE_STRIKES {
+                let _ = self
+                    .bad("message rate limit exceeded again and again; closing", None)
+                    .await;
+                return false;
+            }
+            let rate = self.host.cfg.max_messages_per_second;
+            return self
+                .bad(
+                    &format!("message rate limit exceeded ({rate} per second): message dropped"),
+                    None,
+                )
+                .await;
+        }
         let max_line = self.host.cfg.max_line_bytes;
         let text = match line {
             Line::Text(t) => t,
@@ -192,7 +252,19 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
         match parse(&text, self.host.cfg.max_prompt_bytes) {
             Err(r) => self.bad(&r.message, r.request_id.as_ref()).await,
             Ok(Incoming::Peer { public_key }) if self.lines_seen == 1 => {
-                tracing::info!(peer = %public_key, "hyperswarm peer connected");
+                // peer-supplied text is logged escaped (Debug), never raw
+                if self.place.set_key(&public_key).is_err() {
+                    tracing::info!(peer = ?public_key, "hyperswarm peer refused: already connected");
+                    let _ = self
+                        .send(&Outgoing::error(
+                            &PeerCode::ConnectFailed,
+                            "this peer already has a connection to the host",
+                            None,
+                        ))
+                        .await;
+                    return false;
+                }
+                tracing::info!(peer = ?public_key, "hyperswarm peer connected");
                 self.peer = Some(public_key);
                 true
             }
@@ -206,7 +278,7 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
                 request_id,
             }) => {
                 // unknown codes are generic errors: logged with their message
-                tracing::warn!(peer = ?self.peer, code = code.as_str(), generic = matches!(code, PeerCode::Other(_)), %message, request_id = ?request_id.map(|r| r.0), "error from peer");
+                tracing::warn!(peer = ?self.peer, code = ?code.as_str(), generic = matches!(code, PeerCode::Other(_)), ?message, request_id = ?request_id.map(|r| r.0), "error from peer");
                 true
             }
             Ok(Incoming::Abort(id)) => self.abort(id).await,
@@ -254,8 +326,8 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
             seed: start.seed,
             ..Default::default()
         };
-        let cid = format!("hyperswarm-{}", id.0);
-        match follow::admit(&host.state, req, &cid).await {
+        let caller = Caller::internal(HYPERSWARM_TENANT, format!("hyperswarm-{}", id.0));
+        match follow::admit(&host.state, req, &caller).await {
             Ok(task) => {
                 self.events.insert(
                     id.clone(),
@@ -281,7 +353,7 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
     async fn abort(&mut self, id: RequestId) -> bool {
         let Some(run) = self.running.remove(&id) else {
             // finished already (or never started): nothing to stop
-            tracing::debug!(request_id = %id.0, "abort for no running request");
+            tracing::debug!(request_id = ?id.0, "abort for no running request");
             return true;
         };
         self.host.state.cancel_task(&run.task, CancelReason::Client);

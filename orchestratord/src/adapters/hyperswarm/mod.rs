@@ -5,12 +5,13 @@
 mod connection;
 mod identity;
 mod line_reader;
+mod peers;
 pub mod protocol;
 mod sidecar;
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::net::TcpListener;
@@ -86,19 +87,13 @@ fn machine_name() -> String {
         .unwrap_or_else(|| "orchestratord".into())
 }
 
-/// Counts a connection for the client limit while alive.
-struct Slot(Arc<AtomicUsize>);
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
 /// Serves a listener with the host protocol (the sidecar's target; tests use it directly).
+/// At most `max_clients` connections: when full, the connection idle the longest makes room
+/// (it is told why and closed); when every one has a request running, the newcomer is
+/// refused.
 pub async fn accept_loop(host: Arc<Host>, listener: TcpListener) {
-    let clients = Arc::new(AtomicUsize::new(0));
     let max = host.cfg.max_clients;
+    let peers = peers::Peers::new(max);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,
@@ -113,18 +108,16 @@ pub async fn accept_loop(host: Arc<Host>, listener: TcpListener) {
             }
         };
         let _ = stream.set_nodelay(true);
-        let n = clients.fetch_add(1, Ordering::SeqCst);
-        let slot = Slot(clients.clone());
+        let place = peers.admit();
         let host = host.clone();
         tokio::spawn(async move {
-            let _slot = slot;
             let (r, w) = stream.into_split();
-            if n >= max {
-                tracing::info!(%addr, max, "hyperswarm client refused: limit reached");
+            let Some(place) = place else {
+                tracing::info!(%addr, max, "hyperswarm client refused: every connection is busy");
                 connection::refuse(w, max).await;
                 return;
-            }
-            connection::serve(host, r, w).await;
+            };
+            connection::serve(host, r, w, place).await;
         });
     }
 }

@@ -11,7 +11,6 @@ use axum::Json;
 use contracts::ErrorCode;
 use pool_manager::{DeviceChoice, Pool, PoolSnapshot, PoolSpec, PoolState, WeightFormat};
 use serde::Deserialize;
-use tokio::io::AsyncReadExt;
 
 use super::types::*;
 use crate::adapters::error::{ErrorBody, OpenAiError};
@@ -76,28 +75,6 @@ fn valid_id(id: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
 }
 
-/// The file exists, is a regular file and starts with the GGUF magic.
-async fn check_model_file(path: &str) -> Result<(), ApiError> {
-    let bad = |m: String| ApiError::invalid("model_path", format!("model_path {path:?}: {m}"));
-    let meta = tokio::fs::metadata(path)
-        .await
-        .map_err(|e| bad(e.to_string()))?;
-    if !meta.is_file() {
-        return Err(bad("not a regular file".into()));
-    }
-    let mut magic = [0u8; 4];
-    let mut f = tokio::fs::File::open(path)
-        .await
-        .map_err(|e| bad(e.to_string()))?;
-    f.read_exact(&mut magic)
-        .await
-        .map_err(|e| bad(format!("cannot read the header: {e}")))?;
-    if &magic != b"GGUF" {
-        return Err(bad("not a GGUF file (bad magic)".into()));
-    }
-    Ok(())
-}
-
 /// Load a GGUF as a new engine (a pool with the configured slots): 201 once it is loaded and
 /// has passed its self-test.
 #[utoipa::path(
@@ -134,7 +111,16 @@ pub async fn add(
     if state.pools.get(&req.engine_id).is_some() {
         return Err(conflict_id(&req.engine_id).into());
     }
-    check_model_file(&req.model_path).await?;
+    if state.pools.all().iter().any(|p| p.serves(&req.engine_id)) {
+        let mut e = ApiError::conflict(format!(
+            "engine id {:?} is already the name or alias of a served model",
+            req.engine_id
+        ));
+        e.envelope.field = Some("engine_id".into());
+        return Err(e.into());
+    }
+    let allowed =
+        crate::routes::pools::allowed_model(&state, "model_path", &req.model_path).await?;
     if state.pools.all().len() >= api.max_pools {
         return Err(ApiError::conflict(format!(
             "engine limit reached ({} engines, engines_api.max_pools)",
@@ -146,7 +132,7 @@ pub async fn add(
     let spec = PoolSpec {
         id: req.engine_id.clone(),
         kind: pool_manager::PoolKind::Local,
-        model_ref: req.model_path.clone(),
+        model_ref: allowed.clone(),
         model_alias: req.engine_id.clone(),
         slots: api.slots,
         ctx: n_ctx,
@@ -163,15 +149,29 @@ pub async fn add(
         .pools
         .insert(spec)
         .ok_or_else(|| conflict_id(&req.engine_id))?;
-    if let Err(why) = pool.load_once().await {
-        state.pools.remove(&req.engine_id);
+    // a server-owned job: a client that goes away does not leave the engine loading; it is
+    // added or removed again, and its status shows which
+    let job = {
+        let (state, pool, id) = (state.clone(), pool.clone(), req.engine_id.clone());
+        tokio::spawn(async move {
+            let r = pool.load_once().await;
+            if r.is_err() {
+                state.pools.remove(&id);
+            }
+            state.wake.notify_one();
+            r
+        })
+    };
+    let loaded = job
+        .await
+        .map_err(|e| ApiError::internal(format!("the load job failed: {e}")))?;
+    if let Err(why) = loaded {
         return Err(
             ApiError::invalid("model_path", format!("cannot load the model: {why}")).into(),
         );
     }
-    state.wake.notify_one();
     let snap = pool.snapshot();
-    tracing::info!(engine = %req.engine_id, path = %req.model_path, "engine added");
+    tracing::info!(engine = %req.engine_id, path = %allowed, "engine added");
     Ok((
         StatusCode::CREATED,
         Json(EngineCreated {

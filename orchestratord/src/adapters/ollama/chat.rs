@@ -5,14 +5,14 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{header, HeaderValue, Response, StatusCode};
 use axum::response::IntoResponse;
-use axum::{Extension, Json};
+use axum::Json;
 use contracts::{ChatTurn, TaskRequest};
 use futures::StreamExt;
 
 use super::types::*;
 use crate::adapters::error::{error_type, OpenAiError};
 use crate::adapters::follow;
-use crate::correlation::CorrelationId;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::subscription::Followed;
@@ -100,11 +100,11 @@ impl Framing {
 
 async fn handle(
     state: SharedState,
-    cid: CorrelationId,
+    caller: Caller,
     req: ChatRequest,
     framing: Option<Framing>,
 ) -> Result<Response<Body>, OpenAiError> {
-    let task = follow::admit(&state, to_task(&req), &cid.0).await?;
+    let task = follow::admit(&state, to_task(&req), &caller).await?;
     let sub = follow::subscribe(&state, &task);
     let Some(framing) = framing else {
         let (text, end) = follow::collect(sub).await?;
@@ -193,12 +193,12 @@ async fn handle(
 )]
 pub async fn completions(
     State(state): State<SharedState>,
-    Extension(cid): Extension<CorrelationId>,
+    caller: Caller,
     body: Result<JsonBody<ChatRequest>, ApiError>,
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
     let framing = req.stream.then_some(Framing::Ndjson);
-    handle(state, cid, req, framing).await
+    handle(state, caller, req, framing).await
 }
 
 /// Server-sent events: `data: {message, done, index}` per chunk, a last `done: true` chunk,
@@ -219,9 +219,9 @@ pub async fn completions(
 )]
 pub async fn sse(
     State(state): State<SharedState>,
-    Extension(cid): Extension<CorrelationId>,
+    caller: Caller,
     body: Result<JsonBody<ChatRequest>, ApiError>,
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
-    handle(state, cid, req, Some(Framing::Sse)).await
+    handle(state, caller, req, Some(Framing::Sse)).await
 }

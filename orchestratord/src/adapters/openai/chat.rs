@@ -4,7 +4,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::Response;
 use axum::response::IntoResponse;
-use axum::{Extension, Json};
+use axum::Json;
 use contracts::{ChatTurn, TaskRequest};
 use futures::StreamExt;
 
@@ -12,7 +12,7 @@ use super::types::*;
 use super::{DONE, FINGERPRINT};
 use crate::adapters::error::{body as error_body, OpenAiError};
 use crate::adapters::follow;
-use crate::correlation::CorrelationId;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::subscription::Followed;
@@ -78,11 +78,11 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
 )]
 pub async fn chat_completions(
     State(state): State<SharedState>,
-    Extension(cid): Extension<CorrelationId>,
+    caller: Caller,
     body: Result<JsonBody<ChatRequest>, ApiError>,
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
-    let task = follow::admit(&state, to_task(&req)?, &cid.0).await?;
+    let task = follow::admit(&state, to_task(&req)?, &caller).await?;
     let model = follow::model_name(&state, req.model.as_deref(), &task);
     let id = format!("chatcmpl-{}", task.id);
     let created = follow::unix_now();

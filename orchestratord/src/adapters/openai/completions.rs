@@ -7,7 +7,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::Response;
 use axum::response::IntoResponse;
-use axum::{Extension, Json};
+use axum::Json;
 use contracts::TaskRequest;
 use futures::{Stream, StreamExt};
 
@@ -15,7 +15,7 @@ use super::types::*;
 use super::{DONE, FINGERPRINT};
 use crate::adapters::error::{body as error_body, OpenAiError};
 use crate::adapters::follow;
-use crate::correlation::CorrelationId;
+use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::subscription::{Followed, Subscription};
@@ -93,12 +93,12 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
 )]
 pub async fn completions(
     State(state): State<SharedState>,
-    Extension(cid): Extension<CorrelationId>,
+    caller: Caller,
     body: Result<JsonBody<CompletionRequest>, ApiError>,
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
     let reqs = to_tasks(&req, state.cfg.admission.max_prompts_per_request)?;
-    let tasks = follow::admit_all(&state, reqs, &cid.0).await?;
+    let tasks = follow::admit_all(&state, reqs, &caller).await?;
     let model = follow::model_name(&state, req.model.as_deref(), &tasks[0]);
     let id = format!("cmpl-{}", tasks[0].id);
     let created = follow::unix_now();

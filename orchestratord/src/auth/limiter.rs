@@ -1,5 +1,6 @@
-//! The worker secret: compared in constant time (both sides hashed first, so neither content
-//! nor length leaks through timing), and failed attempts limited per peer address.
+//! Secrets compared in constant time (both sides hashed first, so neither content nor length
+//! leaks through timing), and failed attempts limited per peer address. Used for API keys and
+//! the worker secret.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -40,9 +41,15 @@ impl FailureLimiter {
 
     /// Whether `peer` has used up its failures for this window (it is answered 429 unchecked).
     pub fn is_limited(&self, peer: IpAddr) -> bool {
+        self.limited_for(peer).is_some()
+    }
+
+    /// How long `peer` stays limited, when it is.
+    pub fn limited_for(&self, peer: IpAddr) -> Option<Duration> {
         self.lock()
             .get(&peer)
-            .is_some_and(|(since, n)| since.elapsed() < WINDOW && *n >= self.per_minute)
+            .filter(|(since, n)| since.elapsed() < WINDOW && *n >= self.per_minute)
+            .map(|(since, _)| WINDOW.saturating_sub(since.elapsed()))
     }
 
     pub fn record_failure(&self, peer: IpAddr) {

@@ -1,0 +1,256 @@
+//! API keys: where they come from, how they are kept, how a presented key is checked.
+//!
+//! An entry is `tenant:scope:key`. `scope` is `data` or `admin`; `key` is the secret itself,
+//! or `sha256:` followed by the 64 hex digits of its SHA-256 (for key files that must not hold
+//! the secret). Entries come from `auth.keys` in the config, from `auth.key_file` (one per
+//! line, `#` comments and blank lines ignored) and from the env variable `ORCHD_API_KEYS`
+//! (comma-separated). Only digests are kept; a presented key is hashed and compared with every
+//! digest in constant time. Nothing here ever formats a key into a message.
+
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// What a key may do. `Admin` covers everything `Data` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// Tasks, chat APIs, sessions and artifacts of the key's own tenant.
+    Data,
+    /// Pools, drain, reload, `/engines` writes, workers; every tenant's tasks.
+    Admin,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Data => "data",
+            Self::Admin => "admin",
+        }
+    }
+
+    fn parse(s: &str) -> Option<Self> {
+        match s {
+            "data" => Some(Self::Data),
+            "admin" => Some(Self::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// Who is calling: the tenant a key belongs to, and its scope.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    pub tenant: String,
+    pub scope: Scope,
+}
+
+/// The tenant of every caller while auth is off (loopback without keys).
+pub const LOCAL_TENANT: &str = "local";
+
+impl Principal {
+    /// The caller while no key is configured: one tenant that may do everything.
+    pub fn local() -> Self {
+        Self {
+            tenant: LOCAL_TENANT.into(),
+            scope: Scope::Admin,
+        }
+    }
+
+    /// Whether this caller may see what `owner` made (its own, or everything for admins).
+    pub fn sees(&self, owner: &str) -> bool {
+        self.scope == Scope::Admin || self.tenant == owner
+    }
+
+    /// The owner to look things up under: `None` (any) for admins.
+    pub fn lookup_owner(&self) -> Option<&str> {
+        (self.scope != Scope::Admin).then_some(self.tenant.as_str())
+    }
+}
+
+struct Entry {
+    tenant: String,
+    scope: Scope,
+    digest: [u8; 32],
+}
+
+/// The configured keys, as digests.
+#[derive(Default)]
+pub struct KeyStore {
+    entries: Vec<Entry>,
+}
+
+impl std::fmt::Debug for KeyStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // tenants and scopes only: never a digest
+        f.debug_list()
+            .entries(
+                self.entries
+                    .iter()
+                    .map(|e| format!("{}:{}", e.tenant, e.scope.as_str())),
+            )
+            .finish()
+    }
+}
+
+/// A malformed key entry. Says where, never what the key was.
+#[derive(Debug, thiserror::Error)]
+#[error("{source_name} entry {index}: {problem}")]
+pub struct KeyError {
+    pub source_name: String,
+    pub index: usize,
+    pub problem: &'static str,
+}
+
+fn valid_tenant(t: &str) -> bool {
+    (1..=64).contains(&t.len())
+        && t.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+fn digest_of(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+fn parse_hex_digest(h: &str) -> Option<[u8; 32]> {
+    let v = hex::decode(h).ok()?;
+    v.try_into().ok()
+}
+
+impl KeyStore {
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Adds the entries of one source (`source_name` names it in errors: "ORCHD_API_KEYS",
+    /// the key file's path, "auth.keys").
+    pub fn add_entries<'a>(
+        &mut self,
+        source_name: &str,
+        entries: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), KeyError> {
+        for (i, raw) in entries.into_iter().enumerate() {
+            let err = |problem| KeyError {
+                source_name: source_name.to_string(),
+                index: i + 1,
+                problem,
+            };
+            let raw = raw.trim();
+            let mut parts = raw.splitn(3, ':');
+            let (Some(tenant), Some(scope), Some(key)) = (parts.next(), parts.next(), parts.next())
+            else {
+                return Err(err("expected tenant:scope:key"));
+            };
+            if !valid_tenant(tenant) {
+                return Err(err("the tenant must be 1-64 characters of [A-Za-z0-9._-]"));
+            }
+            let scope =
+                Scope::parse(scope).ok_or_else(|| err("the scope must be data or admin"))?;
+            if key.is_empty() {
+                return Err(err("the key is empty"));
+            }
+            let digest = match key.strip_prefix("sha256:") {
+                Some(h) => parse_hex_digest(h)
+                    .ok_or_else(|| err("sha256: must be followed by 64 hex digits"))?,
+                None => digest_of(key),
+            };
+            if self.entries.iter().any(|e| e.digest == digest) {
+                return Err(err("the same key is configured twice"));
+            }
+            if !key.starts_with("sha256:") && key.len() < 16 {
+                tracing::warn!(
+                    tenant,
+                    source = source_name,
+                    "an API key shorter than 16 characters is easy to guess"
+                );
+            }
+            self.entries.push(Entry {
+                tenant: tenant.to_string(),
+                scope,
+                digest,
+            });
+        }
+        Ok(())
+    }
+
+    /// Adds the lines of a key file (blank lines and `#` comments skipped).
+    pub fn add_file(&mut self, path: &str, text: &str) -> Result<(), KeyError> {
+        self.add_entries(
+            path,
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#')),
+        )
+    }
+
+    /// The principal `presented` belongs to. Every digest is compared, in constant time each.
+    pub fn verify(&self, presented: &str) -> Option<Principal> {
+        let d = digest_of(presented);
+        let mut found = None;
+        for e in &self.entries {
+            let eq: bool = e.digest.ct_eq(&d).into();
+            if eq && found.is_none() {
+                found = Some(Principal {
+                    tenant: e.tenant.clone(),
+                    scope: e.scope,
+                });
+            }
+        }
+        found
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// SEC-KEY-1: entries parse from every form; only the exact key verifies, with its tenant
+    /// and scope; hashed entries verify the key they hash.
+    #[test]
+    fn keys_parse_and_verify() {
+        let mut ks = KeyStore::default();
+        ks.add_entries("env", "alice:data:k1,ops:admin:k2".split(','))
+            .unwrap();
+        let hashed = format!("bob:data:sha256:{}", hex::encode(digest_of("bob-secret")));
+        ks.add_file("file", &format!("# comment\n\n{hashed}\n"))
+            .unwrap();
+        assert_eq!(ks.len(), 3);
+        let a = ks.verify("k1").unwrap();
+        assert_eq!((a.tenant.as_str(), a.scope), ("alice", Scope::Data));
+        assert_eq!(ks.verify("k2").unwrap().scope, Scope::Admin);
+        assert_eq!(ks.verify("bob-secret").unwrap().tenant, "bob");
+        assert!(ks.verify("k3").is_none());
+        assert!(ks.verify("k1 ").is_none());
+        assert!(ks.verify("").is_none());
+        // a key with colons keeps them
+        ks.add_entries("cfg", ["carol:data:a:b:c"]).unwrap();
+        assert_eq!(ks.verify("a:b:c").unwrap().tenant, "carol");
+    }
+
+    /// SEC-KEY-1: malformed entries are refused naming the source and entry, never the key.
+    #[test]
+    fn bad_entries_never_echo_the_key() {
+        for bad in [
+            "alice:root:supersecretvalue",
+            "al ice:data:supersecretvalue",
+            "alice:supersecretvalue",
+            "alice:data:sha256:supersecretvalue",
+        ] {
+            let e = KeyStore::default().add_entries("env", [bad]).unwrap_err();
+            let msg = e.to_string();
+            assert!(msg.starts_with("env entry 1"), "{msg}");
+            assert!(!msg.contains("supersecretvalue"), "{msg}");
+        }
+        let mut ks = KeyStore::default();
+        let e = ks
+            .add_entries(
+                "env",
+                ["a:data:dup-key-xxxxxxxx", "b:admin:dup-key-xxxxxxxx"],
+            )
+            .unwrap_err();
+        assert_eq!(e.index, 2);
+        assert!(!format!("{ks:?}").contains("dup-key"));
+    }
+}

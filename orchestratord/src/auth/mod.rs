@@ -1,0 +1,343 @@
+//! Who may call what. API keys (bearer tokens or `x-api-key`) with a tenant and a scope
+//! (`keys.rs`), which key each route needs (`routes.rs`), failed attempts limited per peer
+//! address (`limiter.rs`), and the request hygiene that keeps a web page in the user's
+//! browser from driving the server: bodies must be JSON (415), and writes from a foreign
+//! `Origin` are refused (403).
+//!
+//! With no key configured, auth is off: every caller is the one `local` tenant with admin
+//! scope, which the server allows only on a loopback address (or when the operator says
+//! `--insecure-no-auth`).
+
+pub mod keys;
+pub mod limiter;
+pub mod routes;
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use contracts::ErrorCode;
+
+pub use keys::{KeyStore, Principal, Scope};
+use routes::{Access, Shape};
+
+use crate::config::{AuthConfig, ConfigError};
+use crate::correlation::CorrelationId;
+use crate::error::ApiError;
+use crate::state::SharedState;
+
+/// The env variable with `tenant:scope:key` entries, comma-separated.
+pub const KEYS_ENV: &str = "ORCHD_API_KEYS";
+
+/// The server's keys and the failure limiter.
+pub struct Auth {
+    pub keys: KeyStore,
+    pub limiter: limiter::FailureLimiter,
+    pub metrics_public: bool,
+    pub allowed_origins: Vec<String>,
+}
+
+impl Auth {
+    /// Keys from `cfg.keys`, `cfg.key_file` and `ORCHD_API_KEYS`.
+    pub fn load(cfg: &AuthConfig, allowed_origins: &[String]) -> Result<Self, ConfigError> {
+        let bad = |e: keys::KeyError| ConfigError::Invalid(format!("API keys: {e}"));
+        let mut keys = KeyStore::default();
+        keys.add_entries("auth.keys", cfg.keys.iter().map(String::as_str))
+            .map_err(bad)?;
+        if let Some(path) = &cfg.key_file {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.into(),
+                source,
+            })?;
+            keys.add_file(path, &text).map_err(bad)?;
+        }
+        if let Ok(v) = std::env::var(KEYS_ENV) {
+            keys.add_entries(KEYS_ENV, v.split(',').filter(|s| !s.trim().is_empty()))
+                .map_err(bad)?;
+        }
+        Ok(Self {
+            keys,
+            limiter: limiter::FailureLimiter::new(cfg.max_failures_per_minute),
+            metrics_public: cfg.metrics_public,
+            allowed_origins: allowed_origins.to_vec(),
+        })
+    }
+
+    /// Whether keys are required.
+    pub fn enabled(&self) -> bool {
+        !self.keys.is_empty()
+    }
+}
+
+/// Refuses to serve a non-loopback address without keys unless the operator said so.
+pub fn check_exposure(bind: &str, auth: &Auth, insecure_no_auth: bool) -> Result<(), ConfigError> {
+    if auth.enabled() || insecure_no_auth || is_loopback(bind) {
+        return Ok(());
+    }
+    Err(ConfigError::Invalid(format!(
+        "refusing to listen on {bind} without API keys: anyone who can reach it could drain pools, load files and read others' tasks. \
+         Set keys ({KEYS_ENV}=tenant:scope:key,… or auth.key_file), bind to 127.0.0.1, or pass --insecure-no-auth (auth.insecure_no_auth = true) if this network is trusted"
+    )))
+}
+
+/// Whether `bind` (`ip:port`, `[ip]:port` or `localhost:port`) is a loopback address.
+pub fn is_loopback(bind: &str) -> bool {
+    if let Ok(a) = bind.parse::<SocketAddr>() {
+        return a.ip().is_loopback();
+    }
+    bind.rsplit_once(':')
+        .is_some_and(|(host, _)| host.eq_ignore_ascii_case("localhost"))
+}
+
+fn presented_key(h: &HeaderMap) -> Option<&str> {
+    if let Some(v) = h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        let (scheme, token) = v.trim().split_once(' ')?;
+        return scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| token.trim())
+            .filter(|t| !t.is_empty());
+    }
+    h.get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+}
+
+/// An error in the route's own shape.
+pub fn respond(shape: Shape, e: ApiError) -> Response {
+    match shape {
+        Shape::Envelope => e.into_response(),
+        Shape::OpenAi => crate::adapters::error::OpenAiError(e).into_response(),
+    }
+}
+
+fn unauthorized(shape: Shape, message: &str, invalid: bool) -> Response {
+    let mut r = respond(
+        shape,
+        ApiError::new(ErrorCode::Unauthorized, message, false),
+    );
+    let challenge = if invalid {
+        r#"Bearer realm="orchestratord", error="invalid_token""#
+    } else {
+        r#"Bearer realm="orchestratord""#
+    };
+    r.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
+    r
+}
+
+fn is_write(m: &Method) -> bool {
+    !matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS)
+}
+
+fn has_body(h: &HeaderMap) -> bool {
+    h.contains_key(header::TRANSFER_ENCODING)
+        || h.get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+            .is_some_and(|n| n > 0)
+}
+
+fn is_json(h: &HeaderMap) -> bool {
+    h.get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// Request hygiene before any key is looked at: a write from a browser page of a foreign
+/// origin is refused (403), and a body that is not declared JSON is 415.
+fn hygiene(auth: &Auth, req: &Request, shape: Shape) -> Option<Response> {
+    let h = req.headers();
+    if is_write(req.method()) {
+        if let Some(origin) = h.get(header::ORIGIN) {
+            let allowed = origin
+                .to_str()
+                .is_ok_and(|o| auth.allowed_origins.iter().any(|a| a == o));
+            if !allowed {
+                return Some(respond(
+                    shape,
+                    ApiError::new(
+                        ErrorCode::Forbidden,
+                        "cross-origin writes are refused: this Origin is not in http.cors_allowed_origins",
+                        false,
+                    ),
+                ));
+            }
+        }
+    }
+    if has_body(h) && !is_json(h) {
+        let mut e = ApiError::new(
+            ErrorCode::UnsupportedMediaType,
+            "request bodies must be sent with Content-Type: application/json",
+            false,
+        );
+        e.envelope.field = Some("content-type".into());
+        return Some(respond(shape, e));
+    }
+    None
+}
+
+fn peer_of(req: &Request) -> IpAddr {
+    req.extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(a)| a.ip())
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+}
+
+/// Checks the request's key against the route's needs and puts the [`Principal`] in its
+/// extensions.
+pub async fn middleware(
+    State(state): State<SharedState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let auth = &state.auth;
+    let (access, shape) = routes::classify(req.method(), req.uri().path());
+    if let Some(refused) = hygiene(auth, &req, shape) {
+        return refused;
+    }
+    if !auth.enabled() {
+        req.extensions_mut().insert(Principal::local());
+        return next.run(req).await;
+    }
+    let needed = match access {
+        Access::Open => None,
+        Access::Metrics if auth.metrics_public => None,
+        Access::Metrics | Access::Data => Some(Scope::Data),
+        Access::Admin => Some(Scope::Admin),
+    };
+    let Some(needed) = needed else {
+        return next.run(req).await;
+    };
+    let peer = peer_of(&req);
+    if let Some(wait) = auth.limiter.limited_for(peer) {
+        crate::metrics::auth_failed("rate_limited");
+        return respond(
+            shape,
+            ApiError::new(
+                ErrorCode::AuthRateLimited,
+                "too many failed authentications from this address",
+                true,
+            )
+            .with_retry_after(wait.as_millis().max(1) as u64),
+        );
+    }
+    let principal = match presented_key(req.headers()) {
+        None => {
+            auth.limiter.record_failure(peer);
+            crate::metrics::auth_failed("missing");
+            return unauthorized(
+                shape,
+                "an API key is required: Authorization: Bearer <key> (or x-api-key)",
+                false,
+            );
+        }
+        Some(k) => match auth.keys.verify(k) {
+            Some(p) => p,
+            None => {
+                auth.limiter.record_failure(peer);
+                crate::metrics::auth_failed("invalid");
+                tracing::warn!(%peer, "request refused: unknown API key");
+                return unauthorized(shape, "the API key is not valid", true);
+            }
+        },
+    };
+    if principal.scope < needed {
+        crate::metrics::auth_failed("forbidden");
+        return respond(
+            shape,
+            ApiError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "this route needs an {} key; tenant {:?} has a {} key",
+                    needed.as_str(),
+                    principal.tenant,
+                    principal.scope.as_str()
+                ),
+                false,
+            ),
+        );
+    }
+    req.extensions_mut().insert(principal);
+    next.run(req).await
+}
+
+/// Who made a request: its correlation id and principal (set by the middlewares).
+#[derive(Debug, Clone)]
+pub struct Caller {
+    pub correlation_id: String,
+    pub principal: Principal,
+}
+
+impl Caller {
+    /// A caller of the server's own making (the Hyperswarm host's peers, soak drivers).
+    pub fn internal(tenant: &str, correlation_id: impl Into<String>) -> Self {
+        Self {
+            correlation_id: correlation_id.into(),
+            principal: Principal {
+                tenant: tenant.into(),
+                scope: Scope::Data,
+            },
+        }
+    }
+
+    pub fn tenant(&self) -> &str {
+        &self.principal.tenant
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let principal = parts
+            .extensions
+            .get::<Principal>()
+            .cloned()
+            .ok_or_else(|| {
+                ApiError::new(ErrorCode::Unauthorized, "an API key is required", false)
+            })?;
+        let correlation_id = parts
+            .extensions
+            .get::<CorrelationId>()
+            .map(|c| c.0.clone())
+            .unwrap_or_default();
+        Ok(Self {
+            correlation_id,
+            principal,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_binds() {
+        assert!(is_loopback("127.0.0.1:8080"));
+        assert!(is_loopback("[::1]:8080"));
+        assert!(is_loopback("localhost:1"));
+        assert!(!is_loopback("0.0.0.0:8080"));
+        assert!(!is_loopback("10.1.2.3:80"));
+        assert!(!is_loopback("example.org:80"));
+    }
+
+    #[test]
+    fn keys_are_read_from_bearer_or_x_api_key() {
+        let mut h = HeaderMap::new();
+        assert_eq!(presented_key(&h), None);
+        h.insert("x-api-key", HeaderValue::from_static("k2"));
+        assert_eq!(presented_key(&h), Some("k2"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer k1"));
+        assert_eq!(presented_key(&h), Some("k1"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic k1"));
+        assert_eq!(presented_key(&h), None);
+    }
+}

@@ -1,0 +1,152 @@
+//! Which files a client may have the server load as a model (`POST /engines`, pool reloads):
+//! regular files that start with the GGUF magic, inside the configured model directories (the
+//! model cache, the directories of the configured pools' models, and `models.dirs`).
+//!
+//! A path is refused before anything is opened when it has a `..` component or lies outside
+//! the directories as written; then its canonical form (symlinks resolved) must still lie
+//! inside one, and it must be a regular file (no FIFO, device or directory) before it is
+//! opened to read the magic. Every refusal says only "not an allowed model path" or "not a
+//! GGUF model": whether a file exists outside the directories, or why it could not be read,
+//! is never told.
+
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+
+/// Why a model path was refused. The messages are the whole story a client gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ModelPathError {
+    #[error("not an allowed model path")]
+    NotAllowed,
+    #[error("not a GGUF model")]
+    NotGguf,
+}
+
+/// The directories models may come from, as configured and canonicalized.
+#[derive(Debug, Clone, Default)]
+pub struct ModelDirs {
+    /// (as configured, made absolute; canonical)
+    dirs: Vec<(PathBuf, PathBuf)>,
+}
+
+fn absolute(p: &Path) -> Option<PathBuf> {
+    if p.is_absolute() {
+        Some(p.to_path_buf())
+    } else {
+        std::env::current_dir().ok().map(|d| d.join(p))
+    }
+}
+
+impl ModelDirs {
+    /// Directories that do not exist are left out.
+    pub fn new<P: AsRef<Path>>(dirs: impl IntoIterator<Item = P>) -> Self {
+        let mut out: Vec<(PathBuf, PathBuf)> = Vec::new();
+        for d in dirs {
+            let d = d.as_ref();
+            if d.as_os_str().is_empty() {
+                continue;
+            }
+            let (Some(abs), Ok(canon)) = (absolute(d), std::fs::canonicalize(d)) else {
+                continue;
+            };
+            if canon.is_dir() && !out.iter().any(|(a, c)| *a == abs && *c == canon) {
+                out.push((abs, canon));
+            }
+        }
+        Self { dirs: out }
+    }
+
+    /// The canonical directories (for the docs and logs).
+    pub fn canonical(&self) -> impl Iterator<Item = &Path> {
+        self.dirs.iter().map(|(_, c)| c.as_path())
+    }
+
+    /// The canonical path of an allowed GGUF model at `requested`.
+    pub fn check(&self, requested: &str) -> Result<PathBuf, ModelPathError> {
+        use ModelPathError::*;
+        let p = Path::new(requested);
+        if requested.is_empty()
+            || requested.contains('\0')
+            || p.components().any(|c| matches!(c, Component::ParentDir))
+        {
+            return Err(NotAllowed);
+        }
+        let abs = absolute(p).ok_or(NotAllowed)?;
+        // lexically inside a directory, as written or in its canonical form: nothing outside
+        // is looked at
+        if !self
+            .dirs
+            .iter()
+            .any(|(a, c)| abs.starts_with(a) || abs.starts_with(c))
+        {
+            return Err(NotAllowed);
+        }
+        let canon = std::fs::canonicalize(&abs).map_err(|_| NotAllowed)?;
+        if !self.dirs.iter().any(|(_, c)| canon.starts_with(c)) {
+            return Err(NotAllowed);
+        }
+        let meta = std::fs::metadata(&canon).map_err(|_| NotAllowed)?;
+        if !meta.is_file() {
+            return Err(NotAllowed);
+        }
+        let mut magic = [0u8; 4];
+        std::fs::File::open(&canon)
+            .and_then(|mut f| f.read_exact(&mut magic))
+            .map_err(|_| NotGguf)?;
+        if &magic != b"GGUF" {
+            return Err(NotGguf);
+        }
+        Ok(canon)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("orchd-mp-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// SEC-MODEL-1: only regular GGUF files inside the directories load; `..`, symlinks out,
+    /// FIFOs, directories and files outside get the same answer.
+    #[test]
+    fn paths_outside_or_odd_are_refused_alike() {
+        let root = dir("root");
+        let models = root.join("models");
+        std::fs::create_dir_all(&models).unwrap();
+        std::fs::write(models.join("ok.gguf"), b"GGUF\x03\0\0\0rest").unwrap();
+        std::fs::write(models.join("text.gguf"), b"hello").unwrap();
+        std::fs::write(root.join("secret"), b"GGUF outside").unwrap();
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(root.join("secret"), models.join("link.gguf")).unwrap();
+        let fifo = models.join("fifo.gguf");
+        let _ = std::process::Command::new("mkfifo").arg(&fifo).status();
+        let dirs = ModelDirs::new([&models]);
+        let s = |p: PathBuf| p.to_string_lossy().into_owned();
+        assert_eq!(
+            dirs.check(&s(models.join("ok.gguf"))).unwrap(),
+            std::fs::canonicalize(models.join("ok.gguf")).unwrap()
+        );
+        use ModelPathError::*;
+        assert_eq!(dirs.check(&s(models.join("text.gguf"))), Err(NotGguf));
+        for bad in [
+            s(models.join("../secret")),
+            s(root.join("secret")),
+            s(models.join("link.gguf")),
+            s(models.join("missing.gguf")),
+            s(models.clone()),
+            "/etc/passwd".to_string(),
+            "/root/.ssh/id_rsa".to_string(),
+            String::new(),
+        ] {
+            assert_eq!(dirs.check(&bad), Err(NotAllowed), "{bad}");
+        }
+        if fifo.exists() {
+            assert_eq!(dirs.check(&s(fifo)), Err(NotAllowed));
+        }
+        let _ = std::fs::remove_dir_all(root);
+    }
+}

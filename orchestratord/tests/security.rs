@@ -1,0 +1,538 @@
+//! SEC-*: API keys and scopes on every route (enumerated from the OpenAPI document, so a new
+//! route cannot be missed), each adapter's error shape, tenant isolation, the failed-attempt
+//! limit, request hygiene (415, foreign origins, CORS), allowed model paths, reloads that
+//! outlive their client — over real sockets, with the scripted engine.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use orchestratord::config::Config;
+use pool_manager::{Engine, EngineFactory, PoolSpec, PortError};
+use serde_json::{json, Value};
+use support::*;
+
+const ALICE: &str = "alice-data-key-0123456789";
+const BOB: &str = "bob-data-key-0123456789abc";
+const OPS: &str = "ops-admin-key-0123456789ab";
+
+fn keyed(mut cfg: Config) -> Config {
+    cfg.auth.keys = vec![
+        format!("alice:data:{ALICE}"),
+        format!("bob:data:{BOB}"),
+        format!("ops:admin:{OPS}"),
+    ];
+    cfg
+}
+
+async fn keyed_server() -> TestServer {
+    let mut cfg = keyed(config(vec![pool("p1", 2)]));
+    // the route walk fails on purpose, many times a minute
+    cfg.auth.max_failures_per_minute = 10_000;
+    start(cfg, Duration::from_millis(5)).await
+}
+
+fn req(
+    s: &TestServer,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&Value>,
+) -> reqwest::RequestBuilder {
+    let m = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+    let mut r = s.client.request(m, s.url(path));
+    if let Some(k) = key {
+        r = r.bearer_auth(k);
+    }
+    if let Some(b) = body {
+        r = r.json(b);
+    }
+    r
+}
+
+/// The error code of either body shape.
+fn code_of(v: &Value) -> String {
+    v["error"]["code"]
+        .as_str()
+        .or(v["code"].as_str())
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Every operation of the served OpenAPI document, with its path parameters filled in.
+async fn operations(s: &TestServer) -> Vec<(String, String, bool, bool)> {
+    let doc: Value = s.get_json("/openapi.json").await;
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in ["get", "post", "delete", "put"] {
+            let Some(op) = item.get(method) else { continue };
+            let secured = op.get("security").is_some();
+            let admin = op["responses"]["403"]["description"]
+                .as_str()
+                .is_some_and(|d| d.contains("needs admin"));
+            let concrete = path
+                .split('/')
+                .map(|seg| if seg.starts_with('{') { "x" } else { seg })
+                .collect::<Vec<_>>()
+                .join("/");
+            out.push((method.to_uppercase(), concrete, secured, admin));
+        }
+    }
+    out
+}
+
+/// SEC-AUTH-1, SEC-AUTH-2: every route but health, readiness, metrics and the API document
+/// answers 401 (with `WWW-Authenticate: Bearer`) without a key or with a wrong one, in its
+/// adapter's shape; data keys get 403 on admin routes; the document declares all of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_needs_the_right_key() {
+    let s = keyed_server().await;
+    let ops = operations(&s).await;
+    assert!(ops.len() >= 20, "{ops:?}");
+    let body = json!({});
+    let mut checked_admin = 0;
+    for (method, path, secured, admin) in &ops {
+        let open = ["/health", "/v1/health", "/status"].contains(&path.as_str());
+        assert_eq!(*secured, !open, "{method} {path}: declared security");
+        let b = (method != "GET" && method != "DELETE").then_some(&body);
+        let r = req(&s, method, path, None, b).send().await.unwrap();
+        if open {
+            assert_ne!(r.status(), 401, "{method} {path}");
+            continue;
+        }
+        assert_eq!(r.status(), 401, "{method} {path} without a key");
+        let challenge = r.headers()["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        assert!(challenge.starts_with("Bearer"), "{challenge}");
+        let openai_shaped = path.starts_with("/v1/chat")
+            || path.starts_with("/v1/completions")
+            || path.starts_with("/v1/models")
+            || path.starts_with("/chat/")
+            || path.starts_with("/engines");
+        let v: Value = r.json().await.unwrap();
+        if openai_shaped {
+            assert_eq!(v["error"]["code"], "UNAUTHORIZED", "{path}: {v}");
+        } else {
+            assert_eq!(v["code"], "UNAUTHORIZED", "{path}: {v}");
+        }
+        let r = req(&s, method, path, Some("not-a-key"), b)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401, "{method} {path} with a wrong key");
+        assert!(r.headers()["www-authenticate"]
+            .to_str()
+            .unwrap()
+            .contains("invalid_token"));
+        let r = req(&s, method, path, Some(ALICE), b).send().await.unwrap();
+        if *admin {
+            checked_admin += 1;
+            assert_eq!(r.status(), 403, "{method} {path} with a data key");
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(code_of(&v), "FORBIDDEN", "{path}: {v}");
+            let r = req(&s, method, path, Some(OPS), b).send().await.unwrap();
+            assert!(
+                r.status() != 401 && r.status() != 403,
+                "{method} {path} with an admin key: {}",
+                r.status()
+            );
+        } else {
+            assert!(
+                r.status() != 401 && r.status() != 403,
+                "{method} {path} with a data key: {}",
+                r.status()
+            );
+        }
+    }
+    assert!(checked_admin >= 8, "admin routes checked: {checked_admin}");
+    // the same key in x-api-key; metrics and health without one; unknown routes 401 first
+    let r = s
+        .client
+        .get(s.url("/v1/models"))
+        .header("x-api-key", ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    for open in ["/metrics", "/health", "/openapi.json"] {
+        let r = s.client.get(s.url(open)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{open}");
+    }
+    let r = s.client.get(s.url("/no/such/route")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let doc: Value = s.get_json("/openapi.json").await;
+    assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
+}
+
+/// SEC-TEN-1: a task, its stream, cancel, status and artifact, and a session, are visible
+/// only to the tenant that made them (404 for others, as if they did not exist); the same
+/// client-chosen ids are separate per tenant; admin keys see all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_see_only_their_own_tasks() {
+    let s = keyed_server().await;
+    let submit = |key: &'static str, text: &'static str| {
+        req(
+            &s,
+            "POST",
+            "/v1/tasks",
+            Some(key),
+            Some(
+                &json!({"task_id": "job-1", "prompt": text, "max_tokens": 40, "session_id": "s1"}),
+            ),
+        )
+        .send()
+    };
+    let r = submit(ALICE, "alice's secret prompt").await.unwrap();
+    assert_eq!(r.status(), 202);
+    for path in [
+        "/v1/tasks/job-1",
+        "/v1/tasks/job-1/stream",
+        "/v1/artifacts/job-1",
+        "/v1/sessions/s1",
+    ] {
+        let r = req(&s, "GET", path, Some(BOB), None).send().await.unwrap();
+        assert_eq!(r.status(), 404, "bob reads {path}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v["code"], "NOT_FOUND");
+        let r = req(&s, "GET", path, Some(OPS), None).send().await.unwrap();
+        assert_eq!(r.status(), 200, "admin reads {path}");
+        if path == "/v1/tasks/job-1/stream" {
+            drop(r);
+        }
+    }
+    let r = req(&s, "POST", "/v1/tasks/job-1/cancel", Some(BOB), None)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404, "bob cannot cancel alice's task");
+    // bob's own job-1 and s1 are his, not alice's
+    let r = submit(BOB, "bob's prompt").await.unwrap();
+    assert_eq!(r.status(), 202);
+    let r = req(&s, "GET", "/v1/tasks/job-1/stream", Some(ALICE), None)
+        .send()
+        .await
+        .unwrap();
+    let ev = read_events(r).await;
+    assert_eq!(
+        ev.last().unwrap().0.event,
+        "end",
+        "alice's task ran to its end"
+    );
+    let a: Value = req(&s, "GET", "/v1/artifacts/job-1", Some(ALICE), None)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let b: Value = req(&s, "GET", "/v1/artifacts/job-1", Some(BOB), None)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_ne!(
+        a["correlation_id"], b["correlation_id"],
+        "two tasks: {a} {b}"
+    );
+    let sa: Value = req(&s, "GET", "/v1/sessions/s1", Some(ALICE), None)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        sa["turns"], 1,
+        "bob's task did not count in alice's session: {sa}"
+    );
+}
+
+/// SEC-AUTH-3: failed attempts are counted by reason and, past the limit, a peer is answered
+/// 429 `AUTH_RATE_LIMITED` with a Retry-After, even with a good key, for the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_attempts_are_counted_and_limited() {
+    let mut cfg = keyed(config(vec![pool("p1", 1)]));
+    cfg.auth.max_failures_per_minute = 3;
+    let s = start(cfg, Duration::from_millis(1)).await;
+    for _ in 0..3 {
+        let r = req(&s, "GET", "/v1/models", Some("wrong"), None)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 401);
+    }
+    let r = req(&s, "GET", "/v1/models", Some(ALICE), None)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "AUTH_RATE_LIMITED");
+    let m = s.metrics().await;
+    assert!(counter(&m, "orchd_auth_failures_total{reason=\"invalid\"}") >= 3.0);
+    assert!(counter(&m, "orchd_auth_failures_total{reason=\"rate_limited\"}") >= 1.0);
+    assert!(!m.contains(ALICE));
+}
+
+/// SEC-WEB-1: a body not sent as JSON is 415 (a web page's "simple" text/plain POST never
+/// runs), a write from a foreign Origin is 403, and CORS answers only configured origins —
+/// with auth off on loopback, where these are the only guard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn browsers_cannot_drive_the_server() {
+    let mut cfg = config(vec![pool("p1", 1)]);
+    cfg.http.cors_allowed_origins = vec!["https://ui.example".into()];
+    let s = start(cfg, Duration::from_millis(1)).await;
+    let r = s
+        .client
+        .post(s.url("/v1/pools/p1/drain"))
+        .header("content-type", "text/plain")
+        .body(r#"{"deadline_ms":0}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "UNSUPPORTED_MEDIA_TYPE");
+    let r = s
+        .client
+        .post(s.url("/v1/chat/completions"))
+        .body(r#"{"messages":[{"role":"user","content":"hi"}]}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415, "no content type");
+    let r = s
+        .client
+        .post(s.url("/v1/pools/p1/resume"))
+        .header("origin", "https://evil.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    // an allowed origin: preflight answered, the write goes through
+    let r = s
+        .client
+        .request(reqwest::Method::OPTIONS, s.url("/v1/tasks"))
+        .header("origin", "https://ui.example")
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization,content-type,x-correlation-id",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "https://ui.example"
+    );
+    let allowed = r.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(allowed.contains("authorization") && allowed.contains("x-correlation-id"));
+    let r = s
+        .client
+        .post(s.url("/v1/tasks"))
+        .header("origin", "https://ui.example")
+        .json(&json!({"prompt": "hi", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    let r = s
+        .client
+        .request(reqwest::Method::OPTIONS, s.url("/v1/tasks"))
+        .header("origin", "https://evil.example")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert!(!r.headers().contains_key("access-control-allow-origin"));
+}
+
+/// SEC-BIND-1: without keys a non-loopback bind is refused, with a message that says what to
+/// do; keys or the explicit insecure switch allow it.
+#[test]
+fn exposing_the_server_without_keys_is_refused() {
+    let factory = || -> Arc<dyn EngineFactory> {
+        Arc::new(ScriptedFactory {
+            delay: Duration::ZERO,
+            ctx: 256,
+        })
+    };
+    let mut cfg = config(vec![pool("p1", 1)]);
+    cfg.bind = "0.0.0.0:0".into();
+    let err = orchestratord::server::build_state(cfg.clone(), factory())
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(
+        err.contains("ORCHD_API_KEYS") && err.contains("--insecure-no-auth"),
+        "{err}"
+    );
+    let mut insecure = cfg.clone();
+    insecure.auth.insecure_no_auth = true;
+    assert!(orchestratord::server::build_state(insecure, factory()).is_ok());
+    assert!(orchestratord::server::build_state(keyed(cfg), factory()).is_ok());
+}
+
+/// SEC-MODEL-1: `POST /engines` loads only regular GGUF files inside the model directories;
+/// `..`, a symlink out, a FIFO, `/etc/passwd` and a missing file get the same answer, and
+/// an engine id may not shadow a served model's name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_load_only_allowed_model_files() {
+    let s = start(config(vec![pool("p1", 1)]), Duration::from_millis(1)).await;
+    let dir = procs_scratch("models");
+    let outside = std::env::temp_dir()
+        .parent()
+        .map(|p| p.to_path_buf())
+        .unwrap_or_else(|| "/".into());
+    let link = dir.join("link.gguf");
+    std::os::unix::fs::symlink("/etc/passwd", &link).unwrap();
+    let fifo = dir.join("fifo.gguf");
+    let _ = std::process::Command::new("mkfifo").arg(&fifo).status();
+    let mut bad = vec![
+        "/etc/passwd".to_string(),
+        "/root/.ssh/id_rsa".to_string(),
+        format!("{}/../../etc/passwd", dir.display()),
+        link.display().to_string(),
+        dir.join("absent.gguf").display().to_string(),
+        outside.join("x.gguf").display().to_string(),
+    ];
+    if fifo.exists() {
+        bad.push(fifo.display().to_string());
+    }
+    for path in bad {
+        let r = s
+            .post("/engines", &json!({"engine_id": "e", "model_path": path}))
+            .await;
+        assert_eq!(r.status(), 400, "{path}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            v["error"]["message"], "model_path: not an allowed model path",
+            "{path}"
+        );
+    }
+    let text = dir.join("text.gguf");
+    std::fs::write(&text, "not a model").unwrap();
+    let v: Value = s
+        .post("/engines", &json!({"engine_id": "e", "model_path": text}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["error"]["message"], "model_path: not a GGUF model");
+    let ok = fake_gguf("allowed");
+    let r = s
+        .post(
+            "/engines",
+            &json!({"engine_id": "scripted-model", "model_path": ok}),
+        )
+        .await;
+    assert_eq!(r.status(), 409, "shadows the pools' alias");
+    let r = s
+        .post("/engines", &json!({"engine_id": "e2", "model_path": ok}))
+        .await;
+    assert_eq!(r.status(), 201);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn procs_scratch(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("orchd-sec-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Loads like the scripted factory, after a pause (a big model).
+struct SlowFactory(ScriptedFactory, Duration);
+
+impl EngineFactory for SlowFactory {
+    fn load(&self, spec: &PoolSpec, model_ref: &str) -> Result<Arc<dyn Engine>, PortError> {
+        std::thread::sleep(self.1);
+        self.0.load(spec, model_ref)
+    }
+}
+
+/// SEC-JOB-1: a reload whose client goes away at once still finishes (the job belongs to the
+/// server): the pool serves the new model and takes the next drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_outlives_its_client() {
+    let factory = SlowFactory(
+        ScriptedFactory {
+            delay: Duration::from_millis(1),
+            ctx: 256,
+        },
+        Duration::from_millis(600),
+    );
+    let s = start_with(config(vec![pool("p1", 1)]), Arc::new(factory)).await;
+    let v2 = fake_gguf("reload-v2");
+    let quick = reqwest::Client::builder()
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let r = quick
+        .post(s.url("/v1/pools/p1/reload"))
+        .json(&json!({"new_model_ref": v2}))
+        .send()
+        .await;
+    assert!(r.is_err(), "the client gave up before the load ended");
+    let done = support::procs::eventually(Duration::from_secs(10), || async {
+        let h: Value = s.get_json("/v1/pools/p1/health").await;
+        h["state"] == "ready" && h["model_ref"] == v2.display().to_string()
+    })
+    .await;
+    assert!(done, "the reload finished without its client");
+    let r = s
+        .post("/v1/pools/p1/drain", &json!({"deadline_ms": 100}))
+        .await;
+    assert_eq!(r.status(), 202, "not stuck in reloading");
+}
+
+/// SEC-CONN-1: a client that never finishes its request head is cut off after
+/// `http.header_read_timeout_ms`, and at most `http.max_connections` connections are served
+/// at once: the next waits until one closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_and_surplus_connections_are_bounded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+    let mut cfg = config(vec![pool("p1", 1)]);
+    cfg.http.header_read_timeout_ms = 1000;
+    cfg.http.max_connections = 2;
+    let s = start(cfg, Duration::from_millis(1)).await;
+    let addr = s.base.trim_start_matches("http://").to_string();
+    // a head that never ends: closed after the timeout
+    let mut slow = TcpStream::connect(&addr).await.unwrap();
+    slow.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), slow.read_to_end(&mut buf)).await;
+    assert!(read.is_ok(), "the slow client was cut off");
+    // two connections that say nothing hold both places (for the header timeout)
+    let a = TcpStream::connect(&addr).await.unwrap();
+    let _b = TcpStream::connect(&addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut third = TcpStream::connect(&addr).await.unwrap();
+    third
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    let early = tokio::time::timeout(Duration::from_millis(150), third.read_exact(&mut head)).await;
+    assert!(
+        early.is_err(),
+        "answered while two connections held every place"
+    );
+    drop(a);
+    let later = tokio::time::timeout(Duration::from_secs(5), third.read_exact(&mut head)).await;
+    assert!(later.is_ok(), "answered once a place was free");
+    assert!(head.starts_with(b"HTTP/1.1"));
+}
