@@ -39,6 +39,13 @@ pub struct GgufTokenizer {
     pre: String,
 }
 
+fn ids_of(t: &Tokenizer, text: &str) -> Result<Vec<u32>> {
+    let enc = t
+        .encode_fast(text, false)
+        .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
+    Ok(enc.get_ids().to_vec())
+}
+
 fn str_array<'a>(md: &'a HashMap<String, Value>, key: &str) -> Result<Vec<&'a str>> {
     let Some(Value::Array(items)) = md.get(key) else {
         return Err(EngineError::Tokenizer(format!("metadata {key} is missing")));
@@ -211,40 +218,24 @@ impl GgufTokenizer {
         })
     }
 
-    /// Token ids of `text`; special tokens written in the text are recognised.
+    /// Token ids of `text`; special tokens written in the text are recognised. BOS first when
+    /// the model wants it.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-        let mut ids = Vec::with_capacity(enc.len() + 1);
-        if self.add_bos {
-            if let Some(b) = self.bos_id {
-                ids.push(b);
-            }
-        }
-        ids.extend_from_slice(enc.get_ids());
+        let mut ids: Vec<u32> = self.bos().into_iter().collect();
+        ids.extend(self.encode_markup(text)?);
         Ok(ids)
     }
 
     /// Token ids of text from a client: special tokens written in it are plain text, so no
     /// one can forge a turn or an end of text. No BOS is added (see [`Self::bos`]).
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .plain
-            .encode_fast(text, false)
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-        Ok(enc.get_ids().to_vec())
+        ids_of(&self.plain, text)
     }
 
     /// Token ids of text the server itself wrote (a chat template's markup): special tokens
     /// are recognised. No BOS is added.
     pub fn encode_markup(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode_fast(text, false)
-            .map_err(|e| EngineError::Tokenizer(e.to_string()))?;
-        Ok(enc.get_ids().to_vec())
+        ids_of(&self.inner, text)
     }
 
     /// The BOS id when the model wants one before every prompt.

@@ -54,7 +54,8 @@ struct WorkerArgs {
     /// Requests at once (default: the pools' slots, or 4 with --backend-url).
     #[arg(long)]
     max_concurrent: Option<u32>,
-    /// Forward to this OpenAI-compatible server instead of loading models here.
+    /// Forward to this OpenAI-compatible server instead of loading models here (its API key,
+    /// if it wants one, from env ORCHD_BACKEND_API_KEY).
     #[arg(long)]
     backend_url: Option<String>,
     /// Models to announce with --backend-url (comma-separated; default: its /v1/models).
@@ -125,6 +126,9 @@ fn init_logs() {
         .init();
 }
 
+/// The key a worker sends to its `--backend-url` server as a bearer token.
+const BACKEND_KEY_ENV: &str = "ORCHD_BACKEND_API_KEY";
+
 async fn run_worker(cfg: Config, w: WorkerArgs, bind: Option<String>) -> anyhow::Result<()> {
     init_logs();
     if bind.is_some() && w.backend_url.is_some() {
@@ -139,6 +143,8 @@ async fn run_worker(cfg: Config, w: WorkerArgs, bind: Option<String>) -> anyhow:
         Some(url) => BackendChoice::Url {
             url,
             models: w.models,
+            // the backend's key, from the environment only (never a flag: `ps` shows those)
+            api_key: std::env::var(BACKEND_KEY_ENV).ok().filter(|k| !k.is_empty()),
         },
         None => BackendChoice::Local(Box::new(cfg), Arc::new(CandleFactory)),
     };

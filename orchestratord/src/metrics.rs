@@ -35,6 +35,8 @@ pub const POOL_LOAD_SECONDS: &str = "orchd_pool_model_load_seconds";
 pub const POOL_CIRCUIT_OPEN: &str = "orchd_pool_circuit_open";
 pub const POOL_PROMPT_REUSED: &str = "orchd_pool_prompt_tokens_reused_total";
 pub const POOL_PROMPT_CACHE_BYTES: &str = "orchd_pool_prompt_cache_bytes";
+/// What the prompt-cache series' names start with (shown to admin keys only, SEC-TEN-1).
+pub const PROMPT_CACHE_PREFIX: &str = "orchd_pool_prompt_";
 pub const WORKERS_CONNECTED: &str = "orchd_workers_connected";
 pub const WORKER_DISCONNECTS: &str = "orchd_worker_disconnects_total";
 pub const WORKER_AUTH_FAILURES: &str = "orchd_worker_auth_failures_total";

@@ -257,7 +257,7 @@ async fn limits_disconnects_and_timeouts() {
     let mut cfg = hs_config(2);
     cfg.hyperswarm.max_clients = 2;
     cfg.hyperswarm.no_progress_timeout_ms = 300;
-    cfg.hyperswarm.idle_timeout_ms = 600;
+    cfg.hyperswarm.idle_timeout_ms = 1500;
     cfg.timeouts.idle_ms = 10_000;
     let s = start(cfg, Duration::from_millis(10)).await;
     let mut a = Peer::connect(&s).await;
@@ -267,7 +267,8 @@ async fn limits_disconnects_and_timeouts() {
     b.send_json(json!({"type": "chat_start", "request_id": "d", "payload": {"prompt": "x", "max_tokens": 200}}))
         .await;
     assert_eq!(b.expect().await["type"], "chat_chunk");
-    // full: the newcomer takes idle a's place, never busy b's
+    // full: the newcomer takes idle a's place (idle a second or more), never busy b's
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     let mut c = Peer::connect(&s).await;
     assert_eq!(c.expect().await["type"], "server_info");
     let evicted = a.expect().await;

@@ -51,6 +51,12 @@ fn req(
     r
 }
 
+/// The JSON body of a GET with `key`.
+async fn get_as(s: &TestServer, path: &str, key: &str) -> Value {
+    let r = req(s, "GET", path, Some(key), None).send().await.unwrap();
+    r.json().await.unwrap()
+}
+
 /// The error code of either body shape.
 fn code_of(v: &Value) -> String {
     v["error"]["code"]
@@ -163,6 +169,18 @@ async fn every_route_needs_the_right_key() {
     }
     let r = s.client.get(s.url("/no/such/route")).send().await.unwrap();
     assert_eq!(r.status(), 401);
+    // prompt-cache series would tell a tenant what others sent: admin keys only (SEC-TEN-1)
+    for (key, shown) in [(None, false), (Some(ALICE), false), (Some(OPS), true)] {
+        let text = req(&s, "GET", "/metrics", key, None)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(text.contains("orchd_tasks_enqueued_total"));
+        assert_eq!(text.contains("orchd_pool_prompt_"), shown, "{key:?}");
+    }
     let doc: Value = s.get_json("/openapi.json").await;
     assert!(doc["components"]["securitySchemes"]["bearer"].is_object());
 }
@@ -221,31 +239,13 @@ async fn tenants_see_only_their_own_tasks() {
         "end",
         "alice's task ran to its end"
     );
-    let a: Value = req(&s, "GET", "/v1/artifacts/job-1", Some(ALICE), None)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let b: Value = req(&s, "GET", "/v1/artifacts/job-1", Some(BOB), None)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let a = get_as(&s, "/v1/artifacts/job-1", ALICE).await;
+    let b = get_as(&s, "/v1/artifacts/job-1", BOB).await;
     assert_ne!(
         a["correlation_id"], b["correlation_id"],
         "two tasks: {a} {b}"
     );
-    let sa: Value = req(&s, "GET", "/v1/sessions/s1", Some(ALICE), None)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let sa = get_as(&s, "/v1/sessions/s1", ALICE).await;
     assert_eq!(
         sa["turns"], 1,
         "bob's task did not count in alice's session: {sa}"

@@ -34,37 +34,27 @@ async fn keys_never_reach_the_log() {
     .await;
     let c = reqwest::Client::new();
     let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
-    let r = c
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(DATA_KEY)
-        .json(&chat)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
-    let r = c
-        .post(format!("{base}/v1/chat/completions"))
-        .bearer_auth(WRONG_KEY)
-        .json(&chat)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 401);
-    let r = c
-        .post(format!("{base}/v1/pools/p1/drain"))
-        .header("x-api-key", DATA_KEY)
-        .json(&json!({"deadline_ms": 0}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 403);
-    let r = c
-        .get(format!("{base}/v1/pools"))
-        .bearer_auth(ADMIN_KEY)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let drain = json!({"deadline_ms": 0});
+    // (path, body, header, key, expected status)
+    let calls = [
+        ("/v1/chat/completions", Some(&chat), "authorization", DATA_KEY, 200),
+        ("/v1/chat/completions", Some(&chat), "authorization", WRONG_KEY, 401),
+        ("/v1/pools/p1/drain", Some(&drain), "x-api-key", DATA_KEY, 403),
+        ("/v1/pools", None, "authorization", ADMIN_KEY, 200),
+    ];
+    for (path, body, header, key, expected) in calls {
+        let value = if header == "authorization" {
+            format!("Bearer {key}")
+        } else {
+            key.to_string()
+        };
+        let r = match body {
+            Some(b) => c.post(format!("{base}{path}")).json(b),
+            None => c.get(format!("{base}{path}")),
+        };
+        let r = r.header(header, value).send().await.unwrap();
+        assert_eq!(r.status(), expected, "{path}");
+    }
     let metrics = c
         .get(format!("{base}/metrics"))
         .send()

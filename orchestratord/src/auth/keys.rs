@@ -45,6 +45,8 @@ pub struct Principal {
 
 /// The tenant of every caller while auth is off (loopback without keys).
 pub const LOCAL_TENANT: &str = "local";
+/// The tenant of an orchestrator's requests run by this process as its remote worker.
+pub const REMOTE_TENANT: &str = "orchestrator";
 
 impl Principal {
     /// The caller while no key is configured: one tenant that may do everything.
@@ -52,6 +54,14 @@ impl Principal {
         Self {
             tenant: LOCAL_TENANT.into(),
             scope: Scope::Admin,
+        }
+    }
+
+    /// A caller inside this process (a worker's in-process backend), with data scope.
+    pub fn in_process(tenant: &str) -> Self {
+        Self {
+            tenant: tenant.into(),
+            scope: Scope::Data,
         }
     }
 

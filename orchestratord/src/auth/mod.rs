@@ -202,6 +202,11 @@ pub async fn middleware(
     if let Some(refused) = hygiene(auth, &req, shape) {
         return refused;
     }
+    // a principal already on the request was put there in this process (a worker's
+    // in-process backend): requests from sockets never carry one
+    if req.extensions().get::<Principal>().is_some() {
+        return next.run(req).await;
+    }
     if !auth.enabled() {
         req.extensions_mut().insert(Principal::local());
         return next.run(req).await;
@@ -213,6 +218,11 @@ pub async fn middleware(
         Access::Admin => Some(Scope::Admin),
     };
     let Some(needed) = needed else {
+        // an open route: a valid key, when one comes, still says who is asking (`/metrics`
+        // shows prompt-cache series to admins only)
+        if let Some(p) = presented_key(req.headers()).and_then(|k| auth.keys.verify(k)) {
+            req.extensions_mut().insert(p);
+        }
         return next.run(req).await;
     };
     let peer = peer_of(&req);

@@ -3,18 +3,32 @@
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use axum::Json;
+use axum::{Extension, Json};
 
+use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
 use crate::openapi;
 use crate::state::SharedState;
 
-pub async fn metrics(State(state): State<SharedState>) -> impl IntoResponse {
+/// The Prometheus text. Prompt-cache series (how many prompt tokens came from a cache) would
+/// tell a tenant whether a prefix it guessed was sent by another, so with keys configured
+/// they are shown to admin keys only.
+pub async fn metrics(
+    State(state): State<SharedState>,
+    principal: Option<Extension<Principal>>,
+) -> impl IntoResponse {
     state.publish_pool_gauges();
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        state.metrics.render(),
-    )
+    let text = state.metrics.render();
+    let admin = principal.is_some_and(|Extension(p)| p.scope == Scope::Admin);
+    let body = if admin || !state.auth.enabled() {
+        text
+    } else {
+        text.lines()
+            .filter(|l| !l.contains(crate::metrics::PROMPT_CACHE_PREFIX))
+            .flat_map(|l| [l, "\n"])
+            .collect()
+    };
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }
 
 pub async fn openapi_json() -> impl IntoResponse {

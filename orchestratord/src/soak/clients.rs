@@ -480,7 +480,9 @@ async fn hyperswarm(
         .map_err(|e| e.to_string())?;
     let (r, mut w) = conn.into_split();
     let mut lines = BufReader::new(r).lines();
-    w.write_all(b"{\"type\":\"_peer\",\"payload\":{\"public_key\":\"50a4\"}}\n")
+    // a peer of its own: the host takes one connection per public key
+    let peer = json!({"type": "_peer", "payload": {"public_key": format!("{:08x}", rng.below(1 << 30))}});
+    w.write_all(format!("{peer}\n").as_bytes())
         .await
         .map_err(|e| e.to_string())?;
     let info = read_msg(&mut lines).await?;

@@ -107,7 +107,11 @@ impl Backend {
         };
         match self {
             Self::Local { router, .. } => {
-                let mut req = axum::http::Request::post(path);
+                // an in-process caller: the orchestrator's requests came through the worker
+                // secret, not an API key (the auth middleware takes this principal as is)
+                let mut req = axum::http::Request::post(path).extension(
+                    crate::auth::Principal::in_process(crate::auth::keys::REMOTE_TENANT),
+                );
                 for (k, v) in pass() {
                     req = req.header(k.as_str(), v.as_str());
                 }

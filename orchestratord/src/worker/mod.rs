@@ -37,8 +37,13 @@ pub struct WorkerOptions {
 pub enum BackendChoice {
     /// Load the pools of this config in process (the candle engine).
     Local(Box<Config>, Arc<dyn EngineFactory>),
-    /// Forward to an OpenAI-compatible server; announce `models` (empty: its `/v1/models`).
-    Url { url: String, models: Vec<String> },
+    /// Forward to an OpenAI-compatible server; announce `models` (empty: its `/v1/models`);
+    /// send `api_key` as its bearer token when it wants one.
+    Url {
+        url: String,
+        models: Vec<String>,
+        api_key: Option<String>,
+    },
 }
 
 /// Builds the backend (loading local pools first).
@@ -50,11 +55,24 @@ pub async fn backend(choice: BackendChoice) -> anyhow::Result<Arc<Backend>> {
             let router = crate::server::router(state.clone());
             Backend::Local { state, router }
         }
-        BackendChoice::Url { url, models } => Backend::Http {
-            client: reqwest::Client::new(),
-            base: url.trim_end_matches('/').to_string(),
+        BackendChoice::Url {
+            url,
             models,
-        },
+            api_key,
+        } => {
+            let mut headers = reqwest::header::HeaderMap::new();
+            if let Some(key) = api_key {
+                let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
+                    .map_err(|_| anyhow::anyhow!("the backend API key is not a valid header value"))?;
+                v.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, v);
+            }
+            Backend::Http {
+                client: reqwest::Client::builder().default_headers(headers).build()?,
+                base: url.trim_end_matches('/').to_string(),
+                models,
+            }
+        }
     }))
 }
 

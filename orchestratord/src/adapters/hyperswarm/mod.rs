@@ -87,13 +87,16 @@ fn machine_name() -> String {
         .unwrap_or_else(|| "orchestratord".into())
 }
 
+/// A connection idle this long may be evicted for a newcomer when the host is full.
+const MIN_IDLE_TO_EVICT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Serves a listener with the host protocol (the sidecar's target; tests use it directly).
 /// At most `max_clients` connections: when full, the connection idle the longest makes room
 /// (it is told why and closed); when every one has a request running, the newcomer is
 /// refused.
 pub async fn accept_loop(host: Arc<Host>, listener: TcpListener) {
     let max = host.cfg.max_clients;
-    let peers = peers::Peers::new(max);
+    let peers = peers::Peers::new(max, MIN_IDLE_TO_EVICT);
     loop {
         let accepted = tokio::select! {
             a = listener.accept() => a,

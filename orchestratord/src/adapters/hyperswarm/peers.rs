@@ -1,10 +1,10 @@
 //! The host's connections, for its limits: at most `max_clients` at once, and when full a
-//! newcomer takes the place of the connection idle the longest (one with no request running)
-//! rather than being refused; at most one connection per remote public key at a time (the
+//! newcomer takes the place of the connection idle the longest (no request running, idle for
+//! at least a second) rather than being refused; at most one connection per remote public key at a time (the
 //! sidecar's `_peer` line says whose it is).
 
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +26,9 @@ struct Inner {
 /// Every live connection of the host.
 pub struct Peers {
     max: usize,
+    /// A connection idle for less than this is not evicted (a burst of newcomers does not
+    /// push out a peer that has just connected and is about to ask).
+    min_idle: Duration,
     inner: Mutex<Inner>,
 }
 
@@ -41,9 +44,10 @@ pub struct PeerHandle {
 pub struct AlreadyConnected;
 
 impl Peers {
-    pub fn new(max: usize) -> Arc<Self> {
+    pub fn new(max: usize, min_idle: Duration) -> Arc<Self> {
         Arc::new(Self {
             max: max.max(1),
+            min_idle,
             inner: Mutex::new(Inner::default()),
         })
     }
@@ -60,7 +64,11 @@ impl Peers {
             let idle = g
                 .entries
                 .iter()
-                .filter(|e| e.running == 0 && !e.evict.is_cancelled())
+                .filter(|e| {
+                    e.running == 0
+                        && !e.evict.is_cancelled()
+                        && e.last_activity.elapsed() >= self.min_idle
+                })
                 .min_by_key(|e| e.last_activity)?;
             idle.evict.cancel();
             let gone = idle.id;
@@ -135,7 +143,7 @@ mod tests {
     /// one connection per key.
     #[test]
     fn idle_connections_make_room_and_keys_are_unique() {
-        let peers = Peers::new(2);
+        let peers = Peers::new(2, Duration::ZERO);
         let a = peers.admit().unwrap();
         std::thread::sleep(std::time::Duration::from_millis(5));
         let b = peers.admit().unwrap();
@@ -156,6 +164,10 @@ mod tests {
         // both busy: refused
         c.update(1);
         assert!(peers.admit().is_none());
+        // a connection idle for less than the minimum is not evicted
+        let young = Peers::new(1, Duration::from_secs(60));
+        let _first = young.admit().unwrap();
+        assert!(young.admit().is_none());
         // k1 is free again once its connection left
         c.set_key("k1").unwrap();
         drop(b);
