@@ -179,6 +179,15 @@ fn secured(mut doc: utoipa::openapi::OpenApi, error_schema: &str) -> utoipa::ope
                 }
                 .into(),
             );
+            // a 429 an operation already documents (a full queue) has the same body shape
+            r.entry("429".into()).or_insert_with(|| {
+                error(
+                    "AUTH_RATE_LIMITED: too many failed authentications from this address (with Retry-After)",
+                    "AUTH_RATE_LIMITED",
+                    "too many failed authentications from this address",
+                )
+                .into()
+            });
             if op.request_body.is_some() {
                 r.insert(
                     "415".into(),
