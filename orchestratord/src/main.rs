@@ -144,7 +144,9 @@ async fn run_worker(cfg: Config, w: WorkerArgs, bind: Option<String>) -> anyhow:
             url,
             models: w.models,
             // the backend's key, from the environment only (never a flag: `ps` shows those)
-            api_key: std::env::var(BACKEND_KEY_ENV).ok().filter(|k| !k.is_empty()),
+            api_key: std::env::var(BACKEND_KEY_ENV)
+                .ok()
+                .filter(|k| !k.is_empty()),
         },
         None => BackendChoice::Local(Box::new(cfg), Arc::new(CandleFactory)),
     };

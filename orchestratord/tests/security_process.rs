@@ -37,9 +37,27 @@ async fn keys_never_reach_the_log() {
     let drain = json!({"deadline_ms": 0});
     // (path, body, header, key, expected status)
     let calls = [
-        ("/v1/chat/completions", Some(&chat), "authorization", DATA_KEY, 200),
-        ("/v1/chat/completions", Some(&chat), "authorization", WRONG_KEY, 401),
-        ("/v1/pools/p1/drain", Some(&drain), "x-api-key", DATA_KEY, 403),
+        (
+            "/v1/chat/completions",
+            Some(&chat),
+            "authorization",
+            DATA_KEY,
+            200,
+        ),
+        (
+            "/v1/chat/completions",
+            Some(&chat),
+            "authorization",
+            WRONG_KEY,
+            401,
+        ),
+        (
+            "/v1/pools/p1/drain",
+            Some(&drain),
+            "x-api-key",
+            DATA_KEY,
+            403,
+        ),
         ("/v1/pools", None, "authorization", ADMIN_KEY, 200),
     ];
     for (path, body, header, key, expected) in calls {

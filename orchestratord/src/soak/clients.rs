@@ -481,7 +481,8 @@ async fn hyperswarm(
     let (r, mut w) = conn.into_split();
     let mut lines = BufReader::new(r).lines();
     // a peer of its own: the host takes one connection per public key
-    let peer = json!({"type": "_peer", "payload": {"public_key": format!("{:08x}", rng.below(1 << 30))}});
+    let peer =
+        json!({"type": "_peer", "payload": {"public_key": format!("{:08x}", rng.below(1 << 30))}});
     w.write_all(format!("{peer}\n").as_bytes())
         .await
         .map_err(|e| e.to_string())?;

@@ -63,12 +63,16 @@ pub async fn backend(choice: BackendChoice) -> anyhow::Result<Arc<Backend>> {
             let mut headers = reqwest::header::HeaderMap::new();
             if let Some(key) = api_key {
                 let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {key}"))
-                    .map_err(|_| anyhow::anyhow!("the backend API key is not a valid header value"))?;
+                    .map_err(|_| {
+                        anyhow::anyhow!("the backend API key is not a valid header value")
+                    })?;
                 v.set_sensitive(true);
                 headers.insert(reqwest::header::AUTHORIZATION, v);
             }
             Backend::Http {
-                client: reqwest::Client::builder().default_headers(headers).build()?,
+                client: reqwest::Client::builder()
+                    .default_headers(headers)
+                    .build()?,
                 base: url.trim_end_matches('/').to_string(),
                 models,
             }
