@@ -79,26 +79,33 @@ pub struct TaskRequest {
     pub seed: Option<u64>,
     /// 0 = greedy (default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 100.0)]
     pub temperature: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub min_p: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopField>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(exclusive_minimum = 0.0, maximum = 10.0)]
     pub repetition_penalty: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub presence_penalty: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f32>,
     /// Pin override: run on this pool only, never elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_id: Option<String>,
     /// The task must finish within this many ms of submission; infeasible ones are refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
     pub deadline_ms: Option<u64>,
     /// Output packaging hint (`text` | `json` | `edits`); unknown values are ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]

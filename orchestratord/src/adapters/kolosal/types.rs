@@ -12,7 +12,8 @@ pub struct AddEngine {
     pub engine_id: String,
     /// A GGUF file on the server's disk.
     pub model_path: String,
-    /// Context per slot (default 4096, at most the configured limit and the model's trained context).
+    /// Context per slot (default 4096, at least 128, at most the configured limit and the model's trained context).
+    #[schema(minimum = 128)]
     pub n_ctx: Option<usize>,
     /// Layers to offload: any value above 0 runs the whole model on `main_gpu_id` in a build
     /// with the `cuda` feature; CPU builds run on the CPU and report 0.

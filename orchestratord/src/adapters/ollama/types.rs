@@ -18,7 +18,9 @@ pub struct ChatRequest {
     pub messages: Vec<Message>,
     #[serde(default)]
     pub stream: bool,
+    #[schema(minimum = 0.0, maximum = 100.0)]
     pub temperature: Option<f32>,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f32>,
     /// Tokens to generate at most (server default when absent).
     pub max_tokens: Option<u32>,

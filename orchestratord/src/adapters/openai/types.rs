@@ -30,14 +30,18 @@ pub struct ChatRequest {
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
+    #[schema(minimum = 0.0, maximum = 100.0)]
     pub temperature: Option<f32>,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f32>,
     pub max_tokens: Option<u32>,
     /// Wins over `max_tokens` when both are given.
     pub max_completion_tokens: Option<u32>,
     pub seed: Option<u64>,
     pub stop: Option<StopField>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub presence_penalty: Option<f32>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f32>,
     /// Only 1 is supported.
     pub n: Option<u32>,
@@ -45,7 +49,9 @@ pub struct ChatRequest {
     pub user: Option<String>,
     /// Sampling extensions (llama.cpp's and vLLM's names): 0 disables top-k.
     pub top_k: Option<u32>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub min_p: Option<f32>,
+    #[schema(exclusive_minimum = 0.0, maximum = 10.0)]
     pub repetition_penalty: Option<f32>,
     /// Continue the final assistant turn instead of answering after it (vLLM's parameter).
     pub continue_final_message: Option<bool>,
@@ -73,13 +79,17 @@ pub struct CompletionRequest {
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
+    #[schema(minimum = 0.0, maximum = 100.0)]
     pub temperature: Option<f32>,
+    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
     pub top_p: Option<f32>,
     /// Default 16, as OpenAI's.
     pub max_tokens: Option<u32>,
     pub seed: Option<u64>,
     pub stop: Option<StopField>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub presence_penalty: Option<f32>,
+    #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f32>,
     /// Only 1 is supported.
     pub n: Option<u32>,
@@ -91,7 +101,9 @@ pub struct CompletionRequest {
     pub user: Option<String>,
     /// Sampling extensions (llama.cpp's and vLLM's names): 0 disables top-k.
     pub top_k: Option<u32>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
     pub min_p: Option<f32>,
+    #[schema(exclusive_minimum = 0.0, maximum = 10.0)]
     pub repetition_penalty: Option<f32>,
     /// Fields of OpenAI's API not implemented here: refused unless neutral.
     #[serde(flatten)]
