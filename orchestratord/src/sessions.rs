@@ -146,13 +146,23 @@ impl SessionStore {
         }
     }
 
-    /// The session `id` of `owner`, or with `owner` `None` (an admin) of any tenant.
-    pub fn info(&self, owner: Option<&str>, id: &str) -> Option<SessionInfo> {
+    /// The key of session `id`: `owner`'s, or with `any_tenant` (an admin), when `owner` has
+    /// none, another tenant's.
+    fn find(map: &HashMap<Key, Session>, owner: &str, id: &str, any_tenant: bool) -> Option<Key> {
+        let own = key(owner, id);
+        if map.contains_key(&own) {
+            return Some(own);
+        }
+        if any_tenant {
+            return map.keys().find(|(_, i)| i == id).cloned();
+        }
+        None
+    }
+
+    /// The session `id` of `owner` (see [`Self::find`] for admins).
+    pub fn info(&self, owner: &str, id: &str, any_tenant: bool) -> Option<SessionInfo> {
         let map = self.lock();
-        let s = match owner {
-            Some(o) => map.get(&key(o, id))?,
-            None => map.iter().find(|((_, i), _)| i == id).map(|(_, s)| s)?,
-        };
+        let s = map.get(&Self::find(&map, owner, id, any_tenant)?)?;
         let idle = s.last_used.elapsed();
         if idle >= self.ttl() {
             return None;
@@ -176,17 +186,13 @@ impl SessionStore {
         })
     }
 
-    /// Forgets the session `id` of `owner` (`None`: of any tenant, for admins).
-    pub fn delete(&self, owner: Option<&str>, id: &str) -> bool {
+    /// Forgets the session `id` of `owner` (see [`Self::find`] for admins).
+    pub fn delete(&self, owner: &str, id: &str, any_tenant: bool) -> bool {
         let mut map = self.lock();
-        let k = match owner {
-            Some(o) => key(o, id),
-            None => match map.keys().find(|(_, i)| i == id) {
-                Some(k) => k.clone(),
-                None => return false,
-            },
-        };
-        map.remove(&k).is_some()
+        match Self::find(&map, owner, id, any_tenant) {
+            Some(k) => map.remove(&k).is_some(),
+            None => false,
+        }
     }
 
     /// Forgets sessions unused past their TTL (called periodically).
@@ -221,12 +227,14 @@ mod tests {
         ));
         s.settle("t", "a", 40, 10);
         s.reserve("t", "a", 50).unwrap();
-        assert_eq!(s.info(Some("t"), "a").unwrap().tokens_used, 70);
+        assert_eq!(s.info("t", "a", false).unwrap().tokens_used, 70);
         // another tenant's "a" is another session, and cannot read this one
         s.reserve("u", "a", 100).unwrap();
-        assert_eq!(s.info(Some("u"), "a").unwrap().tokens_used, 100);
-        assert!(s.info(Some("v"), "a").is_none());
-        assert!(!s.delete(Some("v"), "a"));
+        assert_eq!(s.info("u", "a", false).unwrap().tokens_used, 100);
+        assert!(s.info("v", "a", false).is_none());
+        assert!(!s.delete("v", "a", false));
+        // an admin finds another tenant's session
+        assert!(s.info("admin", "a", true).is_some());
     }
 
     #[test]

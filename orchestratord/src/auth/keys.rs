@@ -65,14 +65,9 @@ impl Principal {
         }
     }
 
-    /// Whether this caller may see what `owner` made (its own, or everything for admins).
-    pub fn sees(&self, owner: &str) -> bool {
-        self.scope == Scope::Admin || self.tenant == owner
-    }
-
-    /// The owner to look things up under: `None` (any) for admins.
-    pub fn lookup_owner(&self) -> Option<&str> {
-        (self.scope != Scope::Admin).then_some(self.tenant.as_str())
+    /// Whether this caller may look at every tenant's tasks and sessions (admins).
+    pub fn sees_all(&self) -> bool {
+        self.scope == Scope::Admin
     }
 }
 

@@ -366,7 +366,7 @@ pub async fn admit(
         ));
     }
     if let Some(id) = &req.task_id {
-        if let Some(existing) = state.tasks.get(Some(owner), id) {
+        if let Some(existing) = state.tasks.get(owner, id, false) {
             let pos = state.queue.position(&existing).unwrap_or(0);
             return Ok((admission_of(&existing, pos, 0, 0), existing, false));
         }

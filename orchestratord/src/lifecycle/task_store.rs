@@ -43,14 +43,17 @@ impl TaskStore {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The task `id` of `owner`, or with `owner` `None` (an admin) of any
-    /// tenant's first).
-    pub fn get(&self, owner: Option<&str>, id: &str) -> Option<Arc<Task>> {
+    /// The task `id` of `owner`; with `any_tenant` (an admin), when `owner` has none, the
+    /// first of another tenant's. The owner's own is a map lookup: only an admin's miss scans.
+    pub fn get(&self, owner: &str, id: &str, any_tenant: bool) -> Option<Arc<Task>> {
         let map = self.lock();
-        match owner {
-            Some(o) => map.get(&(o.to_string(), id.to_string())).cloned(),
-            None => map.values().find(|t| t.id == id).cloned(),
+        if let Some(t) = map.get(&(owner.to_string(), id.to_string())) {
+            return Some(t.clone());
         }
+        if any_tenant {
+            return map.values().find(|t| t.id == id).cloned();
+        }
+        None
     }
 
     pub fn len(&self) -> usize {

@@ -26,7 +26,7 @@ pub async fn get(
 ) -> Result<Json<TaskRecord>, ApiError> {
     state
         .tasks
-        .get(caller.principal.lookup_owner(), &id)
+        .get(caller.tenant(), &id, caller.principal.sees_all())
         .map(|t| Json(t.record()))
         .ok_or_else(|| ApiError::not_found("artifact", &id))
 }

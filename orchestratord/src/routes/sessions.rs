@@ -26,7 +26,7 @@ pub async fn get(
 ) -> Result<Json<SessionInfo>, ApiError> {
     state
         .sessions
-        .info(caller.principal.lookup_owner(), &id)
+        .info(caller.tenant(), &id, caller.principal.sees_all())
         .map(Json)
         .ok_or_else(|| ApiError::not_found("session", &id))
 }
@@ -45,7 +45,10 @@ pub async fn delete(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if state.sessions.delete(caller.principal.lookup_owner(), &id) {
+    if state
+        .sessions
+        .delete(caller.tenant(), &id, caller.principal.sees_all())
+    {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found("session", &id))

@@ -49,7 +49,7 @@ pub fn visible_task(
 ) -> Result<std::sync::Arc<crate::lifecycle::task::Task>, ApiError> {
     state
         .tasks
-        .get(caller.principal.lookup_owner(), id)
+        .get(caller.tenant(), id, caller.principal.sees_all())
         .ok_or_else(|| ApiError::not_found("task", id))
 }
 
