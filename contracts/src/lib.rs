@@ -16,7 +16,7 @@ pub use capabilities::{Capabilities, HyperswarmCapability, PoolCapability, Queue
 pub use error::{ErrorCode, ErrorEnvelope};
 pub use pool::{DrainRequest, PoolHealth, PoolList, PoolMetrics, ReloadRequest, ReloadResponse};
 pub use session::SessionInfo;
-pub use sse::{SseEnd, SseError, SseMetrics, SseStarted, SseToken};
+pub use sse::{SseEnd, SseError, SseEvent, SseMetrics, SseStarted, SseToken};
 pub use task::{
     AdmissionResponse, ChatTurn, Priority, StopField, StreamLinks, TaskRecord, TaskRequest,
     TaskState, TaskStatus, TaskTimings, TerminalEvent, TranscriptEvent,

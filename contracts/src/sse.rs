@@ -5,6 +5,24 @@ use utoipa::ToSchema;
 
 use crate::error::ErrorCode;
 
+/// One event of a `text/event-stream` response, as an SSE reader parses it: the schema of the
+/// items of every streamed response in the OpenAPI documents. `data` carries the payload as
+/// JSON text (each operation names its shape) or the stream's end marker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"event": "token", "id": "3", "data": "{\"i\":0,\"t\":\"Hello\"}"}))]
+pub struct SseEvent {
+    /// The event type; a reader takes an absent one as `message`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event: Option<String>,
+    pub data: String,
+    /// The event id, for `Last-Event-ID` on a reconnect (where the stream can resume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// Reconnection delay the server asks for, in milliseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<u64>,
+}
+
 /// First event of every stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"queue_position": 2, "predicted_start_ms": 840}))]

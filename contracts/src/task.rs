@@ -29,6 +29,7 @@ impl Priority {
 #[serde(deny_unknown_fields)]
 pub struct ChatTurn {
     /// `system` | `user` | `assistant`
+    #[schema(pattern = "^(system|user|assistant)$")]
     pub role: String,
     pub content: String,
 }
@@ -57,20 +58,25 @@ impl StopField {
 pub struct TaskRequest {
     /// Raw prompt text, tokenized as is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1)]
     pub prompt: Option<String>,
     /// Chat turns, rendered with the model's own chat template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_items = 1)]
     pub messages: Option<Vec<ChatTurn>>,
     /// Tokens to generate at most (default from config).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1)]
     pub max_tokens: Option<u32>,
     /// Model to run; defaults to the default pool's model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// Client idempotency key: resubmitting an existing id returns that task.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub task_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub session_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<Priority>,
@@ -82,7 +88,7 @@ pub struct TaskRequest {
     #[schema(minimum = 0.0, maximum = 100.0)]
     pub temperature: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    #[schema(minimum = 1e-6, maximum = 1.0)]
     pub top_p: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_k: Option<u32>,
@@ -92,7 +98,7 @@ pub struct TaskRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop: Option<StopField>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schema(exclusive_minimum = 0.0, maximum = 10.0)]
+    #[schema(minimum = 1e-6, maximum = 10.0)]
     pub repetition_penalty: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = -2.0, maximum = 2.0)]

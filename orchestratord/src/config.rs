@@ -54,9 +54,10 @@ pub struct AdmissionConfig {
     pub pinning_enabled: bool,
     /// Largest request body in bytes (413 `PAYLOAD_TOO_LARGE` beyond).
     pub max_body_bytes: usize,
-    /// Most stop sequences per request, and longest one in bytes.
+    /// Most stop sequences per request, and longest one in characters.
     pub max_stop_sequences: usize,
-    pub max_stop_bytes: usize,
+    #[serde(alias = "max_stop_bytes")]
+    pub max_stop_chars: usize,
     /// Most prompts in one `/v1/completions` request (each becomes a task).
     pub max_prompts_per_request: usize,
     /// Prompts templated and tokenized at once, on blocking threads (0 = one per CPU).
@@ -71,7 +72,7 @@ impl Default for AdmissionConfig {
             pinning_enabled: true,
             max_body_bytes: 1 << 20,
             max_stop_sequences: 8,
-            max_stop_bytes: 128,
+            max_stop_chars: 128,
             max_prompts_per_request: 16,
             tokenize_concurrency: 0,
         }

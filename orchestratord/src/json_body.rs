@@ -40,8 +40,10 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     if std::str::from_utf8(bytes).is_err() {
         return Err(ApiError::invalid("body", "body is not valid UTF-8"));
     }
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let mut value: serde_json::Value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::invalid("body", format!("invalid JSON body: {e}")))?;
+    integral_floats_as_integers(&mut value);
+    serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let field = if path == "." || path == "?" || path.is_empty() {
             named_field(e.inner()).unwrap_or_else(|| "body".to_string())
@@ -53,6 +55,34 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         };
         ApiError::invalid(field, format!("invalid JSON body: {}", e.inner()))
     })
+}
+
+/// 2^64 and -2^63: the integral `f64`s in `[-2^63, 2^64)` are exactly some `u64` or `i64`.
+const U64_END: f64 = 18_446_744_073_709_551_616.0;
+const I64_MIN: f64 = -9_223_372_036_854_775_808.0;
+
+/// JSON Schema's `integer` is any number with a zero fractional part (`16.0` included), and
+/// clients that compute a value in floating point send it that way: every such number becomes
+/// an integer before the typed parse, so integer fields accept it and float fields still do.
+fn integral_floats_as_integers(value: &mut serde_json::Value) {
+    use serde_json::{Number, Value};
+    match value {
+        Value::Number(n) => {
+            let Some(f) = n.as_f64().filter(|_| n.is_f64()) else {
+                return;
+            };
+            if f.is_finite() && f.fract() == 0.0 && (I64_MIN..U64_END).contains(&f) {
+                *n = if f >= 0.0 {
+                    Number::from(f as u64)
+                } else {
+                    Number::from(f as i64)
+                };
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(integral_floats_as_integers),
+        Value::Object(map) => map.values_mut().for_each(integral_floats_as_integers),
+        _ => {}
+    }
 }
 
 fn missing_field(e: &serde_json::Error) -> Option<String> {
@@ -114,5 +144,23 @@ mod tests {
         assert_eq!(field_of(r#"{"model": 3, "messages": []}"#), "model");
         assert!(field_of(r#"{"model": "m", "messages": [{"role": "u", "y": 1}]}"#).ends_with('y'));
         assert_eq!(field_of("{"), "body");
+    }
+
+    #[derive(Debug, serde::Deserialize)]
+    struct Numbers {
+        max_tokens: u32,
+        temperature: f32,
+    }
+
+    /// A number with a zero fraction is an integer (JSON Schema's rule); a fraction is still
+    /// refused for an integer field, and float fields take integers.
+    #[test]
+    fn integral_floats_fill_integer_fields() {
+        let n: Numbers = parse(br#"{"max_tokens": 16.0, "temperature": 1}"#).unwrap();
+        assert_eq!((n.max_tokens, n.temperature), (16, 1.0));
+        let e = parse::<Numbers>(br#"{"max_tokens": 16.5, "temperature": 1}"#).unwrap_err();
+        assert_eq!(e.envelope.field.as_deref(), Some("max_tokens"));
+        let e = parse::<Numbers>(br#"{"max_tokens": -2.0, "temperature": 1}"#).unwrap_err();
+        assert_eq!(e.envelope.field.as_deref(), Some("max_tokens"));
     }
 }

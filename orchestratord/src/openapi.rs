@@ -4,6 +4,7 @@
 use contracts::API_VERSION;
 use utoipa::OpenApi;
 
+use crate::config::Config;
 use crate::{adapters, routes};
 
 #[derive(OpenApi)]
@@ -21,7 +22,7 @@ use crate::{adapters, routes};
     components(schemas(
         contracts::TaskRequest, contracts::AdmissionResponse, contracts::ErrorEnvelope,
         contracts::ErrorCode, contracts::SseStarted, contracts::SseToken, contracts::SseMetrics,
-        contracts::SseEnd, contracts::SseError, contracts::TaskStatus, contracts::TaskRecord,
+        contracts::SseEnd, contracts::SseError, contracts::SseEvent, contracts::TaskStatus, contracts::TaskRecord,
         contracts::SessionInfo,
     )),
     tags((name = "data", description = "Data plane"))
@@ -64,6 +65,7 @@ struct ControlApi;
     ),
     components(schemas(
         adapters::error::ErrorBody, adapters::error::ErrorDetail, contracts::ErrorCode,
+        contracts::SseEvent,
         adapters::openai::types::ChatRequest, adapters::openai::types::ChatResponse,
         adapters::openai::types::Chunk, adapters::openai::types::CompletionRequest,
         adapters::openai::types::CompletionResponse, adapters::openai::types::ModelList,
@@ -204,23 +206,225 @@ fn secured(mut doc: utoipa::openapi::OpenApi, error_schema: &str) -> utoipa::ope
     doc
 }
 
+/// Rules across fields that the derive cannot state, added to a component schema as raw JSON
+/// Schema keywords (utoipa has no `not`, nor `oneOf` beside `properties`): each is exactly the
+/// check the handler makes, so a body these rules accept is never refused for them.
+fn cross_field_rules(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    use serde_json::json;
+    use utoipa::openapi::{schema::Schema, RefOr};
+    let rules = [
+        // the task API: exactly one of `prompt` and `messages` (admission's `prompt_input`)
+        (
+            "TaskRequest",
+            "oneOf",
+            json!([
+                {"required": ["prompt"], "properties": {"prompt": {"type": "string"}}},
+                {"required": ["messages"], "properties": {"messages": {"type": "array"}}},
+            ]),
+        ),
+        // OpenAI chat: `add_generation_prompt`, when given, is the opposite of
+        // `continue_final_message` (absent or null meaning false)
+        (
+            "ChatRequest",
+            "not",
+            json!({"anyOf": [
+                {"required": ["add_generation_prompt", "continue_final_message"],
+                 "properties": {"add_generation_prompt": {"const": true},
+                                "continue_final_message": {"const": true}}},
+                {"required": ["add_generation_prompt"],
+                 "properties": {"add_generation_prompt": {"const": false},
+                                "continue_final_message": {"not": {"const": true}}}},
+            ]}),
+        ),
+    ];
+    let Some(components) = doc.components.as_mut() else {
+        return doc;
+    };
+    for (name, keyword, rule) in rules {
+        let extensions = match components.schemas.get_mut(name) {
+            Some(RefOr::T(Schema::Object(o))) => &mut o.extensions,
+            Some(RefOr::T(Schema::AllOf(a))) => &mut a.extensions,
+            _ => continue,
+        };
+        extensions
+            .get_or_insert_with(Default::default)
+            .insert(keyword.to_string(), rule);
+    }
+    doc
+}
+
+/// The configured limits (so the served document states this server's): the largest
+/// `max_tokens`, the stop sequences' count and length, the prompts of one completions request,
+/// the largest `n_ctx` of an added engine.
+fn configured_limits(mut doc: utoipa::openapi::OpenApi, cfg: &Config) -> utoipa::openapi::OpenApi {
+    let a = &cfg.admission;
+    use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, Type};
+    use utoipa::openapi::RefOr;
+    let Some(components) = doc.components.as_mut() else {
+        return doc;
+    };
+    for name in [
+        "TaskRequest",
+        "ChatRequest",
+        "SeedChatRequest",
+        "CompletionRequest",
+    ] {
+        let objects: Vec<&mut utoipa::openapi::schema::Object> =
+            match components.schemas.get_mut(name) {
+                Some(RefOr::T(Schema::Object(o))) => vec![o],
+                Some(RefOr::T(Schema::AllOf(all))) => all
+                    .items
+                    .iter_mut()
+                    .filter_map(|i| match i {
+                        RefOr::T(Schema::Object(o)) => Some(o),
+                        _ => None,
+                    })
+                    .collect(),
+                _ => vec![],
+            };
+        for o in objects {
+            for field in ["max_tokens", "max_completion_tokens"] {
+                if let Some(RefOr::T(Schema::Object(f))) = o.properties.get_mut(field) {
+                    f.maximum = Some(a.max_tokens_out.into());
+                }
+            }
+        }
+    }
+    let stop = || {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .min_length(Some(1))
+            .max_length(Some(a.max_stop_chars))
+    };
+    if components.schemas.contains_key("StopField") {
+        components.schemas.insert(
+            "StopField".into(),
+            OneOfBuilder::new()
+                .item(stop())
+                .item(
+                    ArrayBuilder::new()
+                        .items(stop())
+                        .max_items(Some(a.max_stop_sequences)),
+                )
+                .description(Some("A stop sequence or a list of them."))
+                .into(),
+        );
+    }
+    if let Some(RefOr::T(Schema::Object(add))) = components.schemas.get_mut("AddEngine") {
+        if let Some(RefOr::T(Schema::Object(n_ctx))) = add.properties.get_mut("n_ctx") {
+            n_ctx.maximum = Some(cfg.engines_api.max_n_ctx.into());
+        }
+    }
+    if let Some(RefOr::T(Schema::OneOf(prompt))) = components.schemas.get_mut("PromptField") {
+        for item in prompt.items.iter_mut() {
+            if let RefOr::T(Schema::Array(many)) = item {
+                many.max_items = Some(a.max_prompts_per_request);
+            }
+        }
+    }
+    doc
+}
+
+/// utoipa writes `u32` and `u64` as `int32` / `int64` with `minimum: 0`, formats that cap them
+/// at the signed maximum, while the server takes the whole unsigned range: such a schema drops
+/// its format and states the unsigned maximum (in components and in operation parameters).
+fn unsigned_ranges(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
+    use utoipa::openapi::schema::{ArrayItems, KnownFormat, Schema, SchemaFormat};
+    use utoipa::openapi::RefOr;
+    use utoipa::Number;
+
+    fn is_integer(t: &utoipa::openapi::schema::SchemaType) -> bool {
+        use utoipa::openapi::schema::{SchemaType, Type};
+        match t {
+            SchemaType::Type(t) => *t == Type::Integer,
+            SchemaType::Array(ts) => ts.contains(&Type::Integer),
+            SchemaType::AnyValue => false,
+        }
+    }
+
+    fn walk(schema: &mut RefOr<Schema>) {
+        let RefOr::T(s) = schema else { return };
+        match s {
+            Schema::Object(o) => {
+                // a lower bound of 0 or more on an integer: a Rust unsigned type
+                let unsigned = match o.minimum {
+                    Some(Number::Int(m)) => m >= 0,
+                    Some(Number::UInt(_)) => true,
+                    Some(Number::Float(m)) => m >= 0.0,
+                    None => false,
+                } && is_integer(&o.schema_type);
+                let max = match &o.format {
+                    Some(SchemaFormat::KnownFormat(KnownFormat::Int32)) => u32::MAX as usize,
+                    Some(SchemaFormat::KnownFormat(KnownFormat::Int64)) | None => u64::MAX as usize,
+                    _ => 0,
+                };
+                if unsigned && max > 0 {
+                    o.format = None;
+                    o.maximum.get_or_insert(Number::UInt(max));
+                }
+                o.properties.values_mut().for_each(walk);
+            }
+            Schema::Array(a) => {
+                if let ArrayItems::RefOrSchema(items) = &mut a.items {
+                    walk(items);
+                }
+            }
+            Schema::AllOf(a) => a.items.iter_mut().for_each(walk),
+            Schema::OneOf(o) => o.items.iter_mut().for_each(walk),
+            Schema::AnyOf(a) => a.items.iter_mut().for_each(walk),
+            _ => {}
+        }
+    }
+
+    if let Some(components) = doc.components.as_mut() {
+        components.schemas.values_mut().for_each(walk);
+    }
+    for item in doc.paths.paths.values_mut() {
+        let operations = [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ];
+        for op in operations.into_iter().flatten() {
+            for param in op.parameters.iter_mut().flatten() {
+                if let Some(schema) = param.schema.as_mut() {
+                    walk(schema);
+                }
+            }
+        }
+    }
+    doc
+}
+
 pub fn data() -> utoipa::openapi::OpenApi {
-    secured(versioned(DataApi::openapi()), "ErrorEnvelope")
+    data_for(&Config::default())
+}
+
+fn data_for(cfg: &Config) -> utoipa::openapi::OpenApi {
+    let doc = secured(versioned(DataApi::openapi()), "ErrorEnvelope");
+    configured_limits(cross_field_rules(unsigned_ranges(doc)), cfg)
 }
 
 pub fn control() -> utoipa::openapi::OpenApi {
-    secured(versioned(ControlApi::openapi()), "ErrorEnvelope")
+    unsigned_ranges(secured(versioned(ControlApi::openapi()), "ErrorEnvelope"))
 }
 
 pub fn adapters() -> utoipa::openapi::OpenApi {
-    secured(versioned(AdaptersApi::openapi()), "ErrorBody")
+    adapters_for(&Config::default())
 }
 
-/// Every document in one (served at `/openapi.json`).
-pub fn combined() -> utoipa::openapi::OpenApi {
-    let mut doc = data();
+fn adapters_for(cfg: &Config) -> utoipa::openapi::OpenApi {
+    let doc = secured(versioned(AdaptersApi::openapi()), "ErrorBody");
+    configured_limits(cross_field_rules(unsigned_ranges(doc)), cfg)
+}
+
+/// Every document in one, with this server's configured limits (served at `/openapi.json`).
+pub fn combined(cfg: &Config) -> utoipa::openapi::OpenApi {
+    let mut doc = data_for(cfg);
     doc.merge(control());
-    doc.merge(adapters());
+    doc.merge(adapters_for(cfg));
     doc.info.title = "orchestratord".into();
     doc.info.description = Some("Data and control plane of orchestratord.".into());
     doc
@@ -229,4 +433,43 @@ pub fn combined() -> utoipa::openapi::OpenApi {
 /// YAML of a document, as checked in under `contracts/openapi/`.
 pub fn to_yaml(doc: &utoipa::openapi::OpenApi) -> String {
     doc.to_yaml().unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::AdmissionConfig;
+
+    /// The served document states the configured admission limits, and the cross-field rules
+    /// sit on the request schemas.
+    #[test]
+    fn served_document_carries_this_servers_limits() {
+        let mut cfg = Config {
+            admission: AdmissionConfig {
+                max_tokens_out: 77,
+                max_stop_sequences: 3,
+                max_stop_chars: 9,
+                max_prompts_per_request: 5,
+                ..AdmissionConfig::default()
+            },
+            ..Config::default()
+        };
+        cfg.engines_api.max_n_ctx = 999;
+        let doc = serde_json::to_value(combined(&cfg)).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        assert_eq!(
+            schemas["TaskRequest"]["properties"]["max_tokens"]["maximum"],
+            77
+        );
+        assert_eq!(
+            schemas["SeedChatRequest"]["properties"]["max_tokens"]["maximum"],
+            77
+        );
+        assert_eq!(schemas["StopField"]["oneOf"][0]["maxLength"], 9);
+        assert_eq!(schemas["StopField"]["oneOf"][1]["maxItems"], 3);
+        assert_eq!(schemas["PromptField"]["oneOf"][1]["maxItems"], 5);
+        assert_eq!(schemas["TaskRequest"]["oneOf"].as_array().unwrap().len(), 2);
+        assert!(schemas["ChatRequest"]["not"]["anyOf"].is_array());
+        assert_eq!(schemas["AddEngine"]["properties"]["n_ctx"]["maximum"], 999);
+    }
 }

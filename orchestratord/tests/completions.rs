@@ -1,6 +1,6 @@
 //! ADP-OAI-2: `/v1/completions` over a real socket with the scripted engine: string and array
-//! prompts (one task each, choices by index), interleaved streaming, all-or-none admission,
-//! refusals, and a failure after the stream began.
+//! prompts (one task each, choices by index), interleaved streaming, `echo`, all-or-none
+//! admission, refusals, and a failure after the stream began.
 
 mod support;
 
@@ -105,6 +105,33 @@ async fn array_prompts_stream_interleaved_with_their_index() {
     }
 }
 
+/// ADP-OAI-2: `echo` puts each prompt before its completion, answered whole or streamed as
+/// the choice's first frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_starts_each_choice_with_its_prompt() {
+    let s = start(config(vec![pool("p1", 4)]), Duration::from_millis(2)).await;
+    let body = json!({"prompt": ["one two", "three"], "max_tokens": 2, "echo": true});
+    let v: Value = complete(&s, body.clone()).await.json().await.unwrap();
+    assert_eq!(v["choices"][0]["text"], "one twotok0 tok1 ");
+    assert_eq!(v["choices"][1]["text"], "threetok0 tok1 ");
+    // the echoed prompt is not completion usage
+    assert_eq!(v["usage"]["completion_tokens"], 4);
+
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let r = complete(&s, streamed).await;
+    let frames = data_frames(&r.text().await.unwrap());
+    for (idx, prompt) in [(0, "one two"), (1, "three")] {
+        let mine: Vec<&str> = frames
+            .iter()
+            .filter(|f| f["choices"][0]["index"] == idx)
+            .map(|f| f["choices"][0]["text"].as_str().unwrap())
+            .collect();
+        assert_eq!(mine[0], prompt, "{frames:?}");
+        assert_eq!(mine.concat(), format!("{prompt}tok0 tok1 "));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_are_openai_shaped_and_admission_is_all_or_none() {
     let mut cfg = config(vec![pool("p1", 1)]);
@@ -117,7 +144,6 @@ async fn refusals_are_openai_shaped_and_admission_is_all_or_none() {
         (json!({"prompt": [1, 2, 3]}), "prompt"),
         (json!({"prompt": "a", "n": 2}), "n"),
         (json!({"prompt": "a", "best_of": 3}), "best_of"),
-        (json!({"prompt": "a", "echo": true}), "echo"),
         (json!({"prompt": "a", "logprobs": 2}), "logprobs"),
         (json!({"prompt": "a", "max_tokens": 0}), "max_tokens"),
     ] {

@@ -70,6 +70,31 @@ async fn admission_rejects_bad_input_with_typed_errors() {
             "INVALID_PARAMS",
             Some("temperature"),
         ),
+        // a positive top_p that f32 rounds to 0, and one below the documented 1e-6
+        (
+            br#"{"prompt": "a", "top_p": 5e-324}"#.to_vec(),
+            400,
+            "INVALID_PARAMS",
+            Some("top_p"),
+        ),
+        (
+            br#"{"prompt": "a", "repetition_penalty": 1e-7}"#.to_vec(),
+            400,
+            "INVALID_PARAMS",
+            Some("repetition_penalty"),
+        ),
+        (
+            br#"{"prompt": "a", "stop": [""]}"#.to_vec(),
+            400,
+            "INVALID_PARAMS",
+            Some("stop"),
+        ),
+        (
+            br#"{"prompt": "a", "max_tokens": 2.5}"#.to_vec(),
+            400,
+            "INVALID_PARAMS",
+            Some("max_tokens"),
+        ),
         (
             br#"{"messages": [{"role": "wizard", "content": "b"}]}"#.to_vec(),
             400,
@@ -78,8 +103,8 @@ async fn admission_rejects_bad_input_with_typed_errors() {
         ),
         (
             br#"{"prompt": "a", "model": "nope"}"#.to_vec(),
-            400,
-            "INVALID_PARAMS",
+            404,
+            "NOT_FOUND",
             Some("model"),
         ),
         // context: 256 tokens; 3 prompt words + 300 > 256
@@ -104,6 +129,12 @@ async fn admission_rejects_bad_input_with_typed_errors() {
             assert_eq!(v["field"], f, "{shown}: {v}");
         }
     }
+    // the edges themselves are taken: top_p and repetition_penalty 1e-6, a stop sequence of
+    // 128 four-byte characters (the limit counts characters), max_tokens written 2.0
+    let edges = json!({"prompt": "a", "top_p": 1e-6, "repetition_penalty": 1e-6,
+        "stop": ["😀".repeat(128)], "max_tokens": 2.0});
+    let r = s.post("/v1/tasks", &edges).await;
+    assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
     // the server still serves after all that
     let id = s
         .submit_ok(json!({"prompt": "still fine", "max_tokens": 2}))
@@ -281,11 +312,11 @@ async fn pin_routes_only_to_its_pool_and_fails_typed() {
         assert_eq!(s.record(id).await["pool_id"], "p2");
     }
     let r = s.submit(json!({"prompt": "x", "pool_id": "p9"})).await;
-    assert_eq!(r.status(), 400);
+    assert_eq!(r.status(), 404);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(
         (v["code"].as_str(), v["field"].as_str()),
-        (Some("INVALID_PARAMS"), Some("pool_id"))
+        (Some("NOT_FOUND"), Some("pool_id"))
     );
     // drain p2: pins to it now fail 503 POOL_UNREADY, never placed on p1
     let d = s

@@ -128,13 +128,15 @@ async fn bad_engine_requests_are_typed() {
             "engine_id",
         ),
         (
+            // outside the model directories: a policy refusal (SEC-MODEL-1)
             json!({"engine_id": "x", "model_path": "/nonexistent/m.gguf"}),
-            400,
+            403,
             "model_path",
         ),
         (
+            // a directory, not a file
             json!({"engine_id": "x", "model_path": std::env::temp_dir()}),
-            400,
+            403,
             "model_path",
         ),
         (

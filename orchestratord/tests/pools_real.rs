@@ -170,9 +170,9 @@ async fn reload_switches_without_failures_and_rolls_back_bad_models() {
         .send()
         .await
         .unwrap();
-    assert_eq!(r.status(), 400);
+    assert_eq!(r.status(), 403);
     let v: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(v["code"], "INVALID_PARAMS");
+    assert_eq!(v["code"], "FORBIDDEN");
     assert_eq!(v["message"], "new_model_ref: not an allowed model path");
     // corrupt file
     let bad = std::env::temp_dir().join(format!("orchd-bad-{}.gguf", std::process::id()));

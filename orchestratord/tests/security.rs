@@ -413,8 +413,9 @@ async fn engines_load_only_allowed_model_files() {
         let r = s
             .post("/engines", &json!({"engine_id": "e", "model_path": path}))
             .await;
-        assert_eq!(r.status(), 400, "{path}");
+        assert_eq!(r.status(), 403, "{path}");
         let v: Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "FORBIDDEN", "{path}");
         assert_eq!(
             v["error"]["message"], "model_path: not an allowed model path",
             "{path}"

@@ -70,6 +70,32 @@ async fn json_streaming_is_one_object_per_line_with_done_last() {
     assert_eq!(lines.last().unwrap()["finish_reason"], "length");
 }
 
+/// ADP-SEED-1: a client whose `Accept` names `application/x-ndjson` gets the same lines under
+/// that type; a plain answer stays `application/json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_streaming_answers_ndjson_type_when_accepted() {
+    let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(2)).await;
+    let send = |stream: bool| {
+        s.client
+            .post(s.url("/chat/completions"))
+            .header("accept", "application/json, application/x-ndjson")
+            .json(&ask(stream, 2))
+            .send()
+    };
+    let r = send(true).await.unwrap();
+    assert_eq!(r.headers()["content-type"], "application/x-ndjson");
+    let raw = r.text().await.unwrap();
+    let lines: Vec<Value> = raw
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 3, "{raw}");
+    assert_eq!(lines[2]["done"], true);
+    let r = send(false).await.unwrap();
+    assert_eq!(r.headers()["content-type"], "application/json");
+    assert_eq!(r.json::<Value>().await.unwrap()["done"], true);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sse_streaming_ends_with_end_marker() {
     let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(2)).await;

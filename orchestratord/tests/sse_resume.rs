@@ -93,12 +93,16 @@ async fn a_reconnect_resumes_after_the_last_event_seen() {
     // the terminal event was seen: nothing more will come, and the answer says so
     let done = open_after(&s, &id, &all.last().unwrap().id.unwrap().to_string()).await;
     assert_eq!(done.status(), 204);
-    // ids that are not this task's events are refused by name
-    for bad in ["abc", "-1", "9999"] {
+    // ids that are not event ids are refused by name; one this task never sent conflicts
+    for (bad, status, code) in [
+        ("abc", 400, "INVALID_PARAMS"),
+        ("-1", 400, "INVALID_PARAMS"),
+        ("9999", 409, "CONFLICT"),
+    ] {
         let r = open_after(&s, &id, bad).await;
-        assert_eq!(r.status(), 400, "{bad}");
+        assert_eq!(r.status(), status, "{bad}");
         let v: serde_json::Value = r.json().await.unwrap();
-        assert_eq!(v["code"], "INVALID_PARAMS");
+        assert_eq!(v["code"], code);
         assert_eq!(v["field"], "last-event-id");
     }
 }

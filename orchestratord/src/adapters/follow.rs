@@ -28,8 +28,8 @@ pub fn keepalive(state: &SharedState) -> Option<std::time::Duration> {
 /// An SSE comment: keeps proxies from closing a quiet stream; parsers ignore it.
 pub const SSE_KEEPALIVE: &[u8] = b": keep-alive\n\n";
 
-/// Admits a task for an API that addresses models by name: an unknown `model` is 404
-/// (`NOT_FOUND`, param `model`) rather than the task API's 400.
+/// Admits a task for an API that addresses models by name: a `model` no pool serves, or one a
+/// pinned pool does not serve, is 404 (`NOT_FOUND`, param `model`).
 pub async fn admit(
     state: &SharedState,
     req: TaskRequest,

@@ -26,6 +26,10 @@ fn valid_id(s: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
 }
 
+/// Lowest `top_p` and `repetition_penalty`: the API takes JSON numbers, the sampler `f32`, and
+/// a tinier positive one would round to 0 (or overflow a logit it divides).
+pub const SMALLEST_FACTOR: f32 = 1e-6;
+
 fn check_range(
     field: &str,
     v: Option<f32>,
@@ -53,21 +57,21 @@ fn prompt_of(req: &TaskRequest) -> Result<(PromptInput, String), ApiError> {
     if req.continue_final_message != Some(true) {
         return Ok((prompt, String::new()));
     }
+    // a final assistant turn is continued; without one, the assistant turn to continue is
+    // empty, which is starting a new one; a lone assistant turn has no chat to template and is
+    // continued as raw text (as a raw prompt always is)
     match prompt {
         PromptInput::Chat(mut turns) if turns.last().is_some_and(|t| t.role == "assistant") => {
             let last = turns.pop().map(|t| t.content).unwrap_or_default();
             if turns.is_empty() {
-                return Err(ApiError::invalid(
-                    "messages",
-                    "continue_final_message needs a turn before the final assistant turn",
-                ));
+                if last.is_empty() {
+                    return Err(ApiError::invalid("messages", "nothing to continue"));
+                }
+                return Ok((PromptInput::Text(last), String::new()));
             }
             Ok((PromptInput::Chat(turns), last))
         }
-        _ => Err(ApiError::invalid(
-            "continue_final_message",
-            "continue_final_message needs messages ending with an assistant turn",
-        )),
+        other => Ok((other, String::new())),
     }
 }
 
@@ -136,10 +140,9 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
             ));
         }
         let Some(pool) = all.into_iter().find(|p| p.id() == pin) else {
-            return Err(ApiError::invalid(
-                "pool_id",
-                format!("unknown pool {pin:?}"),
-            ));
+            let mut e = ApiError::not_found("pool", pin);
+            e.envelope.field = Some("pool_id".into());
+            return Err(e);
         };
         if let Some(m) = &req.model {
             if !pool.serves(m) {
@@ -178,10 +181,13 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
             // a model remote workers serve: the task waits for one (queue timeout)
             return Ok(Vec::new());
         }
-        return Err(ApiError::invalid(
-            "model",
+        let mut e = ApiError::new(
+            ErrorCode::NotFound,
             format!("no pool serves model {model:?}"),
-        ));
+            false,
+        );
+        e.envelope.field = Some("model".into());
+        return Err(e);
     }
     let ready: Vec<Arc<Pool>> = serving
         .into_iter()
@@ -233,14 +239,14 @@ fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiErro
         }
     }
     check_range("temperature", req.temperature, 0.0, 100.0, false)?;
-    check_range("top_p", req.top_p, 0.0, 1.0, true)?;
+    check_range("top_p", req.top_p, SMALLEST_FACTOR, 1.0, false)?;
     check_range("min_p", req.min_p, 0.0, 1.0, false)?;
     check_range(
         "repetition_penalty",
         req.repetition_penalty,
-        0.0,
+        SMALLEST_FACTOR,
         10.0,
-        true,
+        false,
     )?;
     check_range("presence_penalty", req.presence_penalty, -2.0, 2.0, false)?;
     check_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0, false)?;
@@ -259,11 +265,11 @@ fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiErro
     }
     if stop
         .iter()
-        .any(|s| s.is_empty() || s.len() > a.max_stop_bytes)
+        .any(|s| s.is_empty() || s.chars().count() > a.max_stop_chars)
     {
         return Err(ApiError::invalid(
             "stop",
-            format!("stop sequences must be 1-{} bytes", a.max_stop_bytes),
+            format!("stop sequences must be 1-{} characters", a.max_stop_chars),
         ));
     }
     let sampling = SamplingParams {

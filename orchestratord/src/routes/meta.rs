@@ -31,8 +31,8 @@ pub async fn metrics(
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body)
 }
 
-pub async fn openapi_json() -> impl IntoResponse {
-    Json(openapi::combined())
+pub async fn openapi_json(State(state): State<SharedState>) -> impl IntoResponse {
+    Json(openapi::combined(&state.cfg))
 }
 
 pub async fn not_found(uri: axum::http::Uri) -> ApiError {

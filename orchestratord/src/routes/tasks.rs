@@ -22,7 +22,8 @@ use crate::state::SharedState;
     request_body(content = TaskRequest, example = json!({"prompt": "Write a haiku about the sea.", "max_tokens": 32, "seed": 7})),
     responses(
         (status = 202, description = "Admitted and queued", body = AdmissionResponse),
-        (status = 400, description = "Invalid parameters (names the field), unknown pool pin, context overflow", body = ErrorEnvelope, example = examples::invalid_params),
+        (status = 400, description = "Invalid parameters (names the field), context overflow", body = ErrorEnvelope, example = examples::invalid_params),
+        (status = 404, description = "No pool serves the model, or the pinned pool does not exist (names the field)", body = ErrorEnvelope, example = examples::not_found),
         (status = 413, description = "Body too large", body = ErrorEnvelope, example = examples::payload_too_large),
         (status = 422, description = "The deadline cannot be met", body = ErrorEnvelope, example = examples::deadline_unmet),
         (status = 429, description = "Queue full (with Retry-After and X-Backoff-Ms) or session budget exceeded", body = ErrorEnvelope,
@@ -88,12 +89,13 @@ pub async fn status(
     get, operation_id = "streamTask", path = "/v1/tasks/{id}/stream", tag = "data",
     params(
         ("id" = String, Path, description = "Task id"),
-        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after the event with this id (what `EventSource` sends when it reconnects)"),
+        ("Last-Event-ID" = Option<u64>, Header, nullable = false, description = "Resume after the event with this id (what `EventSource` sends when it reconnects)"),
     ),
     responses(
-        (status = 200, description = "SSE: started, token*, metrics*, then exactly one end or error; every event with its id", content_type = "text/event-stream", body = String, example = examples::sse_stream),
+        (status = 200, description = "SSE: started, token*, metrics*, then exactly one end or error; every event with its id", content_type = "text/event-stream", body = contracts::SseEvent, example = examples::sse_stream),
         (status = 204, description = "The stream already delivered its terminal event to this reader (`Last-Event-ID` is the last event): nothing more will come, do not reconnect"),
-        (status = 400, description = "`Last-Event-ID` is not an event id of this task", body = ErrorEnvelope, example = examples::invalid_params),
+        (status = 400, description = "`Last-Event-ID` is not an event id", body = ErrorEnvelope, example = examples::invalid_params),
+        (status = 409, description = "`Last-Event-ID` names an event this task has not sent", body = ErrorEnvelope, example = examples::conflict),
         (status = 404, description = "Unknown or expired task", body = ErrorEnvelope, example = examples::not_found),
     )
 )]
@@ -115,15 +117,19 @@ pub async fn stream(
                 .to_str()
                 .ok()
                 .and_then(|s| s.trim().parse::<usize>().ok())
-                .filter(|&n| n < len)
                 .ok_or_else(|| {
-                    ApiError::invalid(
-                        LAST_EVENT_ID,
-                        format!(
-                            "Last-Event-ID must be the id of an event this task sent (0..{len})"
-                        ),
-                    )
+                    ApiError::invalid(LAST_EVENT_ID, "Last-Event-ID must be an event id")
                 })?;
+            if last >= len {
+                // well formed, but this task has not sent that event (yet)
+                let mut e = ApiError::new(
+                    contracts::ErrorCode::Conflict,
+                    format!("Last-Event-ID must be the id of an event this task sent (0..{len})"),
+                    false,
+                );
+                e.envelope.field = Some(LAST_EVENT_ID.into());
+                return Err(e);
+            }
             if terminal && last + 1 == len {
                 return Ok(StatusCode::NO_CONTENT.into_response());
             }

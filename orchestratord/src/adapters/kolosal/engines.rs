@@ -270,7 +270,7 @@ const MAX_REMOVE_DEADLINE_MS: u64 = 600_000;
     delete, operation_id = "removeEngine", path = "/engines/{engine_id}", tag = "engines",
     params(
         ("engine_id" = String, Path, description = "Engine (pool) id"),
-        ("deadline_ms" = Option<u64>, Query, description = "Drain deadline (default from config, at most 600000)"),
+        ("deadline_ms" = Option<u64>, Query, maximum = 600000, description = "Drain deadline (default from config, at most 600000)"),
     ),
     responses(
         (status = 200, description = "Drained and removed", body = EngineRemoved),

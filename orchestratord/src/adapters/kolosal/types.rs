@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 #[schema(example = json!({"engine_id": "smol", "model_path": ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", "n_ctx": 2048, "n_gpu_layers": 0}))]
 pub struct AddEngine {
     /// 1–64 characters of `A-Z a-z 0-9 . _ : -`; also the `model` name clients send.
+    #[schema(pattern = "^[A-Za-z0-9._:-]{1,64}$")]
     pub engine_id: String,
     /// A GGUF file on the server's disk.
     pub model_path: String,

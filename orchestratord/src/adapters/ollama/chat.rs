@@ -3,7 +3,7 @@
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, HeaderValue, Response, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
 use contracts::{ChatTurn, TaskRequest};
@@ -21,6 +21,8 @@ use crate::state::SharedState;
 
 /// The SSE terminator.
 const END: &[u8] = b"data: [END]\n\n";
+/// The NDJSON media type a client may ask for in `Accept`.
+const NDJSON: &str = "application/x-ndjson";
 
 fn to_task(req: &ChatRequest) -> TaskRequest {
     TaskRequest {
@@ -46,7 +48,11 @@ fn to_task(req: &ChatRequest) -> TaskRequest {
 /// How the chunks of one stream are framed.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Framing {
-    Ndjson,
+    /// `declared`: the client's `Accept` names `application/x-ndjson`, so the lines go out
+    /// under that type; otherwise under seed 001's `application/json`.
+    Ndjson {
+        declared: bool,
+    },
     Sse,
 }
 
@@ -54,7 +60,7 @@ impl Framing {
     fn chunk(self, c: &ChatChunk) -> Bytes {
         match self {
             Self::Sse => follow::sse_data(c),
-            Self::Ndjson => {
+            Self::Ndjson { .. } => {
                 let mut out = Vec::with_capacity(96);
                 let _ = serde_json::to_writer(&mut out, c);
                 out.push(b'\n');
@@ -76,7 +82,7 @@ impl Framing {
                 let _ = serde_json::to_writer(&mut out, &err);
                 out.extend_from_slice(b"\n\n");
             }
-            Self::Ndjson => {
+            Self::Ndjson { .. } => {
                 let _ = serde_json::to_writer(
                     &mut out,
                     &NdjsonError {
@@ -93,7 +99,8 @@ impl Framing {
     fn content_type(self) -> &'static str {
         match self {
             Self::Sse => "text/event-stream",
-            Self::Ndjson => "application/json",
+            Self::Ndjson { declared: true } => NDJSON,
+            Self::Ndjson { declared: false } => "application/json",
         }
     }
 }
@@ -181,7 +188,7 @@ async fn handle(
     post, operation_id = "seedChatCompletions", path = "/chat/completions", tag = "chat",
     request_body = ChatRequest,
     responses(
-        (status = 200, description = "`stream: false`: one object. `stream: true`: `application/json` NDJSON, one chunk per line, the last with `done: true`.", content(
+        (status = 200, description = "`stream: false`: one object. `stream: true`: NDJSON, one chunk per line, the last with `done: true`, under seed 001's `Content-Type: application/json` — or `application/x-ndjson` when the request's `Accept` names it.", content(
             (ChatResponse = "application/json", example = json!({"id": "cmpl-6f1c0d9e", "model": "SmolLM2-135M-Instruct.Q4_1", "created": 1763780000, "message": {"role": "assistant", "content": "I'm doing well, thank you!"}, "done": true, "finish_reason": "stop"})),
             (ChatChunk = "application/x-ndjson", example = json!("{\"message\":{\"role\":\"assistant\",\"content\":\"I'm\"},\"done\":false,\"index\":0}\n{\"message\":{\"role\":\"assistant\",\"content\":\" well\"},\"done\":false,\"index\":1}\n{\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"index\":2,\"finish_reason\":\"stop\"}\n")),
         )),
@@ -194,10 +201,16 @@ async fn handle(
 pub async fn completions(
     State(state): State<SharedState>,
     caller: Caller,
+    headers: HeaderMap,
     body: Result<JsonBody<ChatRequest>, ApiError>,
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
-    let framing = req.stream.then_some(Framing::Ndjson);
+    let declared = headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .any(|v| v.to_ascii_lowercase().contains(NDJSON));
+    let framing = req.stream.then_some(Framing::Ndjson { declared });
     handle(state, caller, req, framing).await
 }
 
@@ -209,7 +222,7 @@ pub async fn completions(
     request_body = ChatRequest,
     responses(
         (status = 200, description = "An SSE stream", content(
-            (String = "text/event-stream", example = json!("data: {\"message\":{\"role\":\"assistant\",\"content\":\"I'm\"},\"done\":false,\"index\":0}\n\ndata: {\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"index\":1,\"finish_reason\":\"stop\"}\n\ndata: [END]\n\n")),
+            (contracts::SseEvent = "text/event-stream", example = json!("data: {\"message\":{\"role\":\"assistant\",\"content\":\"I'm\"},\"done\":false,\"index\":0}\n\ndata: {\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"index\":1,\"finish_reason\":\"stop\"}\n\ndata: [END]\n\n")),
         )),
         (status = 400, description = "Bad request", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
         (status = 404, description = "Unknown model", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_not_found),

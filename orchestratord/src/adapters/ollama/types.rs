@@ -15,14 +15,16 @@ use crate::adapters::openai::types::Message;
 pub struct ChatRequest {
     /// Model alias, model name or pool id.
     pub model: String,
+    #[schema(min_items = 1)]
     pub messages: Vec<Message>,
     #[serde(default)]
     pub stream: bool,
     #[schema(minimum = 0.0, maximum = 100.0)]
     pub temperature: Option<f32>,
-    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    #[schema(minimum = 1e-6, maximum = 1.0)]
     pub top_p: Option<f32>,
     /// Tokens to generate at most (server default when absent).
+    #[schema(minimum = 1)]
     pub max_tokens: Option<u32>,
     pub seed: Option<u64>,
     pub stop: Option<StopField>,

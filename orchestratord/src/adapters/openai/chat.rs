@@ -66,9 +66,9 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
     post, operation_id = "openaiChatCompletions", path = "/v1/chat/completions", tag = "openai",
     request_body = ChatRequest,
     responses(
-        (status = 200, description = "The completion; with `stream: true` an SSE stream of `chat.completion.chunk` frames, an optional usage frame, then `data: [DONE]`. A failure after the stream began is an `{\"error\": …}` frame then `[DONE]`.", content(
+        (status = 200, description = "The completion; with `stream: true` an SSE stream of `chat.completion.chunk` frames (each event's `data` a `Chunk`), an optional usage frame, then `data: [DONE]`. A failure after the stream began is an `{\"error\": …}` frame then `[DONE]`.", content(
             (ChatResponse = "application/json"),
-            (Chunk = "text/event-stream"),
+            (contracts::SseEvent = "text/event-stream"),
         )),
         (status = 400, description = "Bad request", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
         (status = 404, description = "Unknown model", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_not_found),

@@ -25,6 +25,14 @@ use crate::state::SharedState;
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;
 
+/// The prompts of `req`, in choice order.
+fn prompts_of(req: &CompletionRequest) -> Vec<String> {
+    match &req.prompt {
+        PromptField::One(p) => vec![p.clone()],
+        PromptField::Many(v) => v.clone(),
+    }
+}
+
 fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskRequest>, ApiError> {
     if req.n.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("n", "only n = 1 is supported"));
@@ -35,14 +43,8 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
             "only best_of = 1 is supported",
         ));
     }
-    if req.echo {
-        return Err(ApiError::invalid("echo", "echo is not supported"));
-    }
     req.unimplemented.check()?;
-    let prompts: Vec<String> = match &req.prompt {
-        PromptField::One(p) => vec![p.clone()],
-        PromptField::Many(v) => v.clone(),
-    };
+    let prompts = prompts_of(req);
     if prompts.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt array is empty"));
     }
@@ -81,11 +83,11 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
     post, operation_id = "openaiCompletions", path = "/v1/completions", tag = "openai",
     request_body = CompletionRequest,
     responses(
-        (status = 200, description = "One choice per prompt, by index; with `stream: true` an SSE stream of `text_completion` frames (each with one choice and its index; the last of a choice carries `finish_reason`), an optional usage frame, then `data: [DONE]`. All prompts are admitted or none.", content(
+        (status = 200, description = "One choice per prompt, by index; with `stream: true` an SSE stream of `text_completion` frames (each event's `data` a `CompletionResponse` with one choice and its index; the last of a choice carries `finish_reason`), an optional usage frame, then `data: [DONE]`. All prompts are admitted or none.", content(
             (CompletionResponse = "application/json"),
-            (CompletionResponse = "text/event-stream"),
+            (contracts::SseEvent = "text/event-stream"),
         )),
-        (status = 400, description = "Bad request (also: more prompts than allowed, n/best_of ≠ 1, echo, logprobs)", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
+        (status = 400, description = "Bad request (also: more prompts than allowed, n/best_of ≠ 1, logprobs)", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
         (status = 404, description = "Unknown model", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_not_found),
         (status = 429, description = "Queue full: retry after `Retry-After` seconds", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
         (status = 503, description = "No pool for the model is ready", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_unready),
@@ -103,6 +105,8 @@ pub async fn completions(
     let id = format!("cmpl-{}", tasks[0].id);
     let created = follow::unix_now();
     let frame = Framer { id, created, model };
+    // `echo`: each choice's text starts with its prompt
+    let echoed = req.echo.then(|| prompts_of(&req));
     if !req.stream {
         // the first failure answers at once; dropping the other subscriptions cancels them
         let results = futures::future::try_join_all(
@@ -115,6 +119,10 @@ pub async fn completions(
         let mut usage = Usage::new(0, 0);
         for ((i, (text, end)), task) in results.into_iter().enumerate().zip(&tasks) {
             usage = usage + Usage::new(task.prompt_tokens_used(), end.tokens_out);
+            let text = match echoed.as_ref().and_then(|p| p.get(i)) {
+                Some(prompt) => format!("{prompt}{text}"),
+                None => text,
+            };
             choices.push(TextChoice {
                 index: i as u32,
                 text,
@@ -125,7 +133,16 @@ pub async fn completions(
     }
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let subs = tasks.iter().map(|t| follow::subscribe(&state, t)).collect();
-    let stream = stream_frames(tasks, subs, follow::keepalive(&state), frame, include_usage);
+    let stream = stream_frames(
+        tasks,
+        subs,
+        follow::keepalive(&state),
+        Framing {
+            frame,
+            include_usage,
+            echoed,
+        },
+    );
     Ok(crate::lifecycle::sse::event_stream_response(
         Body::from_stream(stream.map(Ok::<_, std::io::Error>)),
     ))
@@ -169,9 +186,16 @@ struct Merge {
     tasks: Vec<Arc<Task>>,
     open: usize,
     usage: Usage,
+    framing: Framing,
+    done: bool,
+}
+
+/// How a stream's frames are written.
+struct Framing {
     frame: Framer,
     include_usage: bool,
-    done: bool,
+    /// With `echo`: the prompts, each sent as its choice's first text when its task starts.
+    echoed: Option<Vec<String>>,
 }
 
 /// Every task's frames as they come, interleaved; `[DONE]` after the last end, or an error
@@ -180,8 +204,7 @@ fn stream_frames(
     tasks: Vec<Arc<Task>>,
     subs: Vec<Subscription>,
     keepalive: Option<std::time::Duration>,
-    frame: Framer,
-    include_usage: bool,
+    framing: Framing,
 ) -> impl Stream<Item = Bytes> {
     let open = tasks.len();
     let events = futures::stream::select_all(
@@ -194,8 +217,7 @@ fn stream_frames(
         tasks,
         open,
         usage: Usage::new(0, 0),
-        frame,
-        include_usage,
+        framing,
         done: false,
     };
     futures::stream::unfold(merge, |mut m| async move {
@@ -212,22 +234,29 @@ fn stream_frames(
                 Followed::KeepAlive => return Some((Bytes::from_static(follow::SSE_KEEPALIVE), m)),
             };
             match ev {
-                TaskEvent::Started(_) | TaskEvent::Metrics(_) => {}
+                TaskEvent::Started(_) => {
+                    let prompt = m.framing.echoed.as_mut().and_then(|p| p.get_mut(i));
+                    if let Some(prompt) = prompt.map(std::mem::take) {
+                        return Some((m.framing.frame.choice(i, prompt, None), m));
+                    }
+                }
+                TaskEvent::Metrics(_) => {}
                 TaskEvent::Token(t) => {
-                    let b = m.frame.choice(i, t.t, None);
+                    let b = m.framing.frame.choice(i, t.t, None);
                     return Some((b, m));
                 }
                 TaskEvent::End(end) => {
                     m.open -= 1;
                     m.usage = m.usage + Usage::new(m.tasks[i].prompt_tokens_used(), end.tokens_out);
                     let mut b = m
+                        .framing
                         .frame
                         .choice(i, String::new(), Some(end.finish_reason))
                         .to_vec();
                     if m.open == 0 {
-                        if m.include_usage {
+                        if m.framing.include_usage {
                             b.extend_from_slice(&follow::sse_data(
-                                &m.frame.response(vec![], Some(m.usage)),
+                                &m.framing.frame.response(vec![], Some(m.usage)),
                             ));
                         }
                         b.extend_from_slice(DONE);

@@ -8,6 +8,7 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct Message {
     /// `system` | `user` | `assistant`
+    #[schema(pattern = "^(system|user|assistant)$")]
     pub role: String,
     pub content: String,
 }
@@ -26,16 +27,19 @@ pub struct ChatRequest {
     /// Model alias, model name or pool id; defaults to the first pool's model.
     pub model: Option<String>,
     /// Rendered with the model's own chat template.
+    #[schema(min_items = 1)]
     pub messages: Vec<Message>,
     #[serde(default)]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     #[schema(minimum = 0.0, maximum = 100.0)]
     pub temperature: Option<f32>,
-    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    #[schema(minimum = 1e-6, maximum = 1.0)]
     pub top_p: Option<f32>,
+    #[schema(minimum = 1)]
     pub max_tokens: Option<u32>,
     /// Wins over `max_tokens` when both are given.
+    #[schema(minimum = 1)]
     pub max_completion_tokens: Option<u32>,
     pub seed: Option<u64>,
     pub stop: Option<StopField>,
@@ -44,6 +48,7 @@ pub struct ChatRequest {
     #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f32>,
     /// Only 1 is supported.
+    #[schema(minimum = 1, maximum = 1)]
     pub n: Option<u32>,
     /// Used as the session id (budgets, accounting) when 1..=128 bytes.
     pub user: Option<String>,
@@ -51,7 +56,7 @@ pub struct ChatRequest {
     pub top_k: Option<u32>,
     #[schema(minimum = 0.0, maximum = 1.0)]
     pub min_p: Option<f32>,
-    #[schema(exclusive_minimum = 0.0, maximum = 10.0)]
+    #[schema(minimum = 1e-6, maximum = 10.0)]
     pub repetition_penalty: Option<f32>,
     /// Continue the final assistant turn instead of answering after it (vLLM's parameter).
     pub continue_final_message: Option<bool>,
@@ -63,12 +68,34 @@ pub struct ChatRequest {
 }
 
 /// A prompt: one string or several (each its own task, answered as its own choice).
-#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum PromptField {
     One(String),
     Many(Vec<String>),
 }
+
+/// Written by hand: the derive cannot bound the strings of an untagged enum's variants, and an
+/// empty prompt (or prompt array) is refused.
+impl utoipa::PartialSchema for PromptField {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+        let text = || {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+        };
+        OneOfBuilder::new()
+            .item(text())
+            .item(ArrayBuilder::new().items(text()).min_items(Some(1)))
+            .description(Some(
+                "One prompt, or several (each its own task and choice); none may be empty.",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for PromptField {}
 
 /// `POST /v1/completions`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
@@ -81,9 +108,10 @@ pub struct CompletionRequest {
     pub stream_options: Option<StreamOptions>,
     #[schema(minimum = 0.0, maximum = 100.0)]
     pub temperature: Option<f32>,
-    #[schema(exclusive_minimum = 0.0, maximum = 1.0)]
+    #[schema(minimum = 1e-6, maximum = 1.0)]
     pub top_p: Option<f32>,
     /// Default 16, as OpenAI's.
+    #[schema(minimum = 1)]
     pub max_tokens: Option<u32>,
     pub seed: Option<u64>,
     pub stop: Option<StopField>,
@@ -92,10 +120,12 @@ pub struct CompletionRequest {
     #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f32>,
     /// Only 1 is supported.
+    #[schema(minimum = 1, maximum = 1)]
     pub n: Option<u32>,
     /// Only 1 is supported.
+    #[schema(minimum = 1, maximum = 1)]
     pub best_of: Option<u32>,
-    /// Not supported (refused when true).
+    /// Each choice's text starts with its prompt (streamed as the choice's first frame).
     #[serde(default)]
     pub echo: bool,
     pub user: Option<String>,
@@ -103,7 +133,7 @@ pub struct CompletionRequest {
     pub top_k: Option<u32>,
     #[schema(minimum = 0.0, maximum = 1.0)]
     pub min_p: Option<f32>,
-    #[schema(exclusive_minimum = 0.0, maximum = 10.0)]
+    #[schema(minimum = 1e-6, maximum = 10.0)]
     pub repetition_penalty: Option<f32>,
     /// Fields of OpenAI's API not implemented here: refused unless neutral.
     #[serde(flatten)]

@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 use crate::error::ApiError;
 
 /// Fields refused unless neutral (absent, null, false, empty, or the value named).
-#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Default, Deserialize)]
 pub struct Unimplemented {
     /// Refused unless `{"type": "text"}`: structured (JSON) output is not implemented.
     pub response_format: Option<Value>,
@@ -38,6 +38,91 @@ pub struct Unimplemented {
     pub suffix: Option<Value>,
 }
 
+/// The fields, each with the value that is neutral besides the empty ones (`also_neutral`).
+const FIELDS: [&str; 17] = [
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "logprobs",
+    "top_logprobs",
+    "logit_bias",
+    "modalities",
+    "audio",
+    "prediction",
+    "reasoning_effort",
+    "verbosity",
+    "web_search_options",
+    "store",
+    "suffix",
+];
+
+fn also_neutral(name: &str) -> Option<Value> {
+    match name {
+        "response_format" => Some(json!({"type": "text"})),
+        "tool_choice" | "function_call" => Some(json!("none")),
+        "top_logprobs" => Some(json!(0)),
+        "modalities" => Some(json!(["text"])),
+        _ => None,
+    }
+}
+
+/// An empty `web_search_options` object turns search on with its defaults.
+fn empty_object_asks(name: &str) -> bool {
+    name == "web_search_options"
+}
+
+/// Written by hand so each field's schema is exactly the values [`Unimplemented::check`] lets
+/// pass: null, false, an empty string, array or object, or the field's own neutral value.
+impl utoipa::PartialSchema for Unimplemented {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{
+            AnyOfBuilder, ArrayBuilder, ObjectBuilder, SchemaType, Type,
+        };
+        let one = |v: Value| {
+            ObjectBuilder::new()
+                .schema_type(SchemaType::AnyValue)
+                .enum_values(Some([v]))
+        };
+        let mut object = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .description(Some(
+                "Fields of OpenAI's API not implemented here: each is refused with a 400 naming \
+                 it unless neutral (absent, null, false, empty, or the value its schema allows).",
+            ));
+        for name in FIELDS {
+            let mut neutral = AnyOfBuilder::new()
+                .item(ObjectBuilder::new().schema_type(Type::Null))
+                .item(one(json!(false)))
+                .item(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .max_length(Some(0)),
+                )
+                .item(ArrayBuilder::new().max_items(Some(0)));
+            if !empty_object_asks(name) {
+                neutral = neutral.item(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Object)
+                        .max_properties(Some(0)),
+                );
+            }
+            if let Some(v) = also_neutral(name) {
+                neutral = neutral.item(one(v));
+            }
+            object = object.property(
+                name,
+                neutral.description(Some("Not implemented: refused unless neutral.")),
+            );
+        }
+        object.into()
+    }
+}
+
+impl ToSchema for Unimplemented {}
+
 fn neutral(v: &Value) -> bool {
     match v {
         Value::Null | Value::Bool(false) => true,
@@ -51,34 +136,29 @@ fn neutral(v: &Value) -> bool {
 impl Unimplemented {
     /// The first field set to something this server would not honour, as a 400.
     pub fn check(&self) -> Result<(), ApiError> {
-        let fields: [(&str, &Option<Value>, Option<Value>); 17] = [
-            (
-                "response_format",
-                &self.response_format,
-                Some(json!({"type": "text"})),
-            ),
-            ("tools", &self.tools, None),
-            ("tool_choice", &self.tool_choice, Some(json!("none"))),
-            ("parallel_tool_calls", &self.parallel_tool_calls, None),
-            ("functions", &self.functions, None),
-            ("function_call", &self.function_call, Some(json!("none"))),
-            ("logprobs", &self.logprobs, None),
-            ("top_logprobs", &self.top_logprobs, Some(json!(0))),
-            ("logit_bias", &self.logit_bias, None),
-            ("modalities", &self.modalities, Some(json!(["text"]))),
-            ("audio", &self.audio, None),
-            ("prediction", &self.prediction, None),
-            ("reasoning_effort", &self.reasoning_effort, None),
-            ("verbosity", &self.verbosity, None),
-            ("web_search_options", &self.web_search_options, None),
-            ("store", &self.store, None),
-            ("suffix", &self.suffix, None),
+        let values: [&Option<Value>; 17] = [
+            &self.response_format,
+            &self.tools,
+            &self.tool_choice,
+            &self.parallel_tool_calls,
+            &self.functions,
+            &self.function_call,
+            &self.logprobs,
+            &self.top_logprobs,
+            &self.logit_bias,
+            &self.modalities,
+            &self.audio,
+            &self.prediction,
+            &self.reasoning_effort,
+            &self.verbosity,
+            &self.web_search_options,
+            &self.store,
+            &self.suffix,
         ];
-        for (name, value, also_neutral) in fields {
+        for (name, value) in FIELDS.into_iter().zip(values) {
             let Some(v) = value else { continue };
-            // an empty `web_search_options` object turns search on with its defaults
-            let empty_asks = name == "web_search_options" && v.is_object();
-            if (neutral(v) && !empty_asks) || also_neutral.as_ref() == Some(v) {
+            let empty_asks = empty_object_asks(name) && v.is_object();
+            if (neutral(v) && !empty_asks) || also_neutral(name).as_ref() == Some(v) {
                 continue;
             }
             return Err(ApiError::invalid(
