@@ -44,9 +44,7 @@ impl ApiError {
     }
 
     pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
-        let mut e = Self::new(ErrorCode::InvalidParams, message, false);
-        e.envelope.field = Some(field.into());
-        e
+        Self::new(ErrorCode::InvalidParams, message, false).with_field(field)
     }
 
     pub fn not_found(what: &str, id: &str) -> Self {
@@ -67,6 +65,12 @@ impl ApiError {
 
     pub fn with_retry_after(mut self, ms: u64) -> Self {
         self.envelope.retry_after_ms = Some(ms);
+        self
+    }
+
+    /// Names the request field (or header) at fault.
+    pub fn with_field(mut self, field: impl Into<String>) -> Self {
+        self.envelope.field = Some(field.into());
         self
     }
 

@@ -19,7 +19,8 @@ use crate::state::SharedState;
 
 const MAX_ID_LEN: usize = 128;
 
-fn valid_id(s: &str) -> bool {
+/// A client-chosen task or session id: 1-128 characters of `A-Z a-z 0-9 - _ . :`.
+pub(crate) fn valid_id(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= MAX_ID_LEN
         && s.bytes()
@@ -140,9 +141,7 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
             ));
         }
         let Some(pool) = all.into_iter().find(|p| p.id() == pin) else {
-            let mut e = ApiError::not_found("pool", pin);
-            e.envelope.field = Some("pool_id".into());
-            return Err(e);
+            return Err(ApiError::not_found("pool", pin).with_field("pool_id"));
         };
         if let Some(m) = &req.model {
             if !pool.serves(m) {
@@ -181,13 +180,12 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
             // a model remote workers serve: the task waits for one (queue timeout)
             return Ok(Vec::new());
         }
-        let mut e = ApiError::new(
+        return Err(ApiError::new(
             ErrorCode::NotFound,
             format!("no pool serves model {model:?}"),
             false,
-        );
-        e.envelope.field = Some("model".into());
-        return Err(e);
+        )
+        .with_field("model"));
     }
     let ready: Vec<Arc<Pool>> = serving
         .into_iter()

@@ -219,15 +219,12 @@ pub async fn allowed_model(
     match checked {
         Ok(p) => Ok(p.to_string_lossy().into_owned()),
         // a path outside the model directories is a policy refusal, not a malformed request
-        Err(why @ crate::model_paths::ModelPathError::NotAllowed) => {
-            let mut e = ApiError::new(
-                contracts::ErrorCode::Forbidden,
-                format!("{field}: {why}"),
-                false,
-            );
-            e.envelope.field = Some(field.to_string());
-            Err(e)
-        }
+        Err(why @ crate::model_paths::ModelPathError::NotAllowed) => Err(ApiError::new(
+            contracts::ErrorCode::Forbidden,
+            format!("{field}: {why}"),
+            false,
+        )
+        .with_field(field)),
         Err(why) => Err(ApiError::invalid(field, format!("{field}: {why}"))),
     }
 }

@@ -122,13 +122,12 @@ pub async fn stream(
                 })?;
             if last >= len {
                 // well formed, but this task has not sent that event (yet)
-                let mut e = ApiError::new(
+                return Err(ApiError::new(
                     contracts::ErrorCode::Conflict,
                     format!("Last-Event-ID must be the id of an event this task sent (0..{len})"),
                     false,
-                );
-                e.envelope.field = Some(LAST_EVENT_ID.into());
-                return Err(e);
+                )
+                .with_field(LAST_EVENT_ID));
             }
             if terminal && last + 1 == len {
                 return Ok(StatusCode::NO_CONTENT.into_response());

@@ -21,11 +21,7 @@ pub const DONE: &[u8] = b"data: [DONE]\n\n";
 fn session_of(user: Option<&str>) -> Option<String> {
     use sha2::{Digest, Sha256};
     let user = user.filter(|u| !u.is_empty())?;
-    let valid = user.len() <= 128
-        && user
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
-    if valid {
+    if crate::lifecycle::admission::valid_id(user) {
         return Some(user.to_string());
     }
     let digest = Sha256::digest(user.as_bytes());
