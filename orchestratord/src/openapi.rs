@@ -471,5 +471,23 @@ mod tests {
         assert_eq!(schemas["TaskRequest"]["oneOf"].as_array().unwrap().len(), 2);
         assert!(schemas["ChatRequest"]["not"]["anyOf"].is_array());
         assert_eq!(schemas["AddEngine"]["properties"]["n_ctx"]["maximum"], 999);
+        // unsigned fields state the unsigned range, not int32's / int64's signed cap
+        let top_k = &schemas["TaskRequest"]["properties"]["top_k"];
+        assert_eq!(top_k["maximum"], u32::MAX);
+        assert!(top_k.get("format").is_none(), "{top_k}");
+        let deadline = &schemas["TaskRequest"]["properties"]["deadline_ms"];
+        assert_eq!(deadline["maximum"], u64::MAX);
+        // an unimplemented OpenAI field admits exactly its neutral values
+        let suffix = schemas["Unimplemented"]["properties"]["suffix"]["anyOf"]
+            .as_array()
+            .unwrap();
+        assert!(suffix.iter().any(|s| s["maxLength"] == 0));
+        assert!(suffix.iter().all(|s| s.get("minLength").is_none()));
+        let choice = &schemas["Unimplemented"]["properties"]["tool_choice"]["anyOf"];
+        assert!(choice
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["enum"][0] == "none"));
     }
 }

@@ -132,3 +132,40 @@ async fn real_model_cancel_mid_generation() {
     assert_eq!(h["slots_free"], 4, "{h}");
     assert_eq!(h["ready"], true);
 }
+
+/// ADP-OAI-4 (`continue_final_message`), real model: without a final assistant turn the
+/// assistant turn to continue is empty, so the answer is the one a plain chat gets; a lone
+/// assistant turn is continued as raw text, as the same prompt is; an empty one is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn continue_final_message_without_an_assistant_turn() {
+    let s = real_server().await;
+    let greedy = |body: serde_json::Value| {
+        let s = &s;
+        async move {
+            let id = s.submit_ok(body).await;
+            let ev = s.stream_all(&id).await;
+            assert_well_formed(&ev);
+            text_of(&ev)
+        }
+    };
+    let user = json!([{"role": "user", "content": "Name a colour."}]);
+    let plain = greedy(json!({"messages": user, "max_tokens": 8})).await;
+    let continued =
+        greedy(json!({"messages": user, "max_tokens": 8, "continue_final_message": true})).await;
+    assert!(!plain.is_empty());
+    assert_eq!(continued, plain);
+
+    let lone = json!([{"role": "assistant", "content": "The capital of France is"}]);
+    let as_text =
+        greedy(json!({"messages": lone, "max_tokens": 6, "continue_final_message": true})).await;
+    let raw = greedy(json!({"prompt": "The capital of France is", "max_tokens": 6})).await;
+    assert_eq!(as_text, raw);
+
+    let empty = json!([{"role": "assistant", "content": ""}]);
+    let r = s
+        .submit(json!({"messages": empty, "continue_final_message": true}))
+        .await;
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["field"], "messages");
+}
