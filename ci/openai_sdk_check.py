@@ -11,6 +11,7 @@ import argparse
 import sys
 import threading
 import time
+import urllib.request
 
 import openai
 
@@ -25,6 +26,15 @@ def check(cond, what):
         print(f"FAIL: {what}", file=sys.stderr)
         sys.exit(1)
     print(f"ok: {what.splitlines()[0][:120]}")
+
+
+def queue_depth(base_url):
+    """Queued tasks, from the server's /metrics."""
+    root = base_url.rsplit("/v1", 1)[0]
+    with urllib.request.urlopen(f"{root}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("orchd_queue_depth{"))
 
 
 def main():
@@ -113,10 +123,13 @@ def main():
     threads = [threading.Thread(target=long_stream, daemon=True) for _ in range(4)]
     for t in threads:
         t.start()
+    # a stream's response begins with its first token: two begin, two wait in the queue
+    # (seen in the server's queue depth)
     deadline = time.time() + 60
-    while len(started) < 4 and time.time() < deadline:
+    while not (len(started) == 2 and queue_depth(args.base_url) == 2) and time.time() < deadline:
         time.sleep(0.05)
-    check(len(started) == 4, "four long requests admitted (2 running, 2 queued)")
+    check(len(started) == 2 and queue_depth(args.base_url) == 2,
+          "four long requests admitted (2 streaming, 2 queued)")
     try:
         client.chat.completions.create(model=model, messages=QUESTION, max_tokens=4)
         check(False, "a fifth request is refused")

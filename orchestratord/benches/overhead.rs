@@ -7,6 +7,8 @@
 //! - Admission requests/s: C concurrent clients posting tasks for a fixed time against a small
 //!   queue (so most answers are 429s), versus a bare handler that parses the same JSON and
 //!   answers 202. Medians of several rounds.
+//! - Refusals/s of a big prompt (256 KiB): the same, with every answer a 429 — a refusal
+//!   parses the body (bounded by `admission.max_body_bytes`) but never tokenizes the prompt.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -75,21 +77,21 @@ async fn read_tokens(client: &reqwest::Client, url: &str) -> usize {
     n
 }
 
-async fn admission_rate(client: &reqwest::Client, url: String) -> (f64, f64) {
+async fn admission_rate(
+    client: &reqwest::Client,
+    url: String,
+    body: serde_json::Value,
+) -> (f64, f64) {
     let done = Arc::new(AtomicU64::new(0));
     let rejected = Arc::new(AtomicU64::new(0));
     let until = Instant::now() + Duration::from_secs_f64(ADMIT_SECS);
     let mut hs = Vec::new();
     for _ in 0..CLIENTS {
         let (c, u, d, r) = (client.clone(), url.clone(), done.clone(), rejected.clone());
+        let body = body.clone();
         hs.push(tokio::spawn(async move {
             while Instant::now() < until {
-                let resp = c
-                    .post(&u)
-                    .json(&json!({"prompt": "hello there", "max_tokens": 4}))
-                    .send()
-                    .await
-                    .unwrap();
+                let resp = c.post(&u).json(&body).send().await.unwrap();
                 if resp.status() == 429 {
                     r.fetch_add(1, Ordering::Relaxed);
                 }
@@ -155,9 +157,14 @@ async fn main() {
     let mut bare_rps = Vec::new();
     let mut orch_rps = Vec::new();
     let mut reject_share = Vec::new();
+    let small = json!({"prompt": "hello there", "max_tokens": 4});
     for _ in 0..3 {
-        bare_rps.push(admission_rate(&client, format!("{bare}/v1/tasks")).await.0);
-        let (r, rej) = admission_rate(&client, slow.url("/v1/tasks")).await;
+        bare_rps.push(
+            admission_rate(&client, format!("{bare}/v1/tasks"), small.clone())
+                .await
+                .0,
+        );
+        let (r, rej) = admission_rate(&client, slow.url("/v1/tasks"), small.clone()).await;
         orch_rps.push(r);
         reject_share.push(rej);
     }
@@ -169,4 +176,37 @@ async fn main() {
         o / b,
         100.0 * median(reject_share)
     );
+
+    // refusals of a big prompt: the queue is full, every answer is a 429
+    let mut cfg = support::config(vec![support::pool("p1", 1)]);
+    cfg.queue.capacity = 1;
+    let full = support::start(cfg, Duration::from_millis(50)).await;
+    let hang = full
+        .submit_ok(json!({"prompt": "x [hang]", "max_tokens": 4}))
+        .await;
+    let waiting = full
+        .submit_ok(json!({"prompt": "y", "max_tokens": 4}))
+        .await;
+    let big = json!({"prompt": "word ".repeat(256 * 1024 / 5), "max_tokens": 4});
+    let (mut bare_big, mut orch_big, mut share_big) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        bare_big.push(
+            admission_rate(&client, format!("{bare}/v1/tasks"), big.clone())
+                .await
+                .0,
+        );
+        let (r, rej) = admission_rate(&client, full.url("/v1/tasks"), big.clone()).await;
+        orch_big.push(r);
+        share_big.push(rej);
+    }
+    let (b, o) = (median(bare_big), median(orch_big));
+    println!("Refusals/s of a 256 KiB prompt ({CLIENTS} clients, {ADMIT_SECS} s, median of 3):");
+    println!("  bare axum 202   {b:>10.0}");
+    println!(
+        "  orchestratord   {o:>10.0}   ratio {:.2}   (429 share {:.0}%)",
+        o / b,
+        100.0 * median(share_big)
+    );
+    full.cancel(&waiting).await;
+    full.cancel(&hang).await;
 }

@@ -62,6 +62,12 @@ pub struct AdmissionConfig {
     pub max_prompts_per_request: usize,
     /// Prompts templated and tokenized at once, on blocking threads (0 = one per CPU).
     pub tokenize_concurrency: usize,
+    /// Longest predicted wait for a slot a task is admitted with, and longest it stays queued
+    /// (then it leaves with a retriable `QUEUE_TIMEOUT`); 0 = no limit.
+    pub max_queue_wait_ms: u64,
+    /// Time kept in hand from a client's stated timeout (network, scheduling) when admission
+    /// decides whether the answer can begin in time.
+    pub deadline_margin_ms: u64,
 }
 
 impl Default for AdmissionConfig {
@@ -75,6 +81,8 @@ impl Default for AdmissionConfig {
             max_stop_chars: 128,
             max_prompts_per_request: 16,
             tokenize_concurrency: 0,
+            max_queue_wait_ms: 30_000,
+            deadline_margin_ms: 500,
         }
     }
 }

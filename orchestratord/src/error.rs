@@ -109,13 +109,15 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// `Retry-After` (seconds) and `X-Backoff-Ms` when an error advises a wait.
+/// `Retry-After` (whole seconds), `retry-after-ms` (what the `openai` and `anthropic` SDKs
+/// prefer) and `X-Backoff-Ms` when an error advises a wait.
 pub fn backoff_headers(h: &mut axum::http::HeaderMap, retry_after_ms: Option<u64>) {
     if let Some(ms) = retry_after_ms {
         if let Ok(v) = HeaderValue::from_str(&retry_after_secs(ms).to_string()) {
             h.insert(axum::http::header::RETRY_AFTER, v);
         }
         if let Ok(v) = HeaderValue::from_str(&ms.to_string()) {
+            h.insert("retry-after-ms", v.clone());
             h.insert("x-backoff-ms", v);
         }
     }

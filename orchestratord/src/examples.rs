@@ -15,7 +15,7 @@ pub fn pool_unready() -> Value {
     json!({"code": "POOL_UNREADY", "message": "pool \"gpu0\" is draining", "retriable": true, "retry_after_ms": 1000, "pool_id": "gpu0"})
 }
 pub fn deadline_unmet() -> Value {
-    json!({"code": "DEADLINE_UNMET", "message": "deadline 200 ms cannot be met: predicted 1450 ms (start 900 ms + decode)", "retriable": true, "retry_after_ms": 450})
+    json!({"code": "DEADLINE_UNMET", "message": "deadline_ms 200 cannot be met even with no wait: predicted 1450 ms to answer (1250 ms short)", "retriable": false})
 }
 pub fn payload_too_large() -> Value {
     json!({"code": "PAYLOAD_TOO_LARGE", "message": "request body exceeds the configured limit", "retriable": false})
@@ -51,6 +51,12 @@ pub fn openai_not_found() -> Value {
 }
 pub fn openai_rate_limited() -> Value {
     json!({"error": {"message": "queue full (64 tasks waiting)", "type": "rate_limit_error", "param": null, "code": "ADMISSION_REJECT"}})
+}
+pub fn openai_deadline_unmet() -> Value {
+    json!({"error": {"message": "the client's timeout of 300 ms (sdk timeout) cannot be met even with no wait: predicted 1450 ms to answer (1650 ms short)", "type": "invalid_request_error", "param": null, "code": "DEADLINE_UNMET"}})
+}
+pub fn openai_queue_timeout() -> Value {
+    json!({"error": {"message": "no slot within the 14420 ms this task could wait to answer in time", "type": "server_error", "param": null, "code": "QUEUE_TIMEOUT"}})
 }
 pub fn openai_unready() -> Value {
     json!({"error": {"message": "no pool serving \"SmolLM2-135M-Instruct.Q4_1\" is ready", "type": "server_error", "param": null, "code": "POOL_UNREADY"}})

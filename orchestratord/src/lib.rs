@@ -16,6 +16,7 @@ pub mod loadgen;
 pub mod metrics;
 pub mod model_paths;
 pub mod openapi;
+pub mod patience;
 pub mod process_stats;
 pub mod remote_workers;
 pub mod routes;

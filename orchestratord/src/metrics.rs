@@ -25,6 +25,8 @@ pub const QUEUE_DEPTH: &str = "orchd_queue_depth";
 pub const TTFT: &str = "orchd_time_to_first_token_seconds";
 pub const TOKEN_LATENCY: &str = "orchd_token_latency_seconds";
 pub const QUEUE_WAIT: &str = "orchd_queue_wait_seconds";
+pub const START_PREDICTION_ERROR: &str = "orchd_start_prediction_error_seconds";
+pub const RETRY_PLACES: &str = "orchd_retry_places_total";
 pub const POOL_SLOTS_BUSY: &str = "orchd_pool_slots_busy";
 pub const POOL_SLOTS: &str = "orchd_pool_slots";
 pub const POOL_STATE: &str = "orchd_pool_state";
@@ -49,6 +51,7 @@ pub const L_CODE: &str = "code";
 pub const L_POOL: &str = "pool";
 pub const L_OUTCOME: &str = "outcome";
 pub const L_STATE: &str = "state";
+pub const L_DIRECTION: &str = "direction";
 
 /// Why a task was cancelled.
 #[derive(Debug, Clone, Copy)]
@@ -115,6 +118,14 @@ fn describe() {
     describe_histogram!(TTFT, "Submission to first token");
     describe_histogram!(TOKEN_LATENCY, "Time between consecutive tokens of a task");
     describe_histogram!(QUEUE_WAIT, "Submission to placement on a slot");
+    describe_histogram!(
+        START_PREDICTION_ERROR,
+        "How far admission's predicted wait for a slot was from the real one, by direction (late: started after the prediction, early: before)"
+    );
+    describe_counter!(
+        RETRY_PLACES,
+        "Places in line kept for refused requests told to come back, and those retries claimed, by outcome (kept, claimed)"
+    );
     describe_gauge!(POOL_SLOTS_BUSY, "Busy slots, by pool");
     describe_gauge!(POOL_SLOTS, "Slots, by pool");
     describe_counter!(
@@ -199,6 +210,9 @@ pub fn upkeep(handle: &PrometheusHandle, pools: &[pool_manager::PoolSnapshot]) {
     }
     for r in AUTH_FAILURE_REASONS {
         counter!(AUTH_FAILURES, L_REASON => r).increment(0);
+    }
+    for o in ["kept", "claimed"] {
+        counter!(RETRY_PLACES, L_OUTCOME => o).increment(0);
     }
     counter!(TOKENS_IN).increment(0);
     counter!(TOKENS_OUT).increment(0);
@@ -291,6 +305,21 @@ pub fn token_latency(d: Duration) {
 
 pub fn queue_wait(d: Duration) {
     histogram!(QUEUE_WAIT).record(d.as_secs_f64());
+}
+
+/// A task started after waiting `actual`; admission had predicted `predicted`.
+pub fn start_prediction(predicted: Duration, actual: Duration) {
+    let (direction, error) = if actual >= predicted {
+        ("late", actual - predicted)
+    } else {
+        ("early", predicted - actual)
+    };
+    histogram!(START_PREDICTION_ERROR, L_DIRECTION => direction).record(error.as_secs_f64());
+}
+
+/// A place in line was kept for a refused request (`kept`) or a retry took one (`claimed`).
+pub fn retry_place(outcome: &'static str) {
+    counter!(RETRY_PLACES, L_OUTCOME => outcome).increment(1);
 }
 
 /// Publishes one pool's gauges and counters from its snapshot.

@@ -35,6 +35,7 @@ pub fn build_state(
             cfg.stream.max_retained_tasks,
         ),
         sessions: SessionStore::new(cfg.sessions.clone()),
+        running: Default::default(),
         pools,
         wake,
         metrics: crate::metrics::install(Duration::from_millis(cfg.metrics.idle_timeout_ms)),

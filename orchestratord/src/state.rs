@@ -22,6 +22,8 @@ pub struct AppState {
     pub pools: PoolRegistry,
     pub queue: TaskQueue,
     pub tasks: TaskStore,
+    /// The tasks in a slot now, by pool (for start predictions).
+    pub running: crate::lifecycle::running::RunningTasks,
     pub sessions: SessionStore,
     /// Wakes the dispatcher: new task queued, slot freed, pool state changed.
     pub wake: Arc<Notify>,

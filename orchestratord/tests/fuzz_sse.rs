@@ -46,6 +46,9 @@ fn task(id: usize) -> Arc<Task> {
         params: Value::Null,
         ctx: 256,
         deadline: None,
+        start_by: None,
+        rank: None,
+        predicted_start: std::time::Duration::ZERO,
     }))
 }
 

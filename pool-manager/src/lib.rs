@@ -11,7 +11,9 @@ mod state;
 
 pub use candle_engine::{CandleFactory, CandlePortEngine};
 pub use lease::SlotLease;
-pub use pool::{Pool, PoolError, PoolKind, PoolSnapshot, PoolSpec, CIRCUIT_OPEN_AFTER};
+pub use pool::{
+    Pool, PoolError, PoolKind, PoolSnapshot, PoolSpec, ServiceSample, CIRCUIT_OPEN_AFTER,
+};
 pub use port::{
     Engine, EngineDescriptor, EngineFactory, EngineJob, FailureNote, PortError, PromptInput,
     StopCause, EVENT_CHANNEL_CAPACITY,

@@ -89,6 +89,12 @@ pub struct PoolSnapshot {
     pub service_ms_ewma: Option<f64>,
     /// Smoothed decode time per generated token, seeded by the self-test.
     pub ms_per_token_ewma: Option<f64>,
+    /// Smoothed prefill time per prompt token: taking the slot to the first token, less one
+    /// step.
+    pub prefill_ms_per_token_ewma: Option<f64>,
+    /// Smoothed share of their `max_tokens` that finished tasks produced (they stop at end of
+    /// text or a stop sequence before it): how long a task in a slot is expected to run.
+    pub used_share_ewma: Option<f64>,
     pub drain_deadline_remaining_ms: Option<u64>,
     pub consecutive_failures: u32,
     /// Tokens per second of the last finished task (admission to end, prefill included).
@@ -130,6 +136,8 @@ struct Inner {
     model_load_ms: u64,
     service_ms_ewma: Option<f64>,
     ms_per_token_ewma: Option<f64>,
+    used_share_ewma: Option<f64>,
+    prefill_ms_per_token_ewma: Option<f64>,
     last_tokens_per_s: Option<f64>,
     consecutive_failures: u32,
 }
@@ -174,6 +182,8 @@ impl Pool {
                 model_load_ms: 0,
                 service_ms_ewma: None,
                 ms_per_token_ewma: None,
+                used_share_ewma: None,
+                prefill_ms_per_token_ewma: None,
                 last_tokens_per_s: None,
                 consecutive_failures: 0,
             }),
@@ -254,6 +264,8 @@ impl Pool {
             model_load_ms: g.model_load_ms,
             service_ms_ewma: g.service_ms_ewma,
             ms_per_token_ewma: g.ms_per_token_ewma,
+            used_share_ewma: g.used_share_ewma,
+            prefill_ms_per_token_ewma: g.prefill_ms_per_token_ewma,
             drain_deadline_remaining_ms: g
                 .drain_deadline
                 .filter(|_| g.state == PoolState::Draining)
@@ -327,14 +339,35 @@ impl Pool {
         self.wake.notify_one();
     }
 
-    /// Feeds the measured service time and token count of a finished task into the EWMAs.
-    pub fn record_service(&self, took: Duration, tokens_out: usize) {
-        let ms = took.as_secs_f64() * 1000.0;
+    /// Feeds a finished task's measurements into the EWMAs: service time, time per token after
+    /// the first, time to the first token per prompt token, and the share of its limit used.
+    pub fn record_service(&self, m: ServiceSample) {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        let total = ms(m.took);
         let mut g = self.lock();
-        g.service_ms_ewma = Some(ewma(g.service_ms_ewma, ms));
-        if tokens_out > 0 {
-            g.ms_per_token_ewma = Some(ewma(g.ms_per_token_ewma, ms / tokens_out as f64));
-            g.last_tokens_per_s = Some(tokens_out as f64 * 1000.0 / ms.max(1e-3));
+        g.service_ms_ewma = Some(ewma(g.service_ms_ewma, total));
+        if m.max_tokens > 0 {
+            let share = (m.tokens_out as f64 / m.max_tokens as f64).clamp(0.0, 1.0);
+            g.used_share_ewma = Some(ewma(g.used_share_ewma, share));
+        }
+        let per_token = match m.first_token_after {
+            Some(first) if m.tokens_out >= 2 => {
+                Some(ms(m.took.saturating_sub(first)) / (m.tokens_out - 1) as f64)
+            }
+            _ if m.tokens_out > 0 => Some(total / m.tokens_out as f64),
+            _ => None,
+        };
+        if let Some(t) = per_token {
+            g.ms_per_token_ewma = Some(ewma(g.ms_per_token_ewma, t));
+        }
+        // the first token is the prompt's prefill plus one step like the others
+        if let (Some(first), true) = (m.first_token_after, m.prompt_tokens > 0) {
+            let step = per_token.or(g.ms_per_token_ewma).unwrap_or(0.0);
+            let per = (ms(first) - step).max(0.0) / m.prompt_tokens as f64;
+            g.prefill_ms_per_token_ewma = Some(ewma(g.prefill_ms_per_token_ewma, per));
+        }
+        if m.tokens_out > 0 {
+            g.last_tokens_per_s = Some(m.tokens_out as f64 * 1000.0 / total.max(1e-3));
         }
     }
 
@@ -526,6 +559,18 @@ fn backoff(attempt: u32) -> Duration {
     let capped = exp.min(RETRY_CAP);
     let jitter = rand::rng().random_range(0.5..1.0);
     capped.mul_f64(jitter)
+}
+
+/// What a finished task measured, for [`Pool::record_service`].
+#[derive(Debug, Clone, Copy)]
+pub struct ServiceSample {
+    /// From taking the slot to the end.
+    pub took: Duration,
+    /// From taking the slot to the first token.
+    pub first_token_after: Option<Duration>,
+    pub prompt_tokens: usize,
+    pub tokens_out: usize,
+    pub max_tokens: usize,
 }
 
 /// Decodes one token greedily to prove the engine works before it takes traffic.

@@ -8,6 +8,7 @@ use contracts::{ErrorCode, TaskRequest};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::admission;
+use crate::lifecycle::deadline::Delivery;
 use crate::lifecycle::subscription::{Resume, Subscription};
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::CancelReason;
@@ -34,8 +35,9 @@ pub async fn admit(
     state: &SharedState,
     req: TaskRequest,
     caller: &Caller,
+    delivery: Delivery,
 ) -> Result<Arc<Task>, ApiError> {
-    admission::admit(state, req, caller)
+    admission::admit(state, req, caller, delivery)
         .await
         .map(|(_, task, _)| task)
         .map_err(|e| {
@@ -56,10 +58,11 @@ pub async fn admit_all(
     state: &SharedState,
     reqs: Vec<TaskRequest>,
     caller: &Caller,
+    delivery: Delivery,
 ) -> Result<Vec<Arc<Task>>, ApiError> {
     let mut tasks = Vec::with_capacity(reqs.len());
     for req in reqs {
-        match admit(state, req, caller).await {
+        match admit(state, req, caller, delivery).await {
             Ok(t) => tasks.push(t),
             Err(e) => {
                 for t in &tasks {
@@ -70,6 +73,38 @@ pub async fn admit_all(
         }
     }
     Ok(tasks)
+}
+
+/// How far a task's answer is: begun (a token or its end), failed before that, or neither.
+fn beginning(sub: &Subscription) -> Option<Result<(), ApiError>> {
+    sub.peek(|events| {
+        events.iter().find_map(|ev| match ev {
+            TaskEvent::Token(_) | TaskEvent::End(_) => Some(Ok(())),
+            TaskEvent::Error(e) => Some(Err(error_of(e))),
+            TaskEvent::Started(_) | TaskEvent::Metrics(_) => None,
+        })
+    })
+}
+
+/// Waits until the answer begins: the first token or end of any of the request's tasks — or
+/// an error before any of them began, then answered as an HTTP error with its status and
+/// backoff headers, which SDKs retry, instead of a stream that opens only to fail
+/// (ORCH-ADM-DL-4). A streamed response's headers go out only after this.
+pub async fn until_answer_begins(subs: &mut [Subscription]) -> Result<(), ApiError> {
+    loop {
+        let states: Vec<_> = subs.iter().map(beginning).collect();
+        if states.iter().any(|s| matches!(s, Some(Ok(())))) {
+            return Ok(());
+        }
+        if let Some(Some(Err(e))) = states.into_iter().find(|s| s.is_some()) {
+            return Err(e);
+        }
+        if subs.is_empty() {
+            return Ok(());
+        }
+        let changes = subs.iter_mut().map(|s| Box::pin(s.wait(None)));
+        futures::future::select_all(changes).await;
+    }
 }
 
 /// The model name to report: what the client asked for, else what the task runs.

@@ -27,6 +27,7 @@ use routes::{Access, Shape};
 use crate::config::{AuthConfig, ConfigError};
 use crate::correlation::CorrelationId;
 use crate::error::ApiError;
+use crate::patience::Patience;
 use crate::state::SharedState;
 
 /// The env variable with `tenant:scope:key` entries, comma-separated.
@@ -283,6 +284,8 @@ pub async fn middleware(
 pub struct Caller {
     pub correlation_id: String,
     pub principal: Principal,
+    /// The client's stated timeout and retry count (`patience.rs`).
+    pub patience: Patience,
 }
 
 impl Caller {
@@ -294,6 +297,7 @@ impl Caller {
                 tenant: tenant.into(),
                 scope: Scope::Data,
             },
+            patience: Patience::default(),
         }
     }
 
@@ -318,9 +322,11 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
             .get::<CorrelationId>()
             .map(|c| c.0.clone())
             .unwrap_or_default();
+        let patience = Patience::from_headers(&parts.headers)?;
         Ok(Self {
             correlation_id,
             principal,
+            patience,
         })
     }
 }

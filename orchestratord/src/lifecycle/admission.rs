@@ -9,6 +9,7 @@ use pool_manager::{ChatMessage, Pool, PromptInput, SamplingParams};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
+use crate::lifecycle::deadline::{self, Delivery, Limits};
 use crate::lifecycle::eta;
 use crate::lifecycle::queue::Enqueued;
 use crate::lifecycle::task::{NewTask, RunSpec, Task};
@@ -319,11 +320,7 @@ async fn count_prompt(
             return Ok((ids.ids.len(), Some(ids)));
         }
     }
-    let bytes = match &v.prompt {
-        PromptInput::Text(t) => t.len(),
-        PromptInput::Chat(turns) => turns.iter().map(|t| t.content.len() + 8).sum(),
-    } + v.continuation.len();
-    Ok((bytes.div_ceil(4).max(1), None))
+    Ok((estimated_tokens(&v.prompt, &v.continuation), None))
 }
 
 fn rand_seed() -> u64 {
@@ -354,12 +351,40 @@ fn reject(code: ErrorCode, err: ApiError) -> ApiError {
     err
 }
 
+/// The size of a prompt in tokens before any tokenizer ran: one per 4 bytes, for budgets and
+/// predictions only.
+fn estimated_tokens(prompt: &PromptInput, continuation: &str) -> usize {
+    let bytes = match prompt {
+        PromptInput::Text(t) => t.len(),
+        PromptInput::Chat(turns) => turns.iter().map(|t| t.content.len() + 8).sum(),
+    } + continuation.len();
+    bytes.div_ceil(4).max(1)
+}
+
+/// The 429 of a full queue (the refused request's place is kept for its retry).
+fn queue_full(state: &SharedState, rank: std::time::Instant, retry_after_ms: u64) -> ApiError {
+    deadline::keep_place(state, rank, retry_after_ms);
+    let cap = state.queue.capacity();
+    reject(
+        ErrorCode::AdmissionReject,
+        ApiError::new(
+            ErrorCode::AdmissionReject,
+            format!("queue full ({cap} tasks waiting)"),
+            true,
+        )
+        .with_retry_after(retry_after_ms)
+        .with_policy(state.queue.policy().label()),
+    )
+}
+
 /// Admits a task. Returns the 202 body and whether the task is new (false for an idempotent
-/// resubmission of an existing `task_id`).
+/// resubmission of an existing `task_id`). `delivery` says what the client's stated timeout
+/// bounds (deadline.rs).
 pub async fn admit(
     state: &SharedState,
     req: TaskRequest,
     caller: &Caller,
+    delivery: Delivery,
 ) -> Result<(AdmissionResponse, Arc<Task>, bool), ApiError> {
     let owner = caller.tenant();
     if state.is_shutting_down() {
@@ -377,6 +402,28 @@ pub async fn admit(
     }
     let v = validate(state, &req).map_err(|e| reject(e.code(), e))?;
     let pools = resolve_pools(state, &req).map_err(|e| reject(e.code(), e))?;
+    let snapshots: Vec<_> = pools.iter().map(|p| p.snapshot()).collect();
+    let typical = state.cfg.admission.default_max_tokens as usize;
+    let est_now = eta::estimate(state.queue.len(), &snapshots, typical);
+    let free_slots: usize = snapshots.iter().map(|s| s.slots_free()).sum();
+    // refusals first, before the prompt is tokenized: a 429 costs no tokenizer time
+    let priority = req.priority.unwrap_or(Priority::Interactive);
+    let plan = deadline::plan(
+        state,
+        &pools,
+        &snapshots,
+        &Limits {
+            end_within: req.deadline_ms.map(Duration::from_millis),
+            max_tokens: v.max_tokens,
+            prompt_tokens: estimated_tokens(&v.prompt, &v.continuation),
+            priority,
+        },
+        caller,
+        delivery,
+    )?;
+    if !state.queue.has_room(free_slots) {
+        return Err(queue_full(state, plan.rank, est_now.retry_after_ms));
+    }
     let (n_prompt, prompt_ids) = count_prompt(state, &pools, &v).await?;
     let exact = prompt_ids.is_some();
     if n_prompt == 0 {
@@ -401,27 +448,6 @@ pub async fn admit(
                 ),
             ),
         ));
-    }
-    let snapshots: Vec<_> = pools.iter().map(|p| p.snapshot()).collect();
-    let typical = state.cfg.admission.default_max_tokens as usize;
-    let est_now = eta::estimate(state.queue.len(), &snapshots, typical);
-    if let Some(deadline) = req.deadline_ms {
-        let decode = est_now
-            .ms_per_token
-            .map(|t| (t * v.max_tokens as f64) as u64)
-            .unwrap_or(0);
-        let need = est_now.predicted_start_ms + decode;
-        if need > deadline {
-            return Err(reject(
-                ErrorCode::DeadlineUnmet,
-                ApiError::new(
-                    ErrorCode::DeadlineUnmet,
-                    format!("deadline {deadline} ms cannot be met: predicted {need} ms (start {} ms + decode)", est_now.predicted_start_ms),
-                    true,
-                )
-                .with_retry_after(est_now.retry_after_ms),
-            ));
-        }
     }
     let reserved = (n_prompt + v.max_tokens) as u64;
     if let Some(sid) = &req.session_id {
@@ -455,7 +481,7 @@ pub async fn admit(
             .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
         owner: owner.to_string(),
         correlation_id: caller.correlation_id.clone(),
-        priority: req.priority.unwrap_or(Priority::Interactive),
+        priority,
         session_id: req.session_id.clone(),
         pin,
         model,
@@ -471,6 +497,9 @@ pub async fn admit(
         params: redact(&req),
         ctx,
         deadline: req.deadline_ms.map(Duration::from_millis),
+        start_by: plan.start_budget,
+        rank: Some(plan.rank),
+        predicted_start: plan.predicted_start,
     }));
     match state.tasks.insert(task.clone()) {
         Inserted::New => {}
@@ -493,7 +522,6 @@ pub async fn admit(
             ));
         }
     }
-    let free_slots = snapshots.iter().map(|s| s.slots_free()).sum();
     let position = match state.queue.push(task.clone(), free_slots) {
         Enqueued::Queued { position } => position,
         Enqueued::QueuedEvicting { position, evicted } => {
@@ -509,23 +537,14 @@ pub async fn admit(
         Enqueued::Full => {
             state.tasks.remove(&task);
             refund(state);
-            let cap = state.queue.capacity();
-            return Err(reject(
-                ErrorCode::AdmissionReject,
-                ApiError::new(
-                    ErrorCode::AdmissionReject,
-                    format!("queue full ({cap} tasks waiting)"),
-                    true,
-                )
-                .with_retry_after(est_now.retry_after_ms)
-                .with_policy(state.queue.policy().label()),
-            ));
+            return Err(queue_full(state, plan.rank, est_now.retry_after_ms));
         }
     };
     let est = eta::estimate(position, &snapshots, typical);
+    let predicted_start_ms = plan.predicted_start.as_millis() as u64;
     task.push_started(contracts::SseStarted {
         queue_position: position as u32,
-        predicted_start_ms: est.predicted_start_ms,
+        predicted_start_ms,
     });
     metrics::enqueued(task.priority);
     metrics::tokens_in(n_prompt);
@@ -538,7 +557,7 @@ pub async fn admit(
     tracing::info!(
         task_id = %task.id,
         queue_position = position,
-        predicted_start_ms = est.predicted_start_ms,
+        predicted_start_ms,
         prompt_tokens = n_prompt,
         max_tokens = task.spec.max_tokens,
         priority = task.priority.as_str(),
@@ -546,7 +565,7 @@ pub async fn admit(
     );
     state.wake.notify_one();
     Ok((
-        admission_of(&task, position, est.predicted_start_ms, backoff_ms),
+        admission_of(&task, position, predicted_start_ms, backoff_ms),
         task,
         true,
     ))

@@ -5,8 +5,11 @@ use std::time::{Duration, Instant};
 use contracts::ErrorCode;
 use tracing::Instrument;
 
+use crate::lifecycle::deadline;
+use crate::lifecycle::eta;
 use crate::lifecycle::placement::{place, Placement};
 use crate::lifecycle::runner;
+use crate::lifecycle::task::Task;
 use crate::state::SharedState;
 
 /// How often the dispatcher looks even without a wake-up (deadlines, sweeps, gauges).
@@ -16,23 +19,47 @@ pub async fn run(state: SharedState) {
     let mut last_sweep = Instant::now();
     loop {
         let woken = state.wake.notified();
-        dispatch_once(&state);
+        let next_due = dispatch_once(&state);
         if last_sweep.elapsed() >= Duration::from_secs(1) {
             state.tasks.sweep();
             state.sessions.sweep();
             state.publish_pool_gauges();
             last_sweep = Instant::now();
         }
+        // a queued task's start budget ends between ticks: look again right then
+        let nap = next_due.map_or(TICK, |at| {
+            at.saturating_duration_since(Instant::now()).min(TICK)
+        });
         tokio::select! {
             _ = woken => {}
-            _ = tokio::time::sleep(TICK) => {}
+            _ = tokio::time::sleep(nap) => {}
         }
     }
 }
 
-/// One pass over the queue.
-pub fn dispatch_once(state: &SharedState) {
+/// A queued task that can no longer start in time for its client (or waited the longest
+/// queue wait) leaves before it costs any compute, with a retriable `QUEUE_TIMEOUT` and a
+/// wait to come back after; its place in line is kept for the retry (ORCH-ADM-DL-3).
+fn start_budget_spent(state: &SharedState, task: &Task) {
+    let typical = state.cfg.admission.default_max_tokens as usize;
+    let retry = eta::estimate(0, &state.candidate_snapshots(task), typical).retry_after_ms;
+    let waited = task.submitted.elapsed().as_millis();
+    if state.fail_task(
+        task,
+        ErrorCode::QueueTimeout,
+        format!("no slot within the {waited} ms this task could wait to answer in time"),
+        true,
+        Some(retry),
+    ) {
+        deadline::keep_place(state, task.rank, retry);
+    }
+}
+
+/// One pass over the queue. Returns when the earliest start budget of a task left waiting
+/// runs out.
+pub fn dispatch_once(state: &SharedState) -> Option<Instant> {
     let now = Instant::now();
+    let mut next_due: Option<Instant> = None;
     for task in state.queue.in_order() {
         if task.is_terminal() {
             state.queue.remove(&task);
@@ -48,8 +75,15 @@ pub fn dispatch_once(state: &SharedState) {
             );
             continue;
         }
+        if task.start_by.is_some_and(|d| now >= d) && task.lock().first_token_at.is_none() {
+            start_budget_spent(state, &task);
+            continue;
+        }
         match place(state, &task) {
             Placement::Wait => {
+                if let Some(at) = task.start_by {
+                    next_due = Some(next_due.map_or(at, |n| n.min(at)));
+                }
                 if let Some(limit) = state.workers.queue_timeout_for(state, &task) {
                     if task.lock().queued_since.elapsed() >= limit {
                         state.fail_task(
@@ -83,4 +117,5 @@ pub fn dispatch_once(state: &SharedState) {
             }
         }
     }
+    next_due
 }

@@ -1,6 +1,14 @@
 //! Wait-time predictions from the measured service rate of the pools (EWMAs kept by
 //! pool-manager: task service time, and decode time per token seeded by each pool's
 //! self-test), never from a constant.
+//!
+//! A start is predicted by playing the line forward: every slot of the pools that could run
+//! the task frees up when the task in it has produced the tokens it is expected to (the share
+//! of its `max_tokens` the pool's finished tasks used), and each task ahead takes the first
+//! slot to free up (ORCH-ADM-DL-2).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 use pool_manager::PoolSnapshot;
 
@@ -22,7 +30,8 @@ fn service_ms(p: &PoolSnapshot, typical_tokens: usize) -> Option<f64> {
         .filter(|v| v.is_finite() && *v > 0.0)
 }
 
-/// Estimates for a task with `position` tasks ahead of it, served by `pools`.
+/// Estimates for a task with `position` tasks ahead of it, served by `pools` (the rate model:
+/// what a 429 advises when no per-task picture is at hand).
 pub fn estimate(position: usize, pools: &[PoolSnapshot], typical_tokens: usize) -> Estimate {
     let serving: Vec<&PoolSnapshot> = pools.iter().filter(|p| p.state.accepts_work()).collect();
     let free: usize = serving.iter().map(|p| p.slots_free()).sum();
@@ -31,12 +40,7 @@ pub fn estimate(position: usize, pools: &[PoolSnapshot], typical_tokens: usize) 
         .iter()
         .filter_map(|p| service_ms(p, typical_tokens).map(|s| p.slots_total as f64 / s))
         .sum();
-    let per_token: Vec<f64> = serving.iter().filter_map(|p| p.ms_per_token_ewma).collect();
-    let ms_per_token = if per_token.is_empty() {
-        None
-    } else {
-        Some(per_token.iter().sum::<f64>() / per_token.len() as f64)
-    };
+    let ms_per_token = mean_ms_per_token(pools);
     if rate <= 0.0 {
         // nothing measured yet (no pool serving): advise a short retry
         return Estimate {
@@ -51,6 +55,155 @@ pub fn estimate(position: usize, pools: &[PoolSnapshot], typical_tokens: usize) 
         retry_after_ms: (1.0 / rate).ceil().max(1.0) as u64,
         ms_per_token,
     }
+}
+
+/// Mean measured decode time per token of the pools that take work.
+pub fn mean_ms_per_token(pools: &[PoolSnapshot]) -> Option<f64> {
+    let per_token: Vec<f64> = pools
+        .iter()
+        .filter(|p| p.state.accepts_work())
+        .filter_map(|p| p.ms_per_token_ewma)
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .collect();
+    (!per_token.is_empty()).then(|| per_token.iter().sum::<f64>() / per_token.len() as f64)
+}
+
+/// Mean measured prefill time per prompt token of the pools that take work.
+pub fn mean_prefill_ms_per_token(pools: &[PoolSnapshot]) -> Option<f64> {
+    let v: Vec<f64> = pools
+        .iter()
+        .filter(|p| p.state.accepts_work())
+        .filter_map(|p| p.prefill_ms_per_token_ewma)
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// A task in a slot now, as far as it got.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct InSlot {
+    pub max_tokens: usize,
+    pub prompt_tokens: usize,
+    pub tokens_out: usize,
+    /// Time since it took the slot.
+    pub placed_ms_ago: f64,
+    /// Its own time per token so far (from its second token on).
+    pub ms_per_token_now: Option<f64>,
+}
+
+/// What a task waiting in line will need of a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Need {
+    pub max_tokens: usize,
+    pub prompt_tokens: usize,
+}
+
+/// One pool as the line sees it: its snapshot and the tasks in its slots.
+pub struct PoolLine<'a> {
+    pub snapshot: &'a PoolSnapshot,
+    pub in_slots: Vec<InSlot>,
+}
+
+/// Tokens a task with `max_tokens` is expected to produce on a pool whose finished tasks used
+/// `share` of their limit (they stop at end of text before it).
+fn expected_tokens(max_tokens: usize, share: Option<f64>) -> f64 {
+    let m = max_tokens.max(1) as f64;
+    share.map_or(m, |s| (m * s.clamp(0.0, 1.0)).max(1.0))
+}
+
+/// How fast a pool goes now: time per token (the median of what its running tasks show, else
+/// its EWMA), time per prompt token (EWMA; else half a decode step, see deadline.rs) and the
+/// share of `max_tokens` tasks use.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    per_token: f64,
+    per_prompt_token: f64,
+    share: Option<f64>,
+}
+
+impl Pace {
+    fn of(line: &PoolLine<'_>) -> Option<Self> {
+        let p = line.snapshot;
+        let positive = |v: &f64| v.is_finite() && *v > 0.0;
+        let mut live: Vec<f64> = line
+            .in_slots
+            .iter()
+            .filter_map(|s| s.ms_per_token_now)
+            .filter(positive)
+            .collect();
+        live.sort_by(f64::total_cmp);
+        let per_token = live
+            .get(live.len() / 2)
+            .copied()
+            .or(p.ms_per_token_ewma.filter(positive))?;
+        let per_prompt_token = p
+            .prefill_ms_per_token_ewma
+            .filter(positive)
+            .unwrap_or(per_token * PREFILL_SHARE_OF_A_STEP);
+        Some(Self {
+            per_token,
+            per_prompt_token,
+            share: p.used_share_ewma,
+        })
+    }
+
+    /// A whole task's time in a slot.
+    fn service_ms(&self, n: Need) -> f64 {
+        n.prompt_tokens as f64 * self.per_prompt_token
+            + expected_tokens(n.max_tokens, self.share) * self.per_token
+    }
+
+    /// What a task in a slot still needs.
+    fn left_ms(&self, s: &InSlot) -> f64 {
+        let total = expected_tokens(s.max_tokens, self.share)
+            .max((s.tokens_out + 1).min(s.max_tokens) as f64);
+        let decode = (total - s.tokens_out as f64).max(0.0) * self.per_token;
+        if s.tokens_out > 0 {
+            return decode;
+        }
+        let prefill = s.prompt_tokens as f64 * self.per_prompt_token - s.placed_ms_ago;
+        prefill.max(0.0) + decode
+    }
+}
+
+/// Prefill cost of a prompt token relative to a decode step, before any was measured: prompt
+/// tokens go through the model together (about half a step each on CPU for the default
+/// model: ~150 prompt tokens/s against ~80 decoded tokens/s).
+pub const PREFILL_SHARE_OF_A_STEP: f64 = 0.5;
+
+/// Predicted wait, in ms, until a slot starts a task that has `ahead` (each task before it,
+/// in order) in front of it; `None` when no pool that takes work has a measured decode time.
+pub fn predict_start_ms(pools: &[PoolLine<'_>], ahead: &[Need]) -> Option<u64> {
+    // (time the slot frees up in µs, pool index)
+    let mut free_at: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
+    let mut paces: Vec<Option<Pace>> = Vec::with_capacity(pools.len());
+    for (i, line) in pools.iter().enumerate() {
+        let p = line.snapshot;
+        let pace = Pace::of(line).filter(|_| p.state.accepts_work());
+        paces.push(pace);
+        let Some(pace) = pace else {
+            continue;
+        };
+        let busy = p.slots_busy.max(line.in_slots.len()).min(p.slots_total);
+        for k in 0..p.slots_total {
+            let left_ms = if k >= busy {
+                0.0
+            } else {
+                match line.in_slots.get(k) {
+                    Some(s) => pace.left_ms(s),
+                    // placed, not yet seen running: a whole task, as long as the last ones
+                    None => p.service_ms_ewma.unwrap_or(pace.per_token),
+                }
+            };
+            free_at.push(Reverse(((left_ms * 1000.0) as u64, i)));
+        }
+    }
+    for &need in ahead {
+        let Reverse((at, i)) = free_at.pop()?;
+        let took = paces[i].map_or(0.0, |pace| pace.service_ms(need));
+        free_at.push(Reverse((at + (took * 1000.0) as u64, i)));
+    }
+    free_at.peek().map(|Reverse((at, _))| at.div_ceil(1000))
 }
 
 /// Rough probability of finishing by the deadline: the ratio of time left to time needed,
@@ -98,6 +251,8 @@ mod tests {
             model_load_ms: 0,
             service_ms_ewma: service,
             ms_per_token_ewma: per_token,
+            used_share_ewma: None,
+            prefill_ms_per_token_ewma: None,
             drain_deadline_remaining_ms: None,
             consecutive_failures: 0,
             last_tokens_per_s: None,
@@ -128,6 +283,108 @@ mod tests {
     fn per_token_rate_seeds_the_estimate_before_any_task_finished() {
         let e = estimate(0, &[pool(1, 1, None, Some(10.0))], 100);
         assert_eq!(e.predicted_start_ms, 1000);
+    }
+
+    fn slots(in_slots: &[(usize, usize)]) -> Vec<InSlot> {
+        in_slots
+            .iter()
+            .map(|&(max_tokens, tokens_out)| InSlot {
+                max_tokens,
+                prompt_tokens: 0,
+                tokens_out,
+                placed_ms_ago: 0.0,
+                ms_per_token_now: None,
+            })
+            .collect()
+    }
+
+    fn needs(max_tokens: &[usize]) -> Vec<Need> {
+        max_tokens
+            .iter()
+            .map(|&max_tokens| Need {
+                max_tokens,
+                prompt_tokens: 0,
+            })
+            .collect()
+    }
+
+    /// ORCH-ADM-DL-2: a burst that filled every slot at once frees them all one service time
+    /// later; the line is played forward, not averaged.
+    #[test]
+    fn the_line_is_played_forward() {
+        // 2 slots, 10 ms per token, tasks usually run to their limit
+        let p = pool(2, 2, Some(1000.0), Some(10.0));
+        let just_started = [PoolLine {
+            snapshot: &p,
+            in_slots: slots(&[(100, 0), (100, 0)]),
+        }];
+        // nothing ahead: the first slot frees after 100 tokens
+        assert_eq!(predict_start_ms(&just_started, &[]), Some(1000));
+        // two ahead take both slots at 1 s; the third waits for them to finish too
+        assert_eq!(
+            predict_start_ms(&just_started, &needs(&[100, 100])),
+            Some(2000)
+        );
+        // a half-done slot frees first
+        let half = [PoolLine {
+            snapshot: &p,
+            in_slots: slots(&[(100, 50), (100, 0)]),
+        }];
+        assert_eq!(predict_start_ms(&half, &[]), Some(500));
+        // a free slot: no wait
+        let idle = pool(2, 1, Some(1000.0), Some(10.0));
+        let one_free = [PoolLine {
+            snapshot: &idle,
+            in_slots: slots(&[(100, 0)]),
+        }];
+        assert_eq!(predict_start_ms(&one_free, &[]), Some(0));
+        // tasks that usually stop at a fifth of their limit free their slots sooner
+        let mut short = pool(1, 1, Some(200.0), Some(10.0));
+        short.used_share_ewma = Some(0.2);
+        let stops_early = [PoolLine {
+            snapshot: &short,
+            in_slots: slots(&[(100, 5)]),
+        }];
+        assert_eq!(predict_start_ms(&stops_early, &[]), Some(150));
+        // nothing measured: no prediction
+        let unmeasured = pool(1, 1, None, None);
+        let none = [PoolLine {
+            snapshot: &unmeasured,
+            in_slots: Vec::new(),
+        }];
+        assert_eq!(predict_start_ms(&none, &[]), None);
+        // what the running tasks show beats the EWMA; prompts cost their prefill
+        let p = pool(1, 1, None, Some(10.0));
+        let slower_now = [PoolLine {
+            snapshot: &p,
+            in_slots: vec![InSlot {
+                max_tokens: 100,
+                prompt_tokens: 0,
+                tokens_out: 50,
+                placed_ms_ago: 1000.0,
+                ms_per_token_now: Some(20.0),
+            }],
+        }];
+        assert_eq!(predict_start_ms(&slower_now, &[]), Some(1000));
+        let mut prefilled = pool(1, 1, None, Some(10.0));
+        prefilled.prefill_ms_per_token_ewma = Some(2.0);
+        let in_prefill = [PoolLine {
+            snapshot: &prefilled,
+            in_slots: vec![InSlot {
+                max_tokens: 10,
+                prompt_tokens: 100,
+                tokens_out: 0,
+                placed_ms_ago: 50.0,
+                ms_per_token_now: None,
+            }],
+        }];
+        // 150 ms of prefill left, 100 ms of decode; then a task of 100 prompt tokens + 10
+        assert_eq!(predict_start_ms(&in_prefill, &[]), Some(250));
+        let next = [Need {
+            max_tokens: 10,
+            prompt_tokens: 100,
+        }];
+        assert_eq!(predict_start_ms(&in_prefill, &next), Some(550));
     }
 
     #[test]

@@ -3,7 +3,9 @@
 //!
 //! 1. [`admission`]: validate the request, count its prompt (tokenized once, off the async
 //!    runtime), check context and budgets, and either refuse it with a typed error or create
-//!    the [`task::Task`] and put it in the queue.
+//!    the [`task::Task`] and put it in the queue. [`deadline`] decides first, before any
+//!    tokenizing, whether the task can answer within its client's time, and refuses with the
+//!    wait that would fit.
 //! 2. [`queue`]: the bounded two-class queue (interactive before batch); full means 429 with
 //!    `Retry-After`, or the oldest batch task dropped, by policy.
 //! 3. [`dispatcher`]: one loop, woken on every change, that takes queued tasks in order and
@@ -20,14 +22,17 @@
 //!
 //! [`tokenize`] templates and tokenizes prompts off the runtime, once per task.
 //! [`task_store`] keeps tasks (and their records) for the artifact TTL; [`eta`] turns pool
-//! measurements into the queue-time and on-time estimates admission and the stream report.
+//! measurements into the queue-time and on-time estimates admission and the stream report;
+//! [`running`] indexes the tasks in slots, for those estimates.
 
 pub mod admission;
+pub mod deadline;
 pub mod dispatcher;
 pub mod eta;
 pub mod placement;
 pub mod queue;
 pub mod runner;
+pub mod running;
 pub mod sse;
 pub mod subscription;
 pub mod task;

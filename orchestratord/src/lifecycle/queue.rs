@@ -1,9 +1,17 @@
-//! The bounded two-class admission queue: `interactive` before `batch`, FIFO within a class.
-//! A place is reserved in the same locked step that checks capacity, so a burst cannot
-//! overshoot the bound.
+//! The bounded two-class admission queue: `interactive` before `batch`, in order of place in
+//! line within a class. A place is reserved in the same locked step that checks capacity, so a
+//! burst cannot overshoot the bound.
+//!
+//! A task's place in line (`Task::rank`) is when it arrived, except for a retry that takes back
+//! a place kept for it: a refusal that tells the client when to come back (429 with
+//! `Retry-After`, or a queue deadline that passed) keeps the refused request's place for the
+//! advised wait plus a grace, and a request that says it is a retry claims the oldest place
+//! kept (ORCH-ADM-RETRY-1). Kept places count ahead of newcomers in every prediction, so the
+//! clients that backed off are not starved by those that arrived while they waited.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use contracts::Priority;
 
@@ -20,9 +28,68 @@ pub struct TaskQueue {
 struct Classes {
     interactive: VecDeque<Arc<Task>>,
     batch: VecDeque<Arc<Task>>,
+    /// Places kept for refused requests, oldest place first.
+    kept: VecDeque<KeptPlace>,
+    /// Admissions that were promised a place and are being tokenized: they count ahead of
+    /// later admissions until their task is queued (or they fail), so a burst arriving at
+    /// once is not all predicted onto an empty line.
+    pending: Vec<Pending>,
+    next_pending: u64,
+}
+
+/// An admission between its prediction and its task's arrival in the queue.
+#[derive(Debug, Clone, Copy)]
+struct Pending {
+    id: u64,
+    priority: Priority,
+    rank: Instant,
+    /// (max_tokens, prompt tokens)
+    need: (usize, usize),
+}
+
+/// A place promised to an admission: released when dropped (after its task is queued, or when
+/// the admission fails).
+pub struct Promised<'a> {
+    queue: &'a TaskQueue,
+    id: u64,
+}
+
+impl Drop for Promised<'_> {
+    fn drop(&mut self) {
+        let mut q = self.queue.lock();
+        q.pending.retain(|p| p.id != self.id);
+    }
+}
+
+/// A place in line kept for a refused request until it lapses.
+#[derive(Debug, Clone, Copy)]
+struct KeptPlace {
+    rank: Instant,
+    lapses: Instant,
+}
+
+/// Inserts `task` after every task of its class ranked at or before it.
+fn insert_ranked(q: &mut VecDeque<Arc<Task>>, task: Arc<Task>) {
+    let at = q
+        .iter()
+        .rposition(|t| t.rank <= task.rank)
+        .map_or(0, |i| i + 1);
+    q.insert(at, task);
+}
+
+/// What is ahead of a place in line: queued tasks (in dispatch order), admissions promised a
+/// place before it ((max_tokens, prompt tokens) each) and kept places.
+pub struct Ahead {
+    pub tasks: Vec<Arc<Task>>,
+    pub promised: Vec<(usize, usize)>,
+    pub kept_places: usize,
 }
 
 impl Classes {
+    fn drop_lapsed(&mut self, now: Instant) {
+        self.kept.retain(|k| k.lapses > now);
+    }
+
     fn len(&self) -> usize {
         self.interactive.len() + self.batch.len()
     }
@@ -84,8 +151,8 @@ impl TaskQueue {
         }
         let this = task.clone();
         match task.priority {
-            Priority::Interactive => q.interactive.push_back(task),
-            Priority::Batch => q.batch.push_back(task),
+            Priority::Interactive => insert_ranked(&mut q.interactive, task),
+            Priority::Batch => insert_ranked(&mut q.batch, task),
         }
         let position = q.position(&this).unwrap_or(0);
         crate::metrics::queue_depth(q.interactive.len(), q.batch.len());
@@ -93,6 +160,14 @@ impl TaskQueue {
             Some(evicted) => Enqueued::QueuedEvicting { position, evicted },
             None => Enqueued::Queued { position },
         }
+    }
+
+    /// Whether [`TaskQueue::push`] would take a task now (a cheap check before the costly part
+    /// of admission; the push itself still decides).
+    pub fn has_room(&self, free_slots: usize) -> bool {
+        let q = self.lock();
+        q.len() < self.capacity + free_slots
+            || (matches!(self.policy, FullPolicy::DropLru) && !q.batch.is_empty())
     }
 
     /// Puts a task that already held a place back at the front of its class (a requeue after
@@ -104,6 +179,88 @@ impl TaskQueue {
             Priority::Batch => q.batch.push_front(task),
         }
         crate::metrics::queue_depth(q.interactive.len(), q.batch.len());
+    }
+
+    /// Keeps a place in line ranked `rank` until `lapses`, for a refused request told to come
+    /// back; at most `capacity` places are kept (false when none could be).
+    pub fn keep_place(&self, rank: Instant, lapses: Instant) -> bool {
+        let mut q = self.lock();
+        q.drop_lapsed(Instant::now());
+        if q.kept.len() >= self.capacity {
+            return false;
+        }
+        let at = q
+            .kept
+            .iter()
+            .rposition(|k| k.rank <= rank)
+            .map_or(0, |i| i + 1);
+        q.kept.insert(at, KeptPlace { rank, lapses });
+        true
+    }
+
+    /// A retry takes the oldest kept place: its rank, if one is kept.
+    pub fn claim_place(&self, now: Instant) -> Option<Instant> {
+        let mut q = self.lock();
+        q.drop_lapsed(now);
+        q.kept.pop_front().map(|k| k.rank)
+    }
+
+    /// Places kept now.
+    pub fn kept_places(&self) -> usize {
+        let mut q = self.lock();
+        q.drop_lapsed(Instant::now());
+        q.kept.len()
+    }
+
+    /// What a task of `priority` ranked `rank` would have ahead of it — the queued tasks that
+    /// dispatch before it, the admissions promised a place before it and the places kept
+    /// before its rank — and a place promised to it in the same step (`need`: its
+    /// `max_tokens` and prompt tokens), held until the returned guard drops.
+    pub fn ahead_of(
+        &self,
+        priority: Priority,
+        rank: Instant,
+        need: (usize, usize),
+    ) -> (Ahead, Promised<'_>) {
+        let mut q = self.lock();
+        q.drop_lapsed(Instant::now());
+        let before = |t: &&Arc<Task>| t.rank <= rank;
+        let tasks = match priority {
+            Priority::Interactive => q.interactive.iter().filter(before).cloned().collect(),
+            Priority::Batch => q
+                .interactive
+                .iter()
+                .cloned()
+                .chain(q.batch.iter().filter(before).cloned())
+                .collect(),
+        };
+        let first = |p: &Priority| matches!(p, Priority::Interactive);
+        let promised = q
+            .pending
+            .iter()
+            .filter(|p| match priority {
+                Priority::Interactive => first(&p.priority) && p.rank <= rank,
+                Priority::Batch => first(&p.priority) || p.rank <= rank,
+            })
+            .map(|p| p.need)
+            .collect();
+        let kept_places = q.kept.iter().filter(|k| k.rank < rank).count();
+        q.next_pending += 1;
+        let id = q.next_pending;
+        q.pending.push(Pending {
+            id,
+            priority,
+            rank,
+            need,
+        });
+        (
+            Ahead {
+                tasks,
+                promised,
+                kept_places,
+            },
+            Promised { queue: self, id },
+        )
     }
 
     /// Removes a queued task; false if it was not queued.
@@ -161,8 +318,13 @@ mod tests {
     use super::*;
     use crate::lifecycle::task::{NewTask, RunSpec};
     use pool_manager::PromptInput;
+    use std::time::Duration;
 
     fn task(id: &str) -> Arc<Task> {
+        ranked(id, None)
+    }
+
+    fn ranked(id: &str, rank: Option<Instant>) -> Arc<Task> {
         Arc::new(Task::new(NewTask {
             id: id.into(),
             owner: "local".into(),
@@ -183,6 +345,9 @@ mod tests {
             params: serde_json::Value::Null,
             ctx: 16,
             deadline: None,
+            start_by: None,
+            rank,
+            predicted_start: Duration::ZERO,
         }))
     }
 
@@ -200,5 +365,41 @@ mod tests {
         // the dispatcher placed two: no idle slot left, two waiting is the capacity
         assert!(q.remove(&tasks[0]) && q.remove(&tasks[1]));
         assert!(matches!(q.push(task("t5"), 0), Enqueued::Full));
+    }
+
+    /// ORCH-ADM-RETRY-1: a retry that claims a kept place is queued at that place, ahead of
+    /// the newcomers that arrived while it waited; kept places count ahead of newcomers and
+    /// lapse; at most `capacity` are kept.
+    #[test]
+    fn a_claimed_place_goes_before_newcomers_and_places_lapse() {
+        let q = TaskQueue::new(2, FullPolicy::Reject);
+        let early = Instant::now();
+        let now = early + Duration::from_millis(10);
+        assert!(q.keep_place(early, now + Duration::from_secs(5)));
+        assert!(q.keep_place(early, now + Duration::from_secs(5)));
+        assert!(!q.keep_place(early, now), "bounded by the capacity");
+        let newcomer = task("new");
+        assert!(matches!(
+            q.push(newcomer.clone(), 0),
+            Enqueued::Queued { position: 0 }
+        ));
+        let (a, promise) = q.ahead_of(Priority::Interactive, Instant::now(), (1, 1));
+        assert_eq!((a.tasks.len(), a.promised.len(), a.kept_places), (1, 0, 2));
+        // an admission promised a place counts ahead of the next one until it is dropped
+        let (b, _) = q.ahead_of(Priority::Interactive, Instant::now(), (1, 1));
+        assert_eq!(b.promised, vec![(1, 1)]);
+        drop(promise);
+        let rank = q.claim_place(now).unwrap();
+        assert_eq!(rank, early);
+        let retry = ranked("retry", Some(rank));
+        assert!(matches!(
+            q.push(retry.clone(), 1),
+            Enqueued::Queued { position: 0 }
+        ));
+        let order: Vec<_> = q.in_order().iter().map(|t| t.id.clone()).collect();
+        assert_eq!(order, ["retry", "new"]);
+        assert_eq!(q.kept_places(), 1);
+        // the last kept place lapses unclaimed
+        assert_eq!(q.claim_place(now + Duration::from_secs(6)), None);
     }
 }

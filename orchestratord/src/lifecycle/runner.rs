@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use contracts::{ErrorCode, SseMetrics};
 use pool_manager::{
-    EngineJob, FailureNote, FinishReason, PoolKind, PortError, SeqEvent, SlotLease,
+    EngineJob, FailureNote, FinishReason, PoolKind, PortError, SeqEvent, ServiceSample, SlotLease,
 };
 use tokio::sync::mpsc::Receiver;
 
@@ -30,8 +30,11 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     if !task.mark_running(pool.id(), desc.clone()) {
         return;
     }
+    let _running = state.running.enter(pool.id(), &task);
     metrics::started(pool.id());
-    metrics::queue_wait(task.submitted.elapsed());
+    let waited = task.submitted.elapsed();
+    metrics::queue_wait(waited);
+    metrics::start_prediction(task.predicted_start, waited);
     let placed = Instant::now();
     // a requeued task goes on after what it already streamed: no token twice, none missing
     let (continuation, produced) = task.continuation();
@@ -76,6 +79,7 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
             return;
         }
     }
+    let n_prompt = tokens.as_ref().map_or(task.prompt_tokens, Vec::len);
     let Some(permit) = lease.take_permit() else {
         state.fail_task(
             &task,
@@ -126,7 +130,19 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     };
     let outcome = pump(&state, &task, &lease, &mut rx, placed, wall_ms, &failure).await;
     match outcome {
-        Outcome::Finished(tokens_out) => pool.record_service(placed.elapsed(), tokens_out),
+        Outcome::Finished(tokens_out) => {
+            let first_token_after = task
+                .lock()
+                .first_token_at
+                .map(|t| t.saturating_duration_since(placed));
+            pool.record_service(ServiceSample {
+                took: placed.elapsed(),
+                first_token_after,
+                prompt_tokens: n_prompt,
+                tokens_out,
+                max_tokens,
+            });
+        }
         Outcome::Lost if remote => {
             // the worker's socket closed under the task: another worker takes it from here
             drop(lease);

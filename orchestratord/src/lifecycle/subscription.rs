@@ -69,6 +69,11 @@ impl Subscription {
         &self.task
     }
 
+    /// Looks at every event of the task so far, without reading them (the cursor stays).
+    pub fn peek<R>(&self, f: impl FnOnce(&[TaskEvent]) -> R) -> R {
+        f(&self.task.lock().events)
+    }
+
     /// Hands every event not read yet to `f` with its id, in order, under the task's lock (no
     /// copy). Returns true once the terminal event has been handed out.
     pub fn read_pending(&mut self, mut f: impl FnMut(usize, &TaskEvent)) -> bool {

@@ -123,7 +123,15 @@ pub struct Task {
     pub params: serde_json::Value,
     pub ctx: usize,
     pub submitted: Instant,
+    /// The task must end by then (`deadline_ms`, or the client's timeout for a whole answer).
     pub deadline: Option<Instant>,
+    /// The task must start by then to answer in time (a stream's client timeout, the longest
+    /// queue wait); past it, a queued task leaves the queue (ORCH-ADM-DL-3).
+    pub start_by: Option<Instant>,
+    /// Its place in line: when it arrived, or the place a refusal kept for this retry.
+    pub rank: Instant,
+    /// Admission's prediction of its wait for a slot (compared with the real one, metrics).
+    pub predicted_start: Duration,
     /// Fired when the task ends early (cancel, timeout, drain): the engine stops decoding it.
     pub cancel: CancellationToken,
     /// Why the task was stopped early, for a remote worker's `cancel` reason.
@@ -156,6 +164,10 @@ pub struct NewTask {
     pub params: serde_json::Value,
     pub ctx: usize,
     pub deadline: Option<Duration>,
+    pub start_by: Option<Duration>,
+    /// The place in line a retry claimed (default: now).
+    pub rank: Option<Instant>,
+    pub predicted_start: Duration,
 }
 
 impl Task {
@@ -176,6 +188,9 @@ impl Task {
             ctx: n.ctx,
             submitted: now,
             deadline: n.deadline.map(|d| now + d),
+            start_by: n.start_by.map(|d| now + d),
+            rank: n.rank.unwrap_or(now),
+            predicted_start: n.predicted_start,
             cancel: CancellationToken::new(),
             stop_cause: StopCause::default(),
             inner: Mutex::new(TaskInner {

@@ -11,6 +11,7 @@ use crate::error::ApiError;
 use crate::examples;
 use crate::json_body::JsonBody;
 use crate::lifecycle::admission;
+use crate::lifecycle::deadline::Delivery;
 use crate::lifecycle::sse;
 use crate::lifecycle::subscription::{Resume, Subscription};
 use crate::metrics::CancelReason;
@@ -25,9 +26,9 @@ use crate::state::SharedState;
         (status = 400, description = "Invalid parameters (names the field), context overflow", body = ErrorEnvelope, example = examples::invalid_params),
         (status = 404, description = "No pool serves the model, or the pinned pool does not exist (names the field)", body = ErrorEnvelope, example = examples::not_found),
         (status = 413, description = "Body too large", body = ErrorEnvelope, example = examples::payload_too_large),
-        (status = 422, description = "The deadline cannot be met", body = ErrorEnvelope, example = examples::deadline_unmet),
-        (status = 429, description = "Queue full (with Retry-After and X-Backoff-Ms) or session budget exceeded", body = ErrorEnvelope,
-            headers(("Retry-After" = u64, description = "Seconds to wait, at least 1"), ("X-Backoff-Ms" = u64, description = "Advised wait in ms")),
+        (status = 422, description = "`deadline_ms` or `X-Request-Deadline-Ms` cannot be met even by an idle pool", body = ErrorEnvelope, example = examples::deadline_unmet),
+        (status = 429, description = "Queue full, the predicted wait misses `deadline_ms` / `X-Request-Deadline-Ms` (`policy_label: deadline`; the place in line is kept for a retry that sends `X-Retry-Count` ≥ 1), or session budget exceeded", body = ErrorEnvelope,
+            headers(("Retry-After" = u64, description = "Seconds to wait, at least 1"), ("retry-after-ms" = u64, description = "Advised wait in ms"), ("X-Backoff-Ms" = u64, description = "Advised wait in ms")),
             example = examples::admission_reject),
         (status = 503, description = "The pinned pool is not Ready, or no pool serving the model is", body = ErrorEnvelope, example = examples::pool_unready),
     )
@@ -37,7 +38,7 @@ pub async fn submit(
     caller: Caller,
     JsonBody(req): JsonBody<TaskRequest>,
 ) -> Result<Response, ApiError> {
-    let (body, _task, _new) = admission::admit(&state, req, &caller).await?;
+    let (body, _task, _new) = admission::admit(&state, req, &caller, Delivery::Whole).await?;
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
 }
 

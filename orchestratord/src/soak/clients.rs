@@ -55,8 +55,9 @@ fn prompt(rng: &mut Rng) -> &'static str {
     PROMPTS[rng.below(PROMPTS.len() as u64) as usize]
 }
 
-/// Classifies a refused request: retriable refusals (429, 503) are outcomes, other 5xx are
-/// server errors, other 4xx are the soak's own mistakes (protocol failures).
+/// Classifies a refused request: retriable refusals (429, 503, a 504 `QUEUE_TIMEOUT`: the task
+/// could not start in time) are outcomes, other 5xx are server errors, other 4xx are the
+/// soak's own mistakes (protocol failures).
 async fn refused(tally: &Tally, what: &str, r: reqwest::Response) -> Result<(), String> {
     let status = r.status().as_u16();
     let body: Value = r.json().await.unwrap_or_default();
@@ -67,6 +68,10 @@ async fn refused(tally: &Tally, what: &str, r: reqwest::Response) -> Result<(), 
         .to_string();
     match status {
         429 | 503 => {
+            tally.outcome(format!("refused {status} {code}"));
+            Ok(())
+        }
+        504 if code == "QUEUE_TIMEOUT" => {
             tally.outcome(format!("refused {status} {code}"));
             Ok(())
         }
@@ -487,6 +492,12 @@ async fn hyperswarm(
         .await
         .map_err(|e| e.to_string())?;
     let info = read_msg(&mut lines).await?;
+    if info["type"] == "error" && info["payload"]["code"] == "CONNECT_FAILED" {
+        // the host's client cap (`hyperswarm.max_clients`), every place running a request:
+        // an honest refusal, as a 429 is
+        tally.outcome("hyperswarm refused CONNECT_FAILED".to_string());
+        return Ok(());
+    }
     if info["type"] != "server_info" {
         return Err(format!("hyperswarm: first message {info}"));
     }

@@ -21,6 +21,7 @@ use super::protocol::{parse, ChatStart, Incoming, Outgoing, PeerCode, RequestId}
 use crate::adapters::follow;
 use crate::auth::Caller;
 use crate::config::HyperswarmConfig;
+use crate::lifecycle::deadline::Delivery;
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::CancelReason;
 use crate::state::SharedState;
@@ -327,7 +328,7 @@ impl<W: AsyncWrite + Unpin> Conn<W> {
             ..Default::default()
         };
         let caller = Caller::internal(HYPERSWARM_TENANT, format!("hyperswarm-{}", id.0));
-        match follow::admit(&host.state, req, &caller).await {
+        match follow::admit(&host.state, req, &caller, Delivery::Streamed).await {
             Ok(task) => {
                 self.events.insert(
                     id.clone(),

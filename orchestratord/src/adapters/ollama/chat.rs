@@ -15,6 +15,7 @@ use crate::adapters::follow;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
+use crate::lifecycle::deadline::Delivery;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::TaskEvent;
 use crate::state::SharedState;
@@ -111,8 +112,12 @@ async fn handle(
     req: ChatRequest,
     framing: Option<Framing>,
 ) -> Result<Response<Body>, OpenAiError> {
-    let task = follow::admit(&state, to_task(&req), &caller).await?;
-    let sub = follow::subscribe(&state, &task);
+    let delivery = match framing {
+        Some(_) => Delivery::Streamed,
+        None => Delivery::Whole,
+    };
+    let task = follow::admit(&state, to_task(&req), &caller, delivery).await?;
+    let mut sub = follow::subscribe(&state, &task);
     let Some(framing) = framing else {
         let (text, end) = follow::collect(sub).await?;
         return Ok(Json(ChatResponse {
@@ -125,6 +130,7 @@ async fn handle(
         })
         .into_response());
     };
+    follow::until_answer_begins(std::slice::from_mut(&mut sub)).await?;
     let mut index = 0u32;
     // NDJSON has no comment lines: only the SSE framing sends keep-alives
     let keepalive = follow::keepalive(&state).filter(|_| framing == Framing::Sse);
@@ -194,8 +200,10 @@ async fn handle(
         )),
         (status = 400, description = "Bad request (missing model or messages, bad types)", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
         (status = 404, description = "Unknown model", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_not_found),
-        (status = 429, description = "Queue full: retry after `Retry-After` seconds", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
+        (status = 422, description = "The client's stated timeout (`X-Request-Deadline-Ms`, `x-stainless-read-timeout`, `x-stainless-timeout`) cannot be met even by an idle pool", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_deadline_unmet),
+        (status = 429, description = "Queue full, or the predicted wait misses the client's stated timeout: retry after `retry-after-ms` (also `Retry-After` seconds); a retry (`x-stainless-retry-count` ≥ 1) keeps its place in line", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
         (status = 503, description = "No pool for the model is ready", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_unready),
+        (status = 504, description = "Queued, it could no longer start in time for the client (`QUEUE_TIMEOUT`, retriable, with `retry-after-ms`); a stream begins only with its first token, so this is never a 200", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_queue_timeout),
     )
 )]
 pub async fn completions(
@@ -226,8 +234,10 @@ pub async fn completions(
         )),
         (status = 400, description = "Bad request", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
         (status = 404, description = "Unknown model", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_not_found),
-        (status = 429, description = "Queue full: retry after `Retry-After` seconds", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
+        (status = 422, description = "The client's stated timeout (`X-Request-Deadline-Ms`, `x-stainless-read-timeout`, `x-stainless-timeout`) cannot be met even by an idle pool", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_deadline_unmet),
+        (status = 429, description = "Queue full, or the predicted wait misses the client's stated timeout: retry after `retry-after-ms` (also `Retry-After` seconds); a retry (`x-stainless-retry-count` ≥ 1) keeps its place in line", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
         (status = 503, description = "No pool for the model is ready", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_unready),
+        (status = 504, description = "Queued, it could no longer start in time for the client (`QUEUE_TIMEOUT`, retriable, with `retry-after-ms`); a stream begins only with its first token, so this is never a 200", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_queue_timeout),
     )
 )]
 pub async fn sse(

@@ -15,6 +15,7 @@ use crate::adapters::follow;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
+use crate::lifecycle::deadline::Delivery;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::TaskEvent;
 use crate::state::SharedState;
@@ -72,8 +73,10 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
         )),
         (status = 400, description = "Bad request", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
         (status = 404, description = "Unknown model", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_not_found),
-        (status = 429, description = "Queue full: retry after `Retry-After` seconds (before any stream byte)", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
+        (status = 422, description = "The client's stated timeout (`X-Request-Deadline-Ms`, `x-stainless-read-timeout`, `x-stainless-timeout`) cannot be met even by an idle pool", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_deadline_unmet),
+        (status = 429, description = "Queue full, or the predicted wait misses the client's stated timeout: retry after `retry-after-ms` (also `Retry-After` seconds); a retry (`x-stainless-retry-count` ≥ 1) keeps its place in line", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
         (status = 503, description = "No pool for the model is ready", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_unready),
+        (status = 504, description = "Queued, it could no longer start in time for the client (`QUEUE_TIMEOUT`, retriable, with `retry-after-ms`); a stream begins only with its first token, so this is never a 200", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_queue_timeout),
     )
 )]
 pub async fn chat_completions(
@@ -82,11 +85,16 @@ pub async fn chat_completions(
     body: Result<JsonBody<ChatRequest>, ApiError>,
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
-    let task = follow::admit(&state, to_task(&req)?, &caller).await?;
+    let delivery = if req.stream {
+        Delivery::Streamed
+    } else {
+        Delivery::Whole
+    };
+    let task = follow::admit(&state, to_task(&req)?, &caller, delivery).await?;
     let model = follow::model_name(&state, req.model.as_deref(), &task);
     let id = format!("chatcmpl-{}", task.id);
     let created = follow::unix_now();
-    let sub = follow::subscribe(&state, &task);
+    let mut sub = follow::subscribe(&state, &task);
     let counted = task.clone();
     if !req.stream {
         let (text, end) = follow::collect(sub).await?;
@@ -108,6 +116,7 @@ pub async fn chat_completions(
         })
         .into_response());
     }
+    follow::until_answer_begins(std::slice::from_mut(&mut sub)).await?;
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let chunk = move |delta: Delta, finish: Option<String>, usage: Option<Usage>| {
         follow::sse_data(&Chunk {

@@ -18,6 +18,7 @@ use crate::adapters::follow;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
+use crate::lifecycle::deadline::Delivery;
 use crate::lifecycle::subscription::{Followed, Subscription};
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::state::SharedState;
@@ -89,8 +90,10 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
         )),
         (status = 400, description = "Bad request (also: more prompts than allowed, n/best_of ≠ 1, logprobs)", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
         (status = 404, description = "Unknown model", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_not_found),
-        (status = 429, description = "Queue full: retry after `Retry-After` seconds", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
+        (status = 422, description = "The client's stated timeout (`X-Request-Deadline-Ms`, `x-stainless-read-timeout`, `x-stainless-timeout`) cannot be met even by an idle pool", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_deadline_unmet),
+        (status = 429, description = "Queue full, or the predicted wait misses the client's stated timeout: retry after `retry-after-ms` (also `Retry-After` seconds); a retry (`x-stainless-retry-count` ≥ 1) keeps its place in line", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
         (status = 503, description = "No pool for the model is ready", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_unready),
+        (status = 504, description = "Queued, it could no longer start in time for the client (`QUEUE_TIMEOUT`, retriable, with `retry-after-ms`); a stream begins only with its first token, so this is never a 200", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_queue_timeout),
     )
 )]
 pub async fn completions(
@@ -100,7 +103,12 @@ pub async fn completions(
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
     let reqs = to_tasks(&req, state.cfg.admission.max_prompts_per_request)?;
-    let tasks = follow::admit_all(&state, reqs, &caller).await?;
+    let delivery = if req.stream {
+        Delivery::Streamed
+    } else {
+        Delivery::Whole
+    };
+    let tasks = follow::admit_all(&state, reqs, &caller, delivery).await?;
     let model = follow::model_name(&state, req.model.as_deref(), &tasks[0]);
     let id = format!("cmpl-{}", tasks[0].id);
     let created = follow::unix_now();
@@ -132,7 +140,9 @@ pub async fn completions(
         return Ok(Json(frame.response(choices, Some(usage))).into_response());
     }
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let subs = tasks.iter().map(|t| follow::subscribe(&state, t)).collect();
+    let mut subs: Vec<_> = tasks.iter().map(|t| follow::subscribe(&state, t)).collect();
+    // the response begins with the first choice that does; an error before is the answer
+    follow::until_answer_begins(&mut subs).await?;
     let stream = stream_frames(
         tasks,
         subs,

@@ -1,0 +1,343 @@
+#!/usr/bin/env python3
+"""Overload goodput, side by side: N clients at once, each the official `openai` SDK with its
+own timeout and default retries, streaming a chat of M tokens, against orchestratord and
+(when its binary is given) llama.cpp's `llama-server -np 8 -cb` on the same GGUF and threads.
+The servers run one after the other, never together, each started and stopped here.
+
+For each server it reports: requests completed (stream ended normally within the client's
+timeout), client-side timeouts, refusals (an error status the SDK gave up on after its
+retries) and the latency of every refusal the SDK saw (retried ones included), tokens
+delivered, and the server's CPU time burnt after the last client had gone. Then a walk-away:
+8 streams read a few chunks and all leave at once; the server's CPU time after that and how
+long it took to fall idle. For orchestratord, the median start-prediction error (/metrics).
+
+    PYTHONPATH=.cache/pydeps python3 ci/overload_bench.py \\
+        --orchd target/release/orchestratord --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf \\
+        [--llama-server /path/to/llama-server] [--clients 64] [--timeout 15] [--max-tokens 128] \\
+        [--json out.json] [--quick]
+
+`--quick` is the short version (16 clients, 32 tokens, timeout 8 s) that the test
+`orchestratord/tests/overload_sdk.rs` runs against an already started server (`--base-url`).
+"""
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import httpx2 as httpx
+import openai
+
+TOPICS = [
+    "the sea", "a lighthouse", "a fox", "autumn", "a train journey", "the moon", "bread",
+    "a violin", "snow", "a market", "bees", "a library", "rain", "a bridge", "tea", "clocks",
+]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_seconds(pid):
+    """utime + stime of a process, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def wait_ready(base, proc, limit=300):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base}/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{base} not ready after {limit} s")
+
+
+async def one_client(i, base, model, args, seen):
+    """One client: a streamed chat through the SDK with its timeout and default retries."""
+    async def on_request(request):
+        request.extensions["sent_at"] = time.perf_counter()
+
+    async def on_response(response):
+        sent = response.request.extensions.get("sent_at")
+        if response.status_code >= 400 and sent is not None:
+            seen["refusal_ms"].append((time.perf_counter() - sent) * 1000)
+            seen["refusal_status"][response.status_code] = (
+                seen["refusal_status"].get(response.status_code, 0) + 1
+            )
+
+    http = httpx.AsyncClient(event_hooks={"request": [on_request], "response": [on_response]})
+    client = openai.AsyncOpenAI(
+        base_url=f"{base}/v1", api_key="unused", timeout=args.timeout, http_client=http
+    )
+    topic = TOPICS[i % len(TOPICS)]
+    messages = [{"role": "user", "content": f"Client {i}: write a long story about {topic}."}]
+    tokens = 0
+    started = time.perf_counter()
+    try:
+        stream = await client.chat.completions.create(
+            model=model, messages=messages, max_tokens=args.max_tokens, stream=True,
+            temperature=0.7, seed=i,
+        )
+        finished = None
+        async for chunk in stream:
+            if chunk.choices:
+                if chunk.choices[0].delta.content:
+                    tokens += 1
+                if chunk.choices[0].finish_reason:
+                    finished = chunk.choices[0].finish_reason
+        outcome = "completed" if finished else "truncated"
+    except (openai.APITimeoutError, httpx.TimeoutException):
+        outcome = "timeout"
+    except openai.APIStatusError as e:
+        outcome = f"refused {e.status_code}"
+    except openai.APIConnectionError as e:
+        outcome = f"connection error {type(e.__cause__).__name__ if e.__cause__ else ''}"
+    except openai.APIError as e:
+        outcome = f"error {e}"
+    finally:
+        await http.aclose()
+    return {"outcome": outcome, "tokens": tokens, "seconds": time.perf_counter() - started}
+
+
+async def scenario(base, model, args):
+    seen = {"refusal_ms": [], "refusal_status": {}}
+    results = await asyncio.gather(
+        *[one_client(i, base, model, args, seen) for i in range(args.clients)]
+    )
+    return results, seen
+
+
+def idle_after(pid, since_cpu, limit=30.0, quiet=1.0):
+    """CPU seconds the server burns from now until it has been idle for `quiet` seconds."""
+    start = time.time()
+    last = cpu_seconds(pid)
+    quiet_since = time.time()
+    while time.time() - start < limit:
+        time.sleep(0.1)
+        now = cpu_seconds(pid)
+        if now - last > 0.02:  # more than 20% of a core in the last 100 ms
+            quiet_since = time.time()
+        last = now
+        if time.time() - quiet_since >= quiet:
+            break
+    return last - since_cpu
+
+
+async def walk_away(base, model, n=8, max_tokens=512, read_chunks=5):
+    """`n` streams start, each reads a few chunks, then every client leaves at once. Returns
+    the moment the last one left."""
+    async with httpx.AsyncClient(timeout=60) as http:
+        async def one(i):
+            body = {"model": model, "stream": True, "max_tokens": max_tokens,
+                    "messages": [{"role": "user", "content": f"Walker {i}: tell a long tale."}]}
+            async with http.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
+                got = 0
+                async for _ in r.aiter_raw():
+                    got += 1
+                    if got >= read_chunks:
+                        break
+        await asyncio.gather(*[one(i) for i in range(n)])
+    return time.perf_counter()
+
+
+def cpu_until_idle(pid, left_at, limit=10.0):
+    """Server CPU seconds from `left_at` until it is idle (under a tenth of a core for 200 ms),
+    and how long that took."""
+    start_cpu = cpu_seconds(pid)
+    idle_since, last, t_idle = None, start_cpu, None
+    while time.perf_counter() - left_at < limit:
+        time.sleep(0.02)
+        now = cpu_seconds(pid)
+        busy = now - last > 0.002  # > 10% of a core over 20 ms (ticks are 10 ms)
+        last = now
+        if busy:
+            idle_since = None
+        elif idle_since is None:
+            idle_since = time.perf_counter()
+        elif time.perf_counter() - idle_since >= 0.2:
+            t_idle = idle_since - left_at
+            break
+    return round(last - start_cpu, 3), (round(t_idle * 1000) if t_idle is not None else None)
+
+
+def summarize(name, results, seen, burnt_after):
+    outcomes = {}
+    for r in results:
+        outcomes[r["outcome"]] = outcomes.get(r["outcome"], 0) + 1
+    ref = sorted(seen["refusal_ms"])
+    return {
+        "server": name,
+        "clients": len(results),
+        "completed": outcomes.get("completed", 0),
+        "timeouts": outcomes.get("timeout", 0),
+        "refused": sum(v for k, v in outcomes.items() if k.startswith("refused")),
+        "other": {k: v for k, v in outcomes.items()
+                  if k not in ("completed", "timeout") and not k.startswith("refused")},
+        "error_responses_seen": sum(seen["refusal_status"].values()),
+        "error_statuses": seen["refusal_status"],
+        "refusal_ms_p50": round(statistics.median(ref), 1) if ref else None,
+        "refusal_ms_max": round(ref[-1], 1) if ref else None,
+        "tokens_delivered": sum(r["tokens"] for r in results),
+        "server_cpu_s_after_last_client": round(burnt_after, 3),
+    }
+
+
+def prediction_error(base):
+    """orchestratord only: the median start-prediction error, as the histogram bucket it falls
+    in (both directions together), and the number of starts measured."""
+    try:
+        with urllib.request.urlopen(f"{base}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    buckets = {}
+    for line in text.splitlines():
+        if line.startswith("orchd_start_prediction_error_seconds_bucket{"):
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[le] = buckets.get(le, 0) + float(line.rsplit(" ", 1)[1])
+    if not buckets:
+        return None
+    ordered = sorted(buckets.items(), key=lambda kv: float(kv[0]))
+    total = ordered[-1][1]
+    for le, cum in ordered:
+        if cum >= total / 2:
+            return {"median_error_le_s": float(le), "starts": int(total)}
+    return None
+
+
+def run_against(name, base, pid, model, args):
+    # warm up: one request, so nobody pays for first-use costs
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120)
+    client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8
+    )
+    results, seen = asyncio.run(scenario(base, model, args))
+    cpu_at_end = cpu_seconds(pid) if pid else 0.0
+    burnt = idle_after(pid, cpu_at_end) if pid else 0.0
+    row = summarize(name, results, seen, burnt)
+    row["start_prediction"] = prediction_error(base)
+    if pid and not args.quick:
+        left_at = asyncio.run(walk_away(base, model))
+        cpu, ms_to_idle = cpu_until_idle(pid, left_at)
+        row["walkaway_cpu_s"] = cpu
+        row["walkaway_ms_to_idle"] = ms_to_idle
+    return row
+
+
+def start_orchd(args):
+    port = free_port()
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    cfg.write(f'bind = "127.0.0.1:{port}"\n\n[[pools]]\nid = "default"\nmodel = "{args.model}"\n'
+              f'alias = "bench"\nslots = {args.slots}\nctx = 2048\nthreads = {args.threads}\n')
+    cfg.close()
+    proc = subprocess.Popen([args.orchd, "--config", cfg.name],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base, proc)
+    return proc, base, "bench"
+
+
+def start_llama(args):
+    port = free_port()
+    proc = subprocess.Popen(
+        [args.llama_server, "-m", args.model, "-np", str(args.slots), "-cb",
+         "-c", str(2048 * args.slots), "-t", str(args.threads), "--host", "127.0.0.1",
+         "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base, proc)
+    return proc, base, "bench"
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def table(rows):
+    head = ("| server | completed | client timeouts | refused (gave up) | error responses seen "
+            "(retried included) | refusal latency p50 / max | tokens delivered | "
+            "server CPU after last client |")
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        p50 = "-" if r["refusal_ms_p50"] is None else f'{r["refusal_ms_p50"]} / {r["refusal_ms_max"]} ms'
+        lines.append(
+            f'| {r["server"]} | {r["completed"]}/{r["clients"]} | {r["timeouts"]} | {r["refused"]} | '
+            f'{r["error_responses_seen"]} {r["error_statuses"]} | {p50} | {r["tokens_delivered"]} | '
+            f'{r["server_cpu_s_after_last_client"]} s |'
+        )
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--orchd", help="orchestratord binary (started here)")
+    ap.add_argument("--base-url", help="an already running server to drive instead (no CPU figures)")
+    ap.add_argument("--served-model", default="bench", help="model name with --base-url")
+    ap.add_argument("--pid", type=int, help="with --base-url: the server's pid, for CPU figures")
+    ap.add_argument("--llama-server", help="llama-server binary (the peer; skipped if absent)")
+    ap.add_argument("--model", help="the GGUF both servers load")
+    ap.add_argument("--clients", type=int, help="default 64 (--quick: 16)")
+    ap.add_argument("--timeout", type=float, help="the SDK timeout, s; default 15 (--quick: 8)")
+    ap.add_argument("--max-tokens", type=int, help="default 128 (--quick: 32)")
+    ap.add_argument("--slots", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--quick", action="store_true", help="16 clients, 32 tokens, timeout 8 s")
+    ap.add_argument("--json", help="write the rows here")
+    args = ap.parse_args()
+    defaults = (16, 32, 8.0) if args.quick else (64, 128, 15.0)
+    args.clients = args.clients or defaults[0]
+    args.max_tokens = args.max_tokens or defaults[1]
+    args.timeout = args.timeout or defaults[2]
+    rows = []
+    if args.base_url:
+        rows.append(run_against("given", args.base_url.rstrip("/"), args.pid, args.served_model, args))
+    if args.orchd:
+        proc, base, model = start_orchd(args)
+        try:
+            rows.append(run_against("orchestratord", base, proc.pid, model, args))
+        finally:
+            stop(proc)
+    if args.llama_server:
+        proc, base, model = start_llama(args)
+        try:
+            rows.append(run_against("llama-server", base, proc.pid, model, args))
+        finally:
+            stop(proc)
+    print(table(rows))
+    for r in rows:
+        if "walkaway_cpu_s" in r:
+            print(f'{r["server"]}: 8 streams left after 5 chunks: {r["walkaway_cpu_s"]} s CPU after, '
+                  f'idle {r["walkaway_ms_to_idle"]} ms after the last left')
+        if r.get("start_prediction"):
+            print(f'{r["server"]}: start prediction error median <= {r["start_prediction"]["median_error_le_s"]} s '
+                  f'over {r["start_prediction"]["starts"]} starts')
+    print(json.dumps(rows))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

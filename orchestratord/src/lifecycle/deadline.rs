@@ -1,0 +1,254 @@
+//! Deadline-aware admission: how long a task may wait for a slot, how long it is predicted to
+//! wait, and the refusal when the prediction misses (ORCH-ADM-DL-1..3).
+//!
+//! A task's deadlines are the earliest of: `deadline_ms` (task API: the task must end by then),
+//! the client's stated timeout (`patience.rs`: for a stream its first token must come by
+//! then, for a whole answer its end) and `admission.max_queue_wait_ms` (the longest wait for
+//! a slot, on by default). Admission plays the line forward (eta.rs) and refuses at once —
+//! 429 with `Retry-After`, `retry-after-ms` and `X-Backoff-Ms` — when the predicted start
+//! leaves no time to answer; the refused request's place in line is kept for its retry
+//! (queue.rs). A task admitted with a start budget that a slower-than-predicted line eats up
+//! leaves the queue when the budget is gone (dispatcher.rs), before it costs any compute.
+
+use std::time::{Duration, Instant};
+
+use contracts::{ErrorCode, Priority};
+use pool_manager::{Pool, PoolSnapshot};
+
+use crate::auth::Caller;
+use crate::error::ApiError;
+use crate::lifecycle::eta::{self, Need, PoolLine};
+use crate::lifecycle::queue::Promised;
+use crate::metrics;
+use crate::state::SharedState;
+
+/// How the answer reaches the client: what its timeout is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Token by token: the client's timeout bounds the wait for the first token.
+    Streamed,
+    /// All at once at the end: the client's timeout bounds the whole task.
+    Whole,
+}
+
+/// Shortest wait a refusal advises: a client coming back sooner would meet the same line.
+const MIN_RETRY_MS: u64 = 250;
+
+/// How much longer than the line's excess a refusal advises to wait.
+const RETRY_SLACK: f64 = 1.1;
+
+/// What admission planned for a task's place and time.
+pub struct Plan<'a> {
+    /// Its place in line (a claimed place for a retry, else now).
+    pub rank: Instant,
+    /// The predicted wait for a slot.
+    pub predicted_start: Duration,
+    /// The longest it may wait for a slot before answering in time becomes impossible.
+    pub start_budget: Option<Duration>,
+    /// Its place in line, promised until its task is queued (counted ahead of admissions
+    /// that plan meanwhile); drop it after the push.
+    pub promised: Promised<'a>,
+}
+
+/// One limit on a task's wait for a slot.
+struct Bound {
+    /// The longest wait it allows (negative: not even no wait would do).
+    allowed_ms: i128,
+    /// What the answer needs once a slot is taken (first token, decode, margin).
+    need_ms: u64,
+    /// What set it, for the message.
+    why: String,
+    /// Whether a queued task leaves the queue once it is spent: the client's timeout and the
+    /// longest queue wait do; `deadline_ms` does not (a task that stops early may still end
+    /// in time, and one that does not ends `DEADLINE_UNMET`).
+    expires_queue: bool,
+}
+
+impl Bound {
+    fn new(limit_ms: u64, need_ms: u64, why: String, expires_queue: bool) -> Self {
+        Self {
+            allowed_ms: limit_ms as i128 - need_ms as i128,
+            need_ms,
+            why,
+            expires_queue,
+        }
+    }
+}
+
+/// What a task must fit in, from its request and its client.
+pub struct Limits {
+    /// `deadline_ms`: the task must end within it.
+    pub end_within: Option<Duration>,
+    pub max_tokens: usize,
+    /// Prompt tokens (an estimate from its size: no tokenizer has run yet).
+    pub prompt_tokens: usize,
+    pub priority: Priority,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}
+
+/// Keeps the place in line of a request refused with advice to come back after
+/// `retry_after_ms`: for that long plus a grace (the larger of a second and half the wait).
+pub fn keep_place(state: &SharedState, rank: Instant, retry_after_ms: u64) {
+    let wait = Duration::from_millis(retry_after_ms);
+    let grace = Duration::from_secs(1).max(wait / 2);
+    if state.queue.keep_place(rank, Instant::now() + wait + grace) {
+        metrics::retry_place("kept");
+    }
+}
+
+/// Plans the task's place and predicted start, or refuses it: 422 `DEADLINE_UNMET` when even
+/// an idle pool could not answer in time, 429 `ADMISSION_REJECT` (policy `deadline`) when the
+/// line ahead is the reason.
+pub fn plan<'a>(
+    state: &'a SharedState,
+    pools: &[std::sync::Arc<Pool>],
+    snapshots: &[PoolSnapshot],
+    limits: &Limits,
+    caller: &Caller,
+    delivery: Delivery,
+) -> Result<Plan<'a>, ApiError> {
+    let now = Instant::now();
+    let rank = match caller.patience.is_retry() {
+        true => match state.queue.claim_place(now) {
+            Some(kept) => {
+                metrics::retry_place("claimed");
+                kept
+            }
+            None => now,
+        },
+        false => now,
+    };
+    let refuse = |e: ApiError, keep: Option<u64>| {
+        if let Some(retry) = keep {
+            keep_place(state, rank, retry);
+        }
+        metrics::rejected(e.code());
+        e
+    };
+    let per_token = eta::mean_ms_per_token(snapshots).unwrap_or(0.0);
+    let per_prompt_token = eta::mean_prefill_ms_per_token(snapshots)
+        .unwrap_or(per_token * eta::PREFILL_SHARE_OF_A_STEP);
+    let first_token_ms = (per_token + limits.prompt_tokens as f64 * per_prompt_token) as u64;
+    let decode_ms = (per_token * limits.max_tokens as f64) as u64;
+    let margin_ms = state.cfg.admission.deadline_margin_ms;
+
+    let mut bounds: Vec<Bound> = Vec::with_capacity(3);
+    if let Some(end) = limits.end_within {
+        bounds.push(Bound::new(
+            ms(end),
+            first_token_ms + decode_ms,
+            format!("deadline_ms {}", ms(end)),
+            false,
+        ));
+    }
+    if let Some((timeout, source)) = caller.patience.timeout {
+        let need = match delivery {
+            Delivery::Streamed => first_token_ms,
+            Delivery::Whole => first_token_ms + decode_ms,
+        } + margin_ms;
+        let why = format!(
+            "the client's timeout of {} ms ({})",
+            ms(timeout),
+            source.as_str()
+        );
+        bounds.push(Bound::new(ms(timeout), need, why, true));
+    }
+    let max_wait = state.cfg.admission.max_queue_wait_ms;
+    if max_wait > 0 {
+        let why = format!("the longest queue wait of {max_wait} ms");
+        bounds.push(Bound::new(max_wait, 0, why, true));
+    }
+    if let Some(b) = bounds.iter().find(|b| b.allowed_ms < 0) {
+        // no wait at all would answer in time: retrying cannot help
+        return Err(refuse(
+            ApiError::new(
+                ErrorCode::DeadlineUnmet,
+                format!(
+                    "{} cannot be met even with no wait: predicted {} ms to answer ({} ms short)",
+                    b.why, b.need_ms, -b.allowed_ms
+                ),
+                false,
+            ),
+            None,
+        ));
+    }
+    let budget = bounds.iter().min_by_key(|b| b.allowed_ms);
+    let start_budget = bounds
+        .iter()
+        .filter(|b| b.expires_queue)
+        .map(|b| b.allowed_ms as u64)
+        .min();
+
+    let (ahead, promised) = state.queue.ahead_of(
+        limits.priority,
+        rank,
+        (limits.max_tokens, limits.prompt_tokens),
+    );
+    let typical = state.cfg.admission.default_max_tokens as usize;
+    let mut ahead_needs: Vec<Need> = ahead
+        .tasks
+        .iter()
+        .map(|t| Need {
+            max_tokens: t.spec.max_tokens,
+            prompt_tokens: t.prompt_tokens,
+        })
+        .chain(
+            ahead
+                .promised
+                .iter()
+                .map(|&(max_tokens, prompt_tokens)| Need {
+                    max_tokens,
+                    prompt_tokens,
+                }),
+        )
+        .collect();
+    // a kept place: a task like this one (its size is all we know of the refused)
+    let kept = Need {
+        max_tokens: typical,
+        prompt_tokens: limits.prompt_tokens,
+    };
+    ahead_needs.extend(std::iter::repeat_n(kept, ahead.kept_places));
+    let lines: Vec<PoolLine<'_>> = pools
+        .iter()
+        .zip(snapshots)
+        .map(|(p, s)| PoolLine {
+            snapshot: s,
+            in_slots: state.running.in_slots(p.id()),
+        })
+        .collect();
+    let predicted = eta::predict_start_ms(&lines, &ahead_needs).unwrap_or(0);
+    if let Some(Bound {
+        allowed_ms, why, ..
+    }) = budget
+    {
+        let allowed = *allowed_ms as u64;
+        if predicted > allowed {
+            // the line must shorten by the excess; a tenth more, so that the client does not
+            // come back on the very edge of the prediction
+            let excess = (predicted - allowed) as f64;
+            let retry = ((excess * RETRY_SLACK).ceil() as u64).max(MIN_RETRY_MS);
+            return Err(refuse(
+                ApiError::new(
+                    ErrorCode::AdmissionReject,
+                    format!(
+                        "the predicted wait for a slot ({predicted} ms, {} ahead) leaves no time to answer within {why}: come back in {retry} ms",
+                        ahead_needs.len()
+                    ),
+                    true,
+                )
+                .with_retry_after(retry)
+                .with_policy("deadline"),
+                Some(retry),
+            ));
+        }
+    }
+    Ok(Plan {
+        rank,
+        predicted_start: Duration::from_millis(predicted),
+        start_budget: start_budget.map(Duration::from_millis),
+        promised,
+    })
+}

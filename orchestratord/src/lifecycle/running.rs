@@ -1,0 +1,89 @@
+//! The tasks in a slot now, by pool: what admission's start predictions read (eta.rs). An
+//! index only — each task's own record says whether it runs; the runner enters a task here
+//! when it starts and the guard takes it out however the run ends.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::lifecycle::eta::InSlot;
+use crate::lifecycle::task::Task;
+
+#[derive(Default)]
+pub struct RunningTasks {
+    by_pool: Mutex<HashMap<String, Vec<Arc<Task>>>>,
+}
+
+/// Takes its task out of the index when dropped.
+pub struct Entered<'a> {
+    set: &'a RunningTasks,
+    pool: String,
+    task: Arc<Task>,
+}
+
+impl RunningTasks {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Vec<Arc<Task>>>> {
+        self.by_pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records `task` as running on `pool` until the returned guard drops.
+    pub fn enter(&self, pool: &str, task: &Arc<Task>) -> Entered<'_> {
+        self.lock()
+            .entry(pool.to_string())
+            .or_default()
+            .push(task.clone());
+        Entered {
+            set: self,
+            pool: pool.to_string(),
+            task: task.clone(),
+        }
+    }
+
+    /// How far each task running on `pool` got: its limit, prompt, tokens produced, time in
+    /// the slot and its own time per token so far.
+    pub fn in_slots(&self, pool: &str) -> Vec<InSlot> {
+        let tasks: Vec<Arc<Task>> = self.lock().get(pool).cloned().unwrap_or_default();
+        let now = Instant::now();
+        tasks
+            .iter()
+            .map(|t| {
+                let g = t.lock();
+                let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+                let ms_per_token_now = match (g.first_token_at, g.last_token_at) {
+                    (Some(a), Some(b)) if g.tokens_out >= 2 => {
+                        Some(ms(b - a) / (g.tokens_out - 1) as f64)
+                    }
+                    _ => None,
+                };
+                InSlot {
+                    max_tokens: t.spec.max_tokens,
+                    prompt_tokens: t.prompt_tokens,
+                    tokens_out: g.tokens_out as usize,
+                    placed_ms_ago: g.placed_at.map_or(0.0, |p| ms(now - p)),
+                    ms_per_token_now,
+                }
+            })
+            .collect()
+    }
+
+    /// Tasks running now, across pools.
+    pub fn len(&self) -> usize {
+        self.lock().values().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        let mut g = self.set.lock();
+        if let Some(v) = g.get_mut(&self.pool) {
+            v.retain(|t| !Arc::ptr_eq(t, &self.task));
+            if v.is_empty() {
+                g.remove(&self.pool);
+            }
+        }
+    }
+}

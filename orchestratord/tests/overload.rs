@@ -1,0 +1,268 @@
+//! Overload with the scripted engine (exact, known service times): deadline-aware admission
+//! from the client's stated timeout, refusals that say when to come back and keep the
+//! client's place in line, queued tasks that leave before costing compute, streams that begin
+//! with their first token, and start predictions checked against the real starts.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use support::*;
+
+const DEADLINE: &str = "x-request-deadline-ms";
+
+async fn submit_with(
+    s: &TestServer,
+    body: serde_json::Value,
+    headers: &[(&str, &str)],
+) -> reqwest::Response {
+    let mut rq = s.client.post(s.url("/v1/tasks")).json(&body);
+    for (k, v) in headers {
+        rq = rq.header(*k, *v);
+    }
+    rq.send().await.unwrap()
+}
+
+fn header_u64(r: &reqwest::Response, name: &str) -> u64 {
+    r.headers()[name]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap_or_else(|_| panic!("{name} is a whole number"))
+}
+
+/// ORCH-ADM-DL-1, ORCH-ADM-DL-2, ORCH-ADM-RETRY-1: with 2 slots busy for 1 s and 2 tasks
+/// queued behind them, a client that must be answered within its deadline is refused at once
+/// with the wait that would make it fit (`retry-after-ms`, `Retry-After`, `X-Backoff-Ms`);
+/// its place in line is kept, so when it comes back (saying it is a retry) it is queued ahead
+/// of a newcomer that arrived while it waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_client_learns_when_to_come_back_and_keeps_its_place() {
+    let mut cfg = config(vec![pool("p1", 2)]);
+    cfg.admission.deadline_margin_ms = 100;
+    let s = start(cfg, Duration::from_millis(20)).await;
+    // 50 tokens at 20 ms: a slot is busy 1 s per task. Deadline 2480 ms for the whole task:
+    // minus decode (1 s), the first token and the margin, it may wait ~1.3 s for a slot.
+    let body = json!({"prompt": "a b", "max_tokens": 50});
+    let deadline = [(DEADLINE, "2480")];
+    let mut admitted = Vec::new();
+    for _ in 0..4 {
+        let r = submit_with(&s, body.clone(), &deadline).await;
+        assert_eq!(r.status(), 202, "{:?}", r.text().await);
+        let v: serde_json::Value = r.json().await.unwrap();
+        admitted.push(v["task_id"].as_str().unwrap().to_string());
+    }
+    let before = s.metrics().await;
+    // the fifth would start after ~2 s: refused now, told to come back when it fits
+    let refused = submit_with(&s, body.clone(), &deadline).await;
+    assert_eq!(refused.status(), 429);
+    let wait_ms = header_u64(&refused, "retry-after-ms");
+    assert!((250..=2000).contains(&wait_ms), "advised wait {wait_ms} ms");
+    assert_eq!(header_u64(&refused, "x-backoff-ms"), wait_ms);
+    assert_eq!(header_u64(&refused, "retry-after"), wait_ms.div_ceil(1000));
+    let v: serde_json::Value = refused.json().await.unwrap();
+    assert_eq!(v["code"], "ADMISSION_REJECT");
+    assert_eq!(v["policy_label"], "deadline");
+    assert_eq!(v["retriable"], true);
+    assert_eq!(v["retry_after_ms"], wait_ms);
+    assert_eq!(s.state.queue.kept_places(), 1, "its place is kept");
+
+    // a newcomer with no deadline of its own queues at the back meanwhile
+    let newcomer = s.submit_ok(body.clone()).await;
+    // the refused client comes back as told (and again, as an SDK would, if still early)
+    tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+    let mut retry_id = None;
+    for attempt in 1..=5 {
+        let n = attempt.to_string();
+        let r = submit_with(
+            &s,
+            body.clone(),
+            &[(DEADLINE, "2480"), ("x-stainless-retry-count", n.as_str())],
+        )
+        .await;
+        if r.status() == 202 {
+            let v: serde_json::Value = r.json().await.unwrap();
+            retry_id = Some(v["task_id"].as_str().unwrap().to_string());
+            break;
+        }
+        assert_eq!(r.status(), 429);
+        tokio::time::sleep(Duration::from_millis(header_u64(&r, "retry-after-ms"))).await;
+    }
+    let retry_id = retry_id.expect("the retry was admitted");
+    let order: Vec<String> = s
+        .state
+        .queue
+        .in_order()
+        .iter()
+        .map(|t| t.id.clone())
+        .collect();
+    let at = |id: &str| order.iter().position(|x| x == id);
+    assert!(
+        at(&retry_id).unwrap() < at(&newcomer).expect("newcomer still queued"),
+        "the retry keeps its place ahead of the newcomer: {order:?}"
+    );
+    let claimed = "orchd_retry_places_total{outcome=\"claimed\"}";
+    assert!(counter(&s.metrics().await, claimed) - counter(&before, claimed) >= 1.0);
+    // everything admitted ends well, within its deadline
+    for id in admitted.iter().chain([&retry_id, &newcomer]) {
+        let evs = s.stream_all(id).await;
+        assert_well_formed(&evs);
+        assert_eq!(evs.last().unwrap().event, "end", "{id}: {evs:?}");
+    }
+}
+
+/// ORCH-ADM-DL-1: a client timeout no answer could meet even on an idle pool is a 422
+/// `DEADLINE_UNMET` (retrying cannot help), and a malformed deadline header is a 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impossible_deadlines_are_422_and_bad_headers_400() {
+    let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(20)).await;
+    let r = s
+        .client
+        .post(s.url("/v1/chat/completions"))
+        .header("x-stainless-read-timeout", "0.3")
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 50}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "DEADLINE_UNMET");
+    let r = submit_with(&s, json!({"prompt": "a"}), &[(DEADLINE, "soon")]).await;
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["field"], DEADLINE);
+}
+
+/// ORCH-ADM-DL-3, ORCH-ADM-DL-4: a streamed chat admitted on a prediction that turned out
+/// wrong (the task ahead never ends) leaves the queue when it can no longer answer within
+/// the client's timeout — before any compute — and, since no token was sent, the client gets
+/// a real HTTP error with a wait to come back after (what SDKs retry), not a stream that
+/// opens only to fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_stream_that_cannot_start_in_time_gets_a_retriable_http_error() {
+    let mut cfg = config(vec![pool("dl3", 1)]);
+    cfg.admission.deadline_margin_ms = 100;
+    let s = start(cfg, Duration::from_millis(10)).await;
+    // predicted to end after 10 tokens (100 ms); it hangs instead
+    let hang = s
+        .submit_ok(json!({"prompt": "x [hang]", "max_tokens": 10}))
+        .await;
+    let before = s.metrics().await;
+    let started = Instant::now();
+    let r = s
+        .client
+        .post(s.url("/v1/chat/completions"))
+        .header("x-stainless-read-timeout", "1.0")
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    assert_eq!(r.status(), 504, "{:?}", r.text().await);
+    assert!(
+        waited < Duration::from_millis(1000),
+        "answered within the client's timeout: {waited:?}"
+    );
+    assert!(header_u64(&r, "retry-after-ms") >= 1);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "QUEUE_TIMEOUT");
+    let after = s.metrics().await;
+    // it never took the slot: only the hanging task ever started
+    let started = "orchd_tasks_started_total{pool=\"dl3\"}";
+    assert_eq!(counter(&after, started), counter(&before, started));
+    assert_eq!(
+        s.state.queue.kept_places(),
+        1,
+        "its place is kept for the retry"
+    );
+    assert_eq!(s.cancel(&hang).await, 204);
+}
+
+/// ORCH-ADM-CHEAP-1: a refusal costs no tokenization of the prompt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_does_not_tokenize_the_prompt() {
+    let mut cfg = config(vec![pool("p1", 1)]);
+    cfg.queue.capacity = 1;
+    let s = start(cfg, Duration::from_millis(10)).await;
+    let busy = s
+        .submit_ok(json!({"prompt": "x [hang]", "max_tokens": 10}))
+        .await;
+    let queued = s.submit_ok(json!({"prompt": "y", "max_tokens": 10})).await;
+    let calls = TOKENIZE_CALLS.load(Ordering::SeqCst);
+    for _ in 0..5 {
+        let r = s
+            .submit(json!({"prompt": "a long prompt [counted]", "max_tokens": 10}))
+            .await;
+        assert_eq!(r.status(), 429);
+    }
+    assert_eq!(TOKENIZE_CALLS.load(Ordering::SeqCst), calls);
+    assert_eq!(s.cancel(&queued).await, 204);
+    assert_eq!(s.cancel(&busy).await, 204);
+}
+
+/// ORCH-ADM-PRED-1: under a load that varies (a trickle, a burst, a steady stream, task sizes
+/// from 5 to 40 tokens), admission's predicted wait for a slot is compared with each task's
+/// real one; the median error stays small, and every start is in the error histogram.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_predictions_match_the_real_starts() {
+    let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(10)).await;
+    let sizes = [5u32, 40, 10, 20, 40, 5, 20, 10];
+    let mut ids = Vec::new();
+    let submit = |i: usize| {
+        let body = json!({"prompt": "a b c", "max_tokens": sizes[i % sizes.len()]});
+        let s = &s;
+        async move {
+            let r = s.submit(body).await;
+            assert_eq!(r.status(), 202);
+            let v: serde_json::Value = r.json().await.unwrap();
+            (
+                v["task_id"].as_str().unwrap().to_string(),
+                v["predicted_start_ms"].as_u64().unwrap(),
+            )
+        }
+    };
+    let mut i = 0;
+    // a trickle: one every 250 ms
+    for _ in 0..6 {
+        ids.push(submit(i).await);
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // a burst of 12
+    for _ in 0..12 {
+        ids.push(submit(i).await);
+        i += 1;
+    }
+    // a steady stream, faster than the pool serves
+    for _ in 0..12 {
+        ids.push(submit(i).await);
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    let mut errors = Vec::new();
+    for (id, predicted) in &ids {
+        let evs = s.stream_all(id).await;
+        assert_eq!(evs.last().unwrap().event, "end");
+        let rec = s.record(id).await;
+        let actual = rec["timings"]["queued_ms"].as_u64().unwrap();
+        errors.push((actual as i64 - *predicted as i64).unsigned_abs());
+    }
+    errors.sort_unstable();
+    let median = errors[errors.len() / 2];
+    let p90 = errors[errors.len() * 9 / 10];
+    eprintln!(
+        "start prediction error over {} tasks: median {median} ms, p90 {p90} ms",
+        errors.len()
+    );
+    assert!(median <= 60, "median error {median} ms: {errors:?}");
+    let m = s.metrics().await;
+    let count = |dir: &str| {
+        counter(
+            &m,
+            &format!("orchd_start_prediction_error_seconds_count{{direction=\"{dir}\"}}"),
+        )
+    };
+    assert!(count("late") + count("early") >= ids.len() as f64);
+}

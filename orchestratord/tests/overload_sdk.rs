@@ -1,0 +1,68 @@
+//! ORCH-ADM-DL-5: the overload scenario, short: 16 clients at once, each the official `openai`
+//! SDK with a 3 s timeout and its default retries, streaming chat from the real default model
+//! on 2 slots (`ci/overload_bench.py --quick`). Counts, not timings: no client times out, every
+//! client either completes or is refused with advice it followed until its retries ran out, and
+//! when the clients are gone nothing is left running or queued.
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sdk_clients_in_a_burst_complete_or_are_refused_and_none_times_out() {
+    let pydeps = repo().join(".cache/pydeps");
+    assert!(
+        pydeps.join("openai").exists(),
+        "the openai package is missing: run ci/test.sh (or pip install --target .cache/pydeps -r ci/requirements-sdk.txt)"
+    );
+    let mut p = pool("default", 2);
+    p.model = default_model_path();
+    p.alias = Some("bench".into());
+    p.ctx = 2048;
+    let mut cfg = config(vec![p]);
+    cfg.timeouts.idle_ms = 60_000;
+    let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
+    let out_file = std::env::temp_dir().join(format!("orchd-overload-{}.json", std::process::id()));
+    let python = std::env::var("ORCHD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = tokio::process::Command::new(python)
+        .arg(repo().join("ci/overload_bench.py"))
+        .args(["--quick", "--timeout", "3", "--base-url"])
+        .arg(&s.base)
+        .arg("--json")
+        .arg(&out_file)
+        .env("PYTHONPATH", &pydeps)
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
+    let rows: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&out_file).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&out_file);
+    let r = &rows[0];
+    let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
+    assert_eq!(n("clients"), 16);
+    assert_eq!(n("timeouts"), 0, "no client waits past its timeout: {r}");
+    assert_eq!(r["other"], serde_json::json!({}), "{r}");
+    assert_eq!(n("completed") + n("refused"), 16, "{r}");
+    assert!(n("completed") >= 2, "{r}");
+    assert!(n("tokens_delivered") >= n("completed"), "{r}");
+    // the clients are gone: nothing runs or waits for them
+    let mut waited = 0;
+    while !(s.state.running.is_empty() && s.state.queue.is_empty()) && waited < 50 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += 1;
+    }
+    assert!(s.state.running.is_empty() && s.state.queue.is_empty());
+}
