@@ -313,16 +313,14 @@ def main():
     rows = []
     if args.base_url:
         rows.append(run_against("given", args.base_url.rstrip("/"), args.pid, args.served_model, args))
-    if args.orchd:
-        proc, base, model = start_orchd(args)
+    servers = [("orchestratord", args.orchd, start_orchd),
+               ("llama-server", args.llama_server, start_llama)]
+    for name, binary, starter in servers:
+        if not binary:
+            continue
+        proc, base, model = starter(args)
         try:
-            rows.append(run_against("orchestratord", base, proc.pid, model, args))
-        finally:
-            stop(proc)
-    if args.llama_server:
-        proc, base, model = start_llama(args)
-        try:
-            rows.append(run_against("llama-server", base, proc.pid, model, args))
+            rows.append(run_against(name, base, proc.pid, model, args))
         finally:
             stop(proc)
     print(table(rows))

@@ -5,22 +5,13 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use support::*;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_sdk_works_against_the_real_model() {
-    let pydeps = repo().join(".cache/pydeps");
-    assert!(
-        pydeps.join("openai").exists(),
-        "the openai package is missing: run ci/test.sh (or pip install --target .cache/pydeps -r ci/requirements-sdk.txt)"
-    );
+    let pydeps = sdk_pythonpath();
     let mut p = pool("default", 2);
     p.model = default_model_path();
     p.alias = None;
@@ -31,7 +22,7 @@ async fn the_official_openai_sdk_works_against_the_real_model() {
     let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
     let python = std::env::var("ORCHD_PYTHON").unwrap_or_else(|_| "python3".into());
     let out = tokio::process::Command::new(python)
-        .arg(repo().join("ci/openai_sdk_check.py"))
+        .arg(repo_root().join("ci/openai_sdk_check.py"))
         .arg("--base-url")
         .arg(s.url("/v1"))
         .env("PYTHONPATH", &pydeps)

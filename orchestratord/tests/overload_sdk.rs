@@ -6,23 +6,14 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use support::*;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sdk_clients_in_a_burst_complete_or_are_refused_and_none_times_out() {
-    let pydeps = repo().join(".cache/pydeps");
-    assert!(
-        pydeps.join("openai").exists(),
-        "the openai package is missing: run ci/test.sh (or pip install --target .cache/pydeps -r ci/requirements-sdk.txt)"
-    );
+    let pydeps = sdk_pythonpath();
     let mut p = pool("default", 2);
     p.model = default_model_path();
     p.alias = Some("bench".into());
@@ -33,7 +24,7 @@ async fn sdk_clients_in_a_burst_complete_or_are_refused_and_none_times_out() {
     let out_file = std::env::temp_dir().join(format!("orchd-overload-{}.json", std::process::id()));
     let python = std::env::var("ORCHD_PYTHON").unwrap_or_else(|_| "python3".into());
     let out = tokio::process::Command::new(python)
-        .arg(repo().join("ci/overload_bench.py"))
+        .arg(repo_root().join("ci/overload_bench.py"))
         .args(["--quick", "--timeout", "3", "--base-url"])
         .arg(&s.base)
         .arg("--json")

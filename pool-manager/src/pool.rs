@@ -89,6 +89,9 @@ pub struct PoolSnapshot {
     pub service_ms_ewma: Option<f64>,
     /// Smoothed decode time per generated token, seeded by the self-test.
     pub ms_per_token_ewma: Option<f64>,
+    /// Time per token of a sequence while every slot is busy: measured when the engine loads
+    /// (all slots decoding at once) and refined by tasks that finish in a full pool.
+    pub full_ms_per_token_ewma: Option<f64>,
     /// Smoothed prefill time per prompt token: taking the slot to the first token, less one
     /// step.
     pub prefill_ms_per_token_ewma: Option<f64>,
@@ -138,6 +141,7 @@ struct Inner {
     ms_per_token_ewma: Option<f64>,
     used_share_ewma: Option<f64>,
     prefill_ms_per_token_ewma: Option<f64>,
+    full_ms_per_token_ewma: Option<f64>,
     last_tokens_per_s: Option<f64>,
     consecutive_failures: u32,
 }
@@ -184,6 +188,7 @@ impl Pool {
                 ms_per_token_ewma: None,
                 used_share_ewma: None,
                 prefill_ms_per_token_ewma: None,
+                full_ms_per_token_ewma: None,
                 last_tokens_per_s: None,
                 consecutive_failures: 0,
             }),
@@ -266,6 +271,7 @@ impl Pool {
             ms_per_token_ewma: g.ms_per_token_ewma,
             used_share_ewma: g.used_share_ewma,
             prefill_ms_per_token_ewma: g.prefill_ms_per_token_ewma,
+            full_ms_per_token_ewma: g.full_ms_per_token_ewma,
             drain_deadline_remaining_ms: g
                 .drain_deadline
                 .filter(|_| g.state == PoolState::Draining)
@@ -359,6 +365,9 @@ impl Pool {
         };
         if let Some(t) = per_token {
             g.ms_per_token_ewma = Some(ewma(g.ms_per_token_ewma, t));
+            if m.pool_was_full {
+                g.full_ms_per_token_ewma = Some(ewma(g.full_ms_per_token_ewma, t));
+            }
         }
         // the first token is the prompt's prefill plus one step like the others
         if let (Some(first), true) = (m.first_token_after, m.prompt_tokens > 0) {
@@ -371,12 +380,18 @@ impl Pool {
         }
     }
 
-    /// Loads `model_ref` and runs the one-token self-test.
+    /// Loads `model_ref`, runs the one-token self-test and measures the engine with every slot
+    /// busy (what a wait in line is paced by).
     async fn load_engine(&self, model_ref: &str) -> Result<(Arc<dyn Engine>, u64), String> {
         let (engine, ms, probe_ms) = self.load_and_probe(model_ref).await?;
+        let full = full_occupancy_ms_per_token(engine.as_ref()).await;
         let mut g = self.lock();
         if g.ms_per_token_ewma.is_none() {
             g.ms_per_token_ewma = Some(probe_ms);
+        }
+        // a new model is a new pace: the measurement replaces what the old one showed
+        if full.is_some() {
+            g.full_ms_per_token_ewma = full;
         }
         Ok((engine, ms))
     }
@@ -571,6 +586,48 @@ pub struct ServiceSample {
     pub prompt_tokens: usize,
     pub tokens_out: usize,
     pub max_tokens: usize,
+    /// Every slot of the pool was busy when the task ended (its pace is a full pool's).
+    pub pool_was_full: bool,
+}
+
+/// Tokens each sequence decodes in the full-occupancy measurement.
+const FULL_PROBE_TOKENS: usize = 8;
+
+/// Time per token of one sequence while every slot decodes at once: all slots start a short
+/// greedy sequence together; the wall time over the tokens each made. `None` when the
+/// engine has no free slot or fails (the self-test already proved it works).
+async fn full_occupancy_ms_per_token(engine: &dyn Engine) -> Option<f64> {
+    let slots = engine.descriptor().slots.max(1);
+    let prompt = PromptInput::Text("Hello".into());
+    let tokens = engine.tokenize(&prompt, "").ok()?;
+    let started = Instant::now();
+    let mut streams = Vec::with_capacity(slots);
+    for _ in 0..slots {
+        let permit = engine.try_acquire()?;
+        let mut job = EngineJob::new(
+            permit,
+            prompt.clone(),
+            SamplingParams::default(),
+            FULL_PROBE_TOKENS,
+        );
+        job.prompt_tokens = tokens.clone();
+        streams.push(engine.start(job).ok()?);
+    }
+    let run = async {
+        let mut made = 0usize;
+        for rx in streams.iter_mut() {
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    SeqEvent::Token { .. } => made += 1,
+                    SeqEvent::Done(_) | SeqEvent::Failed(_) => break,
+                }
+            }
+        }
+        made
+    };
+    let made = tokio::time::timeout(SELF_TEST_TIMEOUT, run).await.ok()?;
+    let per_sequence = made as f64 / slots as f64;
+    (per_sequence >= 1.0).then(|| started.elapsed().as_secs_f64() * 1000.0 / per_sequence)
 }
 
 /// Decodes one token greedily to prove the engine works before it takes traffic.

@@ -57,26 +57,25 @@ pub fn estimate(position: usize, pools: &[PoolSnapshot], typical_tokens: usize) 
     }
 }
 
-/// Mean measured decode time per token of the pools that take work.
-pub fn mean_ms_per_token(pools: &[PoolSnapshot]) -> Option<f64> {
-    let per_token: Vec<f64> = pools
+/// The mean of a measured, positive figure over the pools that take work.
+fn mean_over(pools: &[PoolSnapshot], figure: impl Fn(&PoolSnapshot) -> Option<f64>) -> Option<f64> {
+    let v: Vec<f64> = pools
         .iter()
         .filter(|p| p.state.accepts_work())
-        .filter_map(|p| p.ms_per_token_ewma)
+        .filter_map(figure)
         .filter(|t| t.is_finite() && *t > 0.0)
         .collect();
-    (!per_token.is_empty()).then(|| per_token.iter().sum::<f64>() / per_token.len() as f64)
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+/// Mean measured decode time per token of the pools that take work.
+pub fn mean_ms_per_token(pools: &[PoolSnapshot]) -> Option<f64> {
+    mean_over(pools, |p| p.ms_per_token_ewma)
 }
 
 /// Mean measured prefill time per prompt token of the pools that take work.
 pub fn mean_prefill_ms_per_token(pools: &[PoolSnapshot]) -> Option<f64> {
-    let v: Vec<f64> = pools
-        .iter()
-        .filter(|p| p.state.accepts_work())
-        .filter_map(|p| p.prefill_ms_per_token_ewma)
-        .filter(|t| t.is_finite() && *t > 0.0)
-        .collect();
-    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+    mean_over(pools, |p| p.prefill_ms_per_token_ewma)
 }
 
 /// A task in a slot now, as far as it got.
@@ -111,8 +110,8 @@ fn expected_tokens(max_tokens: usize, share: Option<f64>) -> f64 {
     share.map_or(m, |s| (m * s.clamp(0.0, 1.0)).max(1.0))
 }
 
-/// How fast a pool goes now: time per token (the median of what its running tasks show, else
-/// its EWMA), time per prompt token (EWMA; else half a decode step, see deadline.rs) and the
+/// How fast a pool goes now: time per token (a full pool's, or the median of what its running
+/// tasks show when slower; else its EWMA), time per prompt token (EWMA; else half a decode step, see deadline.rs) and the
 /// share of `max_tokens` tasks use.
 #[derive(Debug, Clone, Copy)]
 struct Pace {
@@ -132,10 +131,14 @@ impl Pace {
             .filter(positive)
             .collect();
         live.sort_by(f64::total_cmp);
-        let per_token = live
-            .get(live.len() / 2)
-            .copied()
-            .or(p.ms_per_token_ewma.filter(positive))?;
+        // a wait in line is a wait for a full pool: its pace is a full pool's, or what the
+        // running tasks show when that is slower
+        let full = p.full_ms_per_token_ewma.filter(positive);
+        let now = live.get(live.len() / 2).copied();
+        let per_token = match (now, full) {
+            (Some(a), Some(b)) => a.max(b),
+            (a, b) => a.or(b).or(p.ms_per_token_ewma.filter(positive))?,
+        };
         let per_prompt_token = p
             .prefill_ms_per_token_ewma
             .filter(positive)
@@ -253,6 +256,7 @@ mod tests {
             ms_per_token_ewma: per_token,
             used_share_ewma: None,
             prefill_ms_per_token_ewma: None,
+            full_ms_per_token_ewma: None,
             drain_deadline_remaining_ms: None,
             consecutive_failures: 0,
             last_tokens_per_s: None,
@@ -366,6 +370,14 @@ mod tests {
             }],
         }];
         assert_eq!(predict_start_ms(&slower_now, &[]), Some(1000));
+        // a line waits for a full pool: its measured pace, when slower than the tasks show
+        let mut measured = pool(1, 1, None, Some(10.0));
+        measured.full_ms_per_token_ewma = Some(40.0);
+        let full = [PoolLine {
+            snapshot: &measured,
+            in_slots: slower_now[0].in_slots.clone(),
+        }];
+        assert_eq!(predict_start_ms(&full, &[]), Some(2000));
         let mut prefilled = pool(1, 1, None, Some(10.0));
         prefilled.prefill_ms_per_token_ewma = Some(2.0);
         let in_prefill = [PoolLine {

@@ -131,6 +131,8 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     let outcome = pump(&state, &task, &lease, &mut rx, placed, wall_ms, &failure).await;
     match outcome {
         Outcome::Finished(tokens_out) => {
+            let snap = pool.snapshot();
+            let pool_was_full = snap.slots_busy + 1 >= snap.slots_total;
             let first_token_after = task
                 .lock()
                 .first_token_at
@@ -141,6 +143,7 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
                 prompt_tokens: n_prompt,
                 tokens_out,
                 max_tokens,
+                pool_was_full,
             });
         }
         Outcome::Lost if remote => {

@@ -484,6 +484,22 @@ pub async fn read_events(r: reqwest::Response) -> Vec<(Ev, std::time::Instant)> 
     events
 }
 
+/// The repository root.
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Where `ci/test.sh` installs the official Python SDKs (`pip --target`); panics with the fix
+/// when the `openai` package is not there.
+pub fn sdk_pythonpath() -> std::path::PathBuf {
+    let pydeps = repo_root().join(".cache/pydeps");
+    assert!(
+        pydeps.join("openai").exists(),
+        "the openai package is missing: run ci/test.sh (or pip install --target .cache/pydeps -r ci/requirements-sdk.txt)"
+    );
+    pydeps
+}
+
 /// The default model as `ci/fetch-model.sh` caches it.
 pub fn default_model_path() -> String {
     let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
