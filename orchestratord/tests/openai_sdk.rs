@@ -11,7 +11,6 @@ use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_sdk_works_against_the_real_model() {
-    let pydeps = sdk_pythonpath();
     let mut p = pool("default", 2);
     p.model = default_model_path();
     p.alias = None;
@@ -20,23 +19,10 @@ async fn the_official_openai_sdk_works_against_the_real_model() {
     cfg.queue.capacity = 2;
     cfg.timeouts.idle_ms = 60_000;
     let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
-    let python = std::env::var("ORCHD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = tokio::process::Command::new(python)
-        .arg(repo_root().join("ci/openai_sdk_check.py"))
-        .arg("--base-url")
-        .arg(s.url("/v1"))
-        .env("PYTHONPATH", &pydeps)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    assert!(
-        out.status.success(),
-        "SDK checks failed ({}):\n{stdout}\n{stderr}",
-        out.status
-    );
+    let stdout = run_sdk_script(
+        "openai_sdk_check.py",
+        &["--base-url".into(), s.url("/v1").into()],
+    )
+    .await;
     assert!(stdout.contains("all SDK checks passed"));
 }

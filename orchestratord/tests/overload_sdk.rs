@@ -13,7 +13,6 @@ use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sdk_clients_in_a_burst_complete_or_are_refused_and_none_times_out() {
-    let pydeps = sdk_pythonpath();
     let mut p = pool("default", 2);
     p.model = default_model_path();
     p.alias = Some("bench".into());
@@ -22,22 +21,16 @@ async fn sdk_clients_in_a_burst_complete_or_are_refused_and_none_times_out() {
     cfg.timeouts.idle_ms = 60_000;
     let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
     let out_file = std::env::temp_dir().join(format!("orchd-overload-{}.json", std::process::id()));
-    let python = std::env::var("ORCHD_PYTHON").unwrap_or_else(|_| "python3".into());
-    let out = tokio::process::Command::new(python)
-        .arg(repo_root().join("ci/overload_bench.py"))
-        .args(["--quick", "--timeout", "3", "--base-url"])
-        .arg(&s.base)
-        .arg("--json")
-        .arg(&out_file)
-        .env("PYTHONPATH", &pydeps)
-        .kill_on_drop(true)
-        .output()
-        .await
-        .expect("python3 runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    println!("{stdout}");
-    assert!(out.status.success(), "bench failed:\n{stdout}\n{stderr}");
+    let args: Vec<std::ffi::OsString> = vec![
+        "--quick".into(),
+        "--timeout".into(),
+        "3".into(),
+        "--base-url".into(),
+        s.base.clone().into(),
+        "--json".into(),
+        out_file.clone().into(),
+    ];
+    run_sdk_script("overload_bench.py", &args).await;
     let rows: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&out_file).unwrap()).unwrap();
     let _ = std::fs::remove_file(&out_file);

@@ -500,6 +500,29 @@ pub fn sdk_pythonpath() -> std::path::PathBuf {
     pydeps
 }
 
+/// Runs `ci/<script>` with `args` under `python3` (or `$ORCHD_PYTHON`) with the SDKs on its
+/// path, prints its output and asserts it succeeded; returns its stdout.
+pub async fn run_sdk_script(script: &str, args: &[std::ffi::OsString]) -> String {
+    let python = std::env::var("ORCHD_PYTHON").unwrap_or_else(|_| "python3".into());
+    let out = tokio::process::Command::new(python)
+        .arg(repo_root().join("ci").join(script))
+        .args(args)
+        .env("PYTHONPATH", sdk_pythonpath())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    assert!(
+        out.status.success(),
+        "{script} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    stdout
+}
+
 /// The default model as `ci/fetch-model.sh` caches it.
 pub fn default_model_path() -> String {
     let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
