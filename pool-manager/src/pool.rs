@@ -92,6 +92,9 @@ pub struct PoolSnapshot {
     /// Time per token of a sequence while every slot is busy: measured when the engine loads
     /// (all slots decoding at once) and refined by tasks that finish in a full pool.
     pub full_ms_per_token_ewma: Option<f64>,
+    /// Whether that pace is still the load-time measurement only (short prompts: it leaves out
+    /// the stalls other slots' prefills cause), not yet refined by real tasks.
+    pub full_pace_from_probe_only: bool,
     /// Smoothed prefill time per prompt token: taking the slot to the first token, less one
     /// step.
     pub prefill_ms_per_token_ewma: Option<f64>,
@@ -142,6 +145,7 @@ struct Inner {
     used_share_ewma: Option<f64>,
     prefill_ms_per_token_ewma: Option<f64>,
     full_ms_per_token_ewma: Option<f64>,
+    full_pace_from_probe_only: bool,
     last_tokens_per_s: Option<f64>,
     consecutive_failures: u32,
 }
@@ -189,6 +193,7 @@ impl Pool {
                 used_share_ewma: None,
                 prefill_ms_per_token_ewma: None,
                 full_ms_per_token_ewma: None,
+                full_pace_from_probe_only: false,
                 last_tokens_per_s: None,
                 consecutive_failures: 0,
             }),
@@ -272,6 +277,7 @@ impl Pool {
             used_share_ewma: g.used_share_ewma,
             prefill_ms_per_token_ewma: g.prefill_ms_per_token_ewma,
             full_ms_per_token_ewma: g.full_ms_per_token_ewma,
+            full_pace_from_probe_only: g.full_pace_from_probe_only,
             drain_deadline_remaining_ms: g
                 .drain_deadline
                 .filter(|_| g.state == PoolState::Draining)
@@ -366,7 +372,12 @@ impl Pool {
         if let Some(t) = per_token {
             g.ms_per_token_ewma = Some(ewma(g.ms_per_token_ewma, t));
             if m.pool_was_full {
-                g.full_ms_per_token_ewma = Some(ewma(g.full_ms_per_token_ewma, t));
+                // a real task's pace includes the other slots' prefills: it replaces the probe's
+                g.full_ms_per_token_ewma = Some(match g.full_pace_from_probe_only {
+                    true => t,
+                    false => ewma(g.full_ms_per_token_ewma, t),
+                });
+                g.full_pace_from_probe_only = false;
             }
         }
         // the first token is the prompt's prefill plus one step like the others
@@ -384,14 +395,16 @@ impl Pool {
     /// busy (what a wait in line is paced by).
     async fn load_engine(&self, model_ref: &str) -> Result<(Arc<dyn Engine>, u64), String> {
         let (engine, ms, probe_ms) = self.load_and_probe(model_ref).await?;
-        let full = full_occupancy_ms_per_token(engine.as_ref()).await;
+        let full = full_occupancy_pace(engine.as_ref()).await;
         let mut g = self.lock();
         if g.ms_per_token_ewma.is_none() {
             g.ms_per_token_ewma = Some(probe_ms);
         }
         // a new model is a new pace: the measurement replaces what the old one showed
-        if full.is_some() {
-            g.full_ms_per_token_ewma = full;
+        if let Some(f) = full {
+            g.full_ms_per_token_ewma = Some(f.ms_per_token);
+            g.full_pace_from_probe_only = true;
+            g.prefill_ms_per_token_ewma = Some(f.prefill_ms_per_token);
         }
         Ok((engine, ms))
     }
@@ -593,41 +606,76 @@ pub struct ServiceSample {
 /// Tokens each sequence decodes in the full-occupancy measurement.
 const FULL_PROBE_TOKENS: usize = 8;
 
-/// Time per token of one sequence while every slot decodes at once: all slots start a short
-/// greedy sequence together; the wall time over the tokens each made. `None` when the
-/// engine has no free slot or fails (the self-test already proved it works).
-async fn full_occupancy_ms_per_token(engine: &dyn Engine) -> Option<f64> {
+/// The measurement's prompt (each sequence's starts with its own number, so no prefix cache
+/// serves it): about thirty tokens, the size of a short chat turn.
+const FULL_PROBE_TEXT: &str =
+    "is the number of this line, and the rest of it is plain text of ordinary words that a short question to a chat model could hold";
+
+/// A pool measured with every slot busy: time per token of one sequence, and prefill time per
+/// prompt token.
+#[derive(Debug, Clone, Copy)]
+struct FullPace {
+    ms_per_token: f64,
+    prefill_ms_per_token: f64,
+}
+
+/// Every slot starts a short greedy sequence with a prompt of its own at once: the prefills
+/// end when the last sequence has its first token; the steps after that, all slots decoding
+/// together, give the pace of a full pool. `None` when the engine has no free slot or fails
+/// (the self-test already proved it works).
+async fn full_occupancy_pace(engine: &dyn Engine) -> Option<FullPace> {
     let slots = engine.descriptor().slots.max(1);
-    let prompt = PromptInput::Text("Hello".into());
-    let tokens = engine.tokenize(&prompt, "").ok()?;
     let started = Instant::now();
-    let mut streams = Vec::with_capacity(slots);
-    for _ in 0..slots {
+    let mut readers = Vec::with_capacity(slots);
+    let mut prompt_tokens = 0usize;
+    for i in 0..slots {
+        let prompt = PromptInput::Text(format!("{i} {FULL_PROBE_TEXT}"));
+        let tokens = engine.tokenize(&prompt, "").ok()?;
+        prompt_tokens += tokens.as_ref().map_or(0, Vec::len);
         let permit = engine.try_acquire()?;
-        let mut job = EngineJob::new(
-            permit,
-            prompt.clone(),
-            SamplingParams::default(),
-            FULL_PROBE_TOKENS,
-        );
-        job.prompt_tokens = tokens.clone();
-        streams.push(engine.start(job).ok()?);
-    }
-    let run = async {
-        let mut made = 0usize;
-        for rx in streams.iter_mut() {
+        let mut job = EngineJob::new(permit, prompt, SamplingParams::default(), FULL_PROBE_TOKENS);
+        job.prompt_tokens = tokens;
+        let mut rx = engine.start(job).ok()?;
+        // read every stream at once: when each first token comes is the measurement
+        readers.push(tokio::spawn(async move {
+            let (mut first, mut made) = (None, 0usize);
             while let Some(ev) = rx.recv().await {
                 match ev {
-                    SeqEvent::Token { .. } => made += 1,
+                    SeqEvent::Token { .. } => {
+                        first.get_or_insert_with(Instant::now);
+                        made += 1;
+                    }
                     SeqEvent::Done(_) | SeqEvent::Failed(_) => break,
                 }
             }
+            (first, made)
+        }));
+    }
+    let all = async {
+        let mut out = Vec::with_capacity(readers.len());
+        for r in readers {
+            out.push(r.await.ok()?);
         }
-        made
+        Some(out)
     };
-    let made = tokio::time::timeout(SELF_TEST_TIMEOUT, run).await.ok()?;
-    let per_sequence = made as f64 / slots as f64;
-    (per_sequence >= 1.0).then(|| started.elapsed().as_secs_f64() * 1000.0 / per_sequence)
+    let results = tokio::time::timeout(SELF_TEST_TIMEOUT, all).await.ok()??;
+    let wall = started.elapsed().as_secs_f64() * 1000.0;
+    let last_first = results.iter().filter_map(|(f, _)| *f).max()?;
+    let prefilled = (last_first - started).as_secs_f64() * 1000.0;
+    let per_sequence = results.iter().map(|(_, n)| *n).sum::<usize>() as f64 / slots as f64;
+    if per_sequence < 2.0 {
+        return None;
+    }
+    let ms_per_token = ((wall - prefilled) / (per_sequence - 1.0)).max(1e-3);
+    let prefill_ms_per_token = if prompt_tokens > 0 {
+        (prefilled - ms_per_token).max(0.0) / prompt_tokens as f64
+    } else {
+        0.0
+    };
+    Some(FullPace {
+        ms_per_token,
+        prefill_ms_per_token,
+    })
 }
 
 /// Decodes one token greedily to prove the engine works before it takes traffic.

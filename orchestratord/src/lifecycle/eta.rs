@@ -118,6 +118,11 @@ struct Pace {
     per_token: f64,
     per_prompt_token: f64,
     share: Option<f64>,
+    /// Prefills of other slots a task's life is expected to be stalled by, on top of its own,
+    /// when `per_token` does not already include them (the load-time pace: every slot of a
+    /// pool that serves a line turns over about once per task, and one engine runs one
+    /// prefill at a time).
+    stalls: f64,
 }
 
 impl Pace {
@@ -139,6 +144,12 @@ impl Pace {
             (Some(a), Some(b)) => a.max(b),
             (a, b) => a.or(b).or(p.ms_per_token_ewma.filter(positive))?,
         };
+        let probe_paced = now.is_none() && full.is_some() && p.full_pace_from_probe_only;
+        let stalls = if probe_paced {
+            p.slots_total.saturating_sub(1) as f64
+        } else {
+            0.0
+        };
         let per_prompt_token = p
             .prefill_ms_per_token_ewma
             .filter(positive)
@@ -147,12 +158,13 @@ impl Pace {
             per_token,
             per_prompt_token,
             share: p.used_share_ewma,
+            stalls,
         })
     }
 
     /// A whole task's time in a slot.
     fn service_ms(&self, n: Need) -> f64 {
-        n.prompt_tokens as f64 * self.per_prompt_token
+        n.prompt_tokens as f64 * self.per_prompt_token * (1.0 + self.stalls)
             + expected_tokens(n.max_tokens, self.share) * self.per_token
     }
 
@@ -257,6 +269,7 @@ mod tests {
             used_share_ewma: None,
             prefill_ms_per_token_ewma: None,
             full_ms_per_token_ewma: None,
+            full_pace_from_probe_only: false,
             drain_deadline_remaining_ms: None,
             consecutive_failures: 0,
             last_tokens_per_s: None,
