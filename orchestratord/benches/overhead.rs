@@ -110,6 +110,33 @@ async fn admission_rate(
     )
 }
 
+/// Posts `body` against the bare server and `orch_url` in turns (3 rounds) and prints the
+/// medians, their ratio and the share of 429s.
+async fn compare_admission(
+    client: &reqwest::Client,
+    bare: &str,
+    orch_url: &str,
+    body: &serde_json::Value,
+    what: &str,
+) {
+    let (mut bare_rps, mut orch_rps, mut reject_share) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        let (b, _) = admission_rate(client, format!("{bare}/v1/tasks"), body.clone()).await;
+        bare_rps.push(b);
+        let (r, rej) = admission_rate(client, orch_url.to_string(), body.clone()).await;
+        orch_rps.push(r);
+        reject_share.push(rej);
+    }
+    let (b, o) = (median(bare_rps), median(orch_rps));
+    println!("{what} ({CLIENTS} clients, {ADMIT_SECS} s, median of 3):");
+    println!("  bare axum 202   {b:>10.0}");
+    println!(
+        "  orchestratord   {o:>10.0}   ratio {:.2}   (429 share {:.0}%)",
+        o / b,
+        100.0 * median(reject_share)
+    );
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let bare = bare_server().await;
@@ -154,28 +181,15 @@ async fn main() {
     let mut cfg = support::config(vec![support::pool("p1", 2)]);
     cfg.queue.capacity = 8;
     let slow = support::start(cfg, Duration::from_millis(50)).await;
-    let mut bare_rps = Vec::new();
-    let mut orch_rps = Vec::new();
-    let mut reject_share = Vec::new();
     let small = json!({"prompt": "hello there", "max_tokens": 4});
-    for _ in 0..3 {
-        bare_rps.push(
-            admission_rate(&client, format!("{bare}/v1/tasks"), small.clone())
-                .await
-                .0,
-        );
-        let (r, rej) = admission_rate(&client, slow.url("/v1/tasks"), small.clone()).await;
-        orch_rps.push(r);
-        reject_share.push(rej);
-    }
-    let (b, o) = (median(bare_rps), median(orch_rps));
-    println!("Admission requests/s ({CLIENTS} clients, {ADMIT_SECS} s, median of 3):");
-    println!("  bare axum 202   {b:>10.0}");
-    println!(
-        "  orchestratord   {o:>10.0}   ratio {:.2}   (429 share {:.0}%)",
-        o / b,
-        100.0 * median(reject_share)
-    );
+    compare_admission(
+        &client,
+        &bare,
+        &slow.url("/v1/tasks"),
+        &small,
+        "Admission requests/s",
+    )
+    .await;
 
     // refusals of a big prompt: the queue is full, every answer is a 429
     let mut cfg = support::config(vec![support::pool("p1", 1)]);
@@ -188,25 +202,14 @@ async fn main() {
         .submit_ok(json!({"prompt": "y", "max_tokens": 4}))
         .await;
     let big = json!({"prompt": "word ".repeat(256 * 1024 / 5), "max_tokens": 4});
-    let (mut bare_big, mut orch_big, mut share_big) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..3 {
-        bare_big.push(
-            admission_rate(&client, format!("{bare}/v1/tasks"), big.clone())
-                .await
-                .0,
-        );
-        let (r, rej) = admission_rate(&client, full.url("/v1/tasks"), big.clone()).await;
-        orch_big.push(r);
-        share_big.push(rej);
-    }
-    let (b, o) = (median(bare_big), median(orch_big));
-    println!("Refusals/s of a 256 KiB prompt ({CLIENTS} clients, {ADMIT_SECS} s, median of 3):");
-    println!("  bare axum 202   {b:>10.0}");
-    println!(
-        "  orchestratord   {o:>10.0}   ratio {:.2}   (429 share {:.0}%)",
-        o / b,
-        100.0 * median(share_big)
-    );
+    compare_admission(
+        &client,
+        &bare,
+        &full.url("/v1/tasks"),
+        &big,
+        "Refusals/s of a 256 KiB prompt",
+    )
+    .await;
     full.cancel(&waiting).await;
     full.cancel(&hang).await;
 }

@@ -129,6 +129,20 @@ async fn impossible_deadlines_are_422_and_bad_headers_400() {
     assert_eq!(r.status(), 422);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "DEADLINE_UNMET");
+    // the largest deadlines are no deadline to speak of, not an overflow
+    for huge in [json!(u64::MAX), json!(u64::MAX / 2)] {
+        let r = s
+            .submit(json!({"prompt": "a", "max_tokens": 2, "deadline_ms": huge}))
+            .await;
+        assert_eq!(r.status(), 202, "{huge}");
+    }
+    let r = submit_with(
+        &s,
+        json!({"prompt": "a", "max_tokens": 2}),
+        &[(DEADLINE, "18446744073709551615")],
+    )
+    .await;
+    assert_eq!(r.status(), 202);
     let r = submit_with(&s, json!({"prompt": "a"}), &[(DEADLINE, "soon")]).await;
     assert_eq!(r.status(), 400);
     let v: serde_json::Value = r.json().await.unwrap();
@@ -265,4 +279,28 @@ async fn start_predictions_match_the_real_starts() {
         )
     };
     assert!(count("late") + count("early") >= ids.len() as f64);
+}
+
+/// ORCH-ADM-DL-2: a pool measures its pace with every slot busy when its engine loads (the
+/// scripted engine: one token per 20 ms whatever the load), and the first task that ends in a
+/// full pool replaces that load-time measurement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_measures_a_full_pool_when_it_loads_and_real_tasks_replace_it() {
+    let s = start(config(vec![pool("pace", 1)]), Duration::from_millis(20)).await;
+    let snap = s.state.pools.get("pace").unwrap().snapshot();
+    let full = snap.full_ms_per_token_ewma.expect("measured at load");
+    assert!(
+        (15.0..60.0).contains(&full),
+        "full-pool pace {full} ms/token"
+    );
+    assert!(snap.full_pace_from_probe_only);
+    assert!(snap.prefill_ms_per_token_ewma.is_some());
+    let id = s.submit_ok(json!({"prompt": "a b", "max_tokens": 5})).await;
+    assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
+    let snap = s.state.pools.get("pace").unwrap().snapshot();
+    assert!(
+        !snap.full_pace_from_probe_only,
+        "a task in the full pool replaced the probe"
+    );
+    assert_eq!(snap.used_share_ewma, Some(1.0));
 }

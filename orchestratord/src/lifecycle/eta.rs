@@ -19,8 +19,6 @@ pub struct Estimate {
     pub predicted_start_ms: u64,
     /// Expected time until one queue place frees up (advice for a 429).
     pub retry_after_ms: u64,
-    /// Expected decode time per token on these pools, when measured.
-    pub ms_per_token: Option<f64>,
 }
 
 /// Expected service time of one task on a pool, in ms.
@@ -40,20 +38,17 @@ pub fn estimate(position: usize, pools: &[PoolSnapshot], typical_tokens: usize) 
         .iter()
         .filter_map(|p| service_ms(p, typical_tokens).map(|s| p.slots_total as f64 / s))
         .sum();
-    let ms_per_token = mean_ms_per_token(pools);
     if rate <= 0.0 {
         // nothing measured yet (no pool serving): advise a short retry
         return Estimate {
             predicted_start_ms: 0,
             retry_after_ms: 1000,
-            ms_per_token,
         };
     }
     let ahead = (position + 1).saturating_sub(free) as f64;
     Estimate {
         predicted_start_ms: (ahead / rate).ceil() as u64,
         retry_after_ms: (1.0 / rate).ceil().max(1.0) as u64,
-        ms_per_token,
     }
 }
 
