@@ -17,6 +17,10 @@ async fn the_official_openai_sdk_works_against_the_real_model() {
     p.ctx = 2048;
     let mut cfg = config(vec![p]);
     cfg.queue.capacity = 2;
+    // the overload check is about the queue's capacity: two 1000-token streams ahead may
+    // take longer than the default longest queue wait on a slow machine, and the deadline
+    // refusal would come before the capacity one
+    cfg.admission.max_queue_wait_ms = 600_000;
     cfg.timeouts.idle_ms = 60_000;
     let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
     let stdout = run_sdk_script(
