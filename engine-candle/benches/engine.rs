@@ -66,6 +66,29 @@ fn run_batch(e: &CandleEngine, prompts: &[Vec<u32>], max_tokens: usize) -> (Vec<
     (runs, wall)
 }
 
+/// Prompt tokens/s of fresh prompts (nothing cached) of each length: medians of `ROUNDS`.
+fn prefill_sweep(e: &CandleEngine, lens: &[usize]) {
+    let text = "The history of the bicycle begins in the early nineteenth century. ".repeat(400);
+    let body = e.tokenizer().encode(&text).unwrap();
+    for &len in lens {
+        let mut tps = Vec::new();
+        for round in 0..ROUNDS {
+            let mut p = e
+                .tokenizer()
+                .encode(&format!("Part {len}.{round}."))
+                .unwrap();
+            let need = len.saturating_sub(p.len());
+            p.extend(body.iter().cycle().take(need));
+            let (runs, _) = run_batch(e, std::slice::from_ref(&p), 1);
+            tps.push(p.len() as f64 / runs[0].first_token_s);
+        }
+        println!(
+            "prefill {len} tokens: {:.1} tok/s (median of {ROUNDS})",
+            median(tps)
+        );
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str| {
@@ -84,9 +107,16 @@ fn main() {
             env!("CARGO_MANIFEST_DIR")
         )
     });
+    // `--prompts 512,1024,2048`: only the prefill sweep (fresh prompts of those lengths)
+    let sweep: Option<Vec<usize>> =
+        arg("--prompts").map(|v| v.split(',').map(|n| n.parse().unwrap()).collect());
     let mut opts = EngineOptions::new(&model);
     opts.slots = 8;
     opts.ctx = 2048;
+    if let Some(lens) = &sweep {
+        opts.slots = 2;
+        opts.ctx = lens.iter().max().copied().unwrap_or(0).max(2048) + 8;
+    }
     opts.threads = threads;
     opts.weight_format = format;
     let e = CandleEngine::load(opts).expect("model loads");
@@ -96,6 +126,10 @@ fn main() {
         tok(&"The history of the bicycle begins in the early nineteenth century. ".repeat(12));
     long.truncate(128);
     let _ = run_batch(&e, std::slice::from_ref(&long), 4); // warm-up
+    if let Some(lens) = sweep {
+        prefill_sweep(&e, &lens);
+        return;
+    }
 
     let mut prompt_tps = Vec::new();
     let mut decode_tps = Vec::new();

@@ -11,7 +11,12 @@
 //! So a prompt prefilled in pieces or resumed from a cached prefix gives the same bits as one
 //! prefilled whole, and batched decoding the same bits as decoding alone.
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+mod transposed;
+
 use crate::cpu_parallel::par_chunks_mut;
+use transposed::{Block, Transposed};
 
 /// Shapes of one forward pass's attention.
 pub(crate) struct Dims {
@@ -34,6 +39,15 @@ pub(crate) struct Span {
     pub prompt: bool,
 }
 
+/// Prompt segments with at least this many tokens take the transposed path: its transposition
+/// is a pass over the head's keys and values, paid back when many queries share it.
+const TRANSPOSE_MIN_QUERIES: usize = 16;
+/// Queries per parallel task on the transposed path (tasks are taken from a shared counter,
+/// so the costlier late queries of a long prompt spread over the cores).
+const QUERY_BLOCK: usize = 16;
+/// Lanes of ggml's AVX-512 vectors, which fix the order of its sums.
+pub(crate) const LANES: usize = 16;
+
 /// `q` is `[n_head, n, head_dim]` (unscaled); `k`/`v` are one layer's cache
 /// `[slots, n_head_kv, ctx, head_dim]` with the segments' new keys and values written.
 /// Returns `[n, n_head · head_dim]`.
@@ -45,37 +59,139 @@ pub(crate) fn attend(
     k: &[f32],
     v: &[f32],
 ) -> Vec<f32> {
+    let path = if has_fma() {
+        PromptPath::TransposedNative
+    } else if cfg!(target_arch = "aarch64") {
+        // NEON and FMA are baseline there: the portable loops vectorise
+        PromptPath::Transposed
+    } else {
+        PromptPath::PerQuery
+    };
+    attend_with(q, n, d, spans, k, v, path)
+}
+
+/// How prompt segments of at least `TRANSPOSE_MIN_QUERIES` tokens are attended; every path
+/// gives the same bits.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PromptPath {
+    /// One query at a time, as decode tokens are.
+    PerQuery,
+    /// Over transposed keys and values, portable code.
+    Transposed,
+    /// Over transposed keys and values, AVX2 + FMA intrinsics (detected at run time).
+    TransposedNative,
+}
+
+/// A parallel unit of work: queries `first..first + count` of head `h` of span `s`, on the
+/// transposed path or (for decode tokens and short prompts) one query at a time.
+#[derive(Clone, Copy)]
+struct Task {
+    s: usize,
+    h: usize,
+    first: usize,
+    count: usize,
+    transposed: bool,
+}
+
+fn attend_with(
+    q: &[f32],
+    n: usize,
+    d: &Dims,
+    spans: &[Span],
+    k: &[f32],
+    v: &[f32],
+    path: PromptPath,
+) -> Vec<f32> {
     let hd = d.head_dim;
     let group = d.n_head / d.n_head_kv;
-    // one task per (segment, head): its rows of the output, computed independently
-    let tasks: Vec<(usize, usize)> = (0..spans.len())
-        .flat_map(|s| (0..d.n_head).map(move |h| (s, h)))
-        .collect();
-    let fma = has_fma();
-    let one = |(s, h): (usize, usize)| -> Vec<f32> {
+    let head_rows = |s: usize, kh: usize| -> (&[f32], &[f32]) {
         let sp = &spans[s];
-        let kh = h / group;
         let base = (sp.row * d.n_head_kv + kh) * d.ctx * hd;
-        let keys = &k[base..base + (sp.start + sp.t) * hd];
-        let vals = &v[base..base + (sp.start + sp.t) * hd];
-        let qh = &q[(h * n + sp.offset) * hd..(h * n + sp.offset + sp.t) * hd];
+        let len = (sp.start + sp.t) * hd;
+        (&k[base..base + len], &v[base..base + len])
+    };
+    let use_transposed = |sp: &Span| {
+        path != PromptPath::PerQuery
+            && sp.prompt
+            && sp.t >= TRANSPOSE_MIN_QUERIES
+            && transposed::supports(hd)
+    };
+    // the transposed heads, per span that uses them: `first[s]` indexes its first kv head
+    let mut first = vec![usize::MAX; spans.len()];
+    let mut to_transpose = Vec::new();
+    for (s, sp) in spans.iter().enumerate() {
+        if use_transposed(sp) {
+            first[s] = to_transpose.len();
+            to_transpose.extend((0..d.n_head_kv).map(|kh| (s, kh)));
+        }
+    }
+    let mut heads: Vec<Option<(Transposed, Transposed)>> = Vec::new();
+    heads.resize_with(to_transpose.len(), || None);
+    par_chunks_mut(&mut heads, 1, |i, slot| {
+        let (s, kh) = to_transpose[i];
+        let (keys, vals) = head_rows(s, kh);
+        slot[0] = Some((Transposed::new(keys, hd), Transposed::new(vals, hd)));
+    });
+    let mut tasks = Vec::new();
+    for (s, sp) in spans.iter().enumerate() {
+        let transposed = first[s] != usize::MAX;
+        let block = if transposed { QUERY_BLOCK } else { sp.t };
+        for h in 0..d.n_head {
+            for f in (0..sp.t).step_by(block) {
+                tasks.push(Task {
+                    s,
+                    h,
+                    first: f,
+                    count: block.min(sp.t - f),
+                    transposed,
+                });
+            }
+        }
+    }
+    let fma = has_fma();
+    let one = |t: Task| -> Vec<f32> {
+        let sp = &spans[t.s];
+        let qh = &q[(t.h * n + sp.offset) * hd..(t.h * n + sp.offset + sp.t) * hd];
+        if t.transposed {
+            let Some((keys, vals)) = &heads[first[t.s] + t.h / group] else {
+                unreachable!("every transposed span's heads were transposed");
+            };
+            let mut out = vec![0f32; t.count * hd];
+            let block = Block {
+                q: qh,
+                start: sp.start,
+                first: t.first,
+                count: t.count,
+                keys,
+                vals,
+                dims: d,
+            };
+            #[cfg(target_arch = "x86_64")]
+            if path == PromptPath::TransposedNative && fma {
+                // SAFETY: AVX2 and FMA were detected.
+                unsafe { avx2::queries(&block, &mut out) };
+                return out;
+            }
+            transposed::queries(&block, &mut out);
+            return out;
+        }
+        let (keys, vals) = head_rows(t.s, t.h / group);
         #[cfg(target_arch = "x86_64")]
         if fma {
             // SAFETY: AVX2 and FMA were detected.
             return unsafe { head_fma(qh, keys, vals, sp, d) };
         }
-        let _ = fma;
         head(qh, keys, vals, sp, d)
     };
     let mut parts: Vec<Vec<f32>> = vec![Vec::new(); tasks.len()];
     par_chunks_mut(&mut parts, 1, |i, part| part[0] = one(tasks[i]));
     let width = d.n_head * hd;
     let mut y = vec![0f32; n * width];
-    for (&(s, h), part) in tasks.iter().zip(parts) {
-        let sp = &spans[s];
-        for ti in 0..sp.t {
-            let dst = (sp.offset + ti) * width + h * hd;
-            y[dst..dst + hd].copy_from_slice(&part[ti * hd..(ti + 1) * hd]);
+    for (t, part) in tasks.iter().zip(parts) {
+        let sp = &spans[t.s];
+        for i in 0..t.count {
+            let dst = (sp.offset + t.first + i) * width + t.h * hd;
+            y[dst..dst + hd].copy_from_slice(&part[i * hd..(i + 1) * hd]);
         }
     }
     y
@@ -292,9 +408,6 @@ fn v_expf(x: f32) -> f32 {
         f32::from_bits(0x35bf_be8e),                  // 0x1.7f7d1cp-20
         (-n).mul_add(f32::from_bits(0x3f31_7200), x), // 0x1.62e4p-1
     );
-    if n.abs() > 192.0 {
-        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
-    }
     let u = b * b;
     let j = f32::from_bits(0x3c07_2010) // 0x1.0e4020p-7
         .mul_add(b, f32::from_bits(0x3d2b_9f17)) // 0x1.573e2ep-5
@@ -304,8 +417,15 @@ fn v_expf(x: f32) -> f32 {
         )
         .mul_add(u, f32::from_bits(0x3f7f_fff6).mul_add(b, 1.0)); // 0x1.ffffecp-1
                                                                   // _mm512_scalef_ps: j·2ⁿ, rounded once (2ⁿ is exact in f64 for |n| ≤ 192)
-    let two_n = f64::from_bits(((n as i64 + 1023) as u64) << 52);
-    (j as f64 * two_n) as f32
+                                                                  // (branch-free, so that lanes of it vectorise: what lies outside ±192 is selected away)
+    let two_n = f64::from_bits(((n as i32 as i64 + 1023) as u64) << 52);
+    let scaled = (j as f64 * two_n) as f32;
+    let saturated = if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    if n.abs() > 192.0 {
+        saturated
+    } else {
+        scaled
+    }
 }
 
 #[cfg(test)]
@@ -435,6 +555,66 @@ mod tests {
         let got = &whole[ti * width + h * 16..][..16];
         for (w, g) in want.iter().zip(got) {
             assert!((w - g).abs() < 1e-5, "{w} vs {g}");
+        }
+    }
+
+    /// ENG-BATCH-3, ENG-PREFILL-1: the transposed prompt path gives the per-query path's bits
+    /// for every query, at any start, length and head size it takes, beside decode tokens.
+    #[test]
+    fn the_transposed_path_gives_the_per_query_bits() {
+        let f = |i: usize| (((i * 2654435761) >> 7) % 2000) as f32 / 997.0 - 1.0;
+        for (hd, n_head, n_head_kv) in [(64, 9, 3), (128, 4, 2), (64, 2, 2)] {
+            let ctx = 300;
+            let slots = 3;
+            let d = Dims {
+                n_head,
+                n_head_kv,
+                head_dim: hd,
+                ctx,
+                scale: 1.0 / (hd as f32).sqrt(),
+            };
+            let cache = slots * n_head_kv * ctx * hd;
+            // keys large enough that the softmax is far from uniform and some probabilities
+            // underflow
+            let k: Vec<f32> = (0..cache).map(|i| 6.0 * f(i + 11)).collect();
+            let v: Vec<f32> = (0..cache).map(|i| f(i + 5)).collect();
+            for (start, t) in [(0, 16), (0, 37), (5, 16), (100, 64), (131, 169)] {
+                let spans = [
+                    Span {
+                        row: 0,
+                        start: 17,
+                        t: 1,
+                        offset: 0,
+                        prompt: false,
+                    },
+                    Span {
+                        row: 2,
+                        start,
+                        t,
+                        offset: 1,
+                        prompt: true,
+                    },
+                    Span {
+                        row: 1,
+                        start: 3,
+                        t: 2,
+                        offset: 1 + t,
+                        prompt: true,
+                    },
+                ];
+                let n = t + 3;
+                let q: Vec<f32> = (0..n_head * n * hd).map(|i| 3.0 * f(i + 1)).collect();
+                let reference = attend_with(&q, n, &d, &spans, &k, &v, PromptPath::PerQuery);
+                for path in [PromptPath::Transposed, PromptPath::TransposedNative] {
+                    let fast = attend_with(&q, n, &d, &spans, &k, &v, path);
+                    let differ = fast
+                        .iter()
+                        .zip(&reference)
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
+                    assert_eq!(differ, 0, "{path:?}: hd {hd}, start {start}, t {t}");
+                }
+            }
         }
     }
 

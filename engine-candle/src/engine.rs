@@ -100,10 +100,16 @@ pub struct EngineOptions {
     /// Host memory for the keys and values of prompts whose cache rows were reused by
     /// other prompts, so they start after their prefix when they come back (0: off).
     pub prompt_cache_bytes: usize,
+    /// Prompt tokens one forward pass takes while other sequences decode: the longest a
+    /// stream waits between two tokens is one pass of this many prompt tokens beside the
+    /// decoding ones (an idle engine takes whole chunks of prompt).
+    pub step_prompt_tokens: usize,
 }
 
 /// Default size of the host-memory prompt cache.
 pub const DEFAULT_PROMPT_CACHE_BYTES: usize = 256 << 20;
+/// Default prompt tokens per pass beside decoding sequences.
+pub const DEFAULT_STEP_PROMPT_TOKENS: usize = 32;
 
 impl EngineOptions {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {
@@ -115,6 +121,7 @@ impl EngineOptions {
             device: DeviceChoice::Cpu,
             weight_format: WeightFormat::Auto,
             prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
+            step_prompt_tokens: DEFAULT_STEP_PROMPT_TOKENS,
         }
     }
 }
@@ -256,6 +263,7 @@ impl CandleEngine {
             opts.slots,
             shared.clone(),
             opts.prompt_cache_bytes,
+            opts.step_prompt_tokens,
         );
         std::thread::Builder::new()
             .name("candle-decode".into())

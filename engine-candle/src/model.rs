@@ -12,7 +12,7 @@ use crate::error::{EngineError, Result};
 use crate::hparams::{Hparams, RopeStyle};
 use crate::weights::{Linear, Weights};
 
-/// Largest number of prompt tokens pushed through one prefill pass (bounds attention memory).
+/// Most prompt tokens of one sequence in one forward pass (bounds attention memory).
 pub const PREFILL_CHUNK: usize = 256;
 
 /// One sequence's part of a forward pass.
@@ -195,36 +195,6 @@ impl Model {
     fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
         let ids = Tensor::new(tokens, &self.device)?;
         Ok(self.w.tok_embd.embedding(&ids)?)
-    }
-
-    /// Runs `tokens` (positions `start..start+len`) of the sequence in cache `row`, in chunks
-    /// of `PREFILL_CHUNK`, and returns the logits `[vocab]` of the last token.
-    pub fn prefill(
-        &self,
-        cache: &KvCache,
-        row: usize,
-        tokens: &[u32],
-        start: usize,
-    ) -> Result<Vec<f32>> {
-        if tokens.is_empty() {
-            return Err(EngineError::InvalidParams("empty prompt".into()));
-        }
-        let mut last = Vec::new();
-        let mut pos = start;
-        for chunk in tokens.chunks(PREFILL_CHUNK) {
-            let seg = Segment {
-                row,
-                tokens: chunk,
-                start: pos,
-                prompt: true,
-            };
-            last = self
-                .forward(cache, std::slice::from_ref(&seg))?
-                .pop()
-                .unwrap_or_default();
-            pos += chunk.len();
-        }
-        Ok(last)
     }
 
     /// One forward pass over several sequences at once: each segment feeds its tokens at its

@@ -1,8 +1,11 @@
 //! The decode thread: continuous batching over the cache rows of one loaded model.
 //!
-//! New sequences are prefilled between steps and join the batch; every step decodes all running
-//! sequences in one forward pass; finished or cancelled sequences leave at once and the last row
-//! moves into the freed one so the batch stays dense.
+//! Every step is one forward pass: each running sequence decodes its next token, and the
+//! prompts of new sequences go through in chunks beside them — while any sequence decodes, at
+//! most `step_prompt_tokens` prompt tokens per pass, so a long prompt never holds up the
+//! streams for more than one short pass (cancel is checked between passes). A sequence whose
+//! last prompt chunk went through starts decoding from that chunk's logits; finished or
+//! cancelled sequences leave at once.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -19,9 +22,7 @@ use crate::model::{KvCache, Model, Segment};
 use crate::prompt_cache::{common_prefix, Entry, PromptCache};
 use crate::slots::SlotPermit;
 
-/// Longest prompt that joins a forward pass beside the decoding sequences; longer prompts are
-/// prefilled alone in chunks.
-const STEP_PROMPT_BUDGET: usize = crate::model::PREFILL_CHUNK;
+use crate::model::PREFILL_CHUNK;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::text_stream::TextStream;
 use crate::tokenizer::GgufTokenizer;
@@ -108,6 +109,15 @@ struct Running {
     prefill_ms: u64,
 }
 
+/// A sequence with a row whose prompt is still going through, a chunk per pass.
+struct Prefilling {
+    req: Box<GenerateRequest>,
+    submitted: Instant,
+    row: usize,
+    /// Prompt tokens already in the row.
+    done: usize,
+}
+
 /// Events of a sequence that left its row but whose receiver has not taken them all yet.
 struct Draining {
     events: Sender<SeqEvent>,
@@ -167,6 +177,10 @@ pub(crate) struct Scheduler {
     pub slots: usize,
     pub shared: Arc<Shared>,
     running: Vec<Running>,
+    /// Sequences computing their prompts, in arrival order.
+    prefilling: Vec<Prefilling>,
+    /// Prompt tokens one pass takes while sequences decode.
+    step_prompt_tokens: usize,
     /// Rows nobody runs in, oldest first.
     free: Vec<FreeRow>,
     waiting: VecDeque<(Box<GenerateRequest>, Instant)>,
@@ -183,6 +197,7 @@ impl Scheduler {
         slots: usize,
         shared: Arc<Shared>,
         prompt_cache_bytes: usize,
+        step_prompt_tokens: usize,
     ) -> Self {
         Self {
             model,
@@ -191,6 +206,8 @@ impl Scheduler {
             slots,
             shared,
             running: Vec::with_capacity(slots),
+            prefilling: Vec::with_capacity(slots),
+            step_prompt_tokens: step_prompt_tokens.max(1),
             free: (0..slots)
                 .map(|row| FreeRow {
                     row,
@@ -206,7 +223,11 @@ impl Scheduler {
     pub fn run(mut self, rx: Receiver<Command>) {
         let _guard = AliveGuard(self.shared.clone());
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() && self.draining.is_empty() {
+            if self.running.is_empty()
+                && self.prefilling.is_empty()
+                && self.waiting.is_empty()
+                && self.draining.is_empty()
+            {
                 match rx.recv() {
                     Ok(cmd) => self.accept(cmd),
                     Err(_) => return,
@@ -217,7 +238,10 @@ impl Scheduler {
                     Ok(cmd) => self.accept(cmd),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => {
-                        if self.running.is_empty() && self.waiting.is_empty() {
+                        if self.running.is_empty()
+                            && self.prefilling.is_empty()
+                            && self.waiting.is_empty()
+                        {
                             return;
                         }
                         break;
@@ -226,7 +250,6 @@ impl Scheduler {
             }
             self.flush_draining();
             self.retire_cancelled();
-            self.admit_long_prompts();
             if !self.step() {
                 // every running sequence waits for its receiver: do not spin
                 std::thread::sleep(Duration::from_millis(1));
@@ -380,21 +403,42 @@ impl Scheduler {
                 i += 1;
             }
         }
+        let mut k = 0;
+        while k < self.prefilling.len() {
+            let p = &self.prefilling[k];
+            if p.req.cancel.is_cancelled() || p.req.events.is_closed() {
+                let p = self.prefilling.remove(k);
+                // the prompt positions computed so far stay reusable
+                self.free.push(FreeRow {
+                    row: p.row,
+                    cached: p.req.prompt_tokens[..p.done].to_vec(),
+                });
+                let mut req = p.req;
+                Self::cancel_unstarted(&mut req);
+            } else {
+                k += 1;
+            }
+        }
         self.waiting.retain_mut(|(req, _)| {
             if req.cancel.is_cancelled() || req.events.is_closed() {
-                req.permit.release();
-                let _ = req.events.try_send(SeqEvent::Done(Finish {
-                    reason: FinishReason::Cancelled,
-                    prompt_tokens: req.prompt_tokens.len(),
-                    tokens_out: 0,
-                    prefill_ms: 0,
-                    decode_ms: 0,
-                }));
+                Self::cancel_unstarted(req);
                 false
             } else {
                 true
             }
         });
+    }
+
+    /// Ends a sequence that had not produced a token: its slot back, then `Cancelled`.
+    fn cancel_unstarted(req: &mut GenerateRequest) {
+        req.permit.release();
+        let _ = req.events.try_send(SeqEvent::Done(Finish {
+            reason: FinishReason::Cancelled,
+            prompt_tokens: req.prompt_tokens.len(),
+            tokens_out: 0,
+            prefill_ms: 0,
+            decode_ms: 0,
+        }));
     }
 
     /// Starts the sequence `req` in the next row from the logits of its prompt's last token.
@@ -433,36 +477,6 @@ impl Scheduler {
         });
         req.permit.release();
         let _ = req.events.try_send(SeqEvent::Failed(e.to_string()));
-    }
-
-    /// Prompts longer than one step's budget are prefilled alone, chunk by chunk, before they
-    /// join (the running sequences wait for it).
-    fn admit_long_prompts(&mut self) {
-        while self.running.len() < self.slots
-            && self
-                .waiting
-                .front()
-                .is_some_and(|(r, _)| r.prompt_tokens.len() > STEP_PROMPT_BUDGET)
-        {
-            let Some((mut req, submitted)) = self.waiting.pop_front() else {
-                return;
-            };
-            let Some((row, reuse)) = self.take_row(&req.prompt_tokens) else {
-                self.waiting.push_front((req, submitted));
-                return;
-            };
-            match self
-                .model
-                .prefill(&self.cache, row, &req.prompt_tokens[reuse..], reuse)
-            {
-                Ok(logits) => {
-                    self.start_running(*req, row, submitted, logits);
-                    let i = self.running.len() - 1;
-                    self.accept_token(i);
-                }
-                Err(e) => self.fail_waiting(&mut req, row, &e),
-            }
-        }
     }
 
     /// Handles the freshly sampled `next` token of row `i`: emit it, check the end conditions.
@@ -528,44 +542,47 @@ impl Scheduler {
     }
 
     /// One forward pass: every running sequence that can take its next token feeds it, and
-    /// waiting sequences whose prompts fit this step's budget join with their whole prompt.
+    /// the prompts being computed feed their next chunks — within `step_prompt_tokens` while
+    /// any sequence decodes (its next token waits for the whole pass), else a whole chunk.
     /// Returns false when nothing could run.
     fn step(&mut self) -> bool {
-        let mut joining = Vec::new();
-        // new prompt tokens (past any reused prefix) one pass takes in; a first joining prompt
-        // always fits. Measured: spreading a burst over passes with a 64-token budget did not
-        // lower the median time to first token at 8 concurrent streams (the prefill work is
-        // the same, the passes more), so one pass takes what fits.
-        let cap = STEP_PROMPT_BUDGET;
-        let mut used = 0;
-        while self.running.len() + joining.len() < self.slots {
-            let Some(prompt) = self
-                .waiting
-                .front()
-                .map(|(r, _)| r.prompt_tokens.as_slice())
-                .filter(|p| p.len() <= STEP_PROMPT_BUDGET)
-            else {
+        // free rows go to waiting sequences, in order: their prompts start going through
+        while self.running.len() + self.prefilling.len() < self.slots {
+            let Some((req, submitted)) = self.waiting.pop_front() else {
                 break;
             };
-            let Some((pick, reuse)) = self.choose_row(prompt) else {
+            let Some((row, reuse)) = self.take_row(&req.prompt_tokens) else {
+                self.waiting.push_front((req, submitted));
                 break;
             };
-            let new = prompt.len() - reuse;
-            // the first joining prompt always fits; the others within the step's budget
-            if !joining.is_empty() && used + new > cap {
-                break;
-            }
-            let Some((req, at)) = self.waiting.pop_front() else {
-                break;
-            };
-            let (row, reuse) = self.take_chosen(pick, &req.prompt_tokens);
-            used += new;
-            joining.push((req, at, row, reuse));
+            self.prefilling.push(Prefilling {
+                req,
+                submitted,
+                row,
+                done: reuse,
+            });
         }
         let decoding: Vec<usize> = (0..self.running.len())
             .filter(|&i| self.running[i].backlog.is_empty())
             .collect();
-        if decoding.is_empty() && joining.is_empty() {
+        let mut budget = if decoding.is_empty() {
+            PREFILL_CHUNK
+        } else {
+            self.step_prompt_tokens
+        };
+        // (prefilling index, tokens this pass)
+        let mut chunks: Vec<(usize, usize)> = Vec::new();
+        for (k, p) in self.prefilling.iter().enumerate() {
+            if budget == 0 {
+                break;
+            }
+            let n = (p.req.prompt_tokens.len() - p.done)
+                .min(budget)
+                .min(PREFILL_CHUNK);
+            chunks.push((k, n));
+            budget -= n;
+        }
+        if decoding.is_empty() && chunks.is_empty() {
             return self.running.is_empty()
                 && (!self.draining.is_empty() || !self.waiting.is_empty());
         }
@@ -580,12 +597,12 @@ impl Scheduler {
                 prompt: false,
             })
             .collect();
-        let base = self.running.len();
-        for (req, _, row, reuse) in &joining {
+        for &(k, n) in &chunks {
+            let p = &self.prefilling[k];
             segs.push(Segment {
-                row: *row,
-                tokens: &req.prompt_tokens[*reuse..],
-                start: *reuse,
+                row: p.row,
+                tokens: &p.req.prompt_tokens[p.done..p.done + n],
+                start: p.done,
                 prompt: true,
             });
         }
@@ -596,8 +613,10 @@ impl Scheduler {
             Err(e) => {
                 let msg = e.to_string();
                 tracing::error!(error = %msg, "forward pass failed");
-                for (req, _, row, _) in &mut joining {
-                    self.fail_waiting(req, *row, &e);
+                // the sequences of this pass: their rows hold unknown contents
+                for &(k, _) in chunks.iter().rev() {
+                    let mut p = self.prefilling.remove(k);
+                    self.fail_waiting(&mut p.req, p.row, &e);
                 }
                 while !self.running.is_empty() {
                     let i = self.running.len() - 1;
@@ -606,15 +625,29 @@ impl Scheduler {
                 return true;
             }
         };
-        let joined = logits.split_off(decoding.len());
+        let prompt_logits = logits.split_off(decoding.len());
         for (i, row) in decoding.iter().zip(logits) {
             let seq = &mut self.running[*i];
             seq.pos += 1;
             let mut row = row;
             seq.next = seq.sampler.sample(&mut row, &seq.tokens);
         }
-        for ((req, submitted, row, _), l) in joining.into_iter().zip(joined) {
-            self.start_running(*req, row, submitted, l);
+        // prompts whose last chunk went through start from its logits, in arrival order
+        let mut complete = Vec::new();
+        for (&(k, n), l) in chunks.iter().zip(prompt_logits) {
+            let p = &mut self.prefilling[k];
+            p.done += n;
+            if p.done == p.req.prompt_tokens.len() {
+                complete.push((k, l));
+            }
+        }
+        let mut starting = Vec::with_capacity(complete.len());
+        for (k, l) in complete.into_iter().rev() {
+            starting.push((self.prefilling.remove(k), l));
+        }
+        let base = self.running.len();
+        for (p, l) in starting.into_iter().rev() {
+            self.start_running(*p.req, p.row, p.submitted, l);
         }
         // every sampled row, highest first, so removals never move an unvisited row
         let mut sampled: Vec<usize> = decoding;

@@ -495,6 +495,12 @@ pub struct PoolConfig {
     /// they start after their cached prefix when they come back; 0 turns it off.
     #[serde(default = "default_prompt_cache_mib")]
     pub prompt_cache_mib: usize,
+    /// Prompt tokens one forward pass takes while other tasks stream: a long prompt goes
+    /// through in chunks of this size between their tokens, so no stream waits longer than
+    /// one such pass (an idle pool takes whole chunks). Smaller: shorter stalls, a slower
+    /// long prompt beside streams.
+    #[serde(default = "default_step_prompt_tokens")]
+    pub step_prompt_tokens: usize,
 }
 
 fn default_slots() -> usize {
@@ -511,6 +517,9 @@ fn default_weight_format() -> String {
 }
 fn default_prompt_cache_mib() -> usize {
     engine_candle::DEFAULT_PROMPT_CACHE_BYTES >> 20
+}
+fn default_step_prompt_tokens() -> usize {
+    engine_candle::DEFAULT_STEP_PROMPT_TOKENS
 }
 
 /// The default model's cached location (filled by `ci/fetch-model.sh`).
@@ -564,6 +573,7 @@ impl Default for Config {
                 device: default_device(),
                 weight_format: default_weight_format(),
                 prompt_cache_mib: default_prompt_cache_mib(),
+                step_prompt_tokens: default_step_prompt_tokens(),
             }],
         }
     }
@@ -692,6 +702,12 @@ impl Config {
             if p.slots == 0 {
                 return bad(format!("pool {}: slots must be at least 1", p.id));
             }
+            if p.step_prompt_tokens == 0 {
+                return bad(format!(
+                    "pool {}: step_prompt_tokens must be at least 1",
+                    p.id
+                ));
+            }
             p.spec()?;
         }
         if self.pools.is_empty() && self.workers.active_secret().is_none() {
@@ -744,6 +760,7 @@ impl PoolConfig {
             device,
             weight_format,
             prompt_cache_bytes: self.prompt_cache_mib << 20,
+            step_prompt_tokens: self.step_prompt_tokens,
         })
     }
 }

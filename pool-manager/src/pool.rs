@@ -55,6 +55,9 @@ pub struct PoolSpec {
     pub weight_format: WeightFormat,
     /// Host memory for cached prompts (see `engine_candle::EngineOptions`).
     pub prompt_cache_bytes: usize,
+    /// Prompt tokens per forward pass beside decoding sequences (see
+    /// `engine_candle::EngineOptions::step_prompt_tokens`).
+    pub step_prompt_tokens: usize,
 }
 
 /// Failures of control-plane actions on a pool.

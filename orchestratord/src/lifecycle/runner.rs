@@ -183,6 +183,16 @@ async fn pump(
     let wall = tokio::time::sleep_until((placed + Duration::from_millis(wall_ms)).into());
     tokio::pin!(wall);
     let idle = Duration::from_millis(t.idle_ms);
+    // the first token comes after the prompt: a long one is not a stuck engine. Its wait is
+    // the idle limit plus twice the prompt's time at the pool's measured pace for each slot
+    // (the prompts of the other slots may go through first)
+    let snapshot = lease.pool().snapshot();
+    let prompt_ms = task.prompt_tokens as f64
+        * snapshot.prefill_ms_per_token_ewma.unwrap_or(0.0)
+        * 2.0
+        * snapshot.slots_total.max(1) as f64;
+    let first_wait = idle + Duration::from_secs_f64(prompt_ms / 1000.0);
+    let mut waited_for_first = true;
     let deadline = async {
         match task.deadline {
             Some(d) => tokio::time::sleep_until(d.into()).await,
@@ -211,14 +221,16 @@ async fn pump(
                     "the task's deadline passed during decoding", false, None);
                 return Outcome::Ended;
             }
-            ev = tokio::time::timeout(idle, rx.recv()) => match ev {
+            ev = tokio::time::timeout(if waited_for_first { first_wait } else { idle }, rx.recv()) => match ev {
                 Err(_) => {
+                    let waited = if waited_for_first { first_wait } else { idle };
                     state.fail_task(task, ErrorCode::DecodeTimeout,
-                        format!("no token for {} ms", t.idle_ms), true, None);
+                        format!("no token for {} ms", waited.as_millis()), true, None);
                     return Outcome::Ended;
                 }
                 Ok(None) => return Outcome::Lost,
                 Ok(Some(SeqEvent::Token { text, .. })) => {
+                    waited_for_first = false;
                     if !task.push_token(text) {
                         return Outcome::Ended;
                     }

@@ -208,6 +208,7 @@ pub fn sync_pools(state: &AppState, link: &Arc<WorkerLink>, models: &[String]) {
             device: pool_manager::DeviceChoice::Cpu,
             weight_format: pool_manager::WeightFormat::Auto,
             prompt_cache_bytes: 0,
+            step_prompt_tokens: engine_candle::DEFAULT_STEP_PROMPT_TOKENS,
         };
         let engine = Arc::new(RemoteEngine::new(
             link.clone(),

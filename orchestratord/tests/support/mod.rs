@@ -235,6 +235,7 @@ pub fn pool(id: &str, slots: usize) -> PoolConfig {
         device: "cpu".into(),
         weight_format: "auto".into(),
         prompt_cache_mib: 256,
+        step_prompt_tokens: engine_candle::DEFAULT_STEP_PROMPT_TOKENS,
     }
 }
 

@@ -1,0 +1,162 @@
+//! ENG-CHUNK-1..2: a long prompt goes through in chunks between the decode steps of the
+//! running sequences, gives the same tokens as on an idle engine, and can be cancelled
+//! between chunks. Its own test binary (own process and engine): the timings compared
+//! here are of this engine alone.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use engine_candle::{CandleEngine, EngineOptions, FinishReason, SamplingParams, SeqEvent};
+
+/// One test at a time: the cancellation test compares timings of this engine alone.
+static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn engine() -> CandleEngine {
+    let mut opts = EngineOptions::new(model_path());
+    opts.slots = 2;
+    opts.ctx = 2048;
+    CandleEngine::load(opts).expect("default model loads")
+}
+
+/// A prompt of about 1,350 tokens: a long text and a question about it.
+fn long_prompt(e: &CandleEngine, tag: &str) -> Vec<u32> {
+    let text =
+        "The lighthouse keeper climbed the stairs every evening to light the lamp. ".repeat(100);
+    let p = chat_tokens(
+        e,
+        &format!("{tag}\n{text}\nWhat did the keeper do every evening?"),
+    );
+    assert!(p.len() > 1300, "{} prompt tokens", p.len());
+    p
+}
+
+/// A stream that goes on for a long time (a count).
+fn counting(e: &CandleEngine) -> Vec<u32> {
+    e.tokenizer()
+        .encode("1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,")
+        .unwrap()
+}
+
+/// Receives the next event, failing the test after a minute.
+fn next(rx: &mut tokio::sync::mpsc::Receiver<SeqEvent>) -> SeqEvent {
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        match rx.try_recv() {
+            Ok(ev) => return ev,
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                assert!(Instant::now() < until, "no event for a minute");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err(e) => panic!("channel closed: {e}"),
+        }
+    }
+}
+
+/// ENG-CHUNK-1: while a long prompt goes through, a running stream keeps getting tokens
+/// (one per pass: the prompt takes `step_prompt_tokens` per pass beside it), and the long
+/// prompt's answer is token for token what it is on an idle engine, where it goes through
+/// in whole chunks.
+#[test]
+fn a_long_prompt_goes_through_between_the_tokens_of_a_running_stream() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    let e = engine();
+    let long = long_prompt(&e, "Story one.");
+    // on another engine: this one's rows and prompt cache must not hold the prompt
+    let alone = {
+        let idle = engine();
+        greedy(&idle, long.clone(), 8).ids
+    };
+
+    let (mut stream, stop_stream) =
+        start(&e, counting(&e), SamplingParams::default(), 1000, vec![]);
+    for _ in 0..5 {
+        assert!(matches!(next(&mut stream), SeqEvent::Token { .. }));
+    }
+    let (mut rx, _c) = start(&e, long.clone(), SamplingParams::default(), 8, vec![]);
+    // the stream's tokens until the long prompt's first token
+    let mut during = 0;
+    let first = loop {
+        while let Ok(ev) = stream.try_recv() {
+            assert!(matches!(ev, SeqEvent::Token { .. }), "{ev:?}");
+            during += 1;
+        }
+        match rx.try_recv() {
+            Ok(ev) => break ev,
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    let passes = long.len() / engine_candle::DEFAULT_STEP_PROMPT_TOKENS;
+    assert!(
+        during >= passes / 2,
+        "the stream got {during} tokens while {} prompt tokens went through (≈{passes} passes)",
+        long.len()
+    );
+    let mut ids = Vec::new();
+    let mut ev = first;
+    loop {
+        match ev {
+            SeqEvent::Token { id, .. } => ids.push(id),
+            SeqEvent::Done(_) => break,
+            SeqEvent::Failed(m) => panic!("{m}"),
+        }
+        ev = next(&mut rx);
+    }
+    assert_eq!(
+        ids, alone,
+        "chunked beside a stream vs whole on an idle engine"
+    );
+    stop_stream.cancel();
+}
+
+/// ENG-CHUNK-2: a long prompt cancelled while it goes through stops at the next pass: its
+/// sequence ends `Cancelled` with no token, far sooner than its prompt would have taken, and
+/// the stream beside it goes on.
+#[test]
+fn a_long_prompt_is_cancelled_between_chunks() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    let e = engine();
+    // how long the whole prompt takes on this engine, idle
+    let long = long_prompt(&e, "Story two.");
+    let t0 = Instant::now();
+    let _ = greedy(&e, long, 1);
+    let whole = t0.elapsed();
+
+    let (mut stream, stop_stream) =
+        start(&e, counting(&e), SamplingParams::default(), 1000, vec![]);
+    assert!(matches!(next(&mut stream), SeqEvent::Token { .. }));
+    let (mut rx, cancel) = start(
+        &e,
+        long_prompt(&e, "Story three."),
+        SamplingParams::default(),
+        8,
+        vec![],
+    );
+    // a few passes into the prompt
+    for _ in 0..3 {
+        assert!(matches!(next(&mut stream), SeqEvent::Token { .. }));
+    }
+    let cancelled_at = Instant::now();
+    cancel.cancel();
+    match next(&mut rx) {
+        SeqEvent::Done(f) => {
+            assert_eq!(f.reason, FinishReason::Cancelled);
+            assert_eq!(f.tokens_out, 0);
+        }
+        ev => panic!("expected the cancellation, got {ev:?}"),
+    }
+    let took = cancelled_at.elapsed();
+    assert!(
+        took * 4 < whole,
+        "cancelled after {took:?}; the whole prompt takes {whole:?}"
+    );
+    // the stream beside it goes on
+    for _ in 0..3 {
+        assert!(matches!(next(&mut stream), SeqEvent::Token { .. }));
+    }
+    stop_stream.cancel();
+}
