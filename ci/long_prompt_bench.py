@@ -150,7 +150,11 @@ def freeze_once(prompts, base, model, tokens):
         # the stream produced nothing after the long prompt was answered: its last gap
         # runs at least until then
         during.append(answered - (max([x for x in times if x <= answered] or [sent])))
+    # the three longest gaps: when each began, from the long prompt's sending (ms)
+    top = sorted(((b - a, a - sent) for a, b in zip(times, times[1:]) if b > sent and a < answered),
+                 reverse=True)[:3]
     return {"max_gap_ms": round(max(during or [0]) * 1000, 1),
+            "top_gaps_ms_at": [(round(g * 1000), round(at * 1000)) for g, at in top],
             "median_gap_before_ms": round(statistics.median(before) * 1000, 1) if before else None,
             "long_prompt_s": round(answered - sent, 3),
             "long_prompt_tokens": out["usage"]["prompt_tokens"]}
@@ -189,8 +193,10 @@ def run_against(name, base, args):
 def start_orchd(args):
     port = free_port()
     cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    step = f"step_prompt_tokens = {args.step_prompt_tokens}\n" if args.step_prompt_tokens else ""
     cfg.write(f'bind = "127.0.0.1:{port}"\n\n[[pools]]\nid = "default"\nmodel = "{args.model}"\n'
               f'alias = "bench"\nslots = {args.slots}\nctx = {args.ctx}\nthreads = {args.threads}\n'
+              f'{step}'
               # a long prompt on a slow build must not be taken for a stuck engine
               f'\n[timeouts]\nidle_ms = 600000\n')
     cfg.close()
@@ -256,10 +262,12 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--lengths", default="132,512,1312,2048")
     ap.add_argument("--freeze-tokens", type=int, default=1312)
+    ap.add_argument("--step-prompt-tokens", type=int,
+                    help="orchestratord's pools[].step_prompt_tokens (default: its default)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()
-    args.lengths = [int(x) for x in args.lengths.split(",")]
+    args.lengths = [int(x) for x in args.lengths.split(",") if x]
     rows = []
     for spec in args.target:
         name, base = spec.split("=", 1)

@@ -109,7 +109,7 @@ pub struct EngineOptions {
 /// Default size of the host-memory prompt cache.
 pub const DEFAULT_PROMPT_CACHE_BYTES: usize = 256 << 20;
 /// Default prompt tokens per pass beside decoding sequences.
-pub const DEFAULT_STEP_PROMPT_TOKENS: usize = 32;
+pub const DEFAULT_STEP_PROMPT_TOKENS: usize = 16;
 
 impl EngineOptions {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {

@@ -58,7 +58,7 @@ impl Transposed {
 /// Whether the transposed path computes the same arithmetic for this head size: whole
 /// 64-element steps of `ggml_vec_dot_f32` (no leftovers) and whole 4-output groups.
 pub(super) fn supports(hd: usize) -> bool {
-    hd > 0 && hd % 64 == 0
+    hd > 0 && hd.is_multiple_of(64)
 }
 
 /// Queries `first..first + count` of one head of a prompt segment whose first query is at
