@@ -187,7 +187,10 @@ async fn budgets_and_deadlines_are_enforced_at_admission() {
 async fn full_queue_rejects_with_backoff_headers() {
     let mut cfg = config(vec![pool("p1", 1)]);
     cfg.queue.capacity = 3;
-    let s = start(cfg, ms(30)).await;
+    // this is the capacity refusal: the line's predicted wait must not refuse first
+    cfg.admission.max_queue_wait_ms = 600_000;
+    // 5 s a task: no task ends while the burst is answered, even on a slow machine
+    let s = start(cfg, ms(250)).await;
     let mut admitted = 0;
     let mut rejected = Vec::new();
     let burst: Vec<_> = (0..12)

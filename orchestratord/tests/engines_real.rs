@@ -11,11 +11,7 @@ use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn add_chat_status_delete_with_the_real_model() {
-    let mut p = pool("default", 1);
-    p.model = default_model_path();
-    p.alias = None;
-    p.ctx = 512;
-    let mut cfg = config(vec![p]);
+    let mut cfg = config(vec![real_pool("default", 1, 512)]);
     cfg.timeouts.idle_ms = 30_000;
     cfg.engines_api.slots = 2;
     let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;

@@ -67,11 +67,7 @@ async fn peers_chat_over_a_local_hyperswarm_testnet() {
         .map(|b| b.as_str().unwrap().to_string())
         .collect();
 
-    let mut p = pool("default", 2);
-    p.model = default_model_path();
-    p.alias = None;
-    p.ctx = 1024;
-    let mut cfg = config(vec![p]);
+    let mut cfg = config(vec![real_pool("default", 2, 1024)]);
     cfg.timeouts.idle_ms = 30_000;
     let hs = &mut cfg.hyperswarm;
     hs.enabled = true;

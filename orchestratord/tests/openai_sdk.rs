@@ -11,11 +11,7 @@ use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_sdk_works_against_the_real_model() {
-    let mut p = pool("default", 2);
-    p.model = default_model_path();
-    p.alias = None;
-    p.ctx = 2048;
-    let mut cfg = config(vec![p]);
+    let mut cfg = config(vec![real_pool("default", 2, 2048)]);
     cfg.queue.capacity = 2;
     // the overload check is about the queue's capacity: two 1000-token streams ahead may
     // take longer than the default longest queue wait on a slow machine, and the deadline

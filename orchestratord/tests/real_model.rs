@@ -9,11 +9,7 @@ use serde_json::json;
 use support::*;
 
 async fn real_server() -> TestServer {
-    let mut p = pool("default", 4);
-    p.model = default_model_path();
-    p.alias = None;
-    p.ctx = 1024;
-    let mut cfg = config(vec![p]);
+    let mut cfg = config(vec![real_pool("default", 4, 1024)]);
     cfg.timeouts.idle_ms = 30_000;
     start_with(cfg, Arc::new(pool_manager::CandleFactory)).await
 }
@@ -168,4 +164,29 @@ async fn continue_final_message_without_an_assistant_turn() {
     assert_eq!(r.status(), 400);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["field"], "messages");
+}
+
+/// ORCH-TMO-2: the wait for the first token counts the prompt — a long prompt whose prefill
+/// takes longer than `timeouts.idle_ms` is answered, not ended as a stuck engine
+/// (`DECODE_TIMEOUT`); between tokens the idle limit is unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_prompt_is_not_taken_for_a_stuck_engine() {
+    let mut cfg = config(vec![real_pool("default", 2, 2048)]);
+    cfg.timeouts.idle_ms = 1_000;
+    let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
+    // ~1,400 tokens: several seconds of prefill on two cores, far beyond the idle limit
+    let long = "The keeper lit the lamp every evening at dusk. ".repeat(120);
+    let t0 = std::time::Instant::now();
+    let id = s
+        .submit_ok(json!({"prompt": format!("{long}\nWhat did the keeper do?"), "max_tokens": 4}))
+        .await;
+    let events = s.stream_all(&id).await;
+    let took = t0.elapsed();
+    assert_well_formed(&events);
+    let end = events.last().unwrap();
+    assert_eq!(end.event, "end", "{end:?} after {took:?}");
+    assert!(
+        took > std::time::Duration::from_millis(1_000),
+        "the prompt took {took:?}: not longer than the idle limit, the test proves nothing"
+    );
 }

@@ -525,6 +525,15 @@ pub async fn run_sdk_script(script: &str, args: &[std::ffi::OsString]) -> String
 }
 
 /// The default model as `ci/fetch-model.sh` caches it.
+/// A pool of the real default model with `slots` slots of `ctx` tokens.
+pub fn real_pool(id: &str, slots: usize, ctx: usize) -> PoolConfig {
+    let mut p = pool(id, slots);
+    p.model = default_model_path();
+    p.alias = None;
+    p.ctx = ctx;
+    p
+}
+
 pub fn default_model_path() -> String {
     let p = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
