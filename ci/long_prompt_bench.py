@@ -23,42 +23,18 @@ after the other, never together (`--orchd BIN` and/or `--llama-server BIN` with 
 """
 import argparse
 import json
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.request
 import uuid
 
 import httpx2 as httpx
 
+import bench_servers
+
 SENTENCE = ("The history of the bicycle begins in the early nineteenth century, when inventors "
             "in several countries tried to build a machine that a rider could move with the feet. ")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(base, proc, limit=300):
-    deadline = time.time() + limit
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{base}/v1/models", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"{base} not ready after {limit} s")
 
 
 def model_of(base, client):
@@ -191,40 +167,15 @@ def run_against(name, base, args):
 
 
 def start_orchd(args):
-    port = free_port()
-    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
     step = f"step_prompt_tokens = {args.step_prompt_tokens}\n" if args.step_prompt_tokens else ""
-    cfg.write(f'bind = "127.0.0.1:{port}"\n\n[[pools]]\nid = "default"\nmodel = "{args.model}"\n'
-              f'alias = "bench"\nslots = {args.slots}\nctx = {args.ctx}\nthreads = {args.threads}\n'
-              f'{step}'
-              # a long prompt on a slow build must not be taken for a stuck engine
-              f'\n[timeouts]\nidle_ms = 600000\n')
-    cfg.close()
-    proc = subprocess.Popen([args.orchd, "--config", cfg.name],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    wait_ready(base, proc)
-    return proc, base
+    # a long prompt on a slow build must not be taken for a stuck engine
+    return bench_servers.start_orchd(args.orchd, args.model, args.slots, args.ctx, args.threads,
+                                     pool_extra=step, extra="[timeouts]\nidle_ms = 600000\n")
 
 
 def start_llama(args):
-    port = free_port()
-    proc = subprocess.Popen(
-        [args.llama_server, "-m", args.model, "-np", str(args.slots), "-cb",
-         "-c", str(args.ctx * args.slots), "-t", str(args.threads), "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    wait_ready(base, proc)
-    return proc, base
-
-
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    return bench_servers.start_llama(args.llama_server, args.model, args.slots, args.ctx,
+                                     args.threads)
 
 
 def tables(rows, lengths):
@@ -282,7 +233,7 @@ def main():
         try:
             rows.append(run_against(name, base, args))
         finally:
-            stop(proc)
+            bench_servers.stop(proc)
     print(tables(rows, args.lengths))
     if args.json:
         with open(args.json, "w") as f:

@@ -23,28 +23,20 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 
 import httpx2 as httpx
 import openai
 
+import bench_servers
+
 TOPICS = [
     "the sea", "a lighthouse", "a fox", "autumn", "a train journey", "the moon", "bread",
     "a violin", "snow", "a market", "bees", "a library", "rain", "a bridge", "tea", "clocks",
 ]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_seconds(pid):
@@ -53,21 +45,6 @@ def cpu_seconds(pid):
         fields = f.read().rsplit(")", 1)[1].split()
     ticks = os.sysconf("SC_CLK_TCK")
     return (int(fields[11]) + int(fields[12])) / ticks
-
-
-def wait_ready(base, proc, limit=300):
-    deadline = time.time() + limit
-    while time.time() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"{base}/v1/models", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"{base} not ready after {limit} s")
 
 
 async def one_client(i, base, model, args, seen):
@@ -243,36 +220,14 @@ def run_against(name, base, pid, model, args):
 
 
 def start_orchd(args):
-    port = free_port()
-    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
-    cfg.write(f'bind = "127.0.0.1:{port}"\n\n[[pools]]\nid = "default"\nmodel = "{args.model}"\n'
-              f'alias = "bench"\nslots = {args.slots}\nctx = 2048\nthreads = {args.threads}\n')
-    cfg.close()
-    proc = subprocess.Popen([args.orchd, "--config", cfg.name],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    wait_ready(base, proc)
-    return proc, base, "bench"
+    proc, base = bench_servers.start_orchd(args.orchd, args.model, args.slots, 2048, args.threads)
+    return proc, base, bench_servers.MODEL
 
 
 def start_llama(args):
-    port = free_port()
-    proc = subprocess.Popen(
-        [args.llama_server, "-m", args.model, "-np", str(args.slots), "-cb",
-         "-c", str(2048 * args.slots), "-t", str(args.threads), "--host", "127.0.0.1",
-         "--port", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    wait_ready(base, proc)
-    return proc, base, "bench"
-
-
-def stop(proc):
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    proc, base = bench_servers.start_llama(args.llama_server, args.model, args.slots, 2048,
+                                           args.threads)
+    return proc, base, bench_servers.MODEL
 
 
 def table(rows):
@@ -322,7 +277,7 @@ def main():
         try:
             rows.append(run_against(name, base, proc.pid, model, args))
         finally:
-            stop(proc)
+            bench_servers.stop(proc)
     print(table(rows))
     for r in rows:
         if "walkaway_cpu_s" in r:

@@ -191,7 +191,12 @@ async fn pump(
         * snapshot.prefill_ms_per_token_ewma.unwrap_or(0.0)
         * 2.0
         * snapshot.slots_total.max(1) as f64;
-    let first_wait = idle + Duration::from_secs_f64(prompt_ms / 1000.0);
+    let allowance = if prompt_ms.is_finite() && prompt_ms > 0.0 {
+        Duration::try_from_secs_f64(prompt_ms / 1000.0).unwrap_or(Duration::MAX)
+    } else {
+        Duration::ZERO
+    };
+    let first_wait = idle.saturating_add(allowance);
     let mut waited_for_first = true;
     let deadline = async {
         match task.deadline {
@@ -201,7 +206,7 @@ async fn pump(
     };
     tokio::pin!(deadline);
     let interval = Duration::from_millis(state.cfg.stream.metrics_interval_ms);
-    let ms_per_token = lease.pool().snapshot().ms_per_token_ewma;
+    let ms_per_token = snapshot.ms_per_token_ewma;
     loop {
         tokio::select! {
             biased;

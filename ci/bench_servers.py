@@ -1,0 +1,68 @@
+"""Servers for the side-by-side benches (`overload_bench.py`, `long_prompt_bench.py`): start
+orchestratord or llama.cpp's `llama-server` on a free loopback port with the same GGUF, slots,
+context and threads, wait until it serves `/v1/models`, stop it."""
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+
+# the model name both servers answer to
+MODEL = "bench"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(base, proc, limit=300):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise SystemExit(f"server exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{base}/v1/models", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{base} not ready after {limit} s")
+
+
+def start_orchd(binary, model, slots, ctx, threads, pool_extra="", extra=""):
+    """orchestratord with one pool; `pool_extra` and `extra` are more TOML for the pool and
+    for the top level. Returns (process, base URL)."""
+    port = free_port()
+    cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
+    cfg.write(f'bind = "127.0.0.1:{port}"\n{extra}\n[[pools]]\nid = "default"\nmodel = "{model}"\n'
+              f'alias = "{MODEL}"\nslots = {slots}\nctx = {ctx}\nthreads = {threads}\n{pool_extra}')
+    cfg.close()
+    proc = subprocess.Popen([binary, "--config", cfg.name],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base, proc)
+    return proc, base
+
+
+def start_llama(binary, model, slots, ctx, threads):
+    """`llama-server -np SLOTS -cb` with `ctx` per slot. Returns (process, base URL)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "-m", model, "-np", str(slots), "-cb", "-c", str(ctx * slots),
+         "-t", str(threads), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    wait_ready(base, proc)
+    return proc, base
+
+
+def stop(proc):
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
