@@ -24,6 +24,10 @@ pub struct PoolMetrics {
     /// While draining: time left until running tasks are ended.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub deadline_remaining_ms: Option<u64>,
+    /// Tasks the current (or last) drain's deadline ended before they finished (0 when every
+    /// running task finished in time).
+    #[serde(default)]
+    pub drain_cut_off: u32,
     /// Prompt tokens the engine took from its prefix caches (a slot's row or the host-memory
     /// prompt cache) instead of computing.
     #[serde(default)]

@@ -105,6 +105,8 @@ pub struct PoolSnapshot {
     /// text or a stop sequence before it): how long a task in a slot is expected to run.
     pub used_share_ewma: Option<f64>,
     pub drain_deadline_remaining_ms: Option<u64>,
+    /// Tasks the current (or last) drain's deadline ended before they finished.
+    pub drain_cut_off: u32,
     pub consecutive_failures: u32,
     /// Tokens per second of the last finished task (admission to end, prefill included).
     pub last_tokens_per_s: Option<f64>,
@@ -142,6 +144,8 @@ struct Inner {
     last_error: Option<String>,
     drain_token: CancellationToken,
     drain_deadline: Option<Instant>,
+    /// Tasks the current (or last) drain's deadline ended.
+    drain_cut_off: u32,
     model_load_ms: u64,
     service_ms_ewma: Option<f64>,
     ms_per_token_ewma: Option<f64>,
@@ -190,6 +194,7 @@ impl Pool {
                 last_error: None,
                 drain_token: CancellationToken::new(),
                 drain_deadline: None,
+                drain_cut_off: 0,
                 model_load_ms: 0,
                 service_ms_ewma: None,
                 ms_per_token_ewma: None,
@@ -285,6 +290,7 @@ impl Pool {
                 .drain_deadline
                 .filter(|_| g.state == PoolState::Draining)
                 .map(|d| d.saturating_duration_since(Instant::now()).as_millis() as u64),
+            drain_cut_off: g.drain_cut_off,
             consecutive_failures: g.consecutive_failures,
             last_tokens_per_s: g.last_tokens_per_s,
             prompt_tokens_reused: g.engine.as_ref().map_or(0, |e| e.prompt_tokens_reused()),
@@ -501,6 +507,7 @@ impl Pool {
         self.apply(&mut g, PoolEvent::Drain)?;
         g.held_drained = true;
         g.drain_deadline = Some(Instant::now() + deadline);
+        g.drain_cut_off = 0;
         let token = g.drain_token.clone();
         if busy(&g) == 0 {
             let _ = self.apply(&mut g, PoolEvent::DrainComplete);
@@ -511,6 +518,12 @@ impl Pool {
             token.cancel();
         });
         Ok(())
+    }
+
+    /// A task of this pool was ended by the drain deadline (its runner says so).
+    pub fn note_cut_by_drain(&self) {
+        let mut g = self.lock();
+        g.drain_cut_off = g.drain_cut_off.saturating_add(1);
     }
 
     /// Brings a draining or drained pool back into service.

@@ -266,6 +266,7 @@ mod tests {
             full_ms_per_token_ewma: None,
             full_pace_from_probe_only: false,
             drain_deadline_remaining_ms: None,
+            drain_cut_off: 0,
             consecutive_failures: 0,
             last_tokens_per_s: None,
             prompt_tokens_reused: 0,

@@ -212,6 +212,7 @@ async fn pump(
             biased;
             _ = task.cancel.cancelled() => return Outcome::Ended,
             _ = lease.drain_deadline.cancelled() => {
+                lease.pool().note_cut_by_drain();
                 state.fail_task(task, ErrorCode::PoolUnready,
                     "the pool was drained and its deadline passed", true, Some(1000));
                 return Outcome::Ended;

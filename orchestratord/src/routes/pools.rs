@@ -57,6 +57,7 @@ fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
             consecutive_failures: s.consecutive_failures,
             circuit_open: s.circuit_open(),
             deadline_remaining_ms: s.drain_deadline_remaining_ms,
+            drain_cut_off: s.drain_cut_off,
             prompt_tokens_reused: s.prompt_tokens_reused,
             prompt_cache_bytes: s.prompt_cache_bytes,
         },

@@ -10,6 +10,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 
 use super::checks::{tokens_now, verify_record};
 use super::{Failure, Rng, SoakSpec, Tally};
+use crate::sse_reader::{SseFrame, SseReader};
 
 /// Longest a client waits for any one answer or stream.
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -83,42 +84,12 @@ async fn refused(tally: &Tally, what: &str, r: reqwest::Response) -> Result<(), 
     }
 }
 
-/// One SSE frame: id, event name, data.
-struct Frame {
-    id: Option<u64>,
-    event: String,
-    data: String,
-}
-
-/// Splits complete SSE frames off `buf`.
-fn frames(buf: &mut String) -> Vec<Frame> {
-    let mut out = Vec::new();
-    while let Some(end) = buf.find("\n\n") {
-        let raw: String = buf.drain(..end + 2).collect();
-        let mut f = Frame {
-            id: None,
-            event: String::new(),
-            data: String::new(),
-        };
-        for line in raw.lines() {
-            if let Some(v) = line.strip_prefix("id: ") {
-                f.id = v.parse().ok();
-            } else if let Some(v) = line.strip_prefix("event: ") {
-                f.event = v.to_string();
-            } else if let Some(v) = line.strip_prefix("data: ") {
-                f.data.push_str(v);
-            }
-        }
-        if !f.event.is_empty() || !f.data.is_empty() {
-            out.push(f);
-        }
-    }
-    out
-}
+/// Longest SSE frame a client accepts.
+const MAX_FRAME: usize = 1 << 20;
 
 /// What reading a stream gave.
 struct Read {
-    frames: Vec<Frame>,
+    frames: Vec<SseFrame>,
     /// The stream ended by itself (not because the reader stopped).
     ended: bool,
 }
@@ -126,10 +97,10 @@ struct Read {
 /// Reads SSE frames from `r` until `stop` says so, the stream ends, or the timeout.
 async fn read_sse(
     r: reqwest::Response,
-    mut stop: impl FnMut(&[Frame]) -> bool,
+    mut stop: impl FnMut(&[SseFrame]) -> bool,
 ) -> Result<Read, String> {
     let mut body = r.bytes_stream();
-    let mut buf = String::new();
+    let mut reader = SseReader::new(MAX_FRAME);
     let mut got = Vec::new();
     let deadline = tokio::time::sleep(CLIENT_TIMEOUT);
     tokio::pin!(deadline);
@@ -145,8 +116,7 @@ async fn read_sse(
             });
         };
         let chunk = chunk.map_err(|e| format!("stream broke: {e}"))?;
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        got.extend(frames(&mut buf));
+        got.extend(reader.feed(&chunk).map_err(|e| e.to_string())?);
         if stop(&got) {
             return Ok(Read {
                 frames: got,
@@ -156,11 +126,11 @@ async fn read_sse(
     }
 }
 
-fn is_terminal(f: &Frame) -> bool {
+fn is_terminal(f: &SseFrame) -> bool {
     f.event == "end" || f.event == "error"
 }
 
-fn tokens(fs: &[Frame]) -> usize {
+fn tokens(fs: &[SseFrame]) -> usize {
     fs.iter().filter(|f| f.event == "token").count()
 }
 
@@ -208,12 +178,12 @@ async fn task_api(
     let k = rng.below(4) as usize;
     let r = open(None).await.map_err(|e| e.to_string())?;
     let mut cancel_tokens = None;
-    let events: Vec<Frame> = match plan {
+    let events: Vec<SseFrame> = match plan {
         // cancel after k tokens, then read to the end
         0 | 1 => {
             tally.with(|r| r.cancels += 1);
             let mut body = r.bytes_stream();
-            let mut buf = String::new();
+            let mut reader = SseReader::new(MAX_FRAME);
             let mut got = Vec::new();
             let mut cancelled = false;
             while let Some(chunk) = tokio::time::timeout(CLIENT_TIMEOUT, body.next())
@@ -221,8 +191,7 @@ async fn task_api(
                 .map_err(|_| "stream timed out")?
             {
                 let chunk = chunk.map_err(|e| e.to_string())?;
-                buf.push_str(&String::from_utf8_lossy(&chunk));
-                got.extend(frames(&mut buf));
+                got.extend(reader.feed(&chunk).map_err(|e| e.to_string())?);
                 if !cancelled && (tokens(&got) >= k || got.iter().any(is_terminal)) {
                     let c = client
                         .post(format!("{base}/v1/tasks/{id}/cancel"))

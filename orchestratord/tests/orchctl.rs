@@ -1,0 +1,327 @@
+//! CTL-1..CTL-4: the real `orchctl` binary against a real server process on the real model —
+//! drain --wait under load returns when drained (and exits 3 when the deadline cut tasks off),
+//! reload --wait to a bad file exits 2 with the server's reason, the documented exit codes,
+//! the key from a file or the environment (never printed), and the task commands.
+
+mod support;
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::default_model_path;
+use support::procs::{scratch, server_env};
+
+const DATA_KEY: &str = "k-ctl-data-5e4d3c2b1a09";
+const ADMIN_KEY: &str = "k-ctl-admin-9f8e7d6c5b4a";
+
+/// A server of one real-model pool `p1` (`slots` slots) whose model dirs include `dir`.
+async fn server(dir: &std::path::Path, slots: usize) -> (support::procs::Proc, String) {
+    let cfg = format!(
+        "[models]\ndirs = [\"{}\"]\n[[pools]]\nid = \"p1\"\nmodel = \"{}\"\nslots = {slots}\nctx = 1024\nthreads = 1\n",
+        dir.display(),
+        default_model_path()
+    );
+    let keys = format!("t:data:{DATA_KEY},ops:admin:{ADMIN_KEY}");
+    server_env(&cfg, &[("ORCHD_API_KEYS", &keys)]).await
+}
+
+/// Runs orchctl with `args` against `base`, the admin key in `ORCHD_API_KEY` (or `key`).
+async fn ctl(base: &str, key: Option<&str>, args: &[&str]) -> Output {
+    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_orchctl"));
+    c.args(args)
+        .env("ORCHD_URL", base)
+        .env_remove("ORCHD_API_KEY")
+        .kill_on_drop(true);
+    if let Some(k) = key {
+        c.env("ORCHD_API_KEY", k);
+    }
+    c.output().await.expect("orchctl runs")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn code(o: &Output) -> i32 {
+    o.status.code().unwrap_or(-1)
+}
+
+/// Submits a task of `max_tokens` over the task API with the data key; returns its id.
+async fn submit(base: &str, max_tokens: u32) -> String {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/tasks"))
+        .bearer_auth(DATA_KEY)
+        .json(&json!({"prompt": "Count from one to five hundred:", "max_tokens": max_tokens}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    r.json::<Value>().await.unwrap()["task_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+async fn task_state(base: &str, id: &str) -> String {
+    let v: Value = reqwest::Client::new()
+        .get(format!("{base}/v1/tasks/{id}"))
+        .bearer_auth(DATA_KEY)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["state"].as_str().unwrap_or("").to_string()
+}
+
+async fn wait_running(base: &str, ids: &[String]) {
+    for _ in 0..200 {
+        let mut all = true;
+        for id in ids {
+            all &= task_state(base, id).await == "running";
+        }
+        if all {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("tasks did not start");
+}
+
+/// CTL-1: `drain --wait` under load returns once the pool is drained, the running tasks having
+/// finished by themselves (exit 0, line-oriented progress on a pipe); with a deadline shorter
+/// than the tasks it exits 3.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_wait_returns_when_drained_and_says_when_the_deadline_cut_tasks() {
+    let dir = scratch("ctl-drain");
+    let (_p, base) = server(&dir, 2).await;
+    let ids = [submit(&base, 48).await, submit(&base, 48).await];
+    wait_running(&base, &ids).await;
+    let t0 = Instant::now();
+    let out = ctl(
+        &base,
+        Some(ADMIN_KEY),
+        &["drain", "p1", "--deadline", "120s", "--wait"],
+    )
+    .await;
+    let took = t0.elapsed();
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(code(&out), 0, "{stdout}\n{stderr}");
+    // it waited for the tasks: both ended by themselves before it returned
+    for id in &ids {
+        assert_eq!(task_state(&base, id).await, "completed", "after {took:?}");
+    }
+    assert!(
+        stdout.contains("pool p1 (local): drained (takes no new work)"),
+        "{stdout}"
+    );
+    // piped: plain lines, a line per change, no terminal escapes
+    assert!(
+        stderr.contains("pool p1: draining, 2 slot(s) busy"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains('\u{1b}'), "{stderr:?}");
+    assert!(stderr.lines().count() <= 4, "one line per change: {stderr}");
+
+    // resume, load it again, drain with a deadline the tasks cannot meet
+    assert_eq!(
+        code(&ctl(&base, Some(ADMIN_KEY), &["resume", "p1"]).await),
+        0
+    );
+    let ids = [submit(&base, 400).await, submit(&base, 400).await];
+    wait_running(&base, &ids).await;
+    let out = ctl(
+        &base,
+        Some(ADMIN_KEY),
+        &["--json", "drain", "p1", "--deadline", "300ms", "--wait"],
+    )
+    .await;
+    assert_eq!(code(&out), 3, "{}", text(&out.stderr));
+    let err: Value = serde_json::from_str(text(&out.stderr).trim()).expect("a JSON error");
+    assert_eq!(err["error"], "deadline");
+    assert_eq!(err["exit_code"], 3);
+    for id in &ids {
+        assert_eq!(task_state(&base, id).await, "failed");
+    }
+    let out = ctl(&base, Some(ADMIN_KEY), &["--json", "health", "p1"]).await;
+    let h: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(h["metrics"]["drain_cut_off"], 2, "{h}");
+}
+
+/// CTL-2: `reload --wait` to a file that is not a loadable model exits 2 with the server's
+/// reason, and the old model keeps serving; a good reload exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_wait_to_a_bad_file_exits_2_with_the_reason() {
+    let dir = scratch("ctl-reload");
+    let bad = dir.join("broken.gguf");
+    std::fs::write(&bad, b"GGUF\x03\x00\x00\x00 not really a model").unwrap();
+    let (_p, base) = server(&dir, 1).await;
+    let bad = bad.canonicalize().unwrap();
+    let out = ctl(
+        &base,
+        Some(ADMIN_KEY),
+        &["reload", "p1", bad.to_str().unwrap(), "--wait"],
+    )
+    .await;
+    let stderr = text(&out.stderr);
+    assert_eq!(code(&out), 2, "{stderr}");
+    assert!(stderr.contains("refused (409 CONFLICT)"), "{stderr}");
+    assert!(
+        stderr.contains("rolled back"),
+        "the server's reason: {stderr}"
+    );
+    let out = ctl(&base, Some(ADMIN_KEY), &["--json", "health", "p1"]).await;
+    let h: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(h["state"], "ready");
+    assert_eq!(h["model_ref"], default_model_path());
+    let out = ctl(
+        &base,
+        Some(ADMIN_KEY),
+        &["reload", "p1", &default_model_path(), "--wait"],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("pool p1 serves"),
+        "{}",
+        text(&out.stdout)
+    );
+}
+
+/// CTL-3: exit codes — 4 unreachable, 2 unknown pool / missing key / data key on the control
+/// plane, 64 bad command line; the key from `--api-key-file` works and is never printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes_and_the_key() {
+    let dir = scratch("ctl-codes");
+    let (_p, base) = server(&dir, 1).await;
+    let port = support::procs::free_port();
+    let out = ctl(
+        &format!("http://127.0.0.1:{port}"),
+        Some(ADMIN_KEY),
+        &["pools"],
+    )
+    .await;
+    assert_eq!(code(&out), 4, "{}", text(&out.stderr));
+    let out = ctl(&base, Some(ADMIN_KEY), &["health", "nope"]).await;
+    assert_eq!(code(&out), 2);
+    assert!(
+        text(&out.stderr).contains("404 NOT_FOUND"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = ctl(&base, None, &["pools"]).await;
+    assert_eq!(code(&out), 2);
+    assert!(text(&out.stderr).contains("401"), "{}", text(&out.stderr));
+    let out = ctl(&base, Some(DATA_KEY), &["drain", "p1"]).await;
+    assert_eq!(code(&out), 2);
+    assert!(text(&out.stderr).contains("403"), "{}", text(&out.stderr));
+    let out = ctl(&base, Some(ADMIN_KEY), &["drain"]).await;
+    assert_eq!(code(&out), 64);
+    let out = ctl(
+        &base,
+        Some(ADMIN_KEY),
+        &["drain", "p1", "--deadline", "soon"],
+    )
+    .await;
+    assert_eq!(code(&out), 64);
+
+    let key_file = dir.join("key");
+    std::fs::write(&key_file, format!("{ADMIN_KEY}\n")).unwrap();
+    let out = ctl(
+        &base,
+        None,
+        &["--api-key-file", key_file.to_str().unwrap(), "pools"],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(table.starts_with("POOL"), "{table}");
+    assert!(table.contains("p1") && table.contains("ready"), "{table}");
+    for o in [&out.stdout, &out.stderr] {
+        assert!(!text(o).contains(ADMIN_KEY));
+    }
+    // a wrong key's refusal does not echo it either
+    let out = ctl(&base, Some("k-wrong-000111222333"), &["pools"]).await;
+    assert_eq!(code(&out), 2);
+    assert!(!text(&out.stderr).contains("k-wrong-000111222333"));
+}
+
+/// CTL-4: `tasks submit --follow` prints the generated text (the same the task's record
+/// holds), `tasks show` and `tasks cancel` work, and `metrics` counts the tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_commands_and_the_metrics_summary() {
+    let dir = scratch("ctl-tasks");
+    let (_p, base) = server(&dir, 1).await;
+    let out = ctl(
+        &base,
+        Some(DATA_KEY),
+        &[
+            "tasks",
+            "submit",
+            "--prompt",
+            "Write a haiku about the sea.",
+            "--max-tokens",
+            "12",
+            "--seed",
+            "7",
+            "--follow",
+        ],
+    )
+    .await;
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(code(&out), 0, "{stderr}");
+    let id = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("task "))
+        .expect("the task id on stderr")
+        .trim()
+        .to_string();
+    assert!(stderr.contains("end: length, 12 tokens"), "{stderr}");
+    let out = ctl(&base, Some(DATA_KEY), &["--json", "tasks", "show", &id]).await;
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let from_record: String = s["record"]["transcript"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"] == "token")
+        .map(|e| e["data"]["t"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!from_record.is_empty());
+    assert_eq!(stdout.trim_end_matches('\n'), from_record);
+
+    // a long task, cancelled from the command line, ends `cancelled` in the stream
+    let out = ctl(
+        &base,
+        Some(DATA_KEY),
+        &[
+            "tasks",
+            "submit",
+            "--prompt",
+            "Count to 500:",
+            "--max-tokens",
+            "500",
+        ],
+    )
+    .await;
+    let id = text(&out.stdout).trim().to_string();
+    wait_running(&base, std::slice::from_ref(&id)).await;
+    assert_eq!(
+        code(&ctl(&base, Some(DATA_KEY), &["tasks", "cancel", &id]).await),
+        0
+    );
+    let out = ctl(&base, Some(DATA_KEY), &["--json", "tasks", "stream", &id]).await;
+    assert_eq!(code(&out), 0);
+    let last: Value = serde_json::from_str(text(&out.stdout).lines().last().unwrap()).unwrap();
+    assert_eq!(last["event"], "end");
+    assert_eq!(last["data"]["finish_reason"], "cancelled");
+
+    let out = ctl(&base, Some(ADMIN_KEY), &["--json", "metrics"]).await;
+    let m: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(m["tasks_enqueued"], 2.0);
+    assert_eq!(m["finished"]["length"], 1.0);
+    assert_eq!(m["finished"]["cancelled"], 1.0);
+    assert_eq!(m["slots"]["p1"]["total"], 1.0);
+    assert!(m["ttft_seconds"]["p50"].as_f64().unwrap() > 0.0);
+}
