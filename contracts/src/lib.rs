@@ -14,7 +14,9 @@ pub const API_VERSION: &str = "1.0.0";
 
 pub use capabilities::{Capabilities, HyperswarmCapability, PoolCapability, QueueCapability};
 pub use error::{ErrorCode, ErrorEnvelope};
-pub use pool::{DrainRequest, PoolHealth, PoolList, PoolMetrics, ReloadRequest, ReloadResponse};
+pub use pool::{
+    DrainRequest, PoolHealth, PoolList, PoolMetrics, Readiness, ReloadRequest, ReloadResponse,
+};
 pub use session::SessionInfo;
 pub use sse::{SseEnd, SseError, SseEvent, SseMetrics, SseStarted, SseToken};
 pub use task::{

@@ -93,3 +93,15 @@ pub struct ReloadResponse {
     pub model_ref: String,
     pub load_ms: u64,
 }
+
+/// `GET /readyz`: whether this server should get traffic (Kubernetes readiness).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"ready": true, "pools_ready": 1, "pools": 1, "shutting_down": false}))]
+pub struct Readiness {
+    /// At least one pool takes work and the server is not shutting down.
+    pub ready: bool,
+    /// Pools that take work now (ready, engine alive).
+    pub pools_ready: u32,
+    pub pools: u32,
+    pub shutting_down: bool,
+}

@@ -127,6 +127,11 @@ pub struct MetricsConfig {
     /// Gauges and counters not refreshed for this long (a removed pool's) are dropped. The
     /// process's first server sets both (the recorder is process-wide).
     pub idle_timeout_ms: u64,
+    /// Also serve the per-pool gauges under vLLM's names (`vllm:num_requests_waiting`,
+    /// `vllm:num_requests_running`, `vllm:kv_cache_usage_perc`), which the Kubernetes Gateway
+    /// API inference extension's endpoint picker and autoscalers read. `promtool check metrics`
+    /// flags their `:` (a lint, not a format error); false leaves them out.
+    pub vllm_names: bool,
 }
 
 impl Default for MetricsConfig {
@@ -134,6 +139,7 @@ impl Default for MetricsConfig {
         Self {
             upkeep_interval_ms: 5_000,
             idle_timeout_ms: 60_000,
+            vllm_names: true,
         }
     }
 }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
 use orchestratord::config::Config;
+use orchestratord::logging::{self, LogFormat};
 use orchestratord::server;
 use orchestratord::worker::{self, BackendChoice, WorkerOptions};
 use pool_manager::CandleFactory;
@@ -25,6 +26,15 @@ struct Args {
     /// line.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// Log lines as text (colour only on a terminal) or one JSON object per line.
+    #[arg(
+        long,
+        value_enum,
+        env = "ORCHD_LOG_FORMAT",
+        default_value = "text",
+        global = true
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -96,6 +106,7 @@ async fn shutdown_signal() {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    logging::init(args.log_format);
     let mut cfg = Config::load(args.config.as_deref())?;
     if let Some(b) = &args.bind {
         cfg.bind = b.clone();
@@ -115,22 +126,10 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-fn init_logs() {
-    use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        // colour codes only for a person at a terminal, never in log files or pipes
-        .with_ansi(std::io::stdout().is_terminal())
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
-}
-
 /// The key a worker sends to its `--backend-url` server as a bearer token.
 const BACKEND_KEY_ENV: &str = "ORCHD_BACKEND_API_KEY";
 
 async fn run_worker(cfg: Config, w: WorkerArgs, bind: Option<String>) -> anyhow::Result<()> {
-    init_logs();
     if bind.is_some() && w.backend_url.is_some() {
         anyhow::bail!("--bind serves the worker's own pools; with --backend-url it has none");
     }
@@ -176,7 +175,6 @@ async fn run_worker(cfg: Config, w: WorkerArgs, bind: Option<String>) -> anyhow:
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {
-    init_logs();
     let bind = cfg.bind.clone();
     let state = server::build_state(cfg, Arc::new(CandleFactory))?;
     let listener = tokio::net::TcpListener::bind(&bind).await?;

@@ -22,6 +22,7 @@ pub const TOKENS_IN: &str = "orchd_tokens_in_total";
 pub const TOKENS_OUT: &str = "orchd_tokens_out_total";
 pub const ERRORS: &str = "orchd_errors_total";
 pub const QUEUE_DEPTH: &str = "orchd_queue_depth";
+pub const QUEUE_CAPACITY: &str = "orchd_queue_capacity";
 pub const TTFT: &str = "orchd_time_to_first_token_seconds";
 pub const TOKEN_LATENCY: &str = "orchd_token_latency_seconds";
 pub const QUEUE_WAIT: &str = "orchd_queue_wait_seconds";
@@ -44,6 +45,15 @@ pub const WORKER_DISCONNECTS: &str = "orchd_worker_disconnects_total";
 pub const WORKER_AUTH_FAILURES: &str = "orchd_worker_auth_failures_total";
 pub const TASKS_REQUEUED: &str = "orchd_tasks_requeued_total";
 pub const AUTH_FAILURES: &str = "orchd_auth_failures_total";
+/// The process collector's standard names (what dashboards for any server read).
+pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
+pub const PROCESS_CPU: &str = "process_cpu_seconds_total";
+/// The names the Kubernetes Gateway API Inference Extension's endpoint picker and autoscalers
+/// read from model servers (vLLM's), per pool; label `model_name` as vLLM's.
+pub const VLLM_PREFIX: &str = "vllm:";
+pub const VLLM_WAITING: &str = "vllm:num_requests_waiting";
+pub const VLLM_RUNNING: &str = "vllm:num_requests_running";
+pub const VLLM_KV_USAGE: &str = "vllm:kv_cache_usage_perc";
 
 pub const L_PRIORITY: &str = "priority";
 pub const L_REASON: &str = "reason";
@@ -52,6 +62,7 @@ pub const L_POOL: &str = "pool";
 pub const L_OUTCOME: &str = "outcome";
 pub const L_STATE: &str = "state";
 pub const L_DIRECTION: &str = "direction";
+pub const L_MODEL_NAME: &str = "model_name";
 
 /// Why a task was cancelled.
 #[derive(Debug, Clone, Copy)]
@@ -115,9 +126,13 @@ fn describe() {
     describe_counter!(TOKENS_OUT, "Tokens streamed to clients");
     describe_counter!(ERRORS, "Errors answered or streamed, by code");
     describe_gauge!(QUEUE_DEPTH, "Queued tasks, by priority");
+    describe_gauge!(
+        QUEUE_CAPACITY,
+        "The queue's bound across both priorities (queue.capacity)"
+    );
     describe_histogram!(TTFT, "Submission to first token");
     describe_histogram!(TOKEN_LATENCY, "Time between consecutive tokens of a task");
-    describe_histogram!(QUEUE_WAIT, "Submission to placement on a slot");
+    describe_histogram!(QUEUE_WAIT, "Submission to placement on a slot, by priority");
     describe_histogram!(
         START_PREDICTION_ERROR,
         "How far admission's predicted wait for a slot was from the real one, by direction (late: started after the prediction, early: before)"
@@ -173,6 +188,23 @@ fn describe() {
         AUTH_FAILURES,
         "Requests refused by API-key checks, by reason (missing, invalid, forbidden, rate_limited)"
     );
+    describe_gauge!(PROCESS_RSS, "Resident memory of the process, in bytes");
+    describe_counter!(
+        PROCESS_CPU,
+        "User and system CPU time of the process, in seconds"
+    );
+    describe_gauge!(
+        VLLM_WAITING,
+        "Queued tasks this pool could serve (vLLM's name, for Gateway API inference extension endpoint pickers and autoscalers)"
+    );
+    describe_gauge!(
+        VLLM_RUNNING,
+        "Tasks running on this pool's slots (vLLM's name)"
+    );
+    describe_gauge!(
+        VLLM_KV_USAGE,
+        "Share of the pool's KV cache held by running tasks, 0 to 1: each slot reserves a row of ctx positions, so busy slots over slots (vLLM's name)"
+    );
     describe_counter!(
         TASKS_REQUEUED,
         "Tasks put back at the front of the queue after their remote worker was lost"
@@ -190,8 +222,13 @@ const OUTCOMES: [&str; 4] = ["stop", "length", "cancelled", "error"];
 /// Drains histogram samples and refreshes every series that should stay: the fixed label sets
 /// (so they exist at 0 before their first event) and the live pools' (from `pools`). What is
 /// not refreshed here or by traffic for the idle timeout (a removed pool's series) goes away.
-pub fn upkeep(handle: &PrometheusHandle, pools: &[pool_manager::PoolSnapshot]) {
+pub fn upkeep(
+    handle: &PrometheusHandle,
+    pools: &[(pool_manager::PoolSnapshot, usize)],
+    queue_capacity: usize,
+) {
     handle.run_upkeep();
+    gauge!(QUEUE_CAPACITY).set(queue_capacity as f64);
     for p in [Priority::Interactive, Priority::Batch] {
         counter!(TASKS_ENQUEUED, L_PRIORITY => p.as_str()).increment(0);
     }
@@ -221,12 +258,23 @@ pub fn upkeep(handle: &PrometheusHandle, pools: &[pool_manager::PoolSnapshot]) {
     gauge!(QUEUE_DEPTH, L_PRIORITY => "interactive").increment(0.0);
     gauge!(QUEUE_DEPTH, L_PRIORITY => "batch").increment(0.0);
     gauge!(WORKERS_CONNECTED).increment(0.0);
-    for s in pools {
-        pool(s);
+    process();
+    for (s, queued) in pools {
+        pool(s, *queued);
         counter!(TASKS_STARTED, L_POOL => s.id.clone()).increment(0);
         for reason in ["pinned", "auto"] {
             counter!(PLACEMENTS, L_POOL => s.id.clone(), L_REASON => reason).increment(0);
         }
+    }
+}
+
+/// The process's resident memory and CPU time (when `/proc` has them).
+pub fn process() {
+    if let Some(rss) = crate::process_stats::resident_bytes() {
+        gauge!(PROCESS_RSS).set(rss as f64);
+    }
+    if let Some(cpu) = crate::process_stats::cpu_time() {
+        counter!(PROCESS_CPU).absolute(cpu.as_secs());
     }
 }
 
@@ -303,8 +351,8 @@ pub fn token_latency(d: Duration) {
     histogram!(TOKEN_LATENCY).record(d.as_secs_f64());
 }
 
-pub fn queue_wait(d: Duration) {
-    histogram!(QUEUE_WAIT).record(d.as_secs_f64());
+pub fn queue_wait(d: Duration, p: Priority) {
+    histogram!(QUEUE_WAIT, L_PRIORITY => p.as_str()).record(d.as_secs_f64());
 }
 
 /// A task started after waiting `actual`; admission had predicted `predicted`.
@@ -322,9 +370,19 @@ pub fn retry_place(outcome: &'static str) {
     counter!(RETRY_PLACES, L_OUTCOME => outcome).increment(1);
 }
 
-/// Publishes one pool's gauges and counters from its snapshot.
-pub fn pool(s: &pool_manager::PoolSnapshot) {
+/// Publishes one pool's gauges and counters from its snapshot; `queued`: the queued tasks it
+/// could serve.
+pub fn pool(s: &pool_manager::PoolSnapshot, queued: usize) {
     let id = s.id.clone();
+    let model = || s.model_alias.clone();
+    gauge!(VLLM_WAITING, L_POOL => id.clone(), L_MODEL_NAME => model()).set(queued as f64);
+    gauge!(VLLM_RUNNING, L_POOL => id.clone(), L_MODEL_NAME => model()).set(s.slots_busy as f64);
+    let usage = if s.slots_total == 0 {
+        0.0
+    } else {
+        (s.slots_busy as f64 / s.slots_total as f64).min(1.0)
+    };
+    gauge!(VLLM_KV_USAGE, L_POOL => id.clone(), L_MODEL_NAME => model()).set(usage);
     gauge!(POOL_SLOTS_BUSY, L_POOL => id.clone()).set(s.slots_busy as f64);
     gauge!(POOL_SLOTS, L_POOL => id.clone()).set(s.slots_total as f64);
     for st in pool_manager::PoolState::ALL {

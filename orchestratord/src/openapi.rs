@@ -42,8 +42,10 @@ struct DataApi;
         routes::workers::list,
         routes::workers::drain,
         routes::workers::refresh,
+        routes::probes::livez,
+        routes::probes::readyz,
     ),
-    components(schemas(contracts::ErrorEnvelope, contracts::ErrorCode, contracts::Capabilities, contracts::PoolHealth, contracts::worker::WorkerInfo, contracts::worker::WorkerList)),
+    components(schemas(contracts::ErrorEnvelope, contracts::ErrorCode, contracts::Capabilities, contracts::PoolHealth, contracts::Readiness, contracts::worker::WorkerInfo, contracts::worker::WorkerList)),
     tags((name = "control", description = "Control plane"))
 )]
 struct ControlApi;

@@ -127,8 +127,11 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/health", get(crate::adapters::kolosal::health))
         .route("/health", get(crate::adapters::kolosal::health))
         .route("/status", get(crate::adapters::kolosal::health))
+        .route("/livez", get(routes::probes::livez))
+        .route("/readyz", get(routes::probes::readyz))
         .route("/metrics", get(routes::meta::metrics))
         .route("/openapi.json", get(routes::meta::openapi_json))
+        .route_layer(axum::middleware::from_fn(crate::correlation::mark_route))
         .fallback(routes::meta::not_found)
         .layer(DefaultBodyLimit::max(limit))
         .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(

@@ -103,6 +103,7 @@ impl AppState {
             return false;
         }
         metrics::finished(finish_reason);
+        tracing::info!(task_id = %task.id, finish_reason, "task ended");
         self.after_end(task);
         true
     }
@@ -169,8 +170,17 @@ impl AppState {
     /// Refreshes the pool gauges.
     pub fn publish_pool_gauges(&self) {
         for p in self.pools.all() {
-            metrics::pool(&p.snapshot());
+            metrics::pool(&p.snapshot(), self.queued_for(&p));
         }
+    }
+
+    /// Queued tasks `pool` could serve: pinned to it, or of a model it serves, or of no model.
+    pub fn queued_for(&self, pool: &pool_manager::Pool) -> usize {
+        self.queue.count_where(|t| match (&t.pin, &t.model) {
+            (Some(pin), _) => pin == pool.id(),
+            (None, Some(m)) => pool.serves(m),
+            (None, None) => true,
+        })
     }
 
     /// Runs the metrics upkeep (see `metrics.rs`) every `metrics.upkeep_interval_ms` until
@@ -184,8 +194,13 @@ impl AppState {
                 _ = self.shutdown.cancelled() => return,
                 _ = every.tick() => {}
             }
-            let pools: Vec<PoolSnapshot> = self.pools.all().iter().map(|p| p.snapshot()).collect();
-            metrics::upkeep(&self.metrics, &pools);
+            let pools: Vec<(PoolSnapshot, usize)> = self
+                .pools
+                .all()
+                .iter()
+                .map(|p| (p.snapshot(), self.queued_for(p)))
+                .collect();
+            metrics::upkeep(&self.metrics, &pools, self.cfg.queue.capacity);
         }
     }
 }

@@ -52,14 +52,8 @@ fn families(text: &str) -> BTreeMap<String, (String, bool)> {
     out
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metrics_pass_promtool_and_name_rules() {
-    let s = start(cfg(), Duration::from_millis(1)).await;
-    let id = s.submit_ok(json!({"prompt": "x", "max_tokens": 3})).await;
-    s.stream_all(&id).await;
-    tokio::time::sleep(Duration::from_millis(250)).await;
-    let text = s.metrics().await;
-    // promtool, as an operator would run it
+/// `promtool check metrics` on `text`: its findings, one per line.
+fn promtool_findings(text: &str) -> Vec<String> {
     let out = std::process::Command::new(promtool())
         .args(["check", "metrics"])
         .stdin(std::process::Stdio::piped())
@@ -76,16 +70,55 @@ async fn metrics_pass_promtool_and_name_rules() {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(
-        out.status.success() && says.trim().is_empty(),
+    let findings: Vec<String> = says.lines().map(str::to_string).collect();
+    assert_eq!(
+        out.status.success(),
+        findings.is_empty(),
         "promtool: {says}"
     );
+    findings
+}
+
+/// OPS-MET-1: the vLLM-named gauges are served by default (promtool's only findings are their
+/// `:`), and left out with `metrics.vllm_names = false`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_pass_promtool_and_name_rules() {
+    let mut c = cfg();
+    c.metrics.vllm_names = false;
+    let s = start(c, Duration::from_millis(1)).await;
+    let id = s.submit_ok(json!({"prompt": "x", "max_tokens": 3})).await;
+    s.stream_all(&id).await;
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let text = s.metrics().await;
+    // promtool, as an operator would run it
+    assert_eq!(promtool_findings(&text), Vec::<String>::new());
+    assert!(!text.contains("vllm:"));
+    let with_vllm = start(cfg(), Duration::from_millis(1)).await;
+    let vtext = with_vllm.metrics().await;
+    let findings = promtool_findings(&vtext);
+    assert_eq!(findings.len(), 3, "{findings:?}");
+    for f in &findings {
+        assert!(
+            f.starts_with("vllm:") && f.ends_with("metric names should not contain ':'"),
+            "{f}"
+        );
+    }
+    for name in [
+        "vllm:num_requests_waiting{pool=\"p1\",model_name=\"scripted-model\"} 0",
+        "vllm:num_requests_running{pool=\"p1\",model_name=\"scripted-model\"} 0",
+        "vllm:kv_cache_usage_perc{pool=\"p1\",model_name=\"scripted-model\"} 0",
+    ] {
+        assert!(vtext.contains(name), "{name} in {vtext}");
+    }
     // the same rules, checked here
     let fams = families(&text);
     assert!(fams.len() > 20, "{fams:?}");
     for (name, (kind, help)) in &fams {
         assert!(*help, "{name} has no help text");
-        assert!(name.starts_with("orchd_"), "{name}");
+        assert!(
+            name.starts_with("orchd_") || name.starts_with("process_"),
+            "{name}"
+        );
         assert_eq!(
             kind == "counter",
             name.ends_with("_total"),

@@ -325,3 +325,66 @@ async fn task_commands_and_the_metrics_summary() {
     assert_eq!(m["slots"]["p1"]["total"], 1.0);
     assert!(m["ttft_seconds"]["p50"].as_f64().unwrap() > 0.0);
 }
+
+/// OPS-CTL-1 (`--all`, the Kubernetes preStop hook): every pool is drained at once; a pool
+/// already drained is left out; the report names each pool's outcome.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_all_drains_every_pool() {
+    let model = default_model_path();
+    let cfg = format!(
+        "[[pools]]\nid = \"p1\"\nmodel = \"{model}\"\nslots = 1\nctx = 512\nthreads = 1\n\
+         [[pools]]\nid = \"p2\"\nmodel = \"{model}\"\nslots = 1\nctx = 512\nthreads = 1\n"
+    );
+    let keys = format!("ops:admin:{ADMIN_KEY}");
+    let (_p, base) = server_env(&cfg, &[("ORCHD_API_KEYS", &keys)]).await;
+    for _ in 0..100 {
+        let out = ctl(&base, Some(ADMIN_KEY), &["--json", "pools"]).await;
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        if v["pools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["state"] == "ready")
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = ctl(
+        &base,
+        Some(ADMIN_KEY),
+        &["--json", "drain", "--all", "--deadline", "10s", "--wait"],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let outcomes: Vec<(String, String)> = v["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["pool_id"].as_str().unwrap().into(),
+                p["outcome"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        vec![
+            ("p1".into(), "drained".into()),
+            ("p2".into(), "drained".into())
+        ]
+    );
+    let out = ctl(
+        &base,
+        Some(ADMIN_KEY),
+        &["--json", "drain", "--all", "--wait"],
+    )
+    .await;
+    assert_eq!(code(&out), 0);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pools"], json!([]));
+    let ready = reqwest::get(format!("{base}/readyz")).await.unwrap();
+    assert_eq!(ready.status(), 503, "no pool takes work");
+}

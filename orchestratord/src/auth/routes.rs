@@ -27,7 +27,14 @@ pub enum Shape {
 }
 
 /// Routes that need no key.
-pub const OPEN_PATHS: [&str; 4] = ["/health", "/v1/health", "/status", "/openapi.json"];
+pub const OPEN_PATHS: [&str; 6] = [
+    "/health",
+    "/v1/health",
+    "/status",
+    "/openapi.json",
+    "/livez",
+    "/readyz",
+];
 
 /// The access and error shape of a request to `path` with `method` (unknown paths need a
 /// key, so probing answers 401 before 404).

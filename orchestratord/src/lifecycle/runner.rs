@@ -33,7 +33,7 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     let _running = state.running.enter(pool.id(), &task);
     metrics::started(pool.id());
     let waited = task.submitted.elapsed();
-    metrics::queue_wait(waited);
+    metrics::queue_wait(waited, task.priority);
     metrics::start_prediction(task.predicted_start, waited);
     let placed = Instant::now();
     // a requeued task goes on after what it already streamed: no token twice, none missing

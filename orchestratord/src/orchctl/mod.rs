@@ -61,9 +61,15 @@ pub enum Command {
     Pools,
     /// One pool's health.
     Health { pool: String },
-    /// Stop placing work on a pool; running tasks get until the deadline.
+    /// Stop placing work on a pool (or every pool with --all); running tasks get until the
+    /// deadline.
     Drain {
-        pool: String,
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        pool: Option<String>,
+        /// Every pool not drained yet, at once (the Kubernetes preStop hook); pools whose state
+        /// does not allow a drain are skipped. No progress display.
+        #[arg(long)]
+        all: bool,
         /// Time running tasks get to finish (e.g. 30s, 500ms, 2m).
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
         deadline: Duration,
@@ -262,10 +268,21 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
         Command::Pools => pools::list(&ctl).await?,
         Command::Health { pool } => pools::health(&ctl, pool).await?,
         Command::Drain {
-            pool,
+            pool: Some(pool),
             deadline,
             wait,
+            ..
         } => pools::drain(&ctl, pool, *deadline, *wait, json).await?,
+        Command::Drain {
+            pool: None,
+            deadline,
+            wait,
+            ..
+        } => {
+            let (out, failure) = pools::drain_all(&ctl, *deadline, *wait).await?;
+            print(&out, json);
+            return failure.map_or(Ok(()), Err);
+        }
         Command::Resume { pool } => pools::resume(&ctl, pool).await?,
         Command::Reload {
             pool,

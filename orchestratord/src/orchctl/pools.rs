@@ -168,6 +168,52 @@ pub async fn drain(
     Ok(health_output(&h))
 }
 
+/// Drains every pool not yet drained, all at once. Returns the per-pool report and the error
+/// the exit code comes from: the first hard failure, else a deadline that cut tasks off. A
+/// pool whose state refuses a drain (409: loading, reloading, unready) is reported skipped.
+pub async fn drain_all(
+    ctl: &Ctl,
+    deadline: Duration,
+    wait: bool,
+) -> Result<(Output, Option<CtlError>), CtlError> {
+    let list: PoolList = ctl.get("/v1/pools").await?;
+    let targets: Vec<&PoolHealth> = list.pools.iter().filter(|p| p.state != "drained").collect();
+    let results = futures::future::join_all(
+        targets
+            .iter()
+            .map(|p| drain(ctl, &p.pool_id, deadline, wait, true)),
+    )
+    .await;
+    let (mut rows, mut report, mut hard, mut cut) = (Vec::new(), Vec::new(), None, None);
+    for (p, r) in targets.iter().zip(results) {
+        let outcome = match r {
+            Ok(out) => out.json["state"].as_str().unwrap_or("?").to_string(),
+            Err(CtlError::Refused {
+                status: 409,
+                message,
+                ..
+            }) => format!("skipped: {message}"),
+            Err(e @ CtlError::Deadline(_)) => {
+                let text = format!("cut off: {e}");
+                cut.get_or_insert(e);
+                text
+            }
+            Err(e) => {
+                let text = format!("failed: {e}");
+                hard.get_or_insert(e);
+                text
+            }
+        };
+        rows.push(vec![p.pool_id.clone(), outcome.clone()]);
+        report.push(json!({"pool_id": p.pool_id, "outcome": outcome}));
+    }
+    let out = Output {
+        human: table::render(&["POOL", "OUTCOME"], &rows),
+        json: json!({ "pools": report }),
+    };
+    Ok((out, hard.or(cut)))
+}
+
 /// Reloads. The server answers when the new model serves (or was rolled back); without
 /// `wait` this returns once the pool shows `reloading` (the server goes on by itself).
 pub async fn reload(

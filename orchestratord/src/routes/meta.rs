@@ -12,19 +12,24 @@ use crate::state::SharedState;
 
 /// The Prometheus text. Prompt-cache series (how many prompt tokens came from a cache) would
 /// tell a tenant whether a prefix it guessed was sent by another, so with keys configured
-/// they are shown to admin keys only.
+/// they are shown to admin keys only. The vLLM-named gauges are left out unless
+/// `metrics.vllm_names`.
 pub async fn metrics(
     State(state): State<SharedState>,
     principal: Option<Extension<Principal>>,
 ) -> impl IntoResponse {
     state.publish_pool_gauges();
+    crate::metrics::process();
     let text = state.metrics.render();
     let admin = principal.is_some_and(|Extension(p)| p.scope == Scope::Admin);
-    let body = if admin || !state.auth.enabled() {
+    let hide_cache = !admin && state.auth.enabled();
+    let hide_vllm = !state.cfg.metrics.vllm_names;
+    let body = if !hide_cache && !hide_vllm {
         text
     } else {
         text.lines()
-            .filter(|l| !l.contains(crate::metrics::PROMPT_CACHE_PREFIX))
+            .filter(|l| !(hide_cache && l.contains(crate::metrics::PROMPT_CACHE_PREFIX)))
+            .filter(|l| !(hide_vllm && l.contains(crate::metrics::VLLM_PREFIX)))
             .flat_map(|l| [l, "\n"])
             .collect()
     };

@@ -4,6 +4,7 @@ pub mod artifacts;
 pub mod capabilities;
 pub mod meta;
 pub mod pools;
+pub mod probes;
 pub mod sessions;
 pub mod tasks;
 pub mod workers;

@@ -20,11 +20,7 @@ use crate::state::SharedState;
 fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
     let s = pool.snapshot();
     let d = s.descriptor.clone();
-    let queue_depth = state.queue.count_where(|t| match (&t.pin, &t.model) {
-        (Some(pin), _) => pin == pool.id(),
-        (None, Some(m)) => pool.serves(m),
-        (None, None) => true,
-    });
+    let queue_depth = state.queued_for(pool);
     PoolHealth {
         pool_id: s.id.clone(),
         kind: pool.spec().kind.as_str().to_string(),

@@ -56,11 +56,33 @@ fn prompt(rng: &mut Rng) -> &'static str {
     PROMPTS[rng.below(PROMPTS.len() as u64) as usize]
 }
 
+/// Longest pause a refused client takes before its next request.
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// The pause after a refusal that advised none (the Hyperswarm protocol has no retry hint).
+const DEFAULT_BACKOFF: Duration = Duration::from_millis(500);
+
+/// The server's advice: `retry-after-ms`, else `Retry-After` in whole seconds.
+fn advised_wait(h: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let num = |name: &str| h.get(name)?.to_str().ok()?.trim().parse::<u64>().ok();
+    num("retry-after-ms")
+        .map(Duration::from_millis)
+        .or_else(|| num("retry-after").map(Duration::from_secs))
+}
+
+async fn back_off(advised: Option<Duration>) {
+    tokio::time::sleep(advised.unwrap_or(DEFAULT_BACKOFF).min(MAX_BACKOFF)).await;
+}
+
 /// Classifies a refused request: retriable refusals (429, 503, a 504 `QUEUE_TIMEOUT`: the task
 /// could not start in time) are outcomes, other 5xx are server errors, other 4xx are the
 /// soak's own mistakes (protocol failures).
+///
+/// A retriable refusal is followed as a real client follows it: it waits what the server
+/// advised (`retry-after-ms`, else `Retry-After`; at most [`MAX_BACKOFF`]) before its next
+/// request, so a refused client does not spin.
 async fn refused(tally: &Tally, what: &str, r: reqwest::Response) -> Result<(), String> {
     let status = r.status().as_u16();
+    let advised = advised_wait(r.headers());
     let body: Value = r.json().await.unwrap_or_default();
     let code = body["code"]
         .as_str()
@@ -70,10 +92,12 @@ async fn refused(tally: &Tally, what: &str, r: reqwest::Response) -> Result<(), 
     match status {
         429 | 503 => {
             tally.outcome(format!("refused {status} {code}"));
+            back_off(advised).await;
             Ok(())
         }
         504 if code == "QUEUE_TIMEOUT" => {
             tally.outcome(format!("refused {status} {code}"));
+            back_off(advised).await;
             Ok(())
         }
         500..=599 => {
@@ -465,6 +489,7 @@ async fn hyperswarm(
         // the host's client cap (`hyperswarm.max_clients`), every place running a request:
         // an honest refusal, as a 429 is
         tally.outcome("hyperswarm refused CONNECT_FAILED".to_string());
+        back_off(None).await;
         return Ok(());
     }
     if info["type"] != "server_info" {
@@ -497,10 +522,14 @@ async fn hyperswarm(
                 return Ok(());
             }
             Some("error") => {
-                tally.outcome(format!(
-                    "hyperswarm error {}",
-                    m["payload"]["code"].as_str().unwrap_or("?")
-                ));
+                let code = m["payload"]["code"].as_str().unwrap_or("?");
+                // a refusal of the start (HS-PROTO-6) ends the request: no chat_end follows
+                if chunks == 0 && ["MODEL_BUSY", "OLLAMA_MODEL_NOT_AVAILABLE"].contains(&code) {
+                    tally.outcome(format!("hyperswarm refused {code}"));
+                    back_off(None).await;
+                    return Ok(());
+                }
+                tally.outcome(format!("hyperswarm error {code}"));
             }
             _ => {}
         }
