@@ -388,3 +388,69 @@ async fn drain_all_drains_every_pool() {
     let ready = reqwest::get(format!("{base}/readyz")).await.unwrap();
     assert_eq!(ready.status(), 503, "no pool takes work");
 }
+
+/// OPS-CTL-4: `engines add` loads a GGUF as an engine (a pool), `engines list` shows it,
+/// `engines rm` drains and removes it; `workers` lists a connected remote worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_and_workers() {
+    let model = default_model_path();
+    let cfg = format!(
+        "[workers]\nenabled = true\n[[pools]]\nid = \"p1\"\nmodel = \"{model}\"\nslots = 1\nctx = 512\nthreads = 1\n"
+    );
+    let keys = format!("ops:admin:{ADMIN_KEY}");
+    let secret = "worker-secret-0123456789";
+    let (_p, base) = server_env(
+        &cfg,
+        &[("ORCHD_API_KEYS", &keys), ("ORCHD_WORKER_SECRET", secret)],
+    )
+    .await;
+    let out = ctl(
+        &base,
+        Some(ADMIN_KEY),
+        &["engines", "add", "e2", &model, "--n-ctx", "512"],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).starts_with("engine e2: loaded"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = ctl(&base, Some(ADMIN_KEY), &["engines", "list"]).await;
+    let list = text(&out.stdout);
+    assert!(
+        list.lines()
+            .any(|l| l.starts_with("e2 ") && l.contains("loaded")),
+        "{list}"
+    );
+    let out = ctl(&base, Some(ADMIN_KEY), &["engines", "add", "e2", &model]).await;
+    assert_eq!(code(&out), 2, "a duplicate id is refused");
+    let out = ctl(
+        &base,
+        Some(ADMIN_KEY),
+        &["engines", "rm", "e2", "--deadline", "5s"],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "engine e2: removed\n");
+    let out = ctl(&base, Some(ADMIN_KEY), &["--json", "engines", "list"]).await;
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["engines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["engine_id"] != "e2"));
+
+    let mut w = support::fake_worker::connect(&base, secret).await.unwrap();
+    w.register("gpu-box-7", &["llama3-8b"], 3).await;
+    let out = ctl(&base, Some(ADMIN_KEY), &["workers"]).await;
+    let table = text(&out.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.contains("gpu-box-7"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert!(
+        row.contains("llama3-8b") && row.contains("0/3") && row.contains("serving"),
+        "{row}"
+    );
+}
