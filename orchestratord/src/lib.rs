@@ -4,9 +4,11 @@
 //! the same task lifecycle.
 
 /// The process allocator of every binary built on this crate (server, worker, soak, tests).
-/// glibc's malloc kept freed memory: a 36-minute soak with a reload every ~15 s grew to 3.0 GB
-/// resident while 0.57 GB was in use (`malloc_trim` gave 2 GB back at once); mimalloc returns
-/// freed pages to the system (figures in ARCHITECTURE.md, "Memory").
+/// glibc's malloc kept freed memory: a 36-minute soak with a reload every ~12 s grew to 3.0 GB
+/// resident while 0.57 GB was in use (`malloc_trim` gave 2 GB back at once); on mimalloc the
+/// same soak stayed at 0.94 GB. Built without transparent huge pages (`no_thp`): with them,
+/// zeroed KV caches were resident from the start (1.73 GB idle at 8 × 4096 vs 0.26 GB).
+/// Figures in ARCHITECTURE.md, "Decisions".
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
