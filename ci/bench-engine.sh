@@ -15,8 +15,8 @@ cargo bench -q -p engine-candle --bench engine -- --threads "$threads"
 cargo build -q --release -p orchestratord --bin orchestratord --bin orchd-load
 pid=""
 trap '[ -n "$pid" ] && kill $pid 2>/dev/null' EXIT
-load() { # name, base URL
-  for _ in $(seq 300); do curl -sf "$2/v1/models" >/dev/null && break; sleep 0.2; done
+load() { # name, base URL, readiness path
+  for _ in $(seq 300); do curl -sf "$2$3" >/dev/null && break; sleep 0.2; done
   echo "## $1"
   target/release/orchd-load --base-url "$2" --concurrency 1 4 8 -n 16 --max-tokens 64
 }
@@ -26,14 +26,18 @@ printf 'bind = "127.0.0.1:%s"\n[[pools]]\nid = "default"\nmodel = "%s"\nslots = 
   "$port" "$model" "$threads" >"$cfg"
 target/release/orchestratord --config "$cfg" >/tmp/orchestratord-bench.log 2>&1 &
 pid=$!
-load orchestratord "http://127.0.0.1:$port"
+load orchestratord "http://127.0.0.1:$port" /readyz
 kill $pid; wait $pid 2>/dev/null || true; pid=""
 if [ -z "${LLAMA_CPP_BIN:-}" ]; then
   echo "LLAMA_CPP_BIN not set: skipping the llama.cpp side" >&2
   exit 0
 fi
-"$LLAMA_CPP_BIN/llama-bench" -m "$model" -t "$threads" -p 128 -n 128 -r 5 -o md
+if [ -x "$LLAMA_CPP_BIN/llama-bench" ]; then
+  "$LLAMA_CPP_BIN/llama-bench" -m "$model" -t "$threads" -p 128 -n 128 -r 5 -o md
+else
+  echo "no llama-bench in $LLAMA_CPP_BIN: skipping llama.cpp's own numbers" >&2
+fi
 port=18080
 "$LLAMA_CPP_BIN/llama-server" -m "$model" -t "$threads" -np 8 -cb -c 16384 --port "$port" >/tmp/llama-server.log 2>&1 &
 pid=$!
-load llama-server "http://127.0.0.1:$port"
+load llama-server "http://127.0.0.1:$port" /health

@@ -44,7 +44,11 @@ async fn main() -> anyhow::Result<()> {
         a.concurrency.iter().all(|c| (1..=1024).contains(c)),
         "concurrency is 1..=1024"
     );
-    let client = reqwest::Client::new();
+    // a fresh connection per request: servers that close kept-alive connections after a few
+    // requests (llama.cpp's cpp-httplib: 5) would otherwise fail the next request sent on one
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()?;
     let mut reports = Vec::new();
     println!("| concurrency | done/sent | errors | tok/s | TTFT p50/p95 ms | ITL p50/p95 ms | e2e p50/p95 ms |");
     println!("|---|---|---|---|---|---|---|");
