@@ -1,4 +1,4 @@
-//! CTL-1..CTL-4: the real `orchctl` binary against a real server process on the real model —
+//! OPS-CTL-1..OPS-CTL-5: the real `orchctl` binary against a real server process on the real model —
 //! drain --wait under load returns when drained (and exits 3 when the deadline cut tasks off),
 //! reload --wait to a bad file exits 2 with the server's reason, the documented exit codes,
 //! the key from a file or the environment (never printed), and the task commands.
@@ -90,7 +90,7 @@ async fn wait_running(base: &str, ids: &[String]) {
     panic!("tasks did not start");
 }
 
-/// CTL-1: `drain --wait` under load returns once the pool is drained, the running tasks having
+/// OPS-CTL-1: `drain --wait` under load returns once the pool is drained, the running tasks having
 /// finished by themselves (exit 0, line-oriented progress on a pipe); with a deadline shorter
 /// than the tasks it exits 3.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -150,7 +150,7 @@ async fn drain_wait_returns_when_drained_and_says_when_the_deadline_cut_tasks() 
     assert_eq!(h["metrics"]["drain_cut_off"], 2, "{h}");
 }
 
-/// CTL-2: `reload --wait` to a file that is not a loadable model exits 2 with the server's
+/// OPS-CTL-2: `reload --wait` to a file that is not a loadable model exits 2 with the server's
 /// reason, and the old model keeps serving; a good reload exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_wait_to_a_bad_file_exits_2_with_the_reason() {
@@ -190,7 +190,7 @@ async fn reload_wait_to_a_bad_file_exits_2_with_the_reason() {
     );
 }
 
-/// CTL-3: exit codes — 4 unreachable, 2 unknown pool / missing key / data key on the control
+/// OPS-CTL-3: exit codes — 4 unreachable, 2 unknown pool / missing key / data key on the control
 /// plane, 64 bad command line; the key from `--api-key-file` works and is never printed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exit_codes_and_the_key() {
@@ -248,7 +248,7 @@ async fn exit_codes_and_the_key() {
     assert!(!text(&out.stderr).contains("k-wrong-000111222333"));
 }
 
-/// CTL-4: `tasks submit --follow` prints the generated text (the same the task's record
+/// OPS-CTL-4: `tasks submit --follow` prints the generated text (the same the task's record
 /// holds), `tasks show` and `tasks cancel` work, and `metrics` counts the tasks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn task_commands_and_the_metrics_summary() {
@@ -326,7 +326,7 @@ async fn task_commands_and_the_metrics_summary() {
     assert!(m["ttft_seconds"]["p50"].as_f64().unwrap() > 0.0);
 }
 
-/// OPS-CTL-1 (`--all`, the Kubernetes preStop hook): every pool is drained at once; a pool
+/// OPS-CTL-5 (`--all`, the Kubernetes preStop hook): every pool is drained at once; a pool
 /// already drained is left out; the report names each pool's outcome.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_all_drains_every_pool() {
