@@ -24,14 +24,15 @@ fn acceptable(v: &str) -> bool {
 /// The route template that served a request (`/v1/tasks/{id}`), carried back on the response
 /// by [`mark_route`] for the request log.
 #[derive(Debug, Clone)]
-struct RouteTemplate(String);
+struct RouteTemplate(MatchedPath);
 
 /// Innermost layer (a route layer, where axum knows the matched route): records the template.
 pub async fn mark_route(req: Request, next: Next) -> Response {
     let route = req
         .extensions()
         .get::<MatchedPath>()
-        .map(|m| RouteTemplate(m.as_str().to_string()));
+        .cloned()
+        .map(RouteTemplate);
     let mut resp = next.run(req).await;
     if let Some(r) = route {
         resp.extensions_mut().insert(r);

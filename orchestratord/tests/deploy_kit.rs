@@ -189,6 +189,11 @@ async fn vllm_named_gauges_follow_the_queue_and_the_slots() {
         0.0
     );
     assert!(value(&text, "process_resident_memory_bytes") > 1e6);
+    // the queue wait is kept by priority (the dashboard splits it so)
+    assert!(
+        text.contains("orchd_queue_wait_seconds_count{priority=\"interactive\"}"),
+        "{text}"
+    );
 }
 
 /// The `config.toml: |` block of a manifest (the lines indented under it).

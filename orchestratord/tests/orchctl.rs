@@ -43,6 +43,12 @@ fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
 
+/// What a `--json` command printed.
+fn stdout_json(o: &Output) -> Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", text(&o.stdout)))
+}
+
 fn code(o: &Output) -> i32 {
     o.status.code().unwrap_or(-1)
 }
@@ -146,7 +152,7 @@ async fn drain_wait_returns_when_drained_and_says_when_the_deadline_cut_tasks() 
         assert_eq!(task_state(&base, id).await, "failed");
     }
     let out = ctl(&base, Some(ADMIN_KEY), &["--json", "health", "p1"]).await;
-    let h: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let h: Value = stdout_json(&out);
     assert_eq!(h["metrics"]["drain_cut_off"], 2, "{h}");
 }
 
@@ -173,7 +179,7 @@ async fn reload_wait_to_a_bad_file_exits_2_with_the_reason() {
         "the server's reason: {stderr}"
     );
     let out = ctl(&base, Some(ADMIN_KEY), &["--json", "health", "p1"]).await;
-    let h: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let h: Value = stdout_json(&out);
     assert_eq!(h["state"], "ready");
     assert_eq!(h["model_ref"], default_model_path());
     let out = ctl(
@@ -280,7 +286,7 @@ async fn task_commands_and_the_metrics_summary() {
         .to_string();
     assert!(stderr.contains("end: length, 12 tokens"), "{stderr}");
     let out = ctl(&base, Some(DATA_KEY), &["--json", "tasks", "show", &id]).await;
-    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s: Value = stdout_json(&out);
     let from_record: String = s["record"]["transcript"]
         .as_array()
         .unwrap()
@@ -318,7 +324,7 @@ async fn task_commands_and_the_metrics_summary() {
     assert_eq!(last["data"]["finish_reason"], "cancelled");
 
     let out = ctl(&base, Some(ADMIN_KEY), &["--json", "metrics"]).await;
-    let m: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let m: Value = stdout_json(&out);
     assert_eq!(m["tasks_enqueued"], 2.0);
     assert_eq!(m["finished"]["length"], 1.0);
     assert_eq!(m["finished"]["cancelled"], 1.0);
@@ -339,7 +345,7 @@ async fn drain_all_drains_every_pool() {
     let (_p, base) = server_env(&cfg, &[("ORCHD_API_KEYS", &keys)]).await;
     for _ in 0..100 {
         let out = ctl(&base, Some(ADMIN_KEY), &["--json", "pools"]).await;
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let v: Value = stdout_json(&out);
         if v["pools"]
             .as_array()
             .unwrap()
@@ -357,7 +363,7 @@ async fn drain_all_drains_every_pool() {
     )
     .await;
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = stdout_json(&out);
     let outcomes: Vec<(String, String)> = v["pools"]
         .as_array()
         .unwrap()
@@ -383,7 +389,7 @@ async fn drain_all_drains_every_pool() {
     )
     .await;
     assert_eq!(code(&out), 0);
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = stdout_json(&out);
     assert_eq!(v["pools"], json!([]));
     let ready = reqwest::get(format!("{base}/readyz")).await.unwrap();
     assert_eq!(ready.status(), 503, "no pool takes work");
@@ -434,7 +440,7 @@ async fn engines_and_workers() {
     assert_eq!(code(&out), 0, "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "engine e2: removed\n");
     let out = ctl(&base, Some(ADMIN_KEY), &["--json", "engines", "list"]).await;
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = stdout_json(&out);
     assert!(v["engines"]
         .as_array()
         .unwrap()
