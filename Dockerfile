@@ -44,12 +44,15 @@ FROM ${RUNTIME_IMAGE}
 RUN set -eux; \
     apt-get update; apt-get install -y --no-install-recommends ca-certificates; \
     rm -rf /var/lib/apt/lists/*; \
-    useradd --uid 10001 --create-home --home-dir /home/orchd orchd
+    useradd --uid 10001 --create-home --home-dir /home/orchd orchd; \
+    install -d -o 10001 /home/orchd/data
 COPY --from=build /out/orchestratord /out/orchctl /usr/local/bin/
 # the default model (if baked in) where the server looks without a config
 COPY --from=build --chown=10001 /out/models/ /home/orchd/.cache/models/
 USER 10001
 WORKDIR /home/orchd
+# task records and artifacts (records.path = data/records.sqlite3): mount a volume to keep them
+VOLUME ["/home/orchd/data"]
 ENV ORCHD_BIND=0.0.0.0:8080 ORCHD_URL=http://127.0.0.1:8080
 EXPOSE 8080
 ENTRYPOINT ["orchestratord"]

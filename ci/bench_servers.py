@@ -1,6 +1,7 @@
 """Servers for the side-by-side benches (`overload_bench.py`, `long_prompt_bench.py`): start
 orchestratord or llama.cpp's `llama-server` on a free loopback port with the same GGUF, slots,
 context and threads, wait until it serves `/v1/models`, stop it."""
+import os
 import signal
 import socket
 import subprocess
@@ -41,7 +42,9 @@ def start_orchd(binary, model, slots, ctx, threads, pool_extra="", extra=""):
     cfg.write(f'bind = "127.0.0.1:{port}"\n{extra}\n[[pools]]\nid = "default"\nmodel = "{model}"\n'
               f'alias = "{MODEL}"\nslots = {slots}\nctx = {ctx}\nthreads = {threads}\n{pool_extra}')
     cfg.close()
-    proc = subprocess.Popen([binary, "--config", cfg.name],
+    # its task records go to a fresh file beside the config, not into the working tree
+    env = dict(os.environ, ORCHD_RECORDS_PATH=cfg.name[: -len(".toml")] + ".records.sqlite3")
+    proc = subprocess.Popen([binary, "--config", cfg.name], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     wait_ready(base, proc)

@@ -1,6 +1,7 @@
 //! Wire types of orchestratord: requests, responses, SSE payloads, the error envelope and its
 //! stable codes. Serde for the wire, utoipa for the generated OpenAPI documents.
 
+pub mod artifact;
 pub mod capabilities;
 pub mod error;
 pub mod pool;
@@ -12,6 +13,9 @@ pub mod worker;
 /// The API version; equals OpenAPI `info.version` and `Capabilities.api_version`.
 pub const API_VERSION: &str = "1.0.0";
 
+pub use artifact::{
+    Artifact, ArtifactList, ArtifactMeta, ArtifactQuery, ArtifactRequest, StoredArtifact,
+};
 pub use capabilities::{Capabilities, HyperswarmCapability, PoolCapability, QueueCapability};
 pub use error::{ErrorCode, ErrorEnvelope};
 pub use pool::{

@@ -144,6 +144,49 @@ impl Default for MetricsConfig {
     }
 }
 
+/// Where task records and artifacts outlive the process (an embedded SQLite database).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RecordsConfig {
+    /// Keep task records and accept artifacts at all (a remote worker's local pools do not:
+    /// the server keeps the records of what they run).
+    pub enabled: bool,
+    /// The database file (its directory is created). `":memory:"` keeps records in memory
+    /// only: nothing survives a restart.
+    pub path: String,
+    /// Records and artifacts older than this are deleted.
+    pub max_age_s: u64,
+    /// The stored JSON of records and artifacts together stays under this; the oldest go
+    /// first.
+    pub max_bytes: u64,
+    /// Largest artifact (its content as stored JSON); larger is 413.
+    pub max_artifact_bytes: usize,
+    /// Task records waiting for the writer; when full, a record is dropped (counted in
+    /// `orchd_records_dropped_total`) rather than slowing a task down.
+    pub queue_capacity: usize,
+    /// How long the writer gathers task records into one transaction.
+    pub batch_ms: u64,
+}
+
+impl Default for RecordsConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            path: "data/records.sqlite3".into(),
+            max_age_s: 7 * 24 * 3600,
+            max_bytes: 512 << 20,
+            max_artifact_bytes: 512 << 10,
+            queue_capacity: 4096,
+            batch_ms: 50,
+        }
+    }
+}
+
+impl RecordsConfig {
+    /// The path that keeps records in memory only.
+    pub const IN_MEMORY: &'static str = ":memory:";
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct TimeoutConfig {
@@ -549,6 +592,7 @@ pub struct Config {
     pub auth: AuthConfig,
     pub http: HttpConfig,
     pub models: ModelsConfig,
+    pub records: RecordsConfig,
     pub pools: Vec<PoolConfig>,
 }
 
@@ -569,6 +613,7 @@ impl Default for Config {
             auth: AuthConfig::default(),
             http: HttpConfig::default(),
             models: ModelsConfig::default(),
+            records: RecordsConfig::default(),
             pools: vec![PoolConfig {
                 id: "default".into(),
                 model: DEFAULT_MODEL_PATH.into(),
@@ -639,7 +684,8 @@ impl Config {
         toml::from_str(text).map_err(|e| e.to_string())
     }
 
-    /// `ORCHD_BIND`, `ORCHD_QUEUE_CAPACITY`, `ORCHD_QUEUE_POLICY`, and for the first pool
+    /// `ORCHD_BIND`, `ORCHD_QUEUE_CAPACITY`, `ORCHD_QUEUE_POLICY`, `ORCHD_RECORDS_PATH`, and
+    /// for the first pool
     /// `ORCHD_MODEL`, `ORCHD_SLOTS`, `ORCHD_CTX`, `ORCHD_THREADS`, `ORCHD_DEVICE`.
     pub fn apply_env(&mut self) -> Result<(), ConfigError> {
         if let Some(v) = env_parse::<String>("ORCHD_BIND")? {
@@ -659,6 +705,9 @@ impl Config {
                     })
                 }
             };
+        }
+        if let Some(v) = env_parse::<String>("ORCHD_RECORDS_PATH")? {
+            self.records.path = v;
         }
         if let Some(v) = env_parse::<String>("ORCHD_WORKER_SECRET")? {
             self.workers.secret = Some(v);
@@ -698,6 +747,17 @@ impl Config {
         if m.upkeep_interval_ms == 0 || m.idle_timeout_ms < 2 * m.upkeep_interval_ms {
             return bad(
                 "metrics: need 0 < upkeep_interval_ms and idle_timeout_ms >= 2 × upkeep_interval_ms (live series are refreshed by the upkeep)".into(),
+            );
+        }
+        let r = &self.records;
+        if r.path.is_empty() || r.queue_capacity == 0 || r.max_artifact_bytes == 0 {
+            return bad(
+                "records: need a path (or \":memory:\"), queue_capacity >= 1 and max_artifact_bytes >= 1".into(),
+            );
+        }
+        if (r.max_bytes as usize) < r.max_artifact_bytes {
+            return bad(
+                "records: max_bytes must hold at least one max_artifact_bytes artifact".into(),
             );
         }
         let mut ids = std::collections::HashSet::new();

@@ -42,6 +42,21 @@ pub fn record() -> Value {
     json!({"task_id": "t-1", "correlation_id": "c0ffee00-0000-4000-8000-000000000001", "priority": "interactive", "params": {"prompt": "[redacted 29 chars]", "max_tokens": 2}, "seed": 7, "max_tokens": 2, "prompt_tokens": 9, "tokens_out": 2, "pool_id": "default", "engine": "candle", "engine_version": "0.1.0+candle-0.11.1", "model_ref": ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf", "ctx": 2048, "timings": {"queued_ms": 1, "ttft_ms": 60, "decode_time_ms": 31, "total_ms": 91}, "terminal": {"event": "end", "tokens_out": 2, "decode_time_ms": 31, "decode_ms": 31, "finish_reason": "length"}, "transcript": [{"event": "started", "data": {"queue_position": 0, "predicted_start_ms": 0}}, {"event": "token", "data": {"t": "The", "i": 0}}, {"event": "token", "data": {"t": " capital", "i": 1}}, {"event": "end", "data": {"tokens_out": 2, "decode_time_ms": 31, "decode_ms": 31, "finish_reason": "length"}}]})
 }
 
+pub fn artifact_request() -> Value {
+    json!({"kind": "plan", "content": {"goal": "summarise the report", "steps": ["read", "outline", "write"]}, "tags": ["project:alpha", "draft"], "session_id": "s-1"})
+}
+pub fn artifact_meta() -> Value {
+    json!({"id": "sha256:4f1f0c1a9a63d9e4a1f0c7d2c1b4e0a3f0c1d2e3f4a5b6c7d8e9f0a1b2c3d4e5", "kind": "plan", "tags": ["draft", "project:alpha"], "parents": [], "session_id": "s-1", "created_at_ms": 1795000000000_u64, "bytes": 67})
+}
+pub fn artifact() -> Value {
+    let mut a = artifact_meta();
+    a["content"] = artifact_request()["content"].clone();
+    a
+}
+pub fn artifact_list() -> Value {
+    json!({"artifacts": [artifact_meta(), {"id": "t-1", "kind": "task_record", "tags": [], "parents": [], "session_id": "s-1", "task_id": "t-1", "created_at_ms": 1794999990000_u64, "bytes": 912}], "next_cursor": "1794999990000:t-1"})
+}
+
 // OpenAI-shaped errors (the OpenAI, Kolosal and seed-001 chat adapters).
 pub fn openai_invalid() -> Value {
     json!({"error": {"message": "only n = 1 is supported", "type": "invalid_request_error", "param": "n", "code": "INVALID_PARAMS"}})

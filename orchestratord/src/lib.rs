@@ -29,6 +29,7 @@ pub mod openapi;
 pub mod orchctl;
 pub mod patience;
 pub mod process_stats;
+pub mod records;
 pub mod remote_workers;
 pub mod routes;
 pub mod server;

@@ -45,6 +45,10 @@ pub const WORKER_DISCONNECTS: &str = "orchd_worker_disconnects_total";
 pub const WORKER_AUTH_FAILURES: &str = "orchd_worker_auth_failures_total";
 pub const TASKS_REQUEUED: &str = "orchd_tasks_requeued_total";
 pub const AUTH_FAILURES: &str = "orchd_auth_failures_total";
+pub const RECORDS_WRITTEN: &str = "orchd_records_written_total";
+pub const RECORDS_DROPPED: &str = "orchd_records_dropped_total";
+pub const RECORDS_PRUNED: &str = "orchd_records_pruned_total";
+pub const RECORDS_BYTES: &str = "orchd_records_bytes";
 /// The process collector's standard names (what dashboards for any server read).
 pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
 pub const PROCESS_CPU: &str = "process_cpu_seconds_total";
@@ -63,6 +67,7 @@ pub const L_OUTCOME: &str = "outcome";
 pub const L_STATE: &str = "state";
 pub const L_DIRECTION: &str = "direction";
 pub const L_MODEL_NAME: &str = "model_name";
+pub const L_KIND: &str = "kind";
 
 /// Why a task was cancelled.
 #[derive(Debug, Clone, Copy)]
@@ -209,6 +214,22 @@ fn describe() {
         TASKS_REQUEUED,
         "Tasks put back at the front of the queue after their remote worker was lost"
     );
+    describe_counter!(
+        RECORDS_WRITTEN,
+        "Task records and artifacts written to the record store, by kind (task, artifact)"
+    );
+    describe_counter!(
+        RECORDS_DROPPED,
+        "Task records not stored: the writer's queue was full, it had stopped, or a write failed"
+    );
+    describe_counter!(
+        RECORDS_PRUNED,
+        "Task records and artifacts deleted by retention, by reason (age, bytes)"
+    );
+    describe_gauge!(
+        RECORDS_BYTES,
+        "Stored JSON of the task records and artifacts kept, in bytes"
+    );
 }
 
 /// Reasons of `orchd_worker_disconnects_total`.
@@ -226,9 +247,18 @@ pub fn upkeep(
     handle: &PrometheusHandle,
     pools: &[(pool_manager::PoolSnapshot, usize)],
     queue_capacity: usize,
+    records_bytes: u64,
 ) {
     handle.run_upkeep();
     gauge!(QUEUE_CAPACITY).set(queue_capacity as f64);
+    gauge!(RECORDS_BYTES).set(records_bytes as f64);
+    for k in ["task", "artifact"] {
+        counter!(RECORDS_WRITTEN, L_KIND => k).increment(0);
+    }
+    for r in ["age", "bytes"] {
+        counter!(RECORDS_PRUNED, L_REASON => r).increment(0);
+    }
+    counter!(RECORDS_DROPPED).increment(0);
     for p in [Priority::Interactive, Priority::Batch] {
         counter!(TASKS_ENQUEUED, L_PRIORITY => p.as_str()).increment(0);
     }
@@ -294,6 +324,24 @@ pub fn worker_auth_failed() {
 /// `reason`: one of `AUTH_FAILURE_REASONS`.
 pub fn auth_failed(reason: &'static str) {
     counter!(AUTH_FAILURES, L_REASON => reason).increment(1);
+}
+
+/// `kind`: task or artifact.
+pub fn records_written(kind: &'static str, n: usize) {
+    counter!(RECORDS_WRITTEN, L_KIND => kind).increment(n as u64);
+}
+
+pub fn records_dropped(n: usize) {
+    counter!(RECORDS_DROPPED).increment(n as u64);
+}
+
+/// `reason`: age or bytes.
+pub fn records_pruned(reason: &'static str, n: usize) {
+    counter!(RECORDS_PRUNED, L_REASON => reason).increment(n as u64);
+}
+
+pub fn records_bytes(total: u64) {
+    gauge!(RECORDS_BYTES).set(total as f64);
 }
 
 pub fn requeued() {

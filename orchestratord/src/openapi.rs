@@ -17,13 +17,16 @@ use crate::{adapters, routes};
         routes::tasks::cancel,
         routes::sessions::get,
         routes::sessions::delete,
+        routes::artifacts::put,
         routes::artifacts::get,
+        routes::artifacts::list,
     ),
     components(schemas(
         contracts::TaskRequest, contracts::AdmissionResponse, contracts::ErrorEnvelope,
         contracts::ErrorCode, contracts::SseStarted, contracts::SseToken, contracts::SseMetrics,
         contracts::SseEnd, contracts::SseError, contracts::SseEvent, contracts::TaskStatus, contracts::TaskRecord,
-        contracts::SessionInfo,
+        contracts::SessionInfo, contracts::ArtifactRequest, contracts::ArtifactMeta,
+        contracts::Artifact, contracts::ArtifactList, contracts::StoredArtifact,
     )),
     tags((name = "data", description = "Data plane"))
 )]

@@ -27,6 +27,8 @@ pub fn build_state(
     let auth = crate::auth::Auth::load(&cfg.auth, &cfg.http.cors_allowed_origins)?;
     crate::auth::check_exposure(&cfg.bind, &auth, cfg.auth.insecure_no_auth)?;
     let wake = Arc::new(Notify::new());
+    let records = crate::records::Records::open(&cfg.records)
+        .map_err(|e| ConfigError::Invalid(format!("records.path {:?}: {e}", cfg.records.path)))?;
     let pools = PoolRegistry::new(cfg.pool_specs()?, factory, wake.clone());
     Ok(Arc::new(AppState {
         queue: TaskQueue::new(cfg.queue.capacity, cfg.queue.policy),
@@ -46,6 +48,7 @@ pub fn build_state(
         workers: crate::remote_workers::WorkerRegistry::new(&cfg.workers),
         auth,
         model_dirs: model_dirs(&cfg),
+        records,
         started_at: Instant::now(),
         cfg,
     }))
@@ -80,6 +83,10 @@ pub fn router(state: SharedState) -> Router {
         .route(
             "/v1/sessions/{id}",
             get(routes::sessions::get).delete(routes::sessions::delete),
+        )
+        .route(
+            "/v1/artifacts",
+            get(routes::artifacts::list).post(routes::artifacts::put),
         )
         .route("/v1/artifacts/{id}", get(routes::artifacts::get))
         .route("/v1/capabilities", get(routes::capabilities::get))
@@ -207,7 +214,7 @@ pub const SHUTDOWN_MARGIN: Duration = Duration::from_secs(2);
 /// Serves until `shutdown` resolves, then stops admitting, lets running tasks finish for the
 /// grace period, ends whatever is left with a retriable error, and closes the connections
 /// (those still open [`SHUTDOWN_MARGIN`] later, such as a reader that never reads, are
-/// dropped).
+/// dropped), then writes the queued task records.
 pub async fn serve(
     state: SharedState,
     listener: TcpListener,
@@ -236,5 +243,9 @@ pub async fn serve(
             );
         }
     };
-    crate::listener::serve(listener, app, &state.cfg.http, signal, SHUTDOWN_MARGIN).await
+    let served =
+        crate::listener::serve(listener, app, &state.cfg.http, signal, SHUTDOWN_MARGIN).await;
+    // every task has ended by now: write their records before the process exits
+    state.records.close().await;
+    served
 }

@@ -41,6 +41,8 @@ pub struct AppState {
     pub auth: crate::auth::Auth,
     /// Where models may be loaded from (`POST /engines`, reloads).
     pub model_dirs: crate::model_paths::ModelDirs,
+    /// Task records and artifacts that outlive the process.
+    pub records: crate::records::Records,
     pub started_at: Instant,
 }
 
@@ -70,6 +72,7 @@ impl AppState {
 
     fn after_end(&self, task: &Task) {
         self.queue.remove(task);
+        self.records.task_ended(&task.owner, task.record());
         if let Some(sid) = &task.session_id {
             let g = task.lock();
             let refund = (task.spec.max_tokens as u64).saturating_sub(g.tokens_out as u64);
@@ -200,7 +203,12 @@ impl AppState {
                 .iter()
                 .map(|p| (p.snapshot(), self.queued_for(p)))
                 .collect();
-            metrics::upkeep(&self.metrics, &pools, self.cfg.queue.capacity);
+            metrics::upkeep(
+                &self.metrics,
+                &pools,
+                self.cfg.queue.capacity,
+                self.records.total_bytes(),
+            );
         }
     }
 }

@@ -235,7 +235,7 @@ fn kubernetes_manifests_validate_and_agree_with_the_server() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "kubernetes-validate: {says}");
-    assert_eq!(says.matches(" passed for resource ").count(), 7, "{says}");
+    assert_eq!(says.matches(" passed for resource ").count(), 8, "{says}");
 
     let server = std::fs::read_to_string(dir.join("configmap.yaml")).unwrap();
     let cfg = orchestratord::config::Config::from_toml(&embedded_config(&server))
@@ -248,6 +248,18 @@ fn kubernetes_manifests_validate_and_agree_with_the_server() {
     wcfg.validate().expect("the worker's config is valid");
 
     let deployment = std::fs::read_to_string(dir.join("deployment.yaml")).unwrap();
+    // the root filesystem is read-only: the record store must sit on a mounted volume
+    let mounts: Vec<&str> = deployment
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("mountPath: "))
+        .collect();
+    assert!(
+        mounts
+            .iter()
+            .any(|m| cfg.records.path.starts_with(&format!("{m}/"))),
+        "records.path {} is on none of the mounts {mounts:?}",
+        cfg.records.path
+    );
     let grace: u64 = deployment
         .lines()
         .find_map(|l| l.trim().strip_prefix("terminationGracePeriodSeconds:"))

@@ -19,9 +19,8 @@ async fn soak_on_the_real_engine_loses_nothing() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(120);
     let model = default_model_path();
-    let identity =
-        std::env::temp_dir().join(format!("orchd-soak-test-{}.json", std::process::id()));
-    let cfg = soak::server_config(&model, &identity.to_string_lossy());
+    let scratch = std::env::temp_dir().join(format!("orchd-soak-test-{}", std::process::id()));
+    let cfg = soak::server_config(&model, &scratch);
     let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
     let hyperswarm = s.background.hyperswarm.as_ref().map(|h| h.listen);
     assert!(hyperswarm.is_some(), "the Hyperswarm host runs");
@@ -33,7 +32,7 @@ async fn soak_on_the_real_engine_loses_nothing() {
         8,
     );
     let report = soak::run(spec, process_stats::resident_bytes).await;
-    let _ = std::fs::remove_file(identity);
+    let _ = std::fs::remove_dir_all(&scratch);
     println!("{}", serde_json::to_string_pretty(&report).unwrap());
     assert!(report.clean(), "{report:#?}");
     assert!(report.tasks as u64 >= secs, "tasks ran: {}", report.tasks);

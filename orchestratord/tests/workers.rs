@@ -230,6 +230,7 @@ async fn restart_on(port: &str, cfg: &str) -> Proc {
         .arg(&path)
         .args(["--bind", &format!("127.0.0.1:{port}")])
         .env_remove("ORCHD_WORKER_SECRET")
+        .env("ORCHD_RECORDS_PATH", dir.join("records.sqlite3"))
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .spawn()

@@ -34,8 +34,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let identity = std::env::temp_dir().join(format!("orchd-soak-{}.json", std::process::id()));
-    let cfg = soak::server_config(&args.model, &identity.to_string_lossy());
+    let scratch = std::env::temp_dir().join(format!("orchd-soak-{}", std::process::id()));
+    let cfg = soak::server_config(&args.model, &scratch);
     let state = server::build_state(cfg, Arc::new(pool_manager::CandleFactory))?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
@@ -58,7 +58,7 @@ async fn main() -> anyhow::Result<()> {
     let report = soak::run(spec, process_stats::resident_bytes).await;
     let _ = stop.send(());
     let _ = serving.await;
-    let _ = std::fs::remove_file(identity);
+    let _ = std::fs::remove_dir_all(scratch);
     let text = serde_json::to_string_pretty(&report)?;
     println!("{text}");
     if let Some(path) = args.json {

@@ -55,13 +55,14 @@ pub fn visible_task(
         .ok_or_else(|| ApiError::not_found("task", id))
 }
 
-/// A task's state and record.
+/// A task's state and record; an ended task's comes from the record store once it has left
+/// memory (after `stream.transcript_ttl_ms`, or a restart).
 #[utoipa::path(
     get, operation_id = "getTask", path = "/v1/tasks/{id}", tag = "data",
     params(("id" = String, Path, description = "Task id")),
     responses(
         (status = 200, description = "State and record", body = TaskStatus, example = examples::task_status),
-        (status = 404, description = "Unknown or expired task", body = ErrorEnvelope, example = examples::not_found),
+        (status = 404, description = "Unknown task, or its record was deleted by retention", body = ErrorEnvelope, example = examples::not_found),
     )
 )]
 pub async fn status(
@@ -69,7 +70,19 @@ pub async fn status(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<TaskStatus>, ApiError> {
-    let task = visible_task(&state, &caller, &id)?;
+    let Some(task) = state
+        .tasks
+        .get(caller.tenant(), &id, caller.principal.sees_all())
+    else {
+        // ended before the TTL or a restart: its stored record
+        let stored = state
+            .records
+            .task_record(caller.tenant(), caller.principal.sees_all(), &id)
+            .await?;
+        return stored
+            .map(|r| Json(status_of_record(r)))
+            .ok_or_else(|| ApiError::not_found("task", &id));
+    };
     let (st, code) = {
         let g = task.lock();
         (g.state, g.error_code)
@@ -81,6 +94,27 @@ pub async fn status(
         error_code: code,
         record: task.record(),
     }))
+}
+
+/// The status of an ended task from its stored record.
+fn status_of_record(record: contracts::TaskRecord) -> TaskStatus {
+    use contracts::{TaskState, TerminalEvent};
+    let (state, error_code) = match &record.terminal {
+        Some(TerminalEvent::End(e)) if e.finish_reason == "cancelled" => {
+            (TaskState::Cancelled, None)
+        }
+        Some(TerminalEvent::End(_)) => (TaskState::Completed, None),
+        Some(TerminalEvent::Error(e)) => (TaskState::Failed, Some(e.code)),
+        // only ended tasks are stored; one without a terminal event did not finish
+        None => (TaskState::Failed, None),
+    };
+    TaskStatus {
+        task_id: record.task_id.clone(),
+        state,
+        queue_position: None,
+        error_code,
+        record,
+    }
 }
 
 /// Stream a task's events as SSE, from the start or, with `Last-Event-ID`, right after the

@@ -117,6 +117,43 @@ fn busy_slots(metrics: &str) -> Option<u64> {
     (!values.is_empty()).then(|| values.iter().sum::<f64>() as u64)
 }
 
+/// The sum of the samples of `name` (any labels) in a `/metrics` text.
+fn metric_sum(metrics: &str, name: &str) -> f64 {
+    crate::orchctl::metrics_summary::parse(metrics)
+        .iter()
+        .filter(|s| s.name == name)
+        .map(|s| s.value)
+        .sum()
+}
+
+/// Tasks that ended without their record reaching the store: finished tasks minus task
+/// records written, once the writer caught up (waits up to `limit` for them to agree).
+pub(crate) async fn wait_records_stored(
+    client: &reqwest::Client,
+    base: &str,
+    limit: Duration,
+) -> u64 {
+    let until = Instant::now() + limit;
+    loop {
+        let text = match client.get(format!("{base}/metrics")).send().await {
+            Ok(r) => r.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let finished = metric_sum(&text, crate::metrics::TASKS_FINISHED);
+        let written = crate::orchctl::metrics_summary::parse(&text)
+            .iter()
+            .filter(|s| s.name == crate::metrics::RECORDS_WRITTEN)
+            .filter(|s| s.labels.iter().any(|(k, v)| k == "kind" && v == "task"))
+            .map(|s| s.value)
+            .sum::<f64>();
+        let missing = (finished - written).max(0.0) as u64;
+        if missing == 0 || Instant::now() >= until {
+            return missing;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits (up to `limit`) until no pool holds a slot; returns what is still held (`u64::MAX`
 /// when the server never answered with its pools' slots).
 pub(crate) async fn wait_slots_free(client: &reqwest::Client, base: &str, limit: Duration) -> u64 {

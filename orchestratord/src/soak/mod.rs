@@ -36,7 +36,8 @@ pub struct SoakSpec {
     pub seed: u64,
 }
 
-/// What the soak saw. The `*_failures` fields and `slots_busy_at_end` must all be 0.
+/// What the soak saw. The `*_failures` fields, `slots_busy_at_end` and `records_unstored`
+/// must all be 0.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SoakReport {
     pub tasks: usize,
@@ -65,6 +66,8 @@ pub struct SoakReport {
     pub control_refusals: usize,
     /// Busy slots summed over the pools once every client is done and the server is idle.
     pub slots_busy_at_end: u64,
+    /// Ended tasks whose record did not reach the record store (finished minus written).
+    pub records_unstored: u64,
     pub rss_start_bytes: Option<u64>,
     pub rss_middle_bytes: Option<u64>,
     pub rss_end_bytes: Option<u64>,
@@ -80,6 +83,7 @@ impl SoakReport {
             && self.server_error_failures == 0
             && self.protocol_failures == 0
             && self.slots_busy_at_end == 0
+            && self.records_unstored == 0
     }
 }
 
@@ -194,8 +198,11 @@ pub async fn run(spec: SoakSpec, rss: impl Fn() -> Option<u64>) -> SoakReport {
     let _ = control.await;
     // the control loop leaves every pool serving; wait for the server to go idle
     let busy = checks::wait_slots_free(&client, &spec.base_url, Duration::from_secs(60)).await;
+    let unstored =
+        checks::wait_records_stored(&client, &spec.base_url, Duration::from_secs(10)).await;
     tally.with(|r| {
         r.slots_busy_at_end = busy;
+        r.records_unstored = unstored;
         r.rss_end_bytes = rss();
         r.wall_s = started.elapsed().as_secs_f64();
     });
@@ -205,7 +212,8 @@ pub async fn run(spec: SoakSpec, rss: impl Fn() -> Option<u64>) -> SoakReport {
 /// The server the soak runs against in one process: two pools of `model` (the control loop
 /// reloads `p1` and drains `p2`), the Hyperswarm host on a free port, session budgets small
 /// enough to run out, and a short disconnect grace so abandoned task API streams end soon.
-pub fn server_config(model: &str, identity_path: &str) -> crate::config::Config {
+/// The Hyperswarm identity and the record store live in `scratch`.
+pub fn server_config(model: &str, scratch: &std::path::Path) -> crate::config::Config {
     let mut cfg = crate::config::Config::default();
     let mut pools = Vec::new();
     for id in ["p1", "p2"] {
@@ -226,7 +234,8 @@ pub fn server_config(model: &str, identity_path: &str) -> crate::config::Config 
     cfg.hyperswarm.sidecar.enabled = false;
     cfg.hyperswarm.listen = "127.0.0.1:0".into();
     cfg.hyperswarm.model = Some("soak-model".into());
-    cfg.hyperswarm.identity_path = identity_path.into();
+    cfg.hyperswarm.identity_path = scratch.join("identity.json").display().to_string();
+    cfg.records.path = scratch.join("records.sqlite3").display().to_string();
     cfg
 }
 

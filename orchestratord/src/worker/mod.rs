@@ -50,7 +50,10 @@ pub enum BackendChoice {
 pub async fn backend(choice: BackendChoice) -> anyhow::Result<Arc<Backend>> {
     Ok(Arc::new(match choice {
         BackendChoice::Local(cfg, factory) => {
-            let state = crate::server::build_state(*cfg, factory)?;
+            let mut cfg = *cfg;
+            // the server keeps the records of the tasks it sends here
+            cfg.records.enabled = false;
+            let state = crate::server::build_state(cfg, factory)?;
             crate::server::start_background(&state).await;
             let router = crate::server::router(state.clone());
             Backend::Local { state, router }

@@ -251,6 +251,8 @@ pub fn config(pools: Vec<PoolConfig>) -> Config {
     c.timeouts.idle_ms = 2_000;
     // fake model files live in the temp dir
     c.models.dirs = vec![std::env::temp_dir().display().to_string()];
+    // records in memory; the tests of the store itself give each server a file
+    c.records.path = orchestratord::config::RecordsConfig::IN_MEMORY.into();
     c
 }
 

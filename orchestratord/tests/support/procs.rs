@@ -71,6 +71,8 @@ pub fn spawn_env(tag: &str, args: &[String], config: &str, env: &[(&str, &str)])
     std::fs::write(&cfg, config).unwrap();
     let log = dir.join("log.txt");
     let out = std::fs::File::create(&log).unwrap();
+    // each process its own record store, unless the test names one
+    let records = dir.join("records.sqlite3");
     let child = Command::new(env!("CARGO_BIN_EXE_orchestratord"))
         .arg("--config")
         .arg(&cfg)
@@ -78,6 +80,7 @@ pub fn spawn_env(tag: &str, args: &[String], config: &str, env: &[(&str, &str)])
         .env("RUST_LOG", "info")
         .env_remove("ORCHD_WORKER_SECRET")
         .env_remove("ORCHD_API_KEYS")
+        .env("ORCHD_RECORDS_PATH", &records)
         .envs(env.iter().copied())
         .stdin(Stdio::null())
         .stdout(out.try_clone().unwrap())
