@@ -228,6 +228,35 @@ async fn full_queue_rejects_with_backoff_headers() {
     assert!(backoff > 0);
 }
 
+/// ORCH-Q-1: with several idle slots, a burst fills the slots and then the queue's bound, no
+/// more: the idle slots are counted when each task is queued, not when its admission began
+/// (a count taken before tokenizing lets the burst overshoot by the slots taken meanwhile).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_on_idle_slots_stops_at_slots_plus_capacity() {
+    let mut cfg = config(vec![pool("p1", 4)]);
+    cfg.queue.capacity = 3;
+    cfg.admission.max_queue_wait_ms = 600_000;
+    // 5 s a task: none ends while the burst is answered
+    let s = start(cfg, ms(250)).await;
+    let burst: Vec<_> = (0..40)
+        .map(|i| {
+            s.submit(
+                json!({"prompt": format!("burst {i} {}", "word ".repeat(40)), "max_tokens": 20}),
+            )
+        })
+        .collect();
+    let mut admitted = 0;
+    for r in futures::future::join_all(burst).await {
+        match r.status().as_u16() {
+            202 => admitted += 1,
+            429 => {}
+            other => panic!("unexpected {other}"),
+        }
+    }
+    assert_eq!(admitted, 7, "4 slots + 3 queued");
+    assert!(s.state.queue.len() <= 3, "{}", s.state.queue.len());
+}
+
 /// ORCH-Q-2: under drop-lru the newest task is admitted and the oldest queued batch task ends
 /// with a retriable QUEUE_FULL_DROP_LRU error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
