@@ -43,6 +43,8 @@ fn spawn(args: &[String], config: &str) -> Proc {
         .args(args)
         .env("RUST_LOG", "warn")
         .env_remove("ORCHD_WORKER_SECRET")
+        // each process its own record store, beside its config
+        .env("ORCHD_RECORDS_PATH", dir.join("records.sqlite3"))
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))
         .stderr(log)

@@ -42,7 +42,6 @@ struct Store {
     /// Bytes stored, as the writer last counted them.
     total_bytes: Arc<AtomicU64>,
     max_artifact_bytes: usize,
-    durable: bool,
 }
 
 impl Records {
@@ -58,11 +57,6 @@ impl Records {
 
     fn store(&self) -> Result<&Store, RecordsError> {
         self.store.as_ref().ok_or(RecordsError::Disabled)
-    }
-
-    /// Whether records survive a restart (false in memory or disabled).
-    pub fn durable(&self) -> bool {
-        self.store.as_ref().is_some_and(|s| s.durable)
     }
 
     pub fn total_bytes(&self) -> u64 {
@@ -165,7 +159,6 @@ impl Store {
             writer: Mutex::new(Some(handle)),
             total_bytes,
             max_artifact_bytes: cfg.max_artifact_bytes,
-            durable: !in_memory,
         })
     }
 

@@ -88,12 +88,13 @@ pub fn open(path: &str, in_memory: bool) -> Result<Connections, RecordsError> {
 }
 
 fn pragmas(conn: &Connection) -> Result<(), RecordsError> {
+    // first: another process opening the same file holds its lock for a moment
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
     // WAL: readers never wait for the writer; NORMAL: a commit survives a crash of the
     // process (not of the machine's power) without an fsync per commit
     conn.pragma_update(None, "journal_mode", "WAL")?;
     conn.pragma_update(None, "synchronous", "NORMAL")?;
     conn.pragma_update(None, "foreign_keys", "ON")?;
-    conn.busy_timeout(std::time::Duration::from_secs(5))?;
     Ok(())
 }
 

@@ -27,6 +27,7 @@ use crate::state::SharedState;
         (status = 201, description = "Stored; `Location` names it", body = ArtifactMeta, example = examples::artifact_meta),
         (status = 200, description = "Already stored (its tags now include the posted ones)", body = ArtifactMeta, example = examples::artifact_meta),
         (status = 400, description = "Invalid kind, tags, parents (malformed or not stored), ids (names the field)", body = ErrorEnvelope, example = examples::invalid_params),
+        (status = 409, description = "This server keeps no records (`records.enabled = false`)", body = ErrorEnvelope, example = examples::conflict),
         (status = 413, description = "Content larger than `records.max_artifact_bytes`, or body over the limit", body = ErrorEnvelope, example = examples::payload_too_large),
     )
 )]
