@@ -117,11 +117,16 @@ fn busy_slots(metrics: &str) -> Option<u64> {
     (!values.is_empty()).then(|| values.iter().sum::<f64>() as u64)
 }
 
-/// The sum of the samples of `name` (any labels) in a `/metrics` text.
-fn metric_sum(metrics: &str, name: &str) -> f64 {
+/// The sum of the samples of `name` whose labels include `with` (any labels when empty) in a
+/// `/metrics` text.
+fn metric_sum(metrics: &str, name: &str, with: &[(&str, &str)]) -> f64 {
     crate::orchctl::metrics_summary::parse(metrics)
         .iter()
         .filter(|s| s.name == name)
+        .filter(|s| {
+            with.iter()
+                .all(|(k, v)| s.labels.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
         .map(|s| s.value)
         .sum()
 }
@@ -139,13 +144,12 @@ pub(crate) async fn wait_records_stored(
             Ok(r) => r.text().await.unwrap_or_default(),
             Err(_) => String::new(),
         };
-        let finished = metric_sum(&text, crate::metrics::TASKS_FINISHED);
-        let written = crate::orchctl::metrics_summary::parse(&text)
-            .iter()
-            .filter(|s| s.name == crate::metrics::RECORDS_WRITTEN)
-            .filter(|s| s.labels.iter().any(|(k, v)| k == "kind" && v == "task"))
-            .map(|s| s.value)
-            .sum::<f64>();
+        let finished = metric_sum(&text, crate::metrics::TASKS_FINISHED, &[]);
+        let written = metric_sum(
+            &text,
+            crate::metrics::RECORDS_WRITTEN,
+            &[(crate::metrics::L_KIND, "task")],
+        );
         let missing = (finished - written).max(0.0) as u64;
         if missing == 0 || Instant::now() >= until {
             return missing;
