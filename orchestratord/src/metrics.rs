@@ -28,6 +28,7 @@ pub const TOKEN_LATENCY: &str = "orchd_token_latency_seconds";
 pub const QUEUE_WAIT: &str = "orchd_queue_wait_seconds";
 pub const START_PREDICTION_ERROR: &str = "orchd_start_prediction_error_seconds";
 pub const RETRY_PLACES: &str = "orchd_retry_places_total";
+pub const QUEUE_SHED: &str = "orchd_queue_shed_total";
 pub const POOL_SLOTS_BUSY: &str = "orchd_pool_slots_busy";
 pub const POOL_SLOTS: &str = "orchd_pool_slots";
 pub const POOL_STATE: &str = "orchd_pool_state";
@@ -145,6 +146,10 @@ fn describe() {
     describe_counter!(
         RETRY_PLACES,
         "Places in line kept for refused requests told to come back, and those retries claimed, by outcome (kept, claimed)"
+    );
+    describe_counter!(
+        QUEUE_SHED,
+        "Queued tasks sent back with a 429 before any compute: the line, re-played at the pace the running tasks showed, would not have started them within their client's time"
     );
     describe_gauge!(POOL_SLOTS_BUSY, "Busy slots, by pool");
     describe_gauge!(POOL_SLOTS, "Slots, by pool");
@@ -285,6 +290,7 @@ pub fn upkeep(
     counter!(TOKENS_OUT).increment(0);
     counter!(WORKER_AUTH_FAILURES).increment(0);
     counter!(TASKS_REQUEUED).increment(0);
+    counter!(QUEUE_SHED).increment(0);
     gauge!(QUEUE_DEPTH, L_PRIORITY => "interactive").increment(0.0);
     gauge!(QUEUE_DEPTH, L_PRIORITY => "batch").increment(0.0);
     gauge!(WORKERS_CONNECTED).increment(0.0);
@@ -411,6 +417,11 @@ pub fn start_prediction(predicted: Duration, actual: Duration) {
         ("early", predicted - actual)
     };
     histogram!(START_PREDICTION_ERROR, L_DIRECTION => direction).record(error.as_secs_f64());
+}
+
+/// A queued task was sent back: the line re-played at the measured pace would start it late.
+pub fn shed() {
+    counter!(QUEUE_SHED).increment(1);
 }
 
 /// A place in line was kept for a refused request (`kept`) or a retry took one (`claimed`).

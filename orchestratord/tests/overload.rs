@@ -304,3 +304,81 @@ async fn a_pool_measures_a_full_pool_when_it_loads_and_real_tasks_replace_it() {
     );
     assert_eq!(snap.used_share_ewma, Some(1.0));
 }
+
+/// One client as the SDKs behave: its stated timeout on every attempt, a 429 or 504 waited
+/// out as advised and retried (saying so), at most `attempts` tries. Returns the status of
+/// each attempt and whether the stream reached its end.
+async fn sdk_like_stream(s: &TestServer, content: &str, attempts: usize) -> (Vec<u16>, bool) {
+    let mut statuses = Vec::new();
+    for retry in 0..attempts {
+        let n = retry.to_string();
+        let r = s
+            .client
+            .post(s.url("/v1/chat/completions"))
+            .header("x-stainless-read-timeout", "4.0")
+            .header("x-stainless-retry-count", n.as_str())
+            .json(&json!({"messages": [{"role": "user", "content": content}], "max_tokens": 30, "stream": true}))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(r.status().as_u16());
+        if r.status() == 200 {
+            let body = r.text().await.unwrap();
+            return (statuses, body.contains("data: [DONE]"));
+        }
+        let wait = header_u64(&r, "retry-after-ms");
+        let v: serde_json::Value = r.json().await.unwrap();
+        if statuses.last() == Some(&429) {
+            assert_eq!(v["error"]["code"], "ADMISSION_REJECT", "{v}");
+        }
+        tokio::time::sleep(Duration::from_millis(wait)).await;
+    }
+    (statuses, false)
+}
+
+/// ORCH-ADM-DL-6: the pool measured its pace at load (one token per 20 ms), but under the load
+/// that comes every token takes four times as long. A burst admitted on the old pace is not
+/// left to wait out its clients' time in line: once the pace is settled (the first tasks ended
+/// in a full pool, the next ones show theirs), the tasks that can no longer start in time are
+/// sent back at once with a 429 and the wait that fits (never a 504 after the client's time
+/// is spent), each keeps its place, and coming back as told every client is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_line_slower_than_measured_sends_back_what_cannot_start_in_time() {
+    let mut cfg = config(vec![pool("dl5", 2)]);
+    cfg.admission.deadline_margin_ms = 100;
+    let s = std::sync::Arc::new(start(cfg, Duration::from_millis(20)).await);
+    let snap = s.state.pools.get("dl5").unwrap().snapshot();
+    assert!(snap.full_pace_from_probe_only);
+    // 30 tokens: 0.6 s a task at the measured pace, 2.4 s at the real one. Within a 4 s timeout
+    // the two slots start 4 of 8 in time (at 0 and 2.4 s); the measured pace would have
+    // started all 8. The pace settles ~0.6 s after the second pair starts, ~0.8 s before the
+    // others' start budget ends.
+    let clients: Vec<_> = (0..8)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move { sdk_like_stream(&s, &format!("[slow] hi {i}"), 3).await })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for c in clients {
+        outcomes.push(c.await.unwrap());
+    }
+    let first: Vec<u16> = outcomes.iter().map(|(st, _)| st[0]).collect();
+    assert!(
+        outcomes.iter().all(|(_, done)| *done),
+        "every client was served, coming back as told: {outcomes:?}"
+    );
+    assert!(
+        outcomes.iter().flat_map(|(st, _)| st).all(|&st| st != 504),
+        "no attempt waited out its client's time in line: {outcomes:?}"
+    );
+    let sent_back = first.iter().filter(|&&st| st == 429).count();
+    assert!(
+        sent_back >= 4,
+        "the tasks that could not start in time were sent back: {first:?}"
+    );
+    let m = s.metrics().await;
+    assert!(counter(&m, "orchd_queue_shed_total") >= 4.0, "counted");
+    // nothing ran twice: one start per client
+    assert_eq!(counter(&m, "orchd_tasks_started_total{pool=\"dl5\"}"), 8.0);
+}

@@ -34,10 +34,25 @@ pub enum Delivery {
 /// Shortest wait a refusal advises: a client coming back sooner would meet the same line.
 const MIN_RETRY_MS: u64 = 500;
 
-/// How much longer than the line's excess a refusal advises to wait. Predictions drift as the
-/// pool's measured pace settles under a new load (+8 % between a refusal and its retry in the
-/// overload bench); a client advised too short a wait is refused again and spends a retry.
-const RETRY_SLACK: f64 = 1.25;
+/// How much longer than the line's excess a refusal advises to wait, as a share of the excess.
+/// Predictions drift as the pool's measured pace settles under a new load (+8 % between a
+/// refusal and its retry in the overload bench); a client advised too short a wait is refused
+/// again and spends a retry.
+const RETRY_SLACK: f64 = 0.25;
+
+/// The longest wait a refusal advises: the `openai` and `anthropic` SDKs honour a
+/// `retry-after-ms` up to 60 s and fall back to their own short backoff above it (a client
+/// that far back is better told to come back in a minute and be told again).
+const MAX_RETRY_MS: u64 = 60_000;
+
+/// The wait a refusal advises when the predicted start is `excess_ms` past the `allowed_ms` the
+/// client may wait: the line must shorten by the excess; a quarter more (at most half the
+/// allowed wait, so that the client comes back with time to spare on both sides of the
+/// prediction), between [`MIN_RETRY_MS`] and [`MAX_RETRY_MS`].
+pub fn retry_after_ms(excess_ms: u64, allowed_ms: u64) -> u64 {
+    let slack = ((excess_ms as f64 * RETRY_SLACK).ceil() as u64).min(allowed_ms / 2);
+    (excess_ms + slack).clamp(MIN_RETRY_MS, MAX_RETRY_MS)
+}
 
 /// What admission planned for a task's place and time.
 pub struct Plan<'a> {
@@ -228,10 +243,7 @@ pub fn plan<'a>(
     {
         let allowed = *allowed_ms as u64;
         if predicted > allowed {
-            // the line must shorten by the excess; a quarter more, so that the client does
-            // not come back on the very edge of the prediction
-            let excess = (predicted - allowed) as f64;
-            let retry = ((excess * RETRY_SLACK).ceil() as u64).max(MIN_RETRY_MS);
+            let retry = retry_after_ms(predicted - allowed, allowed);
             tracing::debug!(
                 predicted_start_ms = predicted,
                 allowed_wait_ms = allowed,
@@ -261,4 +273,20 @@ pub fn plan<'a>(
         start_budget: start_budget.map(Duration::from_millis),
         promised,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ORCH-ADM-DL-2: the advised wait covers the excess with a quarter to spare, the spare at
+    /// most half the allowed wait (a client far back comes back mid-window), within 0.5–60 s.
+    #[test]
+    fn the_advised_wait_covers_the_excess_within_what_sdks_honour() {
+        assert_eq!(retry_after_ms(4000, 14_000), 5000);
+        // a long line: the spare stops at half the 14 s the client may wait
+        assert_eq!(retry_after_ms(40_000, 14_000), 47_000);
+        assert_eq!(retry_after_ms(10, 14_000), MIN_RETRY_MS);
+        assert_eq!(retry_after_ms(90_000, 14_000), MAX_RETRY_MS);
+    }
 }

@@ -9,17 +9,26 @@ use crate::lifecycle::deadline;
 use crate::lifecycle::eta;
 use crate::lifecycle::placement::{place, Placement};
 use crate::lifecycle::runner;
+use crate::lifecycle::shed;
 use crate::lifecycle::task::Task;
 use crate::state::SharedState;
 
 /// How often the dispatcher looks even without a wake-up (deadlines, sweeps, gauges).
 const TICK: Duration = Duration::from_millis(200);
 
+/// How often at most the line is re-played at the measured pace (shed.rs).
+const REPLAN_EVERY: Duration = Duration::from_millis(100);
+
 pub async fn run(state: SharedState) {
     let mut last_sweep = Instant::now();
+    let mut last_replan = Instant::now();
     loop {
         let woken = state.wake.notified();
         let next_due = dispatch_once(&state);
+        if last_replan.elapsed() >= REPLAN_EVERY {
+            shed::shed_late(&state);
+            last_replan = Instant::now();
+        }
         if last_sweep.elapsed() >= Duration::from_secs(1) {
             state.tasks.sweep();
             state.sessions.sweep();

@@ -81,7 +81,7 @@ pub struct InSlot {
     pub tokens_out: usize,
     /// Time since it took the slot.
     pub placed_ms_ago: f64,
-    /// Its own time per token so far (from its second token on).
+    /// Its own recent time per token (running.rs: read from its 4th token on).
     pub ms_per_token_now: Option<f64>,
 }
 
@@ -118,6 +118,10 @@ struct Pace {
     /// pool that serves a line turns over about once per task, and one engine runs one
     /// prefill at a time).
     stalls: f64,
+    /// Whether the pace is settled: the running tasks show theirs, and a full pool's pace was
+    /// seen on real tasks (not only the load-time probe: the first seconds of a burst, with
+    /// its clients starting up on the same machine, read far slower than what follows).
+    settled: bool,
 }
 
 impl Pace {
@@ -154,6 +158,7 @@ impl Pace {
             per_prompt_token,
             share: p.used_share_ewma,
             stalls,
+            settled: now.is_some() && full.is_some() && !p.full_pace_from_probe_only,
         })
     }
 
@@ -181,39 +186,81 @@ impl Pace {
 /// model: ~150 prompt tokens/s against ~80 decoded tokens/s).
 pub const PREFILL_SHARE_OF_A_STEP: f64 = 0.5;
 
+/// The slots of the pools that could run a task, played forward: when each frees up, and
+/// what each task taken in line order holds it for.
+pub struct Line {
+    /// (time the slot frees up in µs from now, pool index)
+    free_at: BinaryHeap<Reverse<(u64, usize)>>,
+    paces: Vec<Option<Pace>>,
+    /// Whether some pool's pace is settled (see `Pace::settled`).
+    settled: bool,
+}
+
+impl Line {
+    /// The line as it stands; `None` when no pool that takes work has a measured decode time.
+    pub fn new(pools: &[PoolLine<'_>]) -> Option<Self> {
+        let mut free_at = BinaryHeap::new();
+        let mut paces: Vec<Option<Pace>> = Vec::with_capacity(pools.len());
+        let mut settled = false;
+        for (i, line) in pools.iter().enumerate() {
+            let p = line.snapshot;
+            let pace = Pace::of(line).filter(|_| p.state.accepts_work());
+            paces.push(pace);
+            let Some(pace) = pace else {
+                continue;
+            };
+            settled |= pace.settled;
+            let busy = p.slots_busy.max(line.in_slots.len()).min(p.slots_total);
+            for k in 0..p.slots_total {
+                let left_ms = if k >= busy {
+                    0.0
+                } else {
+                    match line.in_slots.get(k) {
+                        Some(s) => pace.left_ms(s),
+                        // placed, not yet seen running: a whole task, as long as the last ones
+                        None => p.service_ms_ewma.unwrap_or(pace.per_token),
+                    }
+                };
+                free_at.push(Reverse(((left_ms * 1000.0) as u64, i)));
+            }
+        }
+        (!free_at.is_empty()).then_some(Self {
+            free_at,
+            paces,
+            settled,
+        })
+    }
+
+    /// When the next task in line is predicted to start, in ms from now.
+    pub fn next_start_ms(&self) -> u64 {
+        self.free_at
+            .peek()
+            .map_or(0, |Reverse((at, _))| at.div_ceil(1000))
+    }
+
+    /// The next task in line takes the first slot to free up and holds it for what it needs.
+    pub fn take(&mut self, need: Need) {
+        if let Some(Reverse((at, i))) = self.free_at.pop() {
+            let took = self.paces[i].map_or(0.0, |pace| pace.service_ms(need));
+            self.free_at.push(Reverse((at + (took * 1000.0) as u64, i)));
+        }
+    }
+
+    /// Whether the pace is settled: measured on the running tasks now and on real tasks in a
+    /// full pool before.
+    pub fn is_settled(&self) -> bool {
+        self.settled
+    }
+}
+
 /// Predicted wait, in ms, until a slot starts a task that has `ahead` (each task before it,
 /// in order) in front of it; `None` when no pool that takes work has a measured decode time.
 pub fn predict_start_ms(pools: &[PoolLine<'_>], ahead: &[Need]) -> Option<u64> {
-    // (time the slot frees up in µs, pool index)
-    let mut free_at: BinaryHeap<Reverse<(u64, usize)>> = BinaryHeap::new();
-    let mut paces: Vec<Option<Pace>> = Vec::with_capacity(pools.len());
-    for (i, line) in pools.iter().enumerate() {
-        let p = line.snapshot;
-        let pace = Pace::of(line).filter(|_| p.state.accepts_work());
-        paces.push(pace);
-        let Some(pace) = pace else {
-            continue;
-        };
-        let busy = p.slots_busy.max(line.in_slots.len()).min(p.slots_total);
-        for k in 0..p.slots_total {
-            let left_ms = if k >= busy {
-                0.0
-            } else {
-                match line.in_slots.get(k) {
-                    Some(s) => pace.left_ms(s),
-                    // placed, not yet seen running: a whole task, as long as the last ones
-                    None => p.service_ms_ewma.unwrap_or(pace.per_token),
-                }
-            };
-            free_at.push(Reverse(((left_ms * 1000.0) as u64, i)));
-        }
-    }
+    let mut line = Line::new(pools)?;
     for &need in ahead {
-        let Reverse((at, i)) = free_at.pop()?;
-        let took = paces[i].map_or(0.0, |pace| pace.service_ms(need));
-        free_at.push(Reverse((at + (took * 1000.0) as u64, i)));
+        line.take(need);
     }
-    free_at.peek().map(|Reverse((at, _))| at.div_ceil(1000))
+    Some(line.next_start_ms())
 }
 
 /// Rough probability of finishing by the deadline: the ratio of time left to time needed,
@@ -406,6 +453,39 @@ mod tests {
             prompt_tokens: 100,
         }];
         assert_eq!(predict_start_ms(&in_prefill, &next), Some(550));
+    }
+
+    /// ORCH-ADM-DL-6: a line's pace is settled only when the running tasks show theirs and a
+    /// full pool's pace was seen on real tasks (not the load-time probe alone).
+    #[test]
+    fn a_pace_is_settled_by_running_and_ended_tasks() {
+        let running = |per_token: Option<f64>| {
+            vec![InSlot {
+                max_tokens: 100,
+                prompt_tokens: 0,
+                tokens_out: 10,
+                placed_ms_ago: 100.0,
+                ms_per_token_now: per_token,
+            }]
+        };
+        let mut probe_only = pool(1, 1, None, Some(10.0));
+        probe_only.full_ms_per_token_ewma = Some(10.0);
+        probe_only.full_pace_from_probe_only = true;
+        let mut seen = probe_only.clone();
+        seen.full_pace_from_probe_only = false;
+        let line = |p: &PoolSnapshot, now: Option<f64>| {
+            Line::new(&[PoolLine {
+                snapshot: p,
+                in_slots: running(now),
+            }])
+            .unwrap()
+        };
+        assert!(!line(&probe_only, Some(40.0)).is_settled());
+        assert!(!line(&seen, None).is_settled());
+        let settled = line(&seen, Some(40.0));
+        assert!(settled.is_settled());
+        // the running task's slower pace is what the line is played at: 90 tokens left
+        assert_eq!(settled.next_start_ms(), 3600);
     }
 
     #[test]

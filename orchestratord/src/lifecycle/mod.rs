@@ -9,7 +9,9 @@
 //! 2. [`queue`]: the bounded two-class queue (interactive before batch); full means 429 with
 //!    `Retry-After`, or the oldest batch task dropped, by policy.
 //! 3. [`dispatcher`]: one loop, woken on every change, that takes queued tasks in order and
-//!    asks placement for a slot; queue timeouts and deadlines end tasks that waited too long.
+//!    asks placement for a slot; queue timeouts and deadlines end tasks that waited too long,
+//!    and [`shed`] sends back at once those the line, re-played at the pace the running tasks
+//!    show, would start too late.
 //! 4. [`placement`]: the pool for a task (its pin, or the least loaded pool serving its
 //!    model) and a slot lease from that pool's engine; a task whose pools cannot come back
 //!    ends at once with a retriable error.
@@ -33,6 +35,7 @@ pub mod placement;
 pub mod queue;
 pub mod runner;
 pub mod running;
+pub mod shed;
 pub mod sse;
 pub mod subscription;
 pub mod task;

@@ -102,6 +102,12 @@ impl Classes {
     }
 }
 
+/// One place in the line: a queued task, or a place kept for a refused request.
+pub enum InLine {
+    Task(Arc<Task>),
+    Kept,
+}
+
 /// Outcome of an enqueue attempt.
 pub enum Enqueued {
     /// Queued with this many tasks ahead of it.
@@ -290,6 +296,24 @@ impl TaskQueue {
     pub fn depths(&self) -> (usize, usize) {
         let q = self.lock();
         (q.interactive.len(), q.batch.len())
+    }
+
+    /// The line in dispatch order, kept places included: interactive tasks and kept places
+    /// by rank (a retry that claims a kept place dispatches there), then batch tasks.
+    pub fn line(&self) -> Vec<InLine> {
+        let mut q = self.lock();
+        q.drop_lapsed(Instant::now());
+        let mut out = Vec::with_capacity(q.len() + q.kept.len());
+        let mut kept = q.kept.iter().peekable();
+        for t in &q.interactive {
+            while kept.next_if(|k| k.rank < t.rank).is_some() {
+                out.push(InLine::Kept);
+            }
+            out.push(InLine::Task(t.clone()));
+        }
+        out.extend(kept.map(|_| InLine::Kept));
+        out.extend(q.batch.iter().cloned().map(InLine::Task));
+        out
     }
 
     /// Queued tasks in dispatch order (interactive first, FIFO within a class).

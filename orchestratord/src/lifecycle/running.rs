@@ -7,7 +7,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::lifecycle::eta::InSlot;
-use crate::lifecycle::task::Task;
+use crate::lifecycle::task::{Task, PACE_FROM_TOKEN};
+
+/// Token gaps a task's pace is read over, at least (fewer are too noisy to act on).
+const PACE_MIN_GAPS: u32 = 4;
 
 #[derive(Default)]
 pub struct RunningTasks {
@@ -40,7 +43,8 @@ impl RunningTasks {
     }
 
     /// How far each task running on `pool` got: its limit, prompt, tokens produced, time in
-    /// the slot and its own time per token so far.
+    /// the slot and its own time per token (from token [`PACE_FROM_TOKEN`] on, once it has
+    /// [`PACE_MIN_GAPS`] gaps).
     pub fn in_slots(&self, pool: &str) -> Vec<InSlot> {
         let tasks: Vec<Arc<Task>> = self.lock().get(pool).cloned().unwrap_or_default();
         let now = Instant::now();
@@ -49,10 +53,9 @@ impl RunningTasks {
             .map(|t| {
                 let g = t.lock();
                 let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
-                let ms_per_token_now = match (g.first_token_at, g.last_token_at) {
-                    (Some(a), Some(b)) if g.tokens_out >= 2 => {
-                        Some(ms(b - a) / (g.tokens_out - 1) as f64)
-                    }
+                let gaps = g.tokens_out.saturating_sub(PACE_FROM_TOKEN + 1);
+                let ms_per_token_now = match (g.pace_from_at, g.last_token_at) {
+                    (Some(a), Some(b)) if gaps >= PACE_MIN_GAPS => Some(ms(b - a) / gaps as f64),
                     _ => None,
                 };
                 InSlot {

@@ -76,6 +76,11 @@ pub struct RunSpec {
     pub stop: Vec<String>,
 }
 
+/// The index of the token a task's own pace is read from: the gaps before it include the
+/// prefills of the other tasks of a burst that arrived with it (one engine prefills one prompt
+/// at a time), which a line of waiting tasks mostly does not meet again.
+pub const PACE_FROM_TOKEN: u32 = 3;
+
 /// Mutable part of a task, behind one lock: every event append and the terminal decision
 /// happen under it, which is what makes cancel race-free.
 pub struct TaskInner {
@@ -86,6 +91,8 @@ pub struct TaskInner {
     pub placed_at: Option<Instant>,
     pub first_token_at: Option<Instant>,
     pub last_token_at: Option<Instant>,
+    /// When token [`PACE_FROM_TOKEN`] came: the task's own pace is read from there on.
+    pub pace_from_at: Option<Instant>,
     pub ended_at: Option<Instant>,
     pub tokens_out: u32,
     pub last_metrics_at: Option<Instant>,
@@ -201,6 +208,7 @@ impl Task {
                 placed_at: None,
                 first_token_at: None,
                 last_token_at: None,
+                pace_from_at: None,
                 ended_at: None,
                 tokens_out: 0,
                 last_metrics_at: None,
@@ -338,6 +346,9 @@ impl Task {
         }
         g.last_token_at = Some(now);
         let i = g.tokens_out;
+        if i == PACE_FROM_TOKEN {
+            g.pace_from_at = Some(now);
+        }
         g.tokens_out += 1;
         g.events.push(TaskEvent::Token(SseToken { t: text, i }));
         crate::metrics::token_out();

@@ -21,12 +21,16 @@ use tokio::sync::mpsc;
 /// prompt script failures: `[hang]` emits nothing, `[fail]` fails after 2 tokens, `[die]`
 /// drops the channel after 2 tokens without a terminal event, `[linger]` keeps its slot for
 /// [`LINGER`] after a cancel (an engine slow to let go of a sequence), `[slowtok]` takes
-/// [`SLOW_TOKENIZE`] to tokenize.
+/// [`SLOW_TOKENIZE`] to tokenize, `[slow]` takes [`SLOW_FACTOR`] times the delay per token (a
+/// machine slower under load than when the pool measured its pace at load).
 /// Prompts marked `[counted]` the scripted engines of this test binary tokenized.
 pub static TOKENIZE_CALLS: AtomicUsize = AtomicUsize::new(0);
 
 /// How long tokenizing a `[slowtok]` prompt takes (a huge prompt's CPU time).
 pub const SLOW_TOKENIZE: Duration = Duration::from_millis(400);
+
+/// How many times the delay a `[slow]` sequence takes per token.
+pub const SLOW_FACTOR: u32 = 4;
 
 /// How long a `[linger]` sequence keeps its slot after its cancel.
 pub const LINGER: Duration = Duration::from_millis(1500);
@@ -94,6 +98,9 @@ impl Engine for ScriptedEngine {
         if text.contains("[linger]") {
             ids.push(4);
         }
+        if text.contains("[slow]") {
+            ids.push(5);
+        }
         Ok(Some(ids))
     }
 
@@ -110,7 +117,6 @@ impl Engine for ScriptedEngine {
             return Err(PortError::InvalidInput("permit of another engine".into()));
         }
         let (tx, rx) = mpsc::channel(pool_manager::EVENT_CHANNEL_CAPACITY);
-        let delay = self.delay;
         let alive = self.alive.clone();
         let prompt_tokens = match job.prompt_tokens.clone() {
             Some(t) => t,
@@ -122,6 +128,10 @@ impl Engine for ScriptedEngine {
         let fail = prompt_tokens.contains(&2);
         let die = prompt_tokens.contains(&3);
         let linger = prompt_tokens.contains(&4);
+        let delay = match prompt_tokens.contains(&5) {
+            true => self.delay * SLOW_FACTOR,
+            false => self.delay,
+        };
         let mut permit = job.permit;
         tokio::spawn(async move {
             let finish = |reason, n| {
