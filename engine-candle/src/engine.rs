@@ -90,8 +90,11 @@ pub struct EngineOptions {
     pub model_path: PathBuf,
     /// Sequences decoded together (one KV cache row each).
     pub slots: usize,
-    /// Tokens per sequence (prompt + output); 0 = the model's trained context.
+    /// Tokens per sequence (prompt + output); 0 = the model's trained context, cut to what
+    /// `kv_cache_max_bytes` holds for every slot.
     pub ctx: usize,
+    /// The most the key/value cache may take when `ctx` is 0 (0: no cap).
+    pub kv_cache_max_bytes: usize,
     /// Compute threads this engine uses, at most the process's compute pool (sized once by
     /// [`configure_process_threads`]); 0 = all of the pool.
     pub threads: usize,
@@ -108,6 +111,10 @@ pub struct EngineOptions {
 
 /// Default size of the host-memory prompt cache.
 pub const DEFAULT_PROMPT_CACHE_BYTES: usize = 256 << 20;
+/// Default cap on the key/value cache when the context is the trained one (`ctx` 0).
+pub const DEFAULT_KV_CACHE_MAX_BYTES: usize = 2 << 30;
+/// A context cut to fit the key/value cache is a multiple of this.
+const CTX_STEP: usize = 256;
 /// Default prompt tokens per pass beside decoding sequences.
 pub const DEFAULT_STEP_PROMPT_TOKENS: usize = 16;
 
@@ -116,7 +123,8 @@ impl EngineOptions {
         Self {
             model_path: model_path.into(),
             slots: 4,
-            ctx: 2048,
+            ctx: 0,
+            kv_cache_max_bytes: DEFAULT_KV_CACHE_MAX_BYTES,
             threads: 0,
             device: DeviceChoice::Cpu,
             weight_format: WeightFormat::Auto,
@@ -124,6 +132,35 @@ impl EngineOptions {
             step_prompt_tokens: DEFAULT_STEP_PROMPT_TOKENS,
         }
     }
+}
+
+/// Tokens per sequence: `opts.ctx` (at most the trained context), or for 0 the trained context
+/// cut (to a multiple of 256 tokens) to what `opts.kv_cache_max_bytes` holds for every slot.
+fn context_for(hp: &Hparams, opts: &EngineOptions) -> Result<usize> {
+    if opts.ctx > hp.ctx_train {
+        return Err(EngineError::InvalidParams(format!(
+            "ctx {} exceeds the model's trained context {}",
+            opts.ctx, hp.ctx_train
+        )));
+    }
+    if opts.ctx > 0 {
+        return Ok(opts.ctx);
+    }
+    let per_token = KvCache::bytes(hp, opts.slots.max(1), 1);
+    if opts.kv_cache_max_bytes == 0 || per_token * hp.ctx_train <= opts.kv_cache_max_bytes {
+        return Ok(hp.ctx_train);
+    }
+    let fits = opts.kv_cache_max_bytes / per_token / CTX_STEP * CTX_STEP;
+    if fits == 0 {
+        return Err(EngineError::InvalidParams(format!(
+            "{} slots of {CTX_STEP} tokens need {} MiB of key/value cache, over the {} MiB \
+             allowed: fewer slots, a larger kv_cache_mib or an explicit ctx",
+            opts.slots,
+            per_token * CTX_STEP >> 20,
+            opts.kv_cache_max_bytes >> 20
+        )));
+    }
+    Ok(fits)
 }
 
 /// What was loaded, for capabilities and health.
@@ -222,17 +259,7 @@ impl CandleEngine {
         let name = md_str(md, "general.name")
             .map(str::to_string)
             .unwrap_or_else(|| file_stem(&opts.model_path));
-        let ctx = if opts.ctx == 0 {
-            hp.ctx_train
-        } else {
-            opts.ctx
-        };
-        if ctx > hp.ctx_train {
-            return Err(EngineError::InvalidParams(format!(
-                "ctx {ctx} exceeds the model's trained context {}",
-                hp.ctx_train
-            )));
-        }
+        let ctx = context_for(&hp, &opts)?;
         let weights = file.load_weights(&hp, &device, opts.weight_format)?;
         let model = Model::new(hp.clone(), weights, device.clone(), ctx)?;
         let vocab = model.vocab()?;

@@ -529,8 +529,14 @@ pub struct PoolConfig {
     pub alias: Option<String>,
     #[serde(default = "default_slots")]
     pub slots: usize,
+    /// Tokens per slot (prompt + output); 0 = the model's trained context (SmolLM2's 8192),
+    /// cut to what `kv_cache_mib` holds for every slot. Admission checks against the context
+    /// the engine loaded with.
     #[serde(default = "default_ctx")]
     pub ctx: usize,
+    /// The most memory (MiB) the key/value cache may take when `ctx` is 0.
+    #[serde(default = "default_kv_cache_mib")]
+    pub kv_cache_mib: usize,
     /// Compute threads; 0 = one per physical core.
     #[serde(default)]
     pub threads: usize,
@@ -556,7 +562,10 @@ fn default_slots() -> usize {
     4
 }
 fn default_ctx() -> usize {
-    2048
+    0
+}
+fn default_kv_cache_mib() -> usize {
+    engine_candle::DEFAULT_KV_CACHE_MAX_BYTES >> 20
 }
 fn default_device() -> String {
     "cpu".into()
@@ -620,6 +629,7 @@ impl Default for Config {
                 alias: None,
                 slots: default_slots(),
                 ctx: default_ctx(),
+                kv_cache_mib: default_kv_cache_mib(),
                 threads: 0,
                 device: default_device(),
                 weight_format: default_weight_format(),
@@ -822,6 +832,7 @@ impl PoolConfig {
             model_alias: alias,
             slots: self.slots,
             ctx: self.ctx,
+            kv_cache_max_bytes: self.kv_cache_mib << 20,
             threads: self.threads,
             device,
             weight_format,

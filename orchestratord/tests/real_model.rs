@@ -190,3 +190,40 @@ async fn a_long_prompt_is_not_taken_for_a_stuck_engine() {
         "the prompt took {took:?}: not longer than the idle limit, the test proves nothing"
     );
 }
+
+/// ENG-CTX-1, ORCH-ADM-1: the default pool config leaves the context to the model: SmolLM2's
+/// trained 8192 tokens per slot (4 slots fit the default 2 GiB of key/value cache), and
+/// admission checks against that limit, not the old 2048.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_context_is_the_trained_one_and_admission_knows_it() {
+    let mut p = real_pool("default", 4, 0);
+    p.kv_cache_mib = orchestratord::config::Config::default().pools[0].kv_cache_mib;
+    assert_eq!(
+        orchestratord::config::Config::default().pools[0].ctx,
+        0,
+        "the default config leaves the context to the model"
+    );
+    let mut cfg = config(vec![p]);
+    cfg.timeouts.idle_ms = 30_000;
+    let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
+    let caps: serde_json::Value = s.get_json("/v1/capabilities").await;
+    assert_eq!(caps["pools"][0]["ctx_max"], 8192);
+    // ~2,700 prompt tokens + 16: over the old 2048, within 8192
+    let words = "the sea is wide and ".repeat(540);
+    let id = s
+        .submit_ok(json!({"prompt": words, "max_tokens": 16}))
+        .await;
+    let rec = s.record(&id).await;
+    assert!(rec["prompt_tokens"].as_u64().unwrap() > 2048, "{rec}");
+    assert_eq!(s.cancel(&id).await, 204);
+    // over 8192: refused at admission, naming the real limit
+    let r = s
+        .submit(json!({"prompt": "the sea is wide and ".repeat(1700), "max_tokens": 16}))
+        .await;
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        v["message"].as_str().unwrap().contains("context of 8192"),
+        "{v}"
+    );
+}

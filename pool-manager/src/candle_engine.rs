@@ -135,6 +135,7 @@ impl EngineFactory for CandleFactory {
         let mut opts = EngineOptions::new(model_ref);
         opts.slots = spec.slots;
         opts.ctx = spec.ctx;
+        opts.kv_cache_max_bytes = spec.kv_cache_max_bytes;
         opts.threads = spec.threads;
         opts.device = spec.device;
         opts.weight_format = spec.weight_format;

@@ -49,7 +49,12 @@ pub struct PoolSpec {
     /// Name clients use in `model`; defaults to the file stem of `model_ref`.
     pub model_alias: String,
     pub slots: usize,
+    /// Tokens per slot; 0 = the model's trained context, as far as `kv_cache_max_bytes`
+    /// holds it for every slot.
     pub ctx: usize,
+    /// The most the key/value cache may take when `ctx` is 0 (see
+    /// `engine_candle::EngineOptions::kv_cache_max_bytes`).
+    pub kv_cache_max_bytes: usize,
     pub threads: usize,
     pub device: DeviceChoice,
     pub weight_format: WeightFormat,

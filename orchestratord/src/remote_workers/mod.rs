@@ -204,6 +204,7 @@ pub fn sync_pools(state: &AppState, link: &Arc<WorkerLink>, models: &[String]) {
             model_alias: model.clone(),
             slots: link.max_concurrent,
             ctx: state.cfg.workers.ctx,
+            kv_cache_max_bytes: 0,
             threads: 0,
             device: pool_manager::DeviceChoice::Cpu,
             weight_format: pool_manager::WeightFormat::Auto,

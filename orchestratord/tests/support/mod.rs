@@ -241,6 +241,7 @@ pub fn pool(id: &str, slots: usize) -> PoolConfig {
         alias: Some("scripted-model".into()),
         slots,
         ctx: 256,
+        kv_cache_mib: 64,
         threads: 0,
         device: "cpu".into(),
         weight_format: "auto".into(),

@@ -136,6 +136,7 @@ pub async fn add(
         model_alias: req.engine_id.clone(),
         slots: api.slots,
         ctx: n_ctx,
+        kv_cache_max_bytes: engine_candle::DEFAULT_KV_CACHE_MAX_BYTES,
         threads: api.threads,
         device: if gpu {
             DeviceChoice::Cuda(req.main_gpu_id.unwrap_or(0))
