@@ -156,7 +156,7 @@ fn context_for(hp: &Hparams, opts: &EngineOptions) -> Result<usize> {
             "{} slots of {CTX_STEP} tokens need {} MiB of key/value cache, over the {} MiB \
              allowed: fewer slots, a larger kv_cache_mib or an explicit ctx",
             opts.slots,
-            per_token * CTX_STEP >> 20,
+            (per_token * CTX_STEP) >> 20,
             opts.kv_cache_max_bytes >> 20
         )));
     }
