@@ -23,7 +23,7 @@ fn the_trained_context_is_the_default_as_far_as_memory_allows() {
     // a smaller allowance: the context is cut to a multiple of 256 that fits every slot
     let cut = load(4, 0, 256).expect("loads");
     let ctx = cut.info().ctx;
-    assert!(ctx < 8192 && ctx % 256 == 0, "ctx {ctx}");
+    assert!(ctx < 8192 && ctx.is_multiple_of(256), "ctx {ctx}");
     assert!(cut.info().kv_cache_bytes <= 256 << 20);
     let per_token = cut.info().kv_cache_bytes / ctx;
     assert!(
