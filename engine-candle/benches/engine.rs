@@ -1,7 +1,8 @@
 //! Engine speed on the default model: single-stream prompt and decode tokens/s, and aggregate
 //! decode tokens/s with 1, 4 and 8 concurrent sequences (continuous batching).
 //!
-//! `cargo bench -p engine-candle --bench engine [-- --threads N --format auto|as-stored|q8_0]`
+//! `cargo bench -p engine-candle --bench engine [-- --threads N --format auto|as-stored|q8_0
+//! --kv f32|f16]`
 //! `ci/bench-engine.sh` runs it beside llama.cpp on the same GGUF and thread count.
 
 use std::time::Instant;
@@ -119,6 +120,7 @@ fn main() {
     }
     opts.threads = threads;
     opts.weight_format = format;
+    opts.kv_type = arg("--kv").map(|v| v.parse().unwrap()).unwrap_or_default();
     let e = CandleEngine::load(opts).expect("model loads");
     let tok = |s: &str| e.tokenizer().encode(s).unwrap();
     // a 128-token prompt
@@ -185,8 +187,9 @@ fn main() {
         println!("aggregate decode, {n} concurrent x 64 tokens: {:.1} tok/s (wall clock incl. prefill, median of 3)", median(agg));
     }
     println!(
-        "KV cache: {} MiB for 8 slots x 2048 ctx (f32); prompt tokens reused from cached prefixes: {}",
+        "KV cache: {} MiB for 8 slots x 2048 ctx ({}); prompt tokens reused from cached prefixes: {}",
         e.info().kv_cache_bytes / (1 << 20),
+        e.info().kv_type.as_str(),
         e.reused_prompt_tokens()
     );
 }

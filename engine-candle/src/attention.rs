@@ -15,6 +15,11 @@
 mod avx2;
 mod transposed;
 
+use std::borrow::Cow;
+
+use half::f16;
+use half::slice::HalfFloatSliceExt;
+
 use crate::cpu_parallel::par_chunks_mut;
 use transposed::{Block, Transposed};
 
@@ -48,17 +53,22 @@ const QUERY_BLOCK: usize = 16;
 /// Lanes of ggml's AVX-512 vectors, which fix the order of its sums.
 pub(crate) const LANES: usize = 16;
 
-/// `q` is `[n_head, n, head_dim]` (unscaled); `k`/`v` are one layer's cache
-/// `[slots, n_head_kv, ctx, head_dim]` with the segments' new keys and values written.
-/// Returns `[n, n_head · head_dim]`.
-pub(crate) fn attend(
-    q: &[f32],
-    n: usize,
-    d: &Dims,
-    spans: &[Span],
-    k: &[f32],
-    v: &[f32],
-) -> Vec<f32> {
+/// One layer's cache, `[slots, n_head_kv, ctx, head_dim]` keys and values, as stored.
+pub(crate) enum Stored<'a> {
+    F32 {
+        k: &'a [f32],
+        v: &'a [f32],
+    },
+    /// Read back as f32 (only the positions a segment attends to) before the kernels run.
+    F16 {
+        k: &'a [f16],
+        v: &'a [f16],
+    },
+}
+
+/// `q` is `[n_head, n, head_dim]` (unscaled); `kv` is one layer's cache with the segments'
+/// new keys and values written. Returns `[n, n_head · head_dim]`.
+pub(crate) fn attend(q: &[f32], n: usize, d: &Dims, spans: &[Span], kv: Stored<'_>) -> Vec<f32> {
     let path = if has_fma() {
         PromptPath::TransposedNative
     } else if cfg!(target_arch = "aarch64") {
@@ -67,7 +77,7 @@ pub(crate) fn attend(
     } else {
         PromptPath::PerQuery
     };
-    attend_with(q, n, d, spans, k, v, path)
+    attend_with(q, n, d, spans, kv, path)
 }
 
 /// How prompt segments of at least `TRANSPOSE_MIN_QUERIES` tokens are attended; every path
@@ -93,22 +103,56 @@ struct Task {
     transposed: bool,
 }
 
+/// One kv head's keys and values over a span's positions, as f32.
+type HeadRows<'a> = (Cow<'a, [f32]>, Cow<'a, [f32]>);
+
+/// The positions `0..start + t` of each span's row, per kv head (`s · n_head_kv + kh`), as
+/// f32: slices of an f32 cache, or converted from an f16 one (in parallel).
+fn rows_of<'a>(kv: &Stored<'a>, d: &Dims, spans: &[Span]) -> Vec<HeadRows<'a>> {
+    let hd = d.head_dim;
+    let range = |s: usize, kh: usize| {
+        let sp = &spans[s];
+        let base = (sp.row * d.n_head_kv + kh) * d.ctx * hd;
+        base..base + (sp.start + sp.t) * hd
+    };
+    let heads = spans.len() * d.n_head_kv;
+    match *kv {
+        Stored::F32 { k, v } => (0..heads)
+            .map(|i| {
+                let r = range(i / d.n_head_kv, i % d.n_head_kv);
+                (Cow::Borrowed(&k[r.clone()]), Cow::Borrowed(&v[r]))
+            })
+            .collect(),
+        Stored::F16 { k, v } => {
+            let mut out: Vec<HeadRows<'a>> = vec![(Cow::Borrowed(&[]), Cow::Borrowed(&[])); heads];
+            par_chunks_mut(&mut out, 1, |i, slot| {
+                let r = range(i / d.n_head_kv, i % d.n_head_kv);
+                let widen = |src: &[f16]| {
+                    let mut dst = vec![0f32; src.len()];
+                    src.convert_to_f32_slice(&mut dst);
+                    Cow::Owned(dst)
+                };
+                slot[0] = (widen(&k[r.clone()]), widen(&v[r]));
+            });
+            out
+        }
+    }
+}
+
 fn attend_with(
     q: &[f32],
     n: usize,
     d: &Dims,
     spans: &[Span],
-    k: &[f32],
-    v: &[f32],
+    kv: Stored<'_>,
     path: PromptPath,
 ) -> Vec<f32> {
     let hd = d.head_dim;
     let group = d.n_head / d.n_head_kv;
+    let rows = rows_of(&kv, d, spans);
     let head_rows = |s: usize, kh: usize| -> (&[f32], &[f32]) {
-        let sp = &spans[s];
-        let base = (sp.row * d.n_head_kv + kh) * d.ctx * hd;
-        let len = (sp.start + sp.t) * hd;
-        (&k[base..base + len], &v[base..base + len])
+        let (k, v) = &rows[s * d.n_head_kv + kh];
+        (k, v)
     };
     let use_transposed = |sp: &Span| {
         path != PromptPath::PerQuery
@@ -482,8 +526,7 @@ mod tests {
                 offset: 0,
                 prompt: true,
             }],
-            &k,
-            &v,
+            Stored::F32 { k: &k, v: &v },
         );
         // the same queries as 4 + 6 tokens, the second part batched behind another segment
         let split_q = |from: usize, t: usize| -> Vec<f32> {
@@ -502,8 +545,7 @@ mod tests {
                 offset: 0,
                 prompt: true,
             }],
-            &k,
-            &v,
+            Stored::F32 { k: &k, v: &v },
         );
         let mut q2 = Vec::new();
         let other = split_q(0, 1);
@@ -531,8 +573,7 @@ mod tests {
                     prompt: true,
                 },
             ],
-            &k,
-            &v,
+            Stored::F32 { k: &k, v: &v },
         );
         let width = 4 * 16;
         let mut joined = a.clone();
@@ -604,9 +645,16 @@ mod tests {
                 ];
                 let n = t + 3;
                 let q: Vec<f32> = (0..n_head * n * hd).map(|i| 3.0 * f(i + 1)).collect();
-                let reference = attend_with(&q, n, &d, &spans, &k, &v, PromptPath::PerQuery);
+                let reference = attend_with(
+                    &q,
+                    n,
+                    &d,
+                    &spans,
+                    Stored::F32 { k: &k, v: &v },
+                    PromptPath::PerQuery,
+                );
                 for path in [PromptPath::Transposed, PromptPath::TransposedNative] {
-                    let fast = attend_with(&q, n, &d, &spans, &k, &v, path);
+                    let fast = attend_with(&q, n, &d, &spans, Stored::F32 { k: &k, v: &v }, path);
                     let differ = fast
                         .iter()
                         .zip(&reference)
@@ -615,6 +663,56 @@ mod tests {
                     assert_eq!(differ, 0, "{path:?}: hd {hd}, start {start}, t {t}");
                 }
             }
+        }
+    }
+
+    /// ENG-KV16-1: an f16 cache attends exactly as an f32 cache holding the same (f16-rounded)
+    /// values: the conversion is the only difference, on every path.
+    #[test]
+    fn an_f16_cache_attends_as_its_values_widened() {
+        let d = Dims {
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim: 64,
+            ctx: 80,
+            scale: 0.125,
+        };
+        let f = |i: usize| ((i * 2654435761) % 1000) as f32 / 500.0 - 1.0;
+        let len = 3 * 2 * 80 * 64;
+        let k16: Vec<f16> = (0..len).map(|i| f16::from_f32(f(i))).collect();
+        let v16: Vec<f16> = (0..len).map(|i| f16::from_f32(f(i + 5))).collect();
+        let k: Vec<f32> = k16.iter().map(|x| x.to_f32()).collect();
+        let v: Vec<f32> = v16.iter().map(|x| x.to_f32()).collect();
+        let spans = [
+            Span {
+                row: 0,
+                start: 30,
+                t: 1,
+                offset: 0,
+                prompt: false,
+            },
+            Span {
+                row: 2,
+                start: 5,
+                t: 40,
+                offset: 1,
+                prompt: true,
+            },
+        ];
+        let q: Vec<f32> = (0..6 * 41 * 64).map(|i| 2.0 * f(i + 1)).collect();
+        for path in [
+            PromptPath::PerQuery,
+            PromptPath::Transposed,
+            PromptPath::TransposedNative,
+        ] {
+            let wide = attend_with(&q, 41, &d, &spans, Stored::F32 { k: &k, v: &v }, path);
+            let half = attend_with(&q, 41, &d, &spans, Stored::F16 { k: &k16, v: &v16 }, path);
+            assert!(
+                wide.iter()
+                    .zip(&half)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{path:?}"
+            );
         }
     }
 

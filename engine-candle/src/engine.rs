@@ -12,6 +12,7 @@ use crate::chat_template::{ChatMessage, ChatTemplate, TemplateSource};
 use crate::cpu_parallel::{pool_threads, with_threads};
 use crate::error::{EngineError, Result};
 use crate::hparams::{md_str, Hparams};
+use crate::kv_type::KvType;
 use crate::model::{KvCache, Model};
 use crate::scheduler::{Command, GenerateRequest, Scheduler, Shared};
 use crate::slots::{SlotPermit, Slots};
@@ -95,6 +96,8 @@ pub struct EngineOptions {
     pub ctx: usize,
     /// The most the key/value cache may take when `ctx` is 0 (0: no cap).
     pub kv_cache_max_bytes: usize,
+    /// How keys and values are stored (f16: half the bytes).
+    pub kv_type: KvType,
     /// Compute threads this engine uses, at most the process's compute pool (sized once by
     /// [`configure_process_threads`]); 0 = all of the pool.
     pub threads: usize,
@@ -125,6 +128,7 @@ impl EngineOptions {
             slots: 4,
             ctx: 0,
             kv_cache_max_bytes: DEFAULT_KV_CACHE_MAX_BYTES,
+            kv_type: KvType::F32,
             threads: 0,
             device: DeviceChoice::Cpu,
             weight_format: WeightFormat::Auto,
@@ -146,7 +150,7 @@ fn context_for(hp: &Hparams, opts: &EngineOptions) -> Result<usize> {
     if opts.ctx > 0 {
         return Ok(opts.ctx);
     }
-    let per_token = KvCache::bytes(hp, opts.slots.max(1), 1);
+    let per_token = KvCache::bytes(hp, opts.slots.max(1), 1, opts.kv_type);
     if opts.kv_cache_max_bytes == 0 || per_token * hp.ctx_train <= opts.kv_cache_max_bytes {
         return Ok(hp.ctx_train);
     }
@@ -181,6 +185,8 @@ pub struct ModelInfo {
     pub load_ms: u64,
     /// Bytes reserved for the KV cache of all slots.
     pub kv_cache_bytes: usize,
+    /// How the KV cache stores keys and values.
+    pub kv_type: KvType,
     /// Size of the GGUF file the weights came from.
     pub weights_bytes: u64,
     pub layers: usize,
@@ -263,7 +269,7 @@ impl CandleEngine {
         let weights = file.load_weights(&hp, &device, opts.weight_format)?;
         let model = Model::new(hp.clone(), weights, device.clone(), ctx)?;
         let vocab = model.vocab()?;
-        let cache = KvCache::new(&hp, opts.slots, ctx, &device)?;
+        let cache = KvCache::new(&hp, opts.slots, ctx, opts.kv_type, &device)?;
         // the process's compute pool is sized once (see `configure_process_threads`); an
         // engine uses all of it or fewer threads
         let threads = match opts.threads {
@@ -309,13 +315,14 @@ impl CandleEngine {
             weight_format: opts.weight_format,
             template: template.source(),
             load_ms: started.elapsed().as_millis() as u64,
-            kv_cache_bytes: KvCache::bytes(&hp, opts.slots, ctx),
+            kv_cache_bytes: KvCache::bytes(&hp, opts.slots, ctx, opts.kv_type),
+            kv_type: opts.kv_type,
             weights_bytes: std::fs::metadata(&opts.model_path)
                 .map(|m| m.len())
                 .unwrap_or(0),
             layers: hp.n_layer,
         };
-        tracing::info!(model = %info.name, ctx, slots = opts.slots, threads, load_ms = info.load_ms, "model loaded");
+        tracing::info!(model = %info.name, ctx, slots = opts.slots, threads, kv_cache = opts.kv_type.as_str(), load_ms = info.load_ms, "model loaded");
         Ok(Self {
             info,
             tokenizer,

@@ -10,6 +10,7 @@ mod cpu_quant;
 mod engine;
 mod error;
 mod hparams;
+mod kv_type;
 mod model;
 mod prompt_cache;
 mod q4_1_cpu;
@@ -30,6 +31,7 @@ pub use engine::{
 };
 pub use error::{EngineError, Result};
 pub use hparams::{Hparams, RopeStyle};
+pub use kv_type::KvType;
 pub use sampling::{argmax, Sampler, SamplingParams, REPEAT_WINDOW};
 pub use scheduler::{Finish, FinishReason, GenerateRequest, SeqEvent};
 pub use slots::{SlotPermit, Slots};

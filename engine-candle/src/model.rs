@@ -7,9 +7,12 @@
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::attention::{attend, Dims, Span};
+use half::f16;
+
+use crate::attention::{attend, Dims, Span, Stored};
 use crate::error::{EngineError, Result};
 use crate::hparams::{Hparams, RopeStyle};
+use crate::kv_type::KvType;
 use crate::weights::{Linear, Weights};
 
 /// Most prompt tokens of one sequence in one forward pass (bounds attention memory).
@@ -42,18 +45,30 @@ pub(crate) struct Model {
 pub(crate) struct KvCache {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
+    kv: KvType,
 }
 
 impl KvCache {
-    pub fn new(hp: &Hparams, slots: usize, ctx: usize, device: &Device) -> Result<Self> {
+    pub fn new(
+        hp: &Hparams,
+        slots: usize,
+        ctx: usize,
+        kv: KvType,
+        device: &Device,
+    ) -> Result<Self> {
         let shape = (slots, hp.n_head_kv, ctx, hp.head_dim);
         let mut k = Vec::with_capacity(hp.n_layer);
         let mut v = Vec::with_capacity(hp.n_layer);
         for _ in 0..hp.n_layer {
-            k.push(Tensor::zeros(shape, DType::F32, device)?);
-            v.push(Tensor::zeros(shape, DType::F32, device)?);
+            k.push(Tensor::zeros(shape, kv.dtype(), device)?);
+            v.push(Tensor::zeros(shape, kv.dtype(), device)?);
         }
-        Ok(Self { k, v })
+        Ok(Self { k, v, kv })
+    }
+
+    /// How keys and values are stored.
+    pub fn kv_type(&self) -> KvType {
+        self.kv
     }
 
     /// A copy, in host memory, of the keys and values of positions `0..len` of `row`: per
@@ -87,9 +102,9 @@ impl KvCache {
         Ok(())
     }
 
-    /// Bytes the cache holds for `slots` x `ctx` tokens.
-    pub fn bytes(hp: &Hparams, slots: usize, ctx: usize) -> usize {
-        2 * hp.n_layer * slots * hp.n_head_kv * ctx * hp.head_dim * std::mem::size_of::<f32>()
+    /// Bytes the cache holds for `slots` x `ctx` tokens stored as `kv`.
+    pub fn bytes(hp: &Hparams, slots: usize, ctx: usize, kv: KvType) -> usize {
+        2 * hp.n_layer * slots * hp.n_head_kv * ctx * hp.head_dim * kv.elem_bytes()
     }
 }
 
@@ -276,14 +291,24 @@ impl Model {
                 let t = s.tokens.len();
                 let kc = cache.k[li].narrow(0, s.row, 1)?;
                 let vc = cache.v[li].narrow(0, s.row, 1)?;
-                kc.slice_set(&k.narrow(2, o, t)?.contiguous()?, 2, s.start)?;
-                vc.slice_set(&v.narrow(2, o, t)?.contiguous()?, 2, s.start)?;
+                let stored = |x: &Tensor| x.narrow(2, o, t)?.contiguous()?.to_dtype(kc.dtype());
+                kc.slice_set(&stored(&k)?, 2, s.start)?;
+                vc.slice_set(&stored(&v)?, 2, s.start)?;
             }
             let attn = if cpu {
                 let qv = q.flatten_all()?.to_vec1::<f32>()?;
-                let y = with_cpu_f32(&cache.k[li], |kc| {
-                    with_cpu_f32(&cache.v[li], |vc| attend(&qv, n, &dims, &spans, kc, vc))
-                })??;
+                let y = match cache.kv {
+                    KvType::F32 => with_cpu::<f32, _>(&cache.k[li], |k| {
+                        with_cpu::<f32, _>(&cache.v[li], |v| {
+                            attend(&qv, n, &dims, &spans, Stored::F32 { k, v })
+                        })
+                    })??,
+                    KvType::F16 => with_cpu::<f16, _>(&cache.k[li], |k| {
+                        with_cpu::<f16, _>(&cache.v[li], |v| {
+                            attend(&qv, n, &dims, &spans, Stored::F16 { k, v })
+                        })
+                    })??,
+                };
                 Tensor::from_vec(y, (n, nh * hd), &self.device)?
             } else {
                 self.attend_tensors(cache, li, segs, &offsets, &masks, &(q * scale)?)?
@@ -316,8 +341,14 @@ impl Model {
         for ((s, &o), mask) in segs.iter().zip(offsets).zip(masks) {
             let t = s.tokens.len();
             let total = s.start + t;
-            let keys = cache.k[li].narrow(0, s.row, 1)?.narrow(2, 0, total)?;
-            let vals = cache.v[li].narrow(0, s.row, 1)?.narrow(2, 0, total)?;
+            let keys = cache.k[li]
+                .narrow(0, s.row, 1)?
+                .narrow(2, 0, total)?
+                .to_dtype(q.dtype())?;
+            let vals = cache.v[li]
+                .narrow(0, s.row, 1)?
+                .narrow(2, 0, total)?
+                .to_dtype(q.dtype())?;
             let qs = q
                 .narrow(2, o, t)?
                 .contiguous()?
@@ -416,11 +447,11 @@ unsafe fn rotate_fma(
 }
 
 /// Runs `f` on the f32 contents of a CPU tensor (from its first element).
-fn with_cpu_f32<R>(t: &Tensor, f: impl FnOnce(&[f32]) -> R) -> Result<R> {
+fn with_cpu<T: candle_core::WithDType, R>(t: &Tensor, f: impl FnOnce(&[T]) -> R) -> Result<R> {
     let (storage, layout) = t.storage_and_layout();
     match &*storage {
         candle_core::Storage::Cpu(c) => {
-            let all = c.as_slice::<f32>()?;
+            let all = c.as_slice::<T>()?;
             Ok(f(&all[layout.start_offset()..]))
         }
         _ => Err(EngineError::Device("expected a CPU tensor".into())),

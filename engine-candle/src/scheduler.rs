@@ -331,10 +331,10 @@ impl Scheduler {
     /// Saves the keys and values of `tokens` (positions `0..len` of `row`) to the prompt
     /// cache, unless it already holds them.
     fn save_row(&mut self, row: usize, tokens: &[u32]) {
-        if !self
-            .saved
-            .wants(tokens, KvCache::bytes(&self.model.hp, 1, tokens.len()))
-        {
+        if !self.saved.wants(
+            tokens,
+            KvCache::bytes(&self.model.hp, 1, tokens.len(), self.cache.kv_type()),
+        ) {
             return;
         }
         match self.cache.read_prefix(row, tokens.len()) {

@@ -41,3 +41,24 @@ fn the_trained_context_is_the_default_as_far_as_memory_allows() {
         other => panic!("expected a refusal, got {:?}", other.map(|e| e.info().ctx)),
     }
 }
+
+/// ENG-KV16-1: an f16 cache takes half the bytes, so the same allowance holds twice the
+/// context.
+#[test]
+fn an_f16_cache_holds_twice_the_context_in_the_same_memory() {
+    let load_kv = |kv_type| {
+        let mut opts = EngineOptions::new(common::model_path());
+        opts.slots = 8;
+        opts.ctx = 0;
+        opts.kv_cache_max_bytes = 1 << 30;
+        opts.kv_type = kv_type;
+        CandleEngine::load(opts).expect("loads")
+    };
+    let f32_cache = load_kv(engine_candle::KvType::F32);
+    let f16_cache = load_kv(engine_candle::KvType::F16);
+    // 8 slots × 8192 × 46 KB = 3 GiB in f32: cut to fit 1 GiB; f16 holds twice as many
+    assert_eq!(f32_cache.info().ctx, 2816);
+    assert_eq!(f16_cache.info().ctx, 5632);
+    let per_token = |e: &CandleEngine| e.info().kv_cache_bytes / e.info().ctx;
+    assert_eq!(per_token(&f16_cache) * 2, per_token(&f32_cache));
+}

@@ -6,20 +6,29 @@ mod common;
 use std::sync::OnceLock;
 
 use common::*;
-use engine_candle::{CandleEngine, EngineOptions, WeightFormat};
+use engine_candle::{CandleEngine, EngineOptions, KvType, WeightFormat};
 use serde::Deserialize;
 
 /// The reference numerics: weights as stored (Q4_1), as llama.cpp runs them. The default
 /// `Auto` format re-quantizes to Q8_0 for speed (see .specs/engine.md, ENG-WFMT-1).
 fn parity_engine() -> &'static CandleEngine {
     static ENGINE: OnceLock<CandleEngine> = OnceLock::new();
-    ENGINE.get_or_init(|| {
-        let mut opts = EngineOptions::new(model_path());
-        opts.slots = 2;
-        opts.ctx = 512;
-        opts.weight_format = WeightFormat::Auto;
-        CandleEngine::load(opts).expect("default model loads")
-    })
+    ENGINE.get_or_init(|| load(KvType::F32))
+}
+
+/// The same with keys and values stored as f16 (ENG-KV16-1).
+fn parity_engine_f16() -> &'static CandleEngine {
+    static ENGINE: OnceLock<CandleEngine> = OnceLock::new();
+    ENGINE.get_or_init(|| load(KvType::F16))
+}
+
+fn load(kv_type: KvType) -> CandleEngine {
+    let mut opts = EngineOptions::new(model_path());
+    opts.slots = 2;
+    opts.ctx = 512;
+    opts.weight_format = WeightFormat::Auto;
+    opts.kv_type = kv_type;
+    CandleEngine::load(opts).expect("default model loads")
 }
 
 #[derive(Deserialize)]
@@ -128,7 +137,50 @@ fn greedy_continuations_match_llama_cpp() {
 /// compounding that one early flip causes in a free-running comparison.
 #[test]
 fn teacher_forced_decisions_match_llama_cpp() {
-    let e = parity_engine();
+    let t = teacher_forced(parity_engine());
+    assert!(
+        t.unexplained.is_empty(),
+        "disagreements at a clear margin:\n{}",
+        t.unexplained.join("\n")
+    );
+    assert!(
+        t.agree as f64 >= MIN_AGREEMENT * t.positions as f64,
+        "only {} of {} positions agree",
+        t.agree,
+        t.positions
+    );
+}
+
+/// Least share of teacher-forced positions where the f16 cache picks llama.cpp's token (the
+/// fixture is llama.cpp with an f32 cache). Measured: 303/312 (f32: 299/312).
+const MIN_AGREEMENT_F16: f64 = 0.93;
+
+/// ENG-KV16-1: what an f16 cache costs in agreement with llama.cpp (f32 cache): the same
+/// teacher-forced comparison; every disagreement is still where llama.cpp's own margin was
+/// small.
+#[test]
+fn an_f16_cache_keeps_teacher_forced_agreement_with_llama_cpp() {
+    let t = teacher_forced(parity_engine_f16());
+    assert!(
+        t.unexplained.is_empty(),
+        "disagreements at a clear margin:\n{}",
+        t.unexplained.join("\n")
+    );
+    assert!(
+        t.agree as f64 >= MIN_AGREEMENT_F16 * t.positions as f64,
+        "only {} of {} positions agree",
+        t.agree,
+        t.positions
+    );
+}
+
+struct TeacherForced {
+    positions: usize,
+    agree: usize,
+    unexplained: Vec<String>,
+}
+
+fn teacher_forced(e: &CandleEngine) -> TeacherForced {
     let f = fixture();
     let mut positions = 0;
     let mut flips = Vec::new();
@@ -163,17 +215,14 @@ fn teacher_forced_decisions_match_llama_cpp() {
     }
     let agree = positions - flips.len() - close.len() - unexplained.len();
     eprintln!(
-        "{agree}/{positions} positions agree; near ties (<{NEAR_TIE}):\n{}\nclose calls (<{MAX_DISAGREEMENT_MARGIN}):\n{}",
+        "{:?} cache: {agree}/{positions} positions agree; near ties (<{NEAR_TIE}):\n{}\nclose calls (<{MAX_DISAGREEMENT_MARGIN}):\n{}",
+        e.info().kv_type,
         flips.join("\n"),
         close.join("\n")
     );
-    assert!(
-        unexplained.is_empty(),
-        "disagreements at a clear margin:\n{}",
-        unexplained.join("\n")
-    );
-    assert!(
-        agree as f64 >= MIN_AGREEMENT * positions as f64,
-        "only {agree} of {positions} positions agree"
-    );
+    TeacherForced {
+        positions,
+        agree,
+        unexplained,
+    }
 }

@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use engine_candle::{CandleEngine, EngineOptions, SamplingParams};
+use engine_candle::{CandleEngine, EngineOptions, KvType, SamplingParams};
 
 #[test]
 fn a_cached_prefix_gives_the_same_tokens_as_a_fresh_prefill() {
@@ -60,9 +60,21 @@ fn a_cached_prefix_gives_the_same_tokens_as_a_fresh_prefill() {
 
 #[test]
 fn a_prompt_whose_row_was_taken_comes_back_from_the_prompt_cache() {
+    comes_back_from_the_prompt_cache(KvType::F32);
+}
+
+/// ENG-KV16-1: the same with keys and values stored as f16 (the prompt cache keeps them as
+/// stored: half the bytes a token).
+#[test]
+fn with_an_f16_cache_a_prompt_comes_back_from_the_prompt_cache() {
+    comes_back_from_the_prompt_cache(KvType::F16);
+}
+
+fn comes_back_from_the_prompt_cache(kv_type: KvType) {
     let mut opts = EngineOptions::new(model_path());
     opts.slots = 1;
     opts.ctx = 512;
+    opts.kv_type = kv_type;
     let e = CandleEngine::load(opts).expect("model loads");
     let per_token = e.info().kv_cache_bytes / (e.info().slots * e.info().ctx);
     let p1 = chat_tokens(&e, "Describe a busy morning market.");
@@ -100,6 +112,7 @@ fn a_prompt_whose_row_was_taken_comes_back_from_the_prompt_cache() {
     let mut opts = EngineOptions::new(model_path());
     opts.slots = 1;
     opts.ctx = 512;
+    opts.kv_type = kv_type;
     opts.prompt_cache_bytes = 0;
     let plain = CandleEngine::load(opts).expect("model loads");
     let (rx, _c) = start(&plain, p1.clone(), params, 16, vec![]);

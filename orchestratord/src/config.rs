@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use pool_manager::{DeviceChoice, PoolSpec, WeightFormat};
+use pool_manager::{DeviceChoice, KvType, PoolSpec, WeightFormat};
 use serde::Deserialize;
 
 /// What to do when the queue is full.
@@ -537,6 +537,10 @@ pub struct PoolConfig {
     /// The most memory (MiB) the key/value cache may take when `ctx` is 0.
     #[serde(default = "default_kv_cache_mib")]
     pub kv_cache_mib: usize,
+    /// `f32` (llama.cpp's numerics reproduced exactly) or `f16` (half the bytes: twice the
+    /// context in the same memory).
+    #[serde(default = "default_kv_cache")]
+    pub kv_cache: String,
     /// Compute threads; 0 = one per physical core.
     #[serde(default)]
     pub threads: usize,
@@ -563,6 +567,9 @@ fn default_slots() -> usize {
 }
 fn default_ctx() -> usize {
     0
+}
+fn default_kv_cache() -> String {
+    "f32".into()
 }
 fn default_kv_cache_mib() -> usize {
     engine_candle::DEFAULT_KV_CACHE_MAX_BYTES >> 20
@@ -630,6 +637,7 @@ impl Default for Config {
                 slots: default_slots(),
                 ctx: default_ctx(),
                 kv_cache_mib: default_kv_cache_mib(),
+                kv_cache: default_kv_cache(),
                 threads: 0,
                 device: default_device(),
                 weight_format: default_weight_format(),
@@ -819,6 +827,10 @@ impl PoolConfig {
             .weight_format
             .parse()
             .map_err(|e: String| ConfigError::Invalid(format!("pool {}: {e}", self.id)))?;
+        let kv_type: KvType = self
+            .kv_cache
+            .parse()
+            .map_err(|e: String| ConfigError::Invalid(format!("pool {}: {e}", self.id)))?;
         let alias = self.alias.clone().unwrap_or_else(|| {
             Path::new(&self.model)
                 .file_stem()
@@ -833,6 +845,7 @@ impl PoolConfig {
             slots: self.slots,
             ctx: self.ctx,
             kv_cache_max_bytes: self.kv_cache_mib << 20,
+            kv_type,
             threads: self.threads,
             device,
             weight_format,
@@ -856,6 +869,26 @@ mod tests {
         cfg.validate().unwrap();
         assert_eq!(cfg.pools[0].prompt_cache_mib, 256);
         assert_eq!(cfg.pool_specs().unwrap()[0].prompt_cache_bytes, 256 << 20);
+    }
+
+    /// ENG-CTX-1, ENG-KV16-1: a pool's context defaults to the model's (0), its cache to f32
+    /// within 2 GiB; `kv_cache` takes f32 or f16 and names anything else.
+    #[test]
+    fn the_kv_cache_type_and_budget_reach_the_pool() {
+        let spec = &Config::default().pool_specs().unwrap()[0];
+        assert_eq!(spec.ctx, 0);
+        assert_eq!(spec.kv_cache_max_bytes, 2 << 30);
+        assert_eq!(spec.kv_type, KvType::F32);
+        let pool = |kv: &str| {
+            Config::from_toml(&format!(
+                "[[pools]]\nid = \"p\"\nmodel = \"m.gguf\"\nkv_cache = \"{kv}\"\n"
+            ))
+            .unwrap()
+            .pool_specs()
+        };
+        assert_eq!(pool("f16").unwrap()[0].kv_type, KvType::F16);
+        let err = pool("q4").unwrap_err().to_string();
+        assert!(err.contains("q4") && err.contains("f16"), "{err}");
     }
 
     /// CFG-1: unknown keys are rejected, naming the key.

@@ -136,6 +136,7 @@ impl EngineFactory for CandleFactory {
         opts.slots = spec.slots;
         opts.ctx = spec.ctx;
         opts.kv_cache_max_bytes = spec.kv_cache_max_bytes;
+        opts.kv_type = spec.kv_type;
         opts.threads = spec.threads;
         opts.device = spec.device;
         opts.weight_format = spec.weight_format;

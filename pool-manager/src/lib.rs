@@ -23,6 +23,6 @@ pub use state::{PoolEvent, PoolState, TransitionError};
 
 /// Types of the engine library that cross the port unchanged.
 pub use engine_candle::{
-    ChatMessage, DeviceChoice, Finish, FinishReason, SamplingParams, SeqEvent, SlotPermit, Slots,
-    WeightFormat,
+    ChatMessage, DeviceChoice, Finish, FinishReason, KvType, SamplingParams, SeqEvent, SlotPermit,
+    Slots, WeightFormat,
 };

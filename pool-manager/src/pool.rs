@@ -4,7 +4,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use engine_candle::{DeviceChoice, SamplingParams, SeqEvent, WeightFormat};
+use engine_candle::{DeviceChoice, KvType, SamplingParams, SeqEvent, WeightFormat};
 use rand::Rng;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -55,6 +55,8 @@ pub struct PoolSpec {
     /// The most the key/value cache may take when `ctx` is 0 (see
     /// `engine_candle::EngineOptions::kv_cache_max_bytes`).
     pub kv_cache_max_bytes: usize,
+    /// How the key/value cache stores keys and values.
+    pub kv_type: KvType,
     pub threads: usize,
     pub device: DeviceChoice,
     pub weight_format: WeightFormat,

@@ -205,6 +205,7 @@ pub fn sync_pools(state: &AppState, link: &Arc<WorkerLink>, models: &[String]) {
             slots: link.max_concurrent,
             ctx: state.cfg.workers.ctx,
             kv_cache_max_bytes: 0,
+            kv_type: pool_manager::KvType::F32,
             threads: 0,
             device: pool_manager::DeviceChoice::Cpu,
             weight_format: pool_manager::WeightFormat::Auto,

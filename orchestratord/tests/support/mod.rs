@@ -242,6 +242,7 @@ pub fn pool(id: &str, slots: usize) -> PoolConfig {
         slots,
         ctx: 256,
         kv_cache_mib: 64,
+        kv_cache: "f32".into(),
         threads: 0,
         device: "cpu".into(),
         weight_format: "auto".into(),

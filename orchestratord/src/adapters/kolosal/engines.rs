@@ -137,6 +137,7 @@ pub async fn add(
         slots: api.slots,
         ctx: n_ctx,
         kv_cache_max_bytes: engine_candle::DEFAULT_KV_CACHE_MAX_BYTES,
+        kv_type: pool_manager::KvType::F32,
         threads: api.threads,
         device: if gpu {
             DeviceChoice::Cuda(req.main_gpu_id.unwrap_or(0))
