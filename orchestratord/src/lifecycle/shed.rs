@@ -45,28 +45,34 @@ pub fn shed_late(state: &SharedState) {
     {
         return;
     }
-    let typical = state.cfg.admission.default_max_tokens as usize;
+    // a kept place is a task like the usual one, in every line
+    let kept = Need {
+        max_tokens: state.cfg.admission.default_max_tokens as usize,
+        prompt_tokens: 0,
+    };
     let now = Instant::now();
     // one line per set of pools that could run a task (pinned tasks, other models)
     let mut lines: HashMap<Vec<String>, Option<Line>> = HashMap::new();
+    let mut kept_so_far = 0;
     for item in &line {
         match item {
-            // a kept place is a task like the usual one, in every line
             InLine::Kept => {
+                kept_so_far += 1;
                 for l in lines.values_mut().flatten() {
-                    l.take(Need {
-                        max_tokens: typical,
-                        prompt_tokens: 0,
-                    });
+                    l.take(kept);
                 }
             }
             InLine::Task(task) => {
                 let snapshots = state.candidate_snapshots(task);
                 let key: Vec<String> = snapshots.iter().map(|s| s.id.clone()).collect();
-                let Some(l) = lines
-                    .entry(key)
-                    .or_insert_with(|| settled_line(state, &snapshots))
-                else {
+                let Some(l) = lines.entry(key).or_insert_with(|| {
+                    // the kept places met so far are ahead of this line's first task
+                    let mut l = settled_line(state, &snapshots)?;
+                    for _ in 0..kept_so_far {
+                        l.take(kept);
+                    }
+                    Some(l)
+                }) else {
                     continue;
                 };
                 let need = Need {
