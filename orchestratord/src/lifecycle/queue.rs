@@ -340,8 +340,6 @@ impl TaskQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lifecycle::task::{NewTask, RunSpec};
-    use pool_manager::PromptInput;
     use std::time::Duration;
 
     fn task(id: &str) -> Arc<Task> {
@@ -349,30 +347,7 @@ mod tests {
     }
 
     fn ranked(id: &str, rank: Option<Instant>) -> Arc<Task> {
-        Arc::new(Task::new(NewTask {
-            id: id.into(),
-            owner: "local".into(),
-            correlation_id: id.into(),
-            priority: Priority::Interactive,
-            session_id: None,
-            pin: None,
-            model: None,
-            spec: RunSpec {
-                prompt: PromptInput::Text("hi".into()),
-                continuation: String::new(),
-                sampling: Default::default(),
-                max_tokens: 1,
-                stop: Vec::new(),
-            },
-            prompt_tokens: 1,
-            prompt_ids: None,
-            params: serde_json::Value::Null,
-            ctx: 16,
-            deadline: None,
-            start_by: None,
-            rank,
-            predicted_start: Duration::ZERO,
-        }))
+        crate::lifecycle::task::test_task(id, rank)
     }
 
     /// ORCH-Q-1: a burst that arrives before the dispatcher has placed it is admitted up to

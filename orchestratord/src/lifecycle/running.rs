@@ -90,3 +90,33 @@ impl Drop for Entered<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// ORCH-ADM-DL-6: a task's own pace is read from its 4th token on, once it has 4 gaps: the
+    /// slow first gaps (other prompts of a burst prefilled meanwhile) do not count.
+    #[test]
+    fn a_pace_is_read_after_the_start_up_gaps() {
+        let set = RunningTasks::default();
+        let task = crate::lifecycle::task::test_task("t", None);
+        let _in = set.enter("p", &task);
+        let pace = || set.in_slots("p")[0].ms_per_token_now;
+        // four tokens 60 ms apart: a burst's start-up
+        for i in 0..4 {
+            if i > 0 {
+                std::thread::sleep(Duration::from_millis(60));
+            }
+            assert!(task.push_token("x".into()));
+        }
+        assert_eq!(pace(), None, "no gap after the 4th token yet");
+        // then four as fast as they come (read from the first token: 180 ms / 7 = 26 ms each)
+        for _ in 0..4 {
+            assert!(task.push_token("x".into()));
+        }
+        let ms = pace().expect("4 gaps after the 4th token");
+        assert!(ms < 5.0, "the start-up gaps are not in it: {ms} ms a token");
+    }
+}

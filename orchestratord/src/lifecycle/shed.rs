@@ -51,8 +51,9 @@ pub fn shed_late(state: &SharedState) {
         prompt_tokens: 0,
     };
     let now = Instant::now();
-    // one line per set of pools that could run a task (pinned tasks, other models)
-    let mut lines: HashMap<Vec<String>, Option<Line>> = HashMap::new();
+    // one line per set of pools that could run a task: its pin, or its model (the pools'
+    // snapshots are taken once per line, not per queued task)
+    let mut lines: HashMap<(Option<&str>, Option<&str>), Option<Line>> = HashMap::new();
     let mut kept_so_far = 0;
     for item in &line {
         match item {
@@ -63,11 +64,14 @@ pub fn shed_late(state: &SharedState) {
                 }
             }
             InLine::Task(task) => {
-                let snapshots = state.candidate_snapshots(task);
-                let key: Vec<String> = snapshots.iter().map(|s| s.id.clone()).collect();
+                // a pin decides the pools alone (as in `candidate_snapshots`)
+                let key = match task.pin.as_deref() {
+                    Some(pin) => (Some(pin), None),
+                    None => (None, task.model.as_deref()),
+                };
                 let Some(l) = lines.entry(key).or_insert_with(|| {
                     // the kept places met so far are ahead of this line's first task
-                    let mut l = settled_line(state, &snapshots)?;
+                    let mut l = settled_line(state, &state.candidate_snapshots(task))?;
                     for _ in 0..kept_so_far {
                         l.take(kept);
                     }

@@ -461,3 +461,32 @@ impl Task {
         }
     }
 }
+
+/// A one-token interactive task for unit tests, ranked `rank` (or now).
+#[cfg(test)]
+pub(crate) fn test_task(id: &str, rank: Option<Instant>) -> std::sync::Arc<Task> {
+    std::sync::Arc::new(Task::new(NewTask {
+        id: id.into(),
+        owner: "local".into(),
+        correlation_id: id.into(),
+        priority: Priority::Interactive,
+        session_id: None,
+        pin: None,
+        model: None,
+        spec: RunSpec {
+            prompt: PromptInput::Text("hi".into()),
+            continuation: String::new(),
+            sampling: Default::default(),
+            max_tokens: 1,
+            stop: Vec::new(),
+        },
+        prompt_tokens: 1,
+        prompt_ids: None,
+        params: serde_json::Value::Null,
+        ctx: 16,
+        deadline: None,
+        start_by: None,
+        rank,
+        predicted_start: Duration::ZERO,
+    }))
+}
