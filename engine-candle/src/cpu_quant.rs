@@ -115,14 +115,29 @@ pub(crate) unsafe fn hsum8(acc: std::arch::x86_64::__m256) -> f32 {
     _mm_cvtss_f32(r)
 }
 
+/// `m` rows of activations quantized to Q8_1 blocks, row after row.
+#[derive(Clone, Copy)]
+pub(crate) struct Acts<'a> {
+    pub xq: &'a [BlockQ81],
+    pub m: usize,
+}
+
+impl<'a> Acts<'a> {
+    /// Row `r`'s blocks.
+    pub fn row(&self, r: usize) -> &'a [BlockQ81] {
+        let nb = self.xq.len() / self.m.max(1);
+        &self.xq[r * nb..(r + 1) * nb]
+    }
+}
+
 /// A quantized `[n, k]` weight whose rows multiply Q8_1 activation blocks.
 pub(crate) trait QuantRows: Sync {
     fn n(&self) -> usize;
     fn k(&self) -> usize;
-    /// Weight row `j` times four activation rows, each with exactly `dot`'s arithmetic.
-    fn dot4(&self, j: usize, rows: [&[BlockQ81]; 4], simd: Simd) -> [f32; 4];
-    /// Weight row `j` times one activation row.
-    fn dot(&self, j: usize, row: &[BlockQ81], simd: Simd) -> f32;
+    /// Weight rows `j0..j0 + count` times the `m` activation rows into `out[jj · m + r]`.
+    /// A result depends only on its weight row and its activation row, never on `j0`,
+    /// `count` or `m`.
+    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]);
 }
 
 /// `out_i[r, j] = Σ_c x[r, c] · W_i[j, c]` for `m` rows of `x` (`m × k`) and weights `W_i`
@@ -134,7 +149,6 @@ pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> V
         return Vec::new();
     };
     assert!(ws.iter().all(|w| w.k() == k) && x.len() == m * k);
-    let nb = k / QK;
     let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
     let simd = Simd::current();
     // weight i has global rows starts[i]..starts[i + 1]
@@ -145,26 +159,22 @@ pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> V
     let total = starts[ws.len()];
     // about eight chunks per worker, so the last chunks of a job even out (a worker that is
     // late or descheduled leaves its share to the others), but never chunks so small that
-    // taking one costs much next to its work (≥ 64 Ki multiply-adds)
+    // taking one costs much next to its work (≥ 64 Ki multiply-adds); whole tiles of eight
     let rows = total
         .div_ceil(8 * current_workers())
         .max((64 << 10) / (m * k).max(1))
-        .max(1);
+        .next_multiple_of(8);
     // cols[g · m + r]: global weight row g times activation row r
     let mut cols: Vec<f32> = vec![0.0; m * total];
     par_chunks_mut(&mut cols, rows * m, |c, dst| {
-        for (jj, out_j) in dst.chunks_exact_mut(m).enumerate() {
-            let g = c * rows + jj;
+        let (mut g, end) = (c * rows, c * rows + dst.len() / m);
+        while g < end {
             let i = starts.partition_point(|&s| s <= g) - 1;
-            let (w, j) = (ws[i], g - starts[i]);
-            dot_rows(
-                out_j,
-                &xq,
-                nb,
-                simd,
-                |rs| w.dot4(j, rs, simd),
-                |a| w.dot(j, a, simd),
-            );
+            let count = end.min(starts[i + 1]) - g;
+            let o = (g - c * rows) * m;
+            let a = Acts { xq: &xq, m };
+            ws[i].rows_into(g - starts[i], count, a, simd, &mut dst[o..o + count * m]);
+            g += count;
         }
     });
     ws.iter()
@@ -189,26 +199,37 @@ pub(crate) fn matmul_into(w: &dyn QuantRows, x: &[f32], m: usize, out: &mut [f32
     out.copy_from_slice(&r[0]);
 }
 
-/// The `m` results of one weight row: four activation rows at a time through `dot4` (they
-/// share each unpacked weight block) when SIMD is available, the rest through `dot`. Both must
-/// do the same arithmetic per row, so results do not depend on how many rows come together.
-pub(crate) fn dot_rows(
-    out_j: &mut [f32],
-    xq: &[BlockQ81],
-    nb: usize,
+/// Weight rows that share each group of four activation rows while it is in L1.
+const WEIGHT_ROWS_PER_TILE: usize = 16;
+
+/// `QuantRows::rows_into` for weights whose kernel takes one weight row against four or one
+/// activation rows (`dot4`, `dot`: the same arithmetic per row, so results do not depend on
+/// how many rows come together or in which order they are visited).
+pub(crate) fn rows_by_dots(
+    j0: usize,
+    count: usize,
+    a: Acts<'_>,
     simd: Simd,
-    dot4: impl Fn([&[BlockQ81]; 4]) -> [f32; 4],
-    dot: impl Fn(&[BlockQ81]) -> f32,
+    out: &mut [f32],
+    dot4: impl Fn(usize, [&[BlockQ81]; 4]) -> [f32; 4],
+    dot: impl Fn(usize, &[BlockQ81]) -> f32,
 ) {
-    let m = out_j.len();
-    let row = |r: usize| &xq[r * nb..(r + 1) * nb];
-    let mut r = 0;
-    while simd != Simd::Portable && r + 4 <= m {
-        out_j[r..r + 4].copy_from_slice(&dot4([row(r), row(r + 1), row(r + 2), row(r + 3)]));
-        r += 4;
-    }
-    for (r, o) in out_j.iter_mut().enumerate().skip(r) {
-        *o = dot(row(r));
+    let (m, row) = (a.m, |r: usize| a.row(r));
+    for t0 in (0..count).step_by(WEIGHT_ROWS_PER_TILE) {
+        let tile = t0..count.min(t0 + WEIGHT_ROWS_PER_TILE);
+        let mut r = 0;
+        while simd != Simd::Portable && r + 4 <= m {
+            let rows = [row(r), row(r + 1), row(r + 2), row(r + 3)];
+            for jj in tile.clone() {
+                out[jj * m + r..jj * m + r + 4].copy_from_slice(&dot4(j0 + jj, rows));
+            }
+            r += 4;
+        }
+        for jj in tile {
+            for rr in r..m {
+                out[jj * m + rr] = dot(j0 + jj, row(rr));
+            }
+        }
     }
 }
 

@@ -1,33 +1,51 @@
-//! A CPU matmul for Q4_1 weights that computes what llama.cpp computes: activations are
-//! quantized to Q8_1 blocks (scale and sum rounded to f16), each 32-element block contributes
-//! `d_w·d_a·Σ q_w·q_a + m_w·s_a`, accumulated in eight f32 lanes and summed the way ggml's AVX2
-//! `ggml_vec_dot_q4_1_q8_1` does. candle's own Q4_1 path is scalar; this one uses AVX-512 VNNI or
-//! AVX2 when the CPU has them (detected at run time; bit-identical results) and a portable loop
-//! otherwise.
+//! A CPU matmul for Q4_1 weights: activations quantized to Q8_1 blocks (scale and sum rounded
+//! to f16, as ggml does), eight weight rows at a time.
+//!
+//! At load the weights are repacked into tiles of eight rows: per 32-element block, the four
+//! bytes `4g..4g+4` of the eight rows side by side in one 32-byte vector (their low nibbles
+//! are elements `4g..4g+4`, their high nibbles elements `16+4g..16+4g+4`), and the rows'
+//! scales and minimums as eight f32 lanes. One lane then carries one weight row: a block's
+//! exact integer dot `Σ q_w·q_a` comes out of `maddubs` (four u8×i8 products per row, the
+//! activation's four bytes broadcast), summed over the eight groups in i16 (at most
+//! 8·2·15·127 = 30,480: no saturation) and widened once; then per block and row, in block
+//! order, `acc = fma(d_w·d_a, Σ, acc)` and `acc = fma(m_w, s_a, acc)`.
+//!
+//! ggml's `ggml_vec_dot_q4_1_q8_1` (the path llama.cpp takes for Q4_1 on AVX2) spends about
+//! twelve instructions on each 32-element block of each row pair — the horizontal sums stay in
+//! eight lanes and every block pays its own conversion and scale; here about three, so prompt
+//! passes and decode steps both do a third of the work. The float order differs from ggml's
+//! (its eight partial sums per block are scaled before they are added), which moves results by
+//! float rounding only (`tests/llama_parity.rs` keeps its agreement bounds). Every row's result
+//! depends only on its weight row and its activation row: not on the batch, the tile or the
+//! instruction set (the tests compare the portable loop, the AVX2 kernel and batch sizes).
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-#[cfg(target_arch = "x86_64")]
-use crate::cpu_quant::{hsum8, pairs_avx2, pairs_vnni};
-use crate::cpu_quant::{BlockQ81, QuantRows, Simd, QK};
+use crate::cpu_quant::{Acts, BlockQ81, QuantRows, Simd, QK};
 
-/// One Q4_1 block as stored in GGUF: scale, minimum, 32 four-bit values.
+/// Weight rows per tile (the lanes of one 256-bit f32 vector).
+const ROWS: usize = 8;
+
+/// One 32-element block of a tile's eight rows.
 #[derive(Clone, Copy)]
-#[repr(C)]
-struct BlockQ41 {
-    d: f16,
-    m: f16,
-    qs: [u8; 16],
+#[repr(C, align(32))]
+struct TileBlock {
+    /// `qs[g][4·row + i]` = byte `4g + i` of that row's block (two 4-bit values).
+    qs: [[u8; 32]; 4],
+    /// The rows' scales.
+    d: [f32; ROWS],
+    /// The rows' minimums.
+    m: [f32; ROWS],
 }
 
-/// A `[n, k]` Q4_1 weight matrix (n output features).
+/// A `[n, k]` Q4_1 weight matrix (n output features), in tiles of eight rows (the last tile
+/// padded with zero rows).
 pub(crate) struct Q41Matrix {
     n: usize,
     k: usize,
-    blocks: Vec<BlockQ41>,
-    /// `(d, m)` of every block as f32, converted once at load (not once per row per dot).
-    scales: Vec<[f32; 2]>,
+    /// `blocks[t · nb + b]`: block `b` of tile `t`.
+    blocks: Vec<TileBlock>,
 }
 
 impl Q41Matrix {
@@ -41,32 +59,36 @@ impl Q41Matrix {
             return None;
         }
         let data = q.data().ok()?;
-        let nb = n * k / QK;
-        if data.len() != nb * std::mem::size_of::<BlockQ41>() {
+        let nb = k / QK;
+        // d (f16), m (f16), 16 bytes of nibbles
+        const BYTES: usize = 20;
+        if data.len() != n * nb * BYTES {
             return None;
         }
-        let blocks = data
-            .chunks_exact(20)
-            .map(|c| {
-                let mut qs = [0u8; 16];
-                qs.copy_from_slice(&c[4..20]);
-                BlockQ41 {
-                    d: f16::from_le_bytes([c[0], c[1]]),
-                    m: f16::from_le_bytes([c[2], c[3]]),
-                    qs,
+        let tiles = n.div_ceil(ROWS);
+        let zero = TileBlock {
+            qs: [[0; 32]; 4],
+            d: [0.0; ROWS],
+            m: [0.0; ROWS],
+        };
+        let mut blocks = vec![zero; tiles * nb];
+        for (j, row) in data.chunks_exact(nb * BYTES).enumerate() {
+            let (t, lane) = (j / ROWS, j % ROWS);
+            for (b, c) in row.chunks_exact(BYTES).enumerate() {
+                let tb = &mut blocks[t * nb + b];
+                tb.d[lane] = f16::from_le_bytes([c[0], c[1]]).to_f32();
+                tb.m[lane] = f16::from_le_bytes([c[2], c[3]]).to_f32();
+                for (g, group) in tb.qs.iter_mut().enumerate() {
+                    group[4 * lane..4 * lane + 4].copy_from_slice(&c[4 + 4 * g..8 + 4 * g]);
                 }
-            })
-            .collect::<Vec<BlockQ41>>();
-        let scales = blocks
-            .iter()
-            .map(|b| [b.d.to_f32(), b.m.to_f32()])
-            .collect();
-        Some(Self {
-            n,
-            k,
-            blocks,
-            scales,
-        })
+            }
+        }
+        Some(Self { n, k, blocks })
+    }
+
+    fn tile(&self, t: usize) -> &[TileBlock] {
+        let nb = self.k / QK;
+        &self.blocks[t * nb..(t + 1) * nb]
     }
 }
 
@@ -79,130 +101,108 @@ impl QuantRows for Q41Matrix {
         self.k
     }
 
-    fn dot4(&self, j: usize, rows: [&[BlockQ81]; 4], simd: Simd) -> [f32; 4] {
-        let nb = self.k / QK;
-        let r = j * nb..(j + 1) * nb;
-        dot4(&self.blocks[r.clone()], &self.scales[r], rows, simd)
-    }
-
-    fn dot(&self, j: usize, row: &[BlockQ81], simd: Simd) -> f32 {
-        let nb = self.k / QK;
-        let r = j * nb..(j + 1) * nb;
-        dot(&self.blocks[r.clone()], &self.scales[r], row, simd)
-    }
-}
-
-fn dot(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81], simd: Simd) -> f32 {
-    // SAFETY: each SIMD level is only used when `Simd::detect` found its features; the
-    // slices have equal lengths (one weight row and one activation row of `nb` blocks).
-    match simd {
-        #[cfg(target_arch = "x86_64")]
-        Simd::Vnni => unsafe { dot_vnni(w, sc, a) },
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => unsafe { dot_avx2(w, sc, a) },
-        _ => dot_portable(w, sc, a),
-    }
-}
-
-/// Four rows at once; each row's arithmetic is exactly that of `dot` (batch-invariant).
-fn dot4(w: &[BlockQ41], sc: &[[f32; 2]], a: [&[BlockQ81]; 4], simd: Simd) -> [f32; 4] {
-    // SAFETY: as in `dot`.
-    match simd {
-        #[cfg(target_arch = "x86_64")]
-        Simd::Vnni => unsafe { dot4_vnni(w, sc, a) },
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => unsafe { dot4_avx2(w, sc, a) },
-        _ => a.map(|r| dot_portable(w, sc, r)),
-    }
-}
-
-/// The same arithmetic as the AVX2 path: eight f32 lanes, then a pairwise horizontal sum.
-fn dot_portable(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81]) -> f32 {
-    let mut acc = [0f32; 8];
-    let mut summs = 0f32;
-    for ((x, [xd, xm]), y) in w.iter().zip(sc).zip(a) {
-        summs += xm * y.s;
-        let d = xd * y.d;
-        // lane l of madd holds elements 4l..4l+3 of the 32 (low nibbles 0-15, high 16-31)
-        for (l, lane) in acc.iter_mut().enumerate() {
-            let mut s = 0i32;
-            for e in 4 * l..4 * l + 4 {
-                let q = if e < 16 {
-                    x.qs[e] & 0x0F
-                } else {
-                    x.qs[e - 16] >> 4
-                };
-                s += q as i32 * y.qs[e] as i32;
+    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
+        let (m, row) = (a.m, |r: usize| a.row(r));
+        let end = j0 + count;
+        for t in j0 / ROWS..end.div_ceil(ROWS) {
+            let tile = self.tile(t);
+            let lanes = (t * ROWS).max(j0)..((t + 1) * ROWS).min(end);
+            let mut put = |r: usize, res: &[f32; ROWS]| {
+                for j in lanes.clone() {
+                    out[(j - j0) * m + r] = res[j - t * ROWS];
+                }
+            };
+            let mut r = 0;
+            while r + 4 <= m {
+                let res = tile_dot([row(r), row(r + 1), row(r + 2), row(r + 3)], tile, simd);
+                for (i, res) in res.iter().enumerate() {
+                    put(r + i, res);
+                }
+                r += 4;
             }
-            *lane = (s as f32).mul_add(d, *lane);
+            for r in r..m {
+                put(r, &tile_dot([row(r)], tile, simd)[0]);
+            }
         }
     }
-    let h = [
-        acc[0] + acc[4],
-        acc[1] + acc[5],
-        acc[2] + acc[6],
-        acc[3] + acc[7],
-    ];
-    let h2 = [h[0] + h[2], h[1] + h[3]];
-    (h2[0] + h2[1]) + summs
 }
 
-/// The SIMD kernels of one instruction level: `$pairs` sums u8×i8 pairs into i32 lanes.
-macro_rules! simd_kernels {
-    ($feat:literal, $dot:ident, $dot4:ident, $pairs:path) => {
+/// The eight rows of a tile times `R` activation rows: `[R][8]`.
+fn tile_dot<const R: usize>(
+    a: [&[BlockQ81]; R],
+    tile: &[TileBlock],
+    simd: Simd,
+) -> [[f32; ROWS]; R] {
+    match simd {
+        // SAFETY: AVX2 and FMA were detected (every level above portable has them); each
+        // activation row has as many blocks as the tile.
         #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = $feat)]
-        unsafe fn $dot(w: &[BlockQ41], sc: &[[f32; 2]], a: &[BlockQ81]) -> f32 {
-            use std::arch::x86_64::*;
-            let mut acc = _mm256_setzero_ps();
-            let mut summs = 0f32;
-            let low = _mm256_set1_epi8(0x0F);
-            for ((x, [xd, xm]), y) in w.iter().zip(sc).zip(a) {
-                summs += xm * y.s;
-                let d = _mm256_set1_ps(xd * y.d);
-                let tmp = _mm_loadu_si128(x.qs.as_ptr() as *const __m128i);
-                let qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp));
-                let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
-                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps($pairs(qx, qy)), acc);
-            }
-            hsum8(acc) + summs
-        }
+        Simd::Avx2 | Simd::Vnni => unsafe { tile_dot_avx2(a, tile) },
+        _ => a.map(|row| tile_dot_portable(row, tile)),
+    }
+}
 
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = $feat)]
-        unsafe fn $dot4(w: &[BlockQ41], sc: &[[f32; 2]], a: [&[BlockQ81]; 4]) -> [f32; 4] {
-            use std::arch::x86_64::*;
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let mut summs = [0f32; 4];
-            let low = _mm256_set1_epi8(0x0F);
-            for (b, (x, [xd, xm])) in w.iter().zip(sc).enumerate() {
-                let tmp = _mm_loadu_si128(x.qs.as_ptr() as *const __m128i);
-                let qx = _mm256_and_si256(low, _mm256_set_m128i(_mm_srli_epi16(tmp, 4), tmp));
-                for r in 0..4 {
-                    let y = &a[r][b];
-                    summs[r] += xm * y.s;
-                    let d = _mm256_set1_ps(xd * y.d);
-                    let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
-                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps($pairs(qx, qy)), acc[r]);
+/// The arithmetic every path computes, one lane (row) at a time.
+fn tile_dot_portable(a: &[BlockQ81], tile: &[TileBlock]) -> [f32; ROWS] {
+    let mut acc = [0f32; ROWS];
+    for (tb, y) in tile.iter().zip(a) {
+        for (lane, acc) in acc.iter_mut().enumerate() {
+            let mut sum = 0i32;
+            for (g, group) in tb.qs.iter().enumerate() {
+                for i in 0..4 {
+                    let byte = group[4 * lane + i];
+                    sum += (byte & 0x0F) as i32 * y.qs[4 * g + i] as i32;
+                    sum += (byte >> 4) as i32 * y.qs[16 + 4 * g + i] as i32;
                 }
             }
-            [
-                hsum8(acc[0]) + summs[0],
-                hsum8(acc[1]) + summs[1],
-                hsum8(acc[2]) + summs[2],
-                hsum8(acc[3]) + summs[3],
-            ]
+            *acc = (tb.d[lane] * y.d).mul_add(sum as f32, *acc);
+            *acc = tb.m[lane].mul_add(y.s, *acc);
         }
-    };
+    }
+    acc
 }
 
-simd_kernels!("avx2,fma", dot_avx2, dot4_avx2, pairs_avx2);
-simd_kernels!(
-    "avx2,fma,avx512vnni,avx512vl",
-    dot_vnni,
-    dot4_vnni,
-    pairs_vnni
-);
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_dot_avx2<const R: usize>(
+    a: [&[BlockQ81]; R],
+    tile: &[TileBlock],
+) -> [[f32; ROWS]; R] {
+    use std::arch::x86_64::*;
+    let low = _mm256_set1_epi8(0x0F);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, tb) in tile.iter().enumerate() {
+        // the eight groups of four elements, eight rows each, as bytes 0..15
+        let mut w = [_mm256_setzero_si256(); 8];
+        for g in 0..4 {
+            let raw = _mm256_load_si256(tb.qs[g].as_ptr() as *const __m256i);
+            w[g] = _mm256_and_si256(raw, low);
+            w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
+        }
+        let dw = _mm256_load_ps(tb.d.as_ptr());
+        let mw = _mm256_load_ps(tb.m.as_ptr());
+        for r in 0..R {
+            let y = &a[r][b];
+            let p = y.qs.as_ptr();
+            // the activation's four bytes of a group, broadcast to every row
+            let four = |g: usize| _mm256_set1_epi32((p.add(4 * g) as *const i32).read_unaligned());
+            let mut s = _mm256_maddubs_epi16(w[0], four(0));
+            for (g, wg) in w.iter().enumerate().skip(1) {
+                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*wg, four(g)));
+            }
+            let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(y.d));
+            acc[r] = _mm256_fmadd_ps(d, sum, acc[r]);
+            acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(y.s), acc[r]);
+        }
+    }
+    let mut res = [[0f32; ROWS]; R];
+    for (o, v) in res.iter_mut().zip(acc) {
+        _mm256_storeu_ps(o.as_mut_ptr(), v);
+    }
+    res
+}
 
 #[cfg(test)]
 mod tests {
@@ -279,22 +279,45 @@ mod tests {
 
     #[test]
     fn simd_and_portable_paths_agree_exactly() {
-        let (q, _) = matrix(8, 64);
+        // 12 rows: a whole tile and a padded one; values over the whole nibble range
+        let (q, _) = matrix(12, 96);
         let mat = Q41Matrix::from_qtensor(&q).unwrap();
-        let x: Vec<f32> = (0..64).map(|i| (i as f32).sin()).collect();
+        let x: Vec<f32> = (0..5 * 96).map(|i| (i as f32 * 1.7).sin() * 4.0).collect();
         let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
+        let row = |r: usize| &xq[r * 3..(r + 1) * 3];
         let best = Simd::detect();
-        for (row, sc) in mat.blocks.chunks_exact(2).zip(mat.scales.chunks_exact(2)) {
-            let p = dot_portable(row, sc, &xq);
-            // every level this CPU has gives the portable loop's bits
-            for level in [Simd::Avx2, Simd::Vnni] {
-                if level == Simd::Avx2 && best != Simd::Portable || level == best {
-                    assert_eq!(p.to_bits(), dot(row, sc, &xq, level).to_bits(), "{level:?}");
-                    let four = dot4(row, sc, [&xq, &xq, &xq, &xq], level);
-                    assert!(four.iter().all(|f| f.to_bits() == p.to_bits()), "{level:?}");
+        for t in 0..2 {
+            let tile = mat.tile(t);
+            for r in 0..5 {
+                let p = tile_dot_portable(row(r), tile);
+                for level in [Simd::Avx2, Simd::Vnni] {
+                    if best == Simd::Portable || (level == Simd::Vnni && best != Simd::Vnni) {
+                        continue;
+                    }
+                    let one = tile_dot([row(r)], tile, level)[0];
+                    assert_eq!(p.map(f32::to_bits), one.map(f32::to_bits), "{level:?}");
+                    let four = tile_dot([row(r), row(0), row(r), row(4)], tile, level);
+                    assert_eq!(p.map(f32::to_bits), four[0].map(f32::to_bits));
+                    assert_eq!(p.map(f32::to_bits), four[2].map(f32::to_bits));
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_portable_loop_is_the_exact_block_sum_scaled() {
+        // one row, one block: d_w·d_a·Σ q_w·q_a + m_w·s_a with the integer sum exact
+        let (q, deq) = matrix(1, 32);
+        let mat = Q41Matrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..32).map(|i| i as f32 - 15.5).collect();
+        let y = quantize_q8_1(&x);
+        let tb = &mat.tile(0)[0];
+        let qw: Vec<i32> = (0..32)
+            .map(|e| ((deq[e] - tb.m[0]) / tb.d[0]).round() as i32)
+            .collect();
+        let sum: i32 = qw.iter().zip(&y.qs).map(|(a, b)| a * *b as i32).sum();
+        let want = tb.m[0].mul_add(y.s, (tb.d[0] * y.d) * sum as f32);
+        assert_eq!(tile_dot_portable(&[y], mat.tile(0))[0], want);
     }
 
     #[test]

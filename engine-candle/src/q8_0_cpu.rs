@@ -9,7 +9,7 @@ use half::f16;
 
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::{hsum8, pairs_avx2, pairs_vnni};
-use crate::cpu_quant::{BlockQ81, QuantRows, Simd, QK};
+use crate::cpu_quant::{rows_by_dots, Acts, BlockQ81, QuantRows, Simd, QK};
 
 /// A `[n, k]` Q8_0 weight matrix.
 pub(crate) struct Q80Matrix {
@@ -56,16 +56,18 @@ impl QuantRows for Q80Matrix {
         self.k
     }
 
-    fn dot4(&self, j: usize, rows: [&[BlockQ81]; 4], simd: Simd) -> [f32; 4] {
+    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
         let nb = self.k / QK;
-        let r = j * nb..(j + 1) * nb;
-        dot4(&self.qs[r.clone()], &self.d[r], rows, simd)
-    }
-
-    fn dot(&self, j: usize, row: &[BlockQ81], simd: Simd) -> f32 {
-        let nb = self.k / QK;
-        let r = j * nb..(j + 1) * nb;
-        dot(&self.qs[r.clone()], &self.d[r], row, simd)
+        let r = |j: usize| j * nb..(j + 1) * nb;
+        rows_by_dots(
+            j0,
+            count,
+            a,
+            simd,
+            out,
+            |j, rows| dot4(&self.qs[r(j)], &self.d[r(j)], rows, simd),
+            |j, row| dot(&self.qs[r(j)], &self.d[r(j)], row, simd),
+        );
     }
 }
 

@@ -18,8 +18,8 @@ use crate::q8_0_cpu::Q80Matrix;
 /// candle's CPU kernel for Q4_1 is scalar, several times slower than its SIMD Q8_0 kernel;
 /// re-quantizing to Q8_0 is fast but moves results away from llama.cpp's. `Auto` keeps Q4_1
 /// weights as stored and multiplies them on the CPU with this crate's SIMD Q4_1×Q8_1 kernel
-/// (llama.cpp's arithmetic); Q5_0/Q5_1 (scalar in candle too) are re-quantized to Q8_0; the
-/// rest use candle's kernels. Figures in `.specs/engine.md` (ENG-WFMT-1).
+/// (eight-row tiles, see `q4_1_cpu.rs`); Q5_0/Q5_1 (scalar in candle too) are re-quantized
+/// to Q8_0; the rest use candle's kernels. Figures in `.specs/engine.md` (ENG-WFMT-1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightFormat {
     /// The fastest kernel that keeps the stored values (see above).
@@ -34,7 +34,7 @@ pub enum WeightFormat {
 /// A matmul weight with the kernel that multiplies it.
 pub(crate) enum Linear {
     Candle(QMatMul),
-    /// Q4_1 on the CPU with the llama.cpp-arithmetic SIMD kernel.
+    /// Q4_1 on the CPU with the eight-row-tile SIMD kernel.
     Q41(Q41Matrix),
     /// Q8_0 on the CPU with the llama.cpp-arithmetic SIMD kernel.
     Q80(Q80Matrix),
