@@ -64,8 +64,11 @@ const TILE: usize = 8;
 #[target_feature(enable = "avx2,fma")]
 pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
     let hd = b.dims.head_dim;
-    let blocks = b.keys.blocks();
+    // one block more than the keys have: the queries' rows of probabilities do not fall
+    // into one cache set at lengths of a power of two
+    let blocks = b.keys.blocks() + 1;
     let mut probs = vec![[0f32; LANES]; TILE * blocks];
+    let mut acc: Vec<V16> = Vec::new();
     let scale = _mm256_set1_ps(b.dims.scale);
     for t0 in (0..b.count).step_by(TILE) {
         let n = TILE.min(b.count - t0);
@@ -111,17 +114,43 @@ pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
             let own = totals[i].div_ceil(LANES);
             softmax(&mut probs[i * blocks..i * blocks + own], m);
         }
-        // p·V, four outputs at a time for all the tile's queries
-        for d0 in (0..hd).step_by(4) {
-            for i in 0..n {
-                let own = totals[i].div_ceil(LANES);
-                let p = &probs[i * blocks..i * blocks + own];
-                let o = (t0 + i) * hd + d0;
-                weighted_sum4(p, b.vals, d0, &mut out[o..o + 4]);
+        // p·V, four outputs at a time for all the tile's queries, a span of positions at a
+        // time: the span's values and the tile's probabilities stay in L1 while they are
+        // reused (over the whole history they spill to L2, and p·V became bound by its
+        // bandwidth at long lengths); the accumulators wait in memory between spans, which
+        // leaves every sum in its order
+        let groups = hd / 4;
+        let z = _mm256_setzero_ps();
+        acc.clear();
+        acc.resize(n * groups * 4, V16(z, z));
+        for c0 in (0..most).step_by(PV_SPAN_BLOCKS) {
+            let c1 = most.min(c0 + PV_SPAN_BLOCKS);
+            for g in 0..groups {
+                for i in 0..n {
+                    let own = totals[i].div_ceil(LANES).min(c1);
+                    if own <= c0 {
+                        continue;
+                    }
+                    let p = &probs[i * blocks + c0..i * blocks + own];
+                    let a = &mut acc[(i * groups + g) * 4..(i * groups + g + 1) * 4];
+                    weighted_sum4(p, b.vals, 4 * g, c0, a);
+                }
+            }
+        }
+        for i in 0..n {
+            for (o, a) in out[(t0 + i) * hd..(t0 + i + 1) * hd]
+                .iter_mut()
+                .zip(&acc[i * groups * 4..(i + 1) * groups * 4])
+            {
+                *o = reduce(*a);
             }
         }
     }
 }
+
+/// Blocks of 16 positions per span of the `p·V` loop (the span's four value rows and eight
+/// queries' probabilities: 16 KiB).
+const PV_SPAN_BLOCKS: usize = 16;
 
 /// The 16 scores of block `c` before scaling (see `transposed::scores`).
 #[target_feature(enable = "avx2,fma")]
@@ -208,19 +237,23 @@ unsafe fn expf(x: __m256) -> __m256 {
     _mm256_blendv_ps(scaled, saturated, big)
 }
 
-/// tinyBLAS's `p·V` for outputs `d0..d0 + 4` (see `transposed::weighted_sum`).
+/// tinyBLAS's `p·V` for outputs `d0..d0 + 4` (see `transposed::weighted_sum`), over the
+/// positions of blocks `c0..c0 + p.len()`, onto the running accumulators `acc`.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-unsafe fn weighted_sum4(p: &[[f32; LANES]], vals: &Transposed, d0: usize, out: &mut [f32]) {
-    let z = _mm256_setzero_ps();
-    let mut acc = [V16(z, z); 4];
+unsafe fn weighted_sum4(
+    p: &[[f32; LANES]],
+    vals: &Transposed,
+    d0: usize,
+    c0: usize,
+    acc: &mut [V16],
+) {
+    let mut a = [acc[0], acc[1], acc[2], acc[3]];
     for (c, pc) in p.iter().enumerate() {
         let pv = load(pc);
-        for (dd, a) in acc.iter_mut().enumerate() {
-            *a = fma(load(vals.block(d0 + dd, c)), pv, *a);
+        for (dd, a) in a.iter_mut().enumerate() {
+            *a = fma(load(vals.block(d0 + dd, c0 + c)), pv, *a);
         }
     }
-    for (dd, a) in acc.iter().enumerate() {
-        out[dd] = reduce(*a);
-    }
+    acc.copy_from_slice(&a);
 }

@@ -20,11 +20,15 @@
 
 use super::{reduce16, v_expf, Dims, LANES};
 
-/// One head's keys (or values), transposed: `data[d · blocks + c][l]` is element `d` of
-/// position `16·c + l`, positions padded with zeros to whole blocks of 16.
+/// One head's keys (or values), transposed: `data[c · stride + d][l]` is element `d` of
+/// position `16·c + l`, positions padded with zeros to whole blocks of 16. A block's `hd`
+/// rows are contiguous (the scores read them together); `stride` is one row more than `hd`,
+/// so the rows of successive blocks do not all fall into one cache set (with `hd` rows of
+/// 64 bytes a block is 4 KiB, and a walk over the blocks of one row evicted itself).
 pub(super) struct Transposed {
     data: Vec<[f32; LANES]>,
     blocks: usize,
+    stride: usize,
 }
 
 impl Transposed {
@@ -32,15 +36,20 @@ impl Transposed {
     pub fn new(rows: &[f32], hd: usize) -> Self {
         let len = rows.len() / hd;
         let blocks = len.div_ceil(LANES);
-        let mut data = vec![[0f32; LANES]; hd * blocks];
-        for (c, chunk) in rows.chunks(LANES * hd).enumerate() {
+        let stride = hd + 1;
+        let mut data = vec![[0f32; LANES]; stride * blocks];
+        for (chunk, block) in rows.chunks(LANES * hd).zip(data.chunks_exact_mut(stride)) {
             for (l, row) in chunk.chunks_exact(hd).enumerate() {
                 for (d, x) in row.iter().enumerate() {
-                    data[d * blocks + c][l] = *x;
+                    block[d][l] = *x;
                 }
             }
         }
-        Self { data, blocks }
+        Self {
+            data,
+            blocks,
+            stride,
+        }
     }
 
     /// Blocks of 16 positions.
@@ -51,7 +60,7 @@ impl Transposed {
     /// Element `d` of the 16 positions of block `c`.
     #[inline(always)]
     pub fn block(&self, d: usize, c: usize) -> &[f32; LANES] {
-        &self.data[d * self.blocks + c]
+        &self.data[c * self.stride + d]
     }
 }
 
