@@ -524,8 +524,8 @@ pub async fn admit(
     }
     // idle slots now, not when admission began: the prompt was tokenized since, and a slot
     // counted idle then may hold a queued task by now (a stale count lets a burst overshoot
-    // the queue's bound by the slots taken meanwhile)
-    let free_slots: usize = pools.iter().map(|p| p.snapshot().slots_free()).sum();
+    // the queue's bound by the slots taken meanwhile); the queue counts them under its lock
+    let free_slots = || pools.iter().map(|p| p.snapshot().slots_free()).sum();
     let position = match state.queue.push(task.clone(), free_slots) {
         Enqueued::Queued { position } => position,
         Enqueued::QueuedEvicting { position, evicted } => {

@@ -139,14 +139,18 @@ impl TaskQueue {
         self.policy
     }
 
-    /// Admits `task` if there is room (or room can be made under drop-lru). `free_slots`
-    /// tasks more than the capacity may wait: that many idle slots take queued tasks at once,
-    /// so a burst arriving faster than the dispatcher places it is not refused while slots
-    /// are idle; what waits for a slot to free up stays within the capacity.
-    pub fn push(&self, task: Arc<Task>, free_slots: usize) -> Enqueued {
+    /// Admits `task` if there is room (or room can be made under drop-lru). As many tasks
+    /// more than the capacity as `free_slots()` counts idle slots may wait: those slots take
+    /// queued tasks at once, so a burst arriving faster than the dispatcher places it is not
+    /// refused while slots are idle; what waits for a slot to free up stays within the
+    /// capacity. The idle slots are counted under the queue's lock: the dispatcher takes a
+    /// slot before it removes the task from the queue, so a count taken here never sees a
+    /// task both gone from the line and its slot still idle (a count taken outside the lock
+    /// could, and let a burst overshoot the bound by one).
+    pub fn push(&self, task: Arc<Task>, free_slots: impl FnOnce() -> usize) -> Enqueued {
         let mut q = self.lock();
         let mut evicted = None;
-        if q.len() >= self.capacity + free_slots {
+        if q.len() >= self.capacity && q.len() >= self.capacity + free_slots() {
             match self.policy {
                 FullPolicy::Reject => return Enqueued::Full,
                 FullPolicy::DropLru => match q.batch.pop_front() {
@@ -358,12 +362,12 @@ mod tests {
         let q = TaskQueue::new(2, FullPolicy::Reject);
         let tasks: Vec<_> = (0..4).map(|i| task(&format!("t{i}"))).collect();
         for t in &tasks {
-            assert!(matches!(q.push(t.clone(), 2), Enqueued::Queued { .. }));
+            assert!(matches!(q.push(t.clone(), || 2), Enqueued::Queued { .. }));
         }
-        assert!(matches!(q.push(task("t4"), 2), Enqueued::Full));
+        assert!(matches!(q.push(task("t4"), || 2), Enqueued::Full));
         // the dispatcher placed two: no idle slot left, two waiting is the capacity
         assert!(q.remove(&tasks[0]) && q.remove(&tasks[1]));
-        assert!(matches!(q.push(task("t5"), 0), Enqueued::Full));
+        assert!(matches!(q.push(task("t5"), || 0), Enqueued::Full));
     }
 
     /// ORCH-ADM-RETRY-1: a retry that claims a kept place is queued at that place, ahead of
@@ -379,7 +383,7 @@ mod tests {
         assert!(!q.keep_place(early, now), "bounded by the capacity");
         let newcomer = task("new");
         assert!(matches!(
-            q.push(newcomer.clone(), 0),
+            q.push(newcomer.clone(), || 0),
             Enqueued::Queued { position: 0 }
         ));
         let (a, promise) = q.ahead_of(Priority::Interactive, Instant::now(), (1, 1));
@@ -392,7 +396,7 @@ mod tests {
         assert_eq!(rank, early);
         let retry = ranked("retry", Some(rank));
         assert!(matches!(
-            q.push(retry.clone(), 1),
+            q.push(retry.clone(), || 1),
             Enqueued::Queued { position: 0 }
         ));
         let order: Vec<_> = q.in_order().iter().map(|t| t.id.clone()).collect();
