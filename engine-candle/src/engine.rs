@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use candle_core::Device;
 
@@ -16,6 +16,7 @@ use crate::kv_type::KvType;
 use crate::model::{KvCache, Model};
 use crate::scheduler::{Command, GenerateRequest, Scheduler, Shared};
 use crate::slots::{SlotPermit, Slots};
+use crate::step_budget::StepBudget;
 use crate::tokenizer::GgufTokenizer;
 use crate::weights::{GgufFile, WeightFormat};
 
@@ -106,10 +107,14 @@ pub struct EngineOptions {
     /// Host memory for the keys and values of prompts whose cache rows were reused by
     /// other prompts, so they start after their prefix when they come back (0: off).
     pub prompt_cache_bytes: usize,
-    /// Prompt tokens one forward pass takes while other sequences decode: the longest a
-    /// stream waits between two tokens is one pass of this many prompt tokens beside the
-    /// decoding ones (an idle engine takes whole chunks of prompt).
+    /// Prompt tokens one forward pass takes at least while other sequences decode (an idle
+    /// engine takes whole chunks of prompt).
     pub step_prompt_tokens: usize,
+    /// How long a pass beside decoding sequences should take: more prompt tokens than
+    /// `step_prompt_tokens` go in while the last pass shows they fit (the longest a stream
+    /// waits between two tokens while a long prompt arrives); 0 = exactly
+    /// `step_prompt_tokens` a pass.
+    pub step_ms: u64,
 }
 
 /// Default size of the host-memory prompt cache.
@@ -118,8 +123,14 @@ pub const DEFAULT_PROMPT_CACHE_BYTES: usize = 256 << 20;
 pub const DEFAULT_KV_CACHE_MAX_BYTES: usize = 2 << 30;
 /// A context cut to fit the key/value cache is a multiple of this.
 const CTX_STEP: usize = 256;
-/// Default prompt tokens per pass beside decoding sequences.
+/// Default least prompt tokens per pass beside decoding sequences.
 pub const DEFAULT_STEP_PROMPT_TOKENS: usize = 16;
+/// Default time a pass beside decoding sequences should take: none, exactly
+/// `step_prompt_tokens` a pass (on the 2-core reference machine a time of 60–100 ms gave the
+/// long prompt a shorter answer beside a stream but let more gaps between the stream's tokens
+/// pass 150 ms: every pass then takes about the time, where fixed chunks take it only at the
+/// prompt's end; `ENG-CHUNK-3` in `.specs/engine.md`).
+pub const DEFAULT_STEP_MS: u64 = 0;
 
 impl EngineOptions {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {
@@ -134,6 +145,7 @@ impl EngineOptions {
             weight_format: WeightFormat::Auto,
             prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
             step_prompt_tokens: DEFAULT_STEP_PROMPT_TOKENS,
+            step_ms: DEFAULT_STEP_MS,
         }
     }
 }
@@ -296,7 +308,7 @@ impl CandleEngine {
             opts.slots,
             shared.clone(),
             opts.prompt_cache_bytes,
-            opts.step_prompt_tokens,
+            StepBudget::new(opts.step_prompt_tokens, Duration::from_millis(opts.step_ms)),
         );
         std::thread::Builder::new()
             .name("candle-decode".into())

@@ -18,6 +18,7 @@ mod q8_0_cpu;
 mod sampling;
 mod scheduler;
 mod slots;
+mod step_budget;
 mod text_stream;
 mod tokenizer;
 mod weights;
@@ -26,8 +27,8 @@ pub use chat_template::{ChatMessage, ChatTemplate, Piece, TemplateSource, CHATML
 pub use cpu_parallel::fault;
 pub use engine::{
     configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, ModelInfo,
-    DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_PROMPT_TOKENS,
-    ENGINE_NAME, ENGINE_VERSION,
+    DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS,
+    DEFAULT_STEP_PROMPT_TOKENS, ENGINE_NAME, ENGINE_VERSION,
 };
 pub use error::{EngineError, Result};
 pub use hparams::{Hparams, RopeStyle};

@@ -1,9 +1,9 @@
 //! The decode thread: continuous batching over the cache rows of one loaded model.
 //!
 //! Every step is one forward pass: each running sequence decodes its next token, and the
-//! prompts of new sequences go through in chunks beside them — while any sequence decodes, at
-//! most `step_prompt_tokens` prompt tokens per pass, so a long prompt never holds up the
-//! streams for more than one short pass (cancel is checked between passes). A sequence whose
+//! prompts of new sequences go through in chunks beside them — while any sequence decodes, as
+//! many prompt tokens per pass as fit the step's time (`step_budget.rs`), so a long prompt
+//! never holds up the streams for more than one short pass (cancel is checked between passes). A sequence whose
 //! last prompt chunk went through starts decoding from that chunk's logits; finished or
 //! cancelled sequences leave at once.
 
@@ -21,6 +21,7 @@ use crate::error::EngineError;
 use crate::model::{KvCache, Model, Segment};
 use crate::prompt_cache::{common_prefix, Entry, PromptCache};
 use crate::slots::SlotPermit;
+use crate::step_budget::StepBudget;
 
 use crate::model::PREFILL_CHUNK;
 use crate::sampling::{Sampler, SamplingParams};
@@ -180,7 +181,7 @@ pub(crate) struct Scheduler {
     /// Sequences computing their prompts, in arrival order.
     prefilling: Vec<Prefilling>,
     /// Prompt tokens one pass takes while sequences decode.
-    step_prompt_tokens: usize,
+    step: StepBudget,
     /// Rows nobody runs in, oldest first.
     free: Vec<FreeRow>,
     waiting: VecDeque<(Box<GenerateRequest>, Instant)>,
@@ -197,7 +198,7 @@ impl Scheduler {
         slots: usize,
         shared: Arc<Shared>,
         prompt_cache_bytes: usize,
-        step_prompt_tokens: usize,
+        step: StepBudget,
     ) -> Self {
         Self {
             model,
@@ -207,7 +208,7 @@ impl Scheduler {
             shared,
             running: Vec::with_capacity(slots),
             prefilling: Vec::with_capacity(slots),
-            step_prompt_tokens: step_prompt_tokens.max(1),
+            step,
             free: (0..slots)
                 .map(|row| FreeRow {
                     row,
@@ -568,7 +569,7 @@ impl Scheduler {
         let mut budget = if decoding.is_empty() {
             PREFILL_CHUNK
         } else {
-            self.step_prompt_tokens
+            self.step.tokens()
         };
         // (prefilling index, tokens this pass)
         let mut chunks: Vec<(usize, usize)> = Vec::new();
@@ -606,8 +607,20 @@ impl Scheduler {
                 prompt: true,
             });
         }
+        let began = Instant::now();
         let result = self.model.forward(&self.cache, &segs);
         drop(segs);
+        let took = began.elapsed();
+        let prompt_tokens: usize = chunks.iter().map(|&(_, n)| n).sum();
+        tracing::trace!(
+            decode = decoding.len(),
+            prompt_tokens,
+            us = took.as_micros() as u64,
+            "pass"
+        );
+        if !decoding.is_empty() {
+            self.step.observe(prompt_tokens, took);
+        }
         let mut logits = match result {
             Ok(l) => l,
             Err(e) => {

@@ -14,9 +14,16 @@ use engine_candle::{CandleEngine, EngineOptions, FinishReason, SamplingParams, S
 static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn engine() -> CandleEngine {
+    engine_stepping(engine_candle::DEFAULT_STEP_MS)
+}
+
+/// An engine whose passes beside a stream should take `step_ms` (0: exactly
+/// `step_prompt_tokens` prompt tokens a pass).
+fn engine_stepping(step_ms: u64) -> CandleEngine {
     let mut opts = EngineOptions::new(model_path());
     opts.slots = 2;
     opts.ctx = 2048;
+    opts.step_ms = step_ms;
     CandleEngine::load(opts).expect("default model loads")
 }
 
@@ -55,13 +62,13 @@ fn next(rx: &mut tokio::sync::mpsc::Receiver<SeqEvent>) -> SeqEvent {
 }
 
 /// ENG-CHUNK-1: while a long prompt goes through, a running stream keeps getting tokens
-/// (one per pass: the prompt takes `step_prompt_tokens` per pass beside it), and the long
-/// prompt's answer is token for token what it is on an idle engine, where it goes through
-/// in whole chunks.
+/// (one per pass: with no step time the prompt takes exactly `step_prompt_tokens` per pass
+/// beside it), and the long prompt's answer is token for token what it is on an idle engine,
+/// where it goes through in whole chunks.
 #[test]
 fn a_long_prompt_goes_through_between_the_tokens_of_a_running_stream() {
     let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
-    let e = engine();
+    let e = engine_stepping(0);
     let long = long_prompt(&e, "Story one.");
     // on another engine: this one's rows and prompt cache must not hold the prompt
     let alone = {
@@ -109,6 +116,60 @@ fn a_long_prompt_goes_through_between_the_tokens_of_a_running_stream() {
     assert_eq!(
         ids, alone,
         "chunked beside a stream vs whole on an idle engine"
+    );
+    stop_stream.cancel();
+}
+
+/// ENG-CHUNK-3: with a step time the chunks beside a stream grow while passes stay within
+/// it — here a minute, which every pass does, so each chunk doubles the last up to a whole
+/// prefill chunk (16, 32, …, 256): the ~1,350-token prompt goes through in about nine passes
+/// instead of eighty-odd, the stream still gets a token between any two, and the answer is
+/// the idle engine's.
+#[test]
+fn a_step_time_grows_the_chunks_beside_a_stream() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    let e = engine_stepping(60_000);
+    let long = long_prompt(&e, "Story four.");
+    let alone = {
+        let idle = engine();
+        greedy(&idle, long.clone(), 8).ids
+    };
+    let (mut stream, stop_stream) =
+        start(&e, counting(&e), SamplingParams::default(), 1000, vec![]);
+    for _ in 0..3 {
+        assert!(matches!(next(&mut stream), SeqEvent::Token { .. }));
+    }
+    // drain what came meanwhile: counted from here on, the passes beside the prompt
+    while stream.try_recv().is_ok() {}
+    let (mut rx, _c) = start(&e, long.clone(), SamplingParams::default(), 8, vec![]);
+    let mut during = 0;
+    let mut ids = Vec::new();
+    loop {
+        while let Ok(ev) = stream.try_recv() {
+            assert!(matches!(ev, SeqEvent::Token { .. }), "{ev:?}");
+            if ids.is_empty() {
+                during += 1;
+            }
+        }
+        match rx.try_recv() {
+            Ok(SeqEvent::Token { id, .. }) => ids.push(id),
+            Ok(SeqEvent::Done(_)) => break,
+            Ok(SeqEvent::Failed(m)) => panic!("{m}"),
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let whole_chunks = long.len().div_ceil(256);
+    assert!(
+        (whole_chunks..=12).contains(&during),
+        "the stream got {during} tokens while {} prompt tokens went through",
+        long.len()
+    );
+    assert_eq!(
+        ids, alone,
+        "grown chunks beside a stream vs whole on an idle engine"
     );
     stop_stream.cancel();
 }

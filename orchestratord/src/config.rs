@@ -554,12 +554,17 @@ pub struct PoolConfig {
     /// they start after their cached prefix when they come back; 0 turns it off.
     #[serde(default = "default_prompt_cache_mib")]
     pub prompt_cache_mib: usize,
-    /// Prompt tokens one forward pass takes while other tasks stream: a long prompt goes
-    /// through in chunks of this size between their tokens, so no stream waits longer than
-    /// one such pass (an idle pool takes whole chunks). Smaller: shorter stalls, a slower
-    /// long prompt beside streams.
+    /// Prompt tokens one forward pass takes at least while other tasks stream: a long
+    /// prompt goes through in chunks between their tokens (an idle pool takes whole chunks).
     #[serde(default = "default_step_prompt_tokens")]
     pub step_prompt_tokens: usize,
+    /// How long (ms) a pass beside streaming tasks should take: its prompt chunk is sized
+    /// from the last pass to fit, at least `step_prompt_tokens` — about the longest a stream
+    /// waits between two tokens while a long prompt arrives. Larger: a long prompt answers
+    /// sooner beside streams, their gaps get longer; 0 (default): exactly
+    /// `step_prompt_tokens` a pass.
+    #[serde(default = "default_step_ms")]
+    pub step_ms: u64,
 }
 
 fn default_slots() -> usize {
@@ -585,6 +590,9 @@ fn default_prompt_cache_mib() -> usize {
 }
 fn default_step_prompt_tokens() -> usize {
     engine_candle::DEFAULT_STEP_PROMPT_TOKENS
+}
+fn default_step_ms() -> u64 {
+    engine_candle::DEFAULT_STEP_MS
 }
 
 /// The default model's cached location (filled by `ci/fetch-model.sh`).
@@ -643,6 +651,7 @@ impl Default for Config {
                 weight_format: default_weight_format(),
                 prompt_cache_mib: default_prompt_cache_mib(),
                 step_prompt_tokens: default_step_prompt_tokens(),
+                step_ms: default_step_ms(),
             }],
         }
     }
@@ -851,6 +860,7 @@ impl PoolConfig {
             weight_format,
             prompt_cache_bytes: self.prompt_cache_mib << 20,
             step_prompt_tokens: self.step_prompt_tokens,
+            step_ms: self.step_ms,
         })
     }
 }

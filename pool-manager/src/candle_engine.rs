@@ -142,6 +142,7 @@ impl EngineFactory for CandleFactory {
         opts.weight_format = spec.weight_format;
         opts.prompt_cache_bytes = spec.prompt_cache_bytes;
         opts.step_prompt_tokens = spec.step_prompt_tokens;
+        opts.step_ms = spec.step_ms;
         let engine = CandleEngine::load(opts).map_err(|e| PortError::Load(e.to_string()))?;
         Ok(Arc::new(CandlePortEngine::new(
             engine,

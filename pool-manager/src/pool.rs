@@ -65,6 +65,9 @@ pub struct PoolSpec {
     /// Prompt tokens per forward pass beside decoding sequences (see
     /// `engine_candle::EngineOptions::step_prompt_tokens`).
     pub step_prompt_tokens: usize,
+    /// How long a pass beside decoding sequences should take (see
+    /// `engine_candle::EngineOptions::step_ms`).
+    pub step_ms: u64,
 }
 
 /// Failures of control-plane actions on a pool.

@@ -211,6 +211,7 @@ pub fn sync_pools(state: &AppState, link: &Arc<WorkerLink>, models: &[String]) {
             weight_format: pool_manager::WeightFormat::Auto,
             prompt_cache_bytes: 0,
             step_prompt_tokens: engine_candle::DEFAULT_STEP_PROMPT_TOKENS,
+            step_ms: engine_candle::DEFAULT_STEP_MS,
         };
         let engine = Arc::new(RemoteEngine::new(
             link.clone(),

@@ -248,6 +248,7 @@ pub fn pool(id: &str, slots: usize) -> PoolConfig {
         weight_format: "auto".into(),
         prompt_cache_mib: 256,
         step_prompt_tokens: engine_candle::DEFAULT_STEP_PROMPT_TOKENS,
+        step_ms: engine_candle::DEFAULT_STEP_MS,
     }
 }
 

@@ -147,6 +147,7 @@ pub async fn add(
         weight_format: WeightFormat::Auto,
         prompt_cache_bytes: api.prompt_cache_mib << 20,
         step_prompt_tokens: engine_candle::DEFAULT_STEP_PROMPT_TOKENS,
+        step_ms: engine_candle::DEFAULT_STEP_MS,
     };
     let pool = state
         .pools
