@@ -54,6 +54,14 @@ async def one_client(i, base, model, args, seen):
 
     async def on_response(response):
         sent = response.request.extensions.get("sent_at")
+        if seen.get("trace") is not None and sent is not None:
+            seen["trace"].append({
+                "client": i, "sent_s": round(sent - seen["t0"], 3),
+                "ms": round((time.perf_counter() - sent) * 1000, 1),
+                "status": response.status_code,
+                "retry": response.request.headers.get("x-stainless-retry-count"),
+                "retry_after_ms": response.headers.get("retry-after-ms"),
+            })
         if response.status_code >= 400 and sent is not None:
             seen["refusal_ms"].append((time.perf_counter() - sent) * 1000)
             seen["refusal_status"][response.status_code] = (
@@ -95,7 +103,8 @@ async def one_client(i, base, model, args, seen):
 
 
 async def scenario(base, model, args):
-    seen = {"refusal_ms": [], "refusal_status": {}}
+    seen = {"refusal_ms": [], "refusal_status": {}, "t0": time.perf_counter(),
+            "trace": [] if args.trace else None}
     results = await asyncio.gather(
         *[one_client(i, base, model, args, seen) for i in range(args.clients)]
     )
@@ -207,6 +216,10 @@ def run_against(name, base, pid, model, args):
         model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8
     )
     results, seen = asyncio.run(scenario(base, model, args))
+    if args.trace:
+        with open(args.trace, "a") as f:
+            for line in seen["trace"]:
+                f.write(json.dumps(dict(line, server=name)) + "\n")
     cpu_at_end = cpu_seconds(pid) if pid else 0.0
     burnt = idle_after(pid, cpu_at_end) if pid else 0.0
     row = summarize(name, results, seen, burnt)
@@ -260,6 +273,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--quick", action="store_true", help="16 clients, 32 tokens, timeout 8 s")
     ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--trace", help="write every response the clients saw here (JSON lines: "
+                    "client, sent at, ms, status, retry count, advised wait)")
     args = ap.parse_args()
     defaults = (16, 32, 8.0) if args.quick else (64, 128, 15.0)
     args.clients = args.clients or defaults[0]

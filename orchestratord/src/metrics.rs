@@ -424,7 +424,8 @@ pub fn shed() {
     counter!(QUEUE_SHED).increment(1);
 }
 
-/// A place in line was kept for a refused request (`kept`) or a retry took one (`claimed`).
+/// A place in line was kept for a refused request (`kept`), a retry took one (`claimed`), or a
+/// client's last attempt was queued though predicted late (`last_attempt_queued`).
 pub fn retry_place(outcome: &'static str) {
     counter!(RETRY_PLACES, L_OUTCOME => outcome).increment(1);
 }

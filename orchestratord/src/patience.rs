@@ -102,7 +102,16 @@ impl Patience {
     pub fn is_retry(&self) -> bool {
         self.retry_count > 0
     }
+
+    /// Whether this is the client's last attempt by the SDKs' default (`openai` and
+    /// `anthropic` retry twice): a refusal now loses the client for good.
+    pub fn is_last_attempt(&self) -> bool {
+        self.retry_count >= SDK_DEFAULT_RETRIES
+    }
 }
+
+/// How many times the `openai` and `anthropic` SDKs retry a refused request by default.
+pub const SDK_DEFAULT_RETRIES: u32 = 2;
 
 #[cfg(test)]
 mod tests {

@@ -49,6 +49,7 @@ fn task(id: usize) -> Arc<Task> {
         start_by: None,
         rank: None,
         predicted_start: std::time::Duration::ZERO,
+        last_attempt: false,
     }))
 }
 

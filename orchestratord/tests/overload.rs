@@ -113,6 +113,55 @@ async fn a_refused_client_learns_when_to_come_back_and_keeps_its_place() {
     }
 }
 
+/// ORCH-ADM-RETRY-2: a request the line makes late is refused on its first and second
+/// attempts, but on its third — the SDKs' last by default, where a refusal loses the client
+/// for good — it is queued (counted); its start budget still ends its wait: the line here is
+/// as predicted, so it leaves the queue before any compute with a typed, retriable error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_last_attempt_is_queued_not_refused() {
+    let mut cfg = config(vec![pool("p1", 2)]);
+    cfg.admission.deadline_margin_ms = 100;
+    let s = start(cfg, Duration::from_millis(20)).await;
+    let body = json!({"prompt": "a b", "max_tokens": 50});
+    let deadline = [(DEADLINE, "2480")];
+    for _ in 0..4 {
+        let r = submit_with(&s, body.clone(), &deadline).await;
+        assert_eq!(r.status(), 202, "{:?}", r.text().await);
+    }
+    let before = s.metrics().await;
+    for retry in ["0", "1"] {
+        let r = submit_with(
+            &s,
+            body.clone(),
+            &[(DEADLINE, "2480"), ("x-stainless-retry-count", retry)],
+        )
+        .await;
+        assert_eq!(r.status(), 429, "attempt with retry count {retry}");
+    }
+    let last = submit_with(
+        &s,
+        body.clone(),
+        &[(DEADLINE, "2480"), ("x-stainless-retry-count", "2")],
+    )
+    .await;
+    assert_eq!(last.status(), 202, "{:?}", last.text().await);
+    let v: serde_json::Value = last.json().await.unwrap();
+    let id = v["task_id"].as_str().unwrap().to_string();
+    let queued = "orchd_retry_places_total{outcome=\"last_attempt_queued\"}";
+    assert_eq!(
+        counter(&s.metrics().await, queued) - counter(&before, queued),
+        1.0
+    );
+    let evs = s.stream_all(&id).await;
+    assert_well_formed(&evs);
+    // the line was as predicted: it left before any compute, typed and retriable
+    let end = evs.last().unwrap();
+    assert_eq!(end.event, "error", "{evs:?}");
+    assert_eq!(end.data["code"], "QUEUE_TIMEOUT", "{evs:?}");
+    assert_eq!(end.data["retriable"], true);
+    assert!(evs.iter().all(|e| e.event != "token"), "{evs:?}");
+}
+
 /// ORCH-ADM-DL-1: a client timeout no answer could meet even on an idle pool is a 422
 /// `DEADLINE_UNMET` (retrying cannot help), and a malformed deadline header is a 400.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

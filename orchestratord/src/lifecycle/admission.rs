@@ -500,6 +500,7 @@ pub async fn admit(
         start_by: plan.start_budget,
         rank: Some(plan.rank),
         predicted_start: plan.predicted_start,
+        last_attempt: caller.patience.is_last_attempt(),
     }));
     match state.tasks.insert(task.clone()) {
         Inserted::New => {}

@@ -89,7 +89,10 @@ pub fn shed_late(state: &SharedState) {
                 };
                 let allowed = start_by.saturating_duration_since(now).as_millis() as u64;
                 let predicted = l.next_start_ms();
-                if predicted <= allowed + tolerance_ms(allowed) || task.is_terminal() {
+                if predicted <= allowed + tolerance_ms(allowed)
+                    || task.is_terminal()
+                    || task.last_attempt
+                {
                     l.take(need);
                     continue;
                 }

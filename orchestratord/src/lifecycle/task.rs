@@ -139,6 +139,9 @@ pub struct Task {
     pub rank: Instant,
     /// Admission's prediction of its wait for a slot (compared with the real one, metrics).
     pub predicted_start: Duration,
+    /// Its client's last attempt (ORCH-ADM-RETRY-2): queued even when predicted late, never
+    /// sent back by the line's re-play; its start budget still ends its wait.
+    pub last_attempt: bool,
     /// Fired when the task ends early (cancel, timeout, drain): the engine stops decoding it.
     pub cancel: CancellationToken,
     /// Why the task was stopped early, for a remote worker's `cancel` reason.
@@ -175,6 +178,7 @@ pub struct NewTask {
     /// The place in line a retry claimed (default: now).
     pub rank: Option<Instant>,
     pub predicted_start: Duration,
+    pub last_attempt: bool,
 }
 
 impl Task {
@@ -198,6 +202,7 @@ impl Task {
             start_by: n.start_by.map(|d| now + d),
             rank: n.rank.unwrap_or(now),
             predicted_start: n.predicted_start,
+            last_attempt: n.last_attempt,
             cancel: CancellationToken::new(),
             stop_cause: StopCause::default(),
             inner: Mutex::new(TaskInner {
@@ -488,5 +493,6 @@ pub(crate) fn test_task(id: &str, rank: Option<Instant>) -> std::sync::Arc<Task>
         start_by: None,
         rank,
         predicted_start: Duration::ZERO,
+        last_attempt: false,
     }))
 }
