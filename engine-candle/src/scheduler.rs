@@ -1,11 +1,11 @@
 //! The decode thread: continuous batching over the cache rows of one loaded model.
 //!
 //! Every step is one forward pass: each running sequence decodes its next token, and the
-//! prompts of new sequences go through in chunks beside them — while any sequence decodes, as
-//! many prompt tokens per pass as fit the step's time (`step_budget.rs`), so a long prompt
-//! never holds up the streams for more than one short pass (cancel is checked between passes). A sequence whose
-//! last prompt chunk went through starts decoding from that chunk's logits; finished or
-//! cancelled sequences leave at once.
+//! prompts of new sequences go through in chunks beside them — while any sequence decodes,
+//! `step_prompt_tokens` prompt tokens per pass, or as many as fit a step time
+//! (`step_budget.rs`), so a long prompt never holds up the streams for more than one short
+//! pass (cancel is checked between passes). A sequence whose last prompt chunk went through
+//! starts decoding from that chunk's logits; finished or cancelled sequences leave at once.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -150,6 +150,7 @@ impl TaskQueue {
     pub fn push(&self, task: Arc<Task>, free_slots: impl FnOnce() -> usize) -> Enqueued {
         let mut q = self.lock();
         let mut evicted = None;
+        // below the capacity there is room whatever the slots: no pool snapshots taken
         if q.len() >= self.capacity && q.len() >= self.capacity + free_slots() {
             match self.policy {
                 FullPolicy::Reject => return Enqueued::Full,
