@@ -13,7 +13,8 @@ after the other, never together (`--orchd BIN` and/or `--llama-server BIN` with 
    streamed 20 tokens a long uncached prompt (`--freeze-tokens`, 1312 by default) is sent as in
    1. Reported: the longest gap between two tokens of the running stream while the long
    prompt was in the server, the stream's median gap before, and the long prompt's time to
-   answer against the same prompt length on an idle server (from 1). Median of `--rounds`.
+   answer against the same prompt length on the idle server, measured just before in the same
+   round (paired). Medians of `--rounds`; the growth is the median of the rounds' ratios.
 
     PYTHONPATH=.cache/pydeps python3 ci/long_prompt_bench.py \\
         --orchd target/release/orchestratord --llama-server /path/to/llama-server \\
@@ -147,8 +148,13 @@ def run_against(name, base, args):
     for length in args.lengths:
         row["prefill"][length] = prefill(prompts, length, args.rounds)
         print(f"{name}: {length} tokens -> {row['prefill'][length]}", file=sys.stderr)
-    idle = prefill(prompts, args.freeze_tokens, args.rounds)
-    freezes = [freeze_once(prompts, base, model, args.freeze_tokens) for _ in range(args.rounds)]
+    # paired rounds: the long prompt on the idle server, then beside a stream, so that the
+    # machine's drift over the run falls on both sides of each ratio
+    idles, freezes = [], []
+    for _ in range(args.rounds):
+        idles.append(prefill(prompts, args.freeze_tokens, 1))
+        freezes.append(freeze_once(prompts, base, model, args.freeze_tokens))
+    print(f"{name}: idle runs {idles}", file=sys.stderr)
     print(f"{name}: freeze runs {freezes}", file=sys.stderr)
     row["freeze"] = {
         "runs": freezes,
@@ -157,11 +163,14 @@ def run_against(name, base, args):
         "median_gap_before_ms": statistics.median(
             f["median_gap_before_ms"] for f in freezes if f["median_gap_before_ms"]),
         "long_prompt_s_loaded": statistics.median(f["long_prompt_s"] for f in freezes),
-        "long_prompt_s_idle": idle["seconds"],
-        "long_prompt_tokens": idle["prompt_tokens"],
+        "long_prompt_s_idle": statistics.median(i["seconds"] for i in idles),
+        "long_prompt_tokens": idles[0]["prompt_tokens"],
+        # per round: beside a stream over idle, the same length, one after the other
+        "ttft_growth_rounds": [round(f["long_prompt_s"] / i["seconds"] - 1, 3)
+                               for i, f in zip(idles, freezes)],
     }
     f = row["freeze"]
-    f["ttft_growth"] = round(f["long_prompt_s_loaded"] / f["long_prompt_s_idle"] - 1, 3)
+    f["ttft_growth"] = statistics.median(f["ttft_growth_rounds"])
     client.close()
     return row
 
@@ -198,7 +207,9 @@ def tables(rows, lengths):
         out.append(f'| {r["server"]} | {f["median_gap_before_ms"]} ms | '
                    f'{f["max_gap_ms_median"]} / {f["max_gap_ms_max"]} ms | '
                    f'{f["long_prompt_s_idle"]} s → {f["long_prompt_s_loaded"]} s '
-                   f'({f["ttft_growth"] * 100:+.0f} %, {f["long_prompt_tokens"]} tokens) |')
+                   f'({f["ttft_growth"] * 100:+.0f} %, median of the paired rounds '
+                   f'{", ".join(f"{g * 100:+.0f}" for g in f["ttft_growth_rounds"])}; '
+                   f'{f["long_prompt_tokens"]} tokens) |')
     return "\n".join(out)
 
 

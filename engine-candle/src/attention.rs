@@ -13,6 +13,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+mod kept;
 mod transposed;
 
 use std::borrow::Cow;
@@ -21,6 +22,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 
 use crate::cpu_parallel::par_chunks_mut;
+pub(crate) use kept::{KeptTranspositions, SegmentUse};
 use transposed::{Block, Transposed};
 
 /// Shapes of one forward pass's attention.
@@ -66,18 +68,45 @@ pub(crate) enum Stored<'a> {
     },
 }
 
+/// One kv head's keys and values, transposed (the transposed prompt path's input).
+pub(crate) type HeadPair = (Transposed, Transposed);
+
 /// `q` is `[n_head, n, head_dim]` (unscaled); `kv` is one layer's cache with the segments'
-/// new keys and values written. Returns `[n, n_head · head_dim]`.
-pub(crate) fn attend(q: &[f32], n: usize, d: &Dims, spans: &[Span], kv: Stored<'_>) -> Vec<f32> {
-    let path = if has_fma() {
+/// new keys and values written. `kept[s]`, where given, is span `s`'s transposition of this
+/// layer's kv heads kept from earlier passes (positions `0..start` of its row, see `kept.rs`):
+/// it is extended by the span's new positions and attended over, instead of transposing the
+/// whole history again (only spans that take the transposed path use it). Returns
+/// `[n, n_head · head_dim]`.
+pub(crate) fn attend(
+    q: &[f32],
+    n: usize,
+    d: &Dims,
+    spans: &[Span],
+    kv: Stored<'_>,
+    kept: &mut [Option<&mut [HeadPair]>],
+) -> Vec<f32> {
+    let path = prompt_path();
+    attend_with(q, n, d, spans, kv, kept, path)
+}
+
+/// Whether a span takes the transposed prompt path on this machine (so a transposition of
+/// its heads is worth keeping between passes).
+pub(crate) fn transposes(prompt: bool, t: usize, hd: usize) -> bool {
+    prompt_path() != PromptPath::PerQuery
+        && prompt
+        && t >= TRANSPOSE_MIN_QUERIES
+        && transposed::supports(hd)
+}
+
+fn prompt_path() -> PromptPath {
+    if has_fma() {
         PromptPath::TransposedNative
     } else if cfg!(target_arch = "aarch64") {
         // NEON and FMA are baseline there: the portable loops vectorise
         PromptPath::Transposed
     } else {
         PromptPath::PerQuery
-    };
-    attend_with(q, n, d, spans, kv, path)
+    }
 }
 
 /// How prompt segments of at least `TRANSPOSE_MIN_QUERIES` tokens are attended; every path
@@ -106,14 +135,14 @@ struct Task {
 /// One kv head's keys and values over a span's positions, as f32.
 type HeadRows<'a> = (Cow<'a, [f32]>, Cow<'a, [f32]>);
 
-/// The positions `0..start + t` of each span's row, per kv head (`s · n_head_kv + kh`), as
-/// f32: slices of an f32 cache, or converted from an f16 one (in parallel).
-fn rows_of<'a>(kv: &Stored<'a>, d: &Dims, spans: &[Span]) -> Vec<HeadRows<'a>> {
+/// The positions `from[s]..start + t` of each span's row, per kv head (`s · n_head_kv + kh`),
+/// as f32: slices of an f32 cache, or converted from an f16 one (in parallel).
+fn rows_of<'a>(kv: &Stored<'a>, d: &Dims, spans: &[Span], from: &[usize]) -> Vec<HeadRows<'a>> {
     let hd = d.head_dim;
     let range = |s: usize, kh: usize| {
         let sp = &spans[s];
         let base = (sp.row * d.n_head_kv + kh) * d.ctx * hd;
-        base..base + (sp.start + sp.t) * hd
+        base + from[s] * hd..base + (sp.start + sp.t) * hd
     };
     let heads = spans.len() * d.n_head_kv;
     match *kv {
@@ -139,43 +168,81 @@ fn rows_of<'a>(kv: &Stored<'a>, d: &Dims, spans: &[Span]) -> Vec<HeadRows<'a>> {
     }
 }
 
+/// Where a transposed span's kv head comes from in this pass.
+enum HeadSource<'k> {
+    /// Transposed here, for this pass only.
+    Fresh(Option<HeadPair>),
+    /// Kept from earlier passes, extended here by the span's new positions.
+    Kept(&'k mut HeadPair),
+}
+
 fn attend_with(
     q: &[f32],
     n: usize,
     d: &Dims,
     spans: &[Span],
     kv: Stored<'_>,
+    kept: &mut [Option<&mut [HeadPair]>],
     path: PromptPath,
 ) -> Vec<f32> {
     let hd = d.head_dim;
     let group = d.n_head / d.n_head_kv;
-    let rows = rows_of(&kv, d, spans);
-    let head_rows = |s: usize, kh: usize| -> (&[f32], &[f32]) {
-        let (k, v) = &rows[s * d.n_head_kv + kh];
-        (k, v)
-    };
     let use_transposed = |sp: &Span| {
         path != PromptPath::PerQuery
             && sp.prompt
             && sp.t >= TRANSPOSE_MIN_QUERIES
             && transposed::supports(hd)
     };
-    // the transposed heads, per span that uses them: `first[s]` indexes its first kv head
+    // the transposed heads, per span that uses them (`first[s]` indexes its first kv head):
+    // kept ones need only the span's new positions from the cache, the others all of them
     let mut first = vec![usize::MAX; spans.len()];
-    let mut to_transpose = Vec::new();
+    let mut from = vec![0usize; spans.len()];
+    let mut sources: Vec<(usize, usize, HeadSource<'_>)> = Vec::new();
+    let mut kept = kept.iter_mut();
     for (s, sp) in spans.iter().enumerate() {
-        if use_transposed(sp) {
-            first[s] = to_transpose.len();
-            to_transpose.extend((0..d.n_head_kv).map(|kh| (s, kh)));
+        let mine = kept.next().and_then(|k| k.as_deref_mut());
+        if !use_transposed(sp) {
+            continue;
+        }
+        first[s] = sources.len();
+        match mine {
+            Some(heads) if heads.len() == d.n_head_kv && heads[0].0.len() <= sp.start => {
+                from[s] = heads[0].0.len();
+                sources.extend(
+                    heads
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(kh, pair)| (s, kh, HeadSource::Kept(pair))),
+                );
+            }
+            _ => sources.extend((0..d.n_head_kv).map(|kh| (s, kh, HeadSource::Fresh(None)))),
         }
     }
-    let mut heads: Vec<Option<(Transposed, Transposed)>> = Vec::new();
-    heads.resize_with(to_transpose.len(), || None);
-    par_chunks_mut(&mut heads, 1, |i, slot| {
-        let (s, kh) = to_transpose[i];
-        let (keys, vals) = head_rows(s, kh);
-        slot[0] = Some((Transposed::new(keys, hd), Transposed::new(vals, hd)));
+    let rows = rows_of(&kv, d, spans, &from);
+    let head_rows = |s: usize, kh: usize| -> (&[f32], &[f32]) {
+        let (k, v) = &rows[s * d.n_head_kv + kh];
+        (k, v)
+    };
+    par_chunks_mut(&mut sources, 1, |_, one| {
+        let (s, kh, source) = &mut one[0];
+        let (keys, vals) = head_rows(*s, *kh);
+        match source {
+            HeadSource::Fresh(slot) => {
+                *slot = Some((Transposed::new(keys, hd), Transposed::new(vals, hd)))
+            }
+            HeadSource::Kept(pair) => {
+                pair.0.extend(keys);
+                pair.1.extend(vals);
+            }
+        }
     });
+    let heads: Vec<Option<&HeadPair>> = sources
+        .iter()
+        .map(|(_, _, source)| match source {
+            HeadSource::Fresh(slot) => slot.as_ref(),
+            HeadSource::Kept(pair) => Some(&**pair),
+        })
+        .collect();
     let mut tasks = Vec::new();
     for (s, sp) in spans.iter().enumerate() {
         let transposed = first[s] != usize::MAX;
@@ -197,7 +264,7 @@ fn attend_with(
         let sp = &spans[t.s];
         let qh = &q[(t.h * n + sp.offset) * hd..(t.h * n + sp.offset + sp.t) * hd];
         if t.transposed {
-            let Some((keys, vals)) = &heads[first[t.s] + t.h / group] else {
+            let Some((keys, vals)) = heads[first[t.s] + t.h / group] else {
                 unreachable!("every transposed span's heads were transposed");
             };
             let mut out = vec![0f32; t.count * hd];
@@ -527,6 +594,7 @@ mod tests {
                 prompt: true,
             }],
             Stored::F32 { k: &k, v: &v },
+            &mut [],
         );
         // the same queries as 4 + 6 tokens, the second part batched behind another segment
         let split_q = |from: usize, t: usize| -> Vec<f32> {
@@ -546,6 +614,7 @@ mod tests {
                 prompt: true,
             }],
             Stored::F32 { k: &k, v: &v },
+            &mut [],
         );
         let mut q2 = Vec::new();
         let other = split_q(0, 1);
@@ -574,6 +643,7 @@ mod tests {
                 },
             ],
             Stored::F32 { k: &k, v: &v },
+            &mut [],
         );
         let width = 4 * 16;
         let mut joined = a.clone();
@@ -651,10 +721,19 @@ mod tests {
                     &d,
                     &spans,
                     Stored::F32 { k: &k, v: &v },
+                    &mut [],
                     PromptPath::PerQuery,
                 );
                 for path in [PromptPath::Transposed, PromptPath::TransposedNative] {
-                    let fast = attend_with(&q, n, &d, &spans, Stored::F32 { k: &k, v: &v }, path);
+                    let fast = attend_with(
+                        &q,
+                        n,
+                        &d,
+                        &spans,
+                        Stored::F32 { k: &k, v: &v },
+                        &mut [],
+                        path,
+                    );
                     let differ = fast
                         .iter()
                         .zip(&reference)
@@ -662,6 +741,79 @@ mod tests {
                         .count();
                     assert_eq!(differ, 0, "{path:?}: hd {hd}, start {start}, t {t}");
                 }
+            }
+        }
+    }
+
+    /// ENG-CHUNK-4: a prompt going through in chunks over a transposition kept between passes
+    /// (extended by each chunk, or by more positions where it fell behind) gets the bits of
+    /// transposing its whole history every pass, on an f32 and an f16 cache.
+    #[test]
+    fn a_kept_transposition_gives_the_bits_of_a_fresh_one() {
+        let f = |i: usize| (((i * 2654435761) >> 7) % 2000) as f32 / 997.0 - 1.0;
+        let d = Dims {
+            n_head: 9,
+            n_head_kv: 3,
+            head_dim: 64,
+            ctx: 200,
+            scale: 0.125,
+        };
+        let len = 2 * 3 * 200 * 64;
+        let k: Vec<f32> = (0..len).map(|i| 6.0 * f(i + 11)).collect();
+        let v: Vec<f32> = (0..len).map(|i| f(i + 5)).collect();
+        let k16: Vec<f16> = k.iter().map(|x| f16::from_f32(*x)).collect();
+        let v16: Vec<f16> = v.iter().map(|x| f16::from_f32(*x)).collect();
+        for half in [false, true] {
+            let stored = || {
+                if half {
+                    Stored::F16 { k: &k16, v: &v16 }
+                } else {
+                    Stored::F32 { k: &k, v: &v }
+                }
+            };
+            let mut kept: Vec<HeadPair> = (0..3)
+                .map(|_| (Transposed::empty(64), Transposed::empty(64)))
+                .collect();
+            // chunks of row 1 beside a decode token of row 0; the third chunk is too short
+            // for the transposed path, so the kept one falls 10 positions behind
+            let mut start = 0;
+            for (chunk, t) in [16, 37, 10, 16, 53].into_iter().enumerate() {
+                let spans = [
+                    Span {
+                        row: 0,
+                        start: 20 + chunk,
+                        t: 1,
+                        offset: 0,
+                        prompt: false,
+                    },
+                    Span {
+                        row: 1,
+                        start,
+                        t,
+                        offset: 1,
+                        prompt: true,
+                    },
+                ];
+                let n = t + 1;
+                let q: Vec<f32> = (0..9 * n * 64).map(|i| 3.0 * f(i + 7 * start)).collect();
+                let path = PromptPath::TransposedNative;
+                let fresh = attend_with(&q, n, &d, &spans, stored(), &mut [], path);
+                let mut with = [None, Some(kept.as_mut_slice())];
+                let reused = attend_with(&q, n, &d, &spans, stored(), &mut with, path);
+                assert!(
+                    fresh
+                        .iter()
+                        .zip(&reused)
+                        .all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "chunk {chunk}, f16 {half}"
+                );
+                let held = if t >= TRANSPOSE_MIN_QUERIES {
+                    start + t
+                } else {
+                    start
+                };
+                assert!(kept.iter().all(|(a, b)| a.len() == held && b.len() == held));
+                start += t;
             }
         }
     }
@@ -705,8 +857,24 @@ mod tests {
             PromptPath::Transposed,
             PromptPath::TransposedNative,
         ] {
-            let wide = attend_with(&q, 41, &d, &spans, Stored::F32 { k: &k, v: &v }, path);
-            let half = attend_with(&q, 41, &d, &spans, Stored::F16 { k: &k16, v: &v16 }, path);
+            let wide = attend_with(
+                &q,
+                41,
+                &d,
+                &spans,
+                Stored::F32 { k: &k, v: &v },
+                &mut [],
+                path,
+            );
+            let half = attend_with(
+                &q,
+                41,
+                &d,
+                &spans,
+                Stored::F16 { k: &k16, v: &v16 },
+                &mut [],
+                path,
+            );
             assert!(
                 wide.iter()
                     .zip(&half)

@@ -9,7 +9,12 @@ use candle_core::{DType, Device, Tensor};
 
 use half::f16;
 
-use crate::attention::{attend, Dims, Span, Stored};
+use std::sync::Mutex;
+
+use crate::attention::{
+    attend, transposes, Dims, HeadPair, KeptTranspositions, SegmentUse, Span, Stored,
+};
+use crate::cpu_parallel::par_chunks_mut;
 use crate::error::{EngineError, Result};
 use crate::hparams::{Hparams, RopeStyle};
 use crate::kv_type::KvType;
@@ -27,6 +32,8 @@ pub(crate) struct Segment<'a> {
     pub start: usize,
     /// Prompt tokens (else generated ones): picks llama.cpp's arithmetic for `p·V`.
     pub prompt: bool,
+    /// More of this prompt follows in a later pass (its attention keeps what it can reuse).
+    pub continues: bool,
 }
 
 pub(crate) struct Model {
@@ -46,6 +53,8 @@ pub(crate) struct KvCache {
     k: Vec<Tensor>,
     v: Vec<Tensor>,
     kv: KvType,
+    /// Transpositions of rows whose prompts go through in chunks (CPU attention).
+    kept: Mutex<KeptTranspositions>,
 }
 
 impl KvCache {
@@ -63,7 +72,12 @@ impl KvCache {
             k.push(Tensor::zeros(shape, kv.dtype(), device)?);
             v.push(Tensor::zeros(shape, kv.dtype(), device)?);
         }
-        Ok(Self { k, v, kv })
+        Ok(Self {
+            k,
+            v,
+            kv,
+            kept: Mutex::new(KeptTranspositions::new(slots)),
+        })
     }
 
     /// How keys and values are stored.
@@ -74,6 +88,12 @@ impl KvCache {
     /// A copy, in host memory, of the keys and values of positions `0..len` of `row`: per
     /// layer `[1, kv_heads, len, head_dim]`.
     pub fn read_prefix(&self, row: usize, len: usize) -> Result<Vec<(Tensor, Tensor)>> {
+        if self.k.first().is_some_and(|t| t.device().is_cpu()) {
+            return match self.kv {
+                KvType::F32 => self.read_prefix_cpu::<f32>(row, len),
+                KvType::F16 => self.read_prefix_cpu::<f16>(row, len),
+            };
+        }
         let host = |t: &Tensor| -> Result<Tensor> {
             // a copy even where the slice is contiguous: the entry must not alias the row
             Ok(t.narrow(0, row, 1)?
@@ -88,8 +108,60 @@ impl KvCache {
             .collect()
     }
 
+    /// `read_prefix` on the CPU: the layers' copies are spread over the compute pool. It runs
+    /// between two passes of the running streams (a prompt's row is being taken), and one
+    /// thread copying a 1,300-token row (60 MB in f32) held them up ~50 ms.
+    fn read_prefix_cpu<T: candle_core::WithDType>(
+        &self,
+        row: usize,
+        len: usize,
+    ) -> Result<Vec<(Tensor, Tensor)>> {
+        let tensors: Vec<&Tensor> = self
+            .k
+            .iter()
+            .zip(&self.v)
+            .flat_map(|(k, v)| [k, v])
+            .collect();
+        let guards: Vec<_> = tensors.iter().map(|t| t.storage_and_layout()).collect();
+        let mut sources: Vec<&[T]> = Vec::with_capacity(guards.len());
+        for (storage, layout) in &guards {
+            match &**storage {
+                candle_core::Storage::Cpu(c) => {
+                    sources.push(&c.as_slice::<T>()?[layout.start_offset()..])
+                }
+                _ => return Err(EngineError::Device("expected a CPU tensor".into())),
+            }
+        }
+        let (_, nkv, ctx, hd) = self.k[0].dims4()?;
+        if len > ctx {
+            return Err(EngineError::InvalidParams(format!(
+                "a prefix of {len} positions in a row of {ctx}"
+            )));
+        }
+        let mut copies: Vec<Vec<T>> = vec![Vec::new(); sources.len()];
+        par_chunks_mut(&mut copies, 1, |i, out| {
+            let mut copy = Vec::with_capacity(nkv * len * hd);
+            for kh in 0..nkv {
+                let base = (row * nkv + kh) * ctx * hd;
+                copy.extend_from_slice(&sources[i][base..base + len * hd]);
+            }
+            out[0] = copy;
+        });
+        drop(sources);
+        drop(guards);
+        let mut tensors = copies
+            .into_iter()
+            .map(|c| Tensor::from_vec(c, (1, nkv, len, hd), &Device::Cpu));
+        let mut out = Vec::with_capacity(self.k.len());
+        while let (Some(k), Some(v)) = (tensors.next(), tensors.next()) {
+            out.push((k?, v?));
+        }
+        Ok(out)
+    }
+
     /// Writes positions `0..len` of keys and values from `read_prefix` into `row`.
     pub fn write_prefix(&self, row: usize, kv: &[(Tensor, Tensor)], len: usize) -> Result<()> {
+        self.kept().forget(row);
         for ((k, v), (sk, sv)) in self.k.iter().zip(&self.v).zip(kv) {
             for (dst, src) in [(k, sk), (v, sv)] {
                 let src = src
@@ -100,6 +172,11 @@ impl KvCache {
             }
         }
         Ok(())
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, KeptTranspositions> {
+        // what it holds is dropped or replaced whole: a panic elsewhere leaves nothing half-done
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Bytes the cache holds for `slots` x `ctx` tokens stored as `kv`.
@@ -270,6 +347,21 @@ impl Model {
         let pos_t = Tensor::new(positions.as_slice(), &self.device)?;
         let cos = self.cos.index_select(&pos_t, 0)?;
         let sin = self.sin.index_select(&pos_t, 0)?;
+        // the kept transpositions of the rows this pass writes (a failed pass drops them)
+        let mut kept = if cpu {
+            let uses: Vec<SegmentUse> = segs
+                .iter()
+                .map(|s| SegmentUse {
+                    row: s.row,
+                    start: s.start,
+                    transposes: transposes(s.prompt, s.tokens.len(), hd),
+                    continues: s.continues,
+                })
+                .collect();
+            cache.kept().take(&uses, hp.n_layer, nkv, hd)
+        } else {
+            Vec::new()
+        };
         let mut x = self.embed(&tokens)?;
         for li in 0..hp.n_layer {
             let l = &self.w.layers[li];
@@ -297,15 +389,19 @@ impl Model {
             }
             let attn = if cpu {
                 let qv = q.flatten_all()?.to_vec1::<f32>()?;
+                let mut layer: Vec<Option<&mut [HeadPair]>> = kept
+                    .iter_mut()
+                    .map(|t| t.as_mut().map(|t| t.layers[li].as_mut_slice()))
+                    .collect();
                 let y = match cache.kv {
                     KvType::F32 => with_cpu::<f32, _>(&cache.k[li], |k| {
                         with_cpu::<f32, _>(&cache.v[li], |v| {
-                            attend(&qv, n, &dims, &spans, Stored::F32 { k, v })
+                            attend(&qv, n, &dims, &spans, Stored::F32 { k, v }, &mut layer)
                         })
                     })??,
                     KvType::F16 => with_cpu::<f16, _>(&cache.k[li], |k| {
                         with_cpu::<f16, _>(&cache.v[li], |v| {
-                            attend(&qv, n, &dims, &spans, Stored::F16 { k, v })
+                            attend(&qv, n, &dims, &spans, Stored::F16 { k, v }, &mut layer)
                         })
                     })??,
                 };
@@ -314,6 +410,14 @@ impl Model {
                 self.attend_tensors(cache, li, segs, &offsets, &masks, &(q * scale)?)?
             };
             x = self.mlp_and_output(li, &x, &attn)?;
+        }
+        if !kept.is_empty() {
+            let mut store = cache.kept();
+            for (s, t) in segs.iter().zip(kept) {
+                if let Some(t) = t.filter(|_| s.continues) {
+                    store.put_back(s.row, t, s.start + s.tokens.len());
+                }
+            }
         }
         let last: Vec<u32> = segs
             .iter()

@@ -338,8 +338,14 @@ impl Scheduler {
         ) {
             return;
         }
+        let began = Instant::now();
         match self.cache.read_prefix(row, tokens.len()) {
             Ok(kv) => {
+                tracing::debug!(
+                    tokens = tokens.len(),
+                    us = began.elapsed().as_micros() as u64,
+                    "prompt saved"
+                );
                 self.saved.insert(Entry {
                     tokens: tokens.to_vec(),
                     kv,
@@ -596,6 +602,7 @@ impl Scheduler {
                 tokens: t,
                 start: self.running[i].pos,
                 prompt: false,
+                continues: false,
             })
             .collect();
         for &(k, n) in &chunks {
@@ -605,6 +612,7 @@ impl Scheduler {
                 tokens: &p.req.prompt_tokens[p.done..p.done + n],
                 start: p.done,
                 prompt: true,
+                continues: p.done + n < p.req.prompt_tokens.len(),
             });
         }
         let began = Instant::now();

@@ -25,31 +25,60 @@ use super::{reduce16, v_expf, Dims, LANES};
 /// rows are contiguous (the scores read them together); `stride` is one row more than `hd`,
 /// so the rows of successive blocks do not all fall into one cache set (with `hd` rows of
 /// 64 bytes a block is 4 KiB, and a walk over the blocks of one row evicted itself).
-pub(super) struct Transposed {
+///
+/// It grows by positions appended at its end (`extend`): a prompt going through in chunks
+/// keeps its heads' transpositions between passes (`kept.rs`) and adds each chunk's keys and
+/// values, instead of transposing its whole history again every pass.
+pub(crate) struct Transposed {
     data: Vec<[f32; LANES]>,
     blocks: usize,
     stride: usize,
+    /// Positions held.
+    len: usize,
 }
 
 impl Transposed {
+    /// Nothing yet, for rows of `hd` elements.
+    pub fn empty(hd: usize) -> Self {
+        Self {
+            data: Vec::new(),
+            blocks: 0,
+            stride: hd + 1,
+            len: 0,
+        }
+    }
+
     /// `rows` is `[len][hd]` (one cache row's head, positions `0..len`).
     pub fn new(rows: &[f32], hd: usize) -> Self {
-        let len = rows.len() / hd;
+        let mut t = Self::empty(hd);
+        t.extend(rows);
+        t
+    }
+
+    /// Appends `rows` (`[n][hd]`: the positions `len..len + n` of the head).
+    pub fn extend(&mut self, rows: &[f32]) {
+        let hd = self.stride - 1;
+        let len = self.len + rows.len() / hd;
         let blocks = len.div_ceil(LANES);
-        let stride = hd + 1;
-        let mut data = vec![[0f32; LANES]; stride * blocks];
-        for (chunk, block) in rows.chunks(LANES * hd).zip(data.chunks_exact_mut(stride)) {
-            for (l, row) in chunk.chunks_exact(hd).enumerate() {
-                for (d, x) in row.iter().enumerate() {
-                    block[d][l] = *x;
-                }
+        if blocks > self.blocks {
+            // the padding of a new block is zeros, as a fresh transposition's
+            self.data.resize(blocks * self.stride, [0f32; LANES]);
+            self.blocks = blocks;
+        }
+        for (i, row) in rows.chunks_exact(hd).enumerate() {
+            let p = self.len + i;
+            let block = &mut self.data[(p / LANES) * self.stride..][..hd];
+            let l = p % LANES;
+            for (dst, x) in block.iter_mut().zip(row) {
+                dst[l] = *x;
             }
         }
-        Self {
-            data,
-            blocks,
-            stride,
-        }
+        self.len = len;
+    }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
     }
 
     /// Blocks of 16 positions.
