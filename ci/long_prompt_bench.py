@@ -158,12 +158,12 @@ def run_against(name, base, args):
     print(f"{name}: freeze runs {freezes}", file=sys.stderr)
     row["freeze"] = {
         "runs": freezes,
-        "max_gap_ms_median": statistics.median(f["max_gap_ms"] for f in freezes),
+        "max_gap_ms_median": round(statistics.median(f["max_gap_ms"] for f in freezes), 1),
         "max_gap_ms_max": max(f["max_gap_ms"] for f in freezes),
         "median_gap_before_ms": statistics.median(
             f["median_gap_before_ms"] for f in freezes if f["median_gap_before_ms"]),
-        "long_prompt_s_loaded": statistics.median(f["long_prompt_s"] for f in freezes),
-        "long_prompt_s_idle": statistics.median(i["seconds"] for i in idles),
+        "long_prompt_s_loaded": round(statistics.median(f["long_prompt_s"] for f in freezes), 3),
+        "long_prompt_s_idle": round(statistics.median(i["seconds"] for i in idles), 3),
         "long_prompt_tokens": idles[0]["prompt_tokens"],
         # per round: beside a stream over idle, the same length, one after the other
         "ttft_growth_rounds": [round(f["long_prompt_s"] / i["seconds"] - 1, 3)

@@ -89,13 +89,10 @@ pub(crate) fn attend(
     attend_with(q, n, d, spans, kv, kept, path)
 }
 
-/// Whether a span takes the transposed prompt path on this machine (so a transposition of
-/// its heads is worth keeping between passes).
-pub(crate) fn transposes(prompt: bool, t: usize, hd: usize) -> bool {
-    prompt_path() != PromptPath::PerQuery
-        && prompt
-        && t >= TRANSPOSE_MIN_QUERIES
-        && transposed::supports(hd)
+/// Whether prompt tokens can take the transposed path on this machine (so a transposition
+/// of their heads is worth keeping between passes).
+pub(crate) fn transposes(prompt: bool, hd: usize) -> bool {
+    prompt_path() != PromptPath::PerQuery && prompt && transposed::supports(hd)
 }
 
 fn prompt_path() -> PromptPath {
@@ -187,10 +184,12 @@ fn attend_with(
 ) -> Vec<f32> {
     let hd = d.head_dim;
     let group = d.n_head / d.n_head_kv;
-    let use_transposed = |sp: &Span| {
+    // a span of a few queries over a history it would transpose for them alone goes one query
+    // at a time; over a kept transposition (only its own positions to add) it need not
+    let use_transposed = |sp: &Span, kept: bool| {
         path != PromptPath::PerQuery
             && sp.prompt
-            && sp.t >= TRANSPOSE_MIN_QUERIES
+            && (sp.t >= TRANSPOSE_MIN_QUERIES || kept)
             && transposed::supports(hd)
     };
     // the transposed heads, per span that uses them (`first[s]` indexes its first kv head):
@@ -200,13 +199,16 @@ fn attend_with(
     let mut sources: Vec<(usize, usize, HeadSource<'_>)> = Vec::new();
     let mut kept = kept.iter_mut();
     for (s, sp) in spans.iter().enumerate() {
-        let mine = kept.next().and_then(|k| k.as_deref_mut());
-        if !use_transposed(sp) {
+        let mine = kept
+            .next()
+            .and_then(|k| k.as_deref_mut())
+            .filter(|heads| heads.len() == d.n_head_kv && heads[0].0.len() <= sp.start);
+        if !use_transposed(sp, mine.is_some()) {
             continue;
         }
         first[s] = sources.len();
         match mine {
-            Some(heads) if heads.len() == d.n_head_kv && heads[0].0.len() <= sp.start => {
+            Some(heads) => {
                 from[s] = heads[0].0.len();
                 sources.extend(
                     heads
@@ -746,8 +748,8 @@ mod tests {
     }
 
     /// ENG-CHUNK-4: a prompt going through in chunks over a transposition kept between passes
-    /// (extended by each chunk, or by more positions where it fell behind) gets the bits of
-    /// transposing its whole history every pass, on an f32 and an f16 cache.
+    /// (extended by each chunk, a short one included) gets the bits of transposing its whole
+    /// history every pass (or of one query at a time), on an f32 and an f16 cache.
     #[test]
     fn a_kept_transposition_gives_the_bits_of_a_fresh_one() {
         let f = |i: usize| (((i * 2654435761) >> 7) % 2000) as f32 / 997.0 - 1.0;
@@ -774,8 +776,8 @@ mod tests {
             let mut kept: Vec<HeadPair> = (0..3)
                 .map(|_| (Transposed::empty(64), Transposed::empty(64)))
                 .collect();
-            // chunks of row 1 beside a decode token of row 0; the third chunk is too short
-            // for the transposed path, so the kept one falls 10 positions behind
+            // chunks of row 1 beside a decode token of row 0; the third is too short to be
+            // worth a transposition of its own (alone it goes one query at a time)
             let mut start = 0;
             for (chunk, t) in [16, 37, 10, 16, 53].into_iter().enumerate() {
                 let spans = [
@@ -807,12 +809,10 @@ mod tests {
                         .all(|(a, b)| a.to_bits() == b.to_bits()),
                     "chunk {chunk}, f16 {half}"
                 );
-                let held = if t >= TRANSPOSE_MIN_QUERIES {
-                    start + t
-                } else {
-                    start
-                };
-                assert!(kept.iter().all(|(a, b)| a.len() == held && b.len() == held));
+                // a chunk too short to transpose for goes over the kept one all the same
+                assert!(kept
+                    .iter()
+                    .all(|(a, b)| a.len() == start + t && b.len() == start + t));
                 start += t;
             }
         }

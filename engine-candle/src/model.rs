@@ -354,7 +354,7 @@ impl Model {
                 .map(|s| SegmentUse {
                     row: s.row,
                     start: s.start,
-                    transposes: transposes(s.prompt, s.tokens.len(), hd),
+                    transposes: transposes(s.prompt, hd),
                     continues: s.continues,
                 })
                 .collect();

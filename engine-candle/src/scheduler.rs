@@ -2,9 +2,9 @@
 //!
 //! Every step is one forward pass: each running sequence decodes its next token, and the
 //! prompts of new sequences go through in chunks beside them — while any sequence decodes,
-//! `step_prompt_tokens` prompt tokens per pass, or as many as fit a step time
-//! (`step_budget.rs`), so a long prompt never holds up the streams for more than one short
-//! pass (cancel is checked between passes). A sequence whose last prompt chunk went through
+//! `step_prompt_tokens` prompt tokens per pass (fewer past `ATTENTION_TAKES_OVER` positions of
+//! history), or as many as fit a step time (`step_budget.rs`), so a long prompt never holds up
+//! the streams for more than one short pass (cancel is checked between passes). A sequence whose last prompt chunk went through
 //! starts decoding from that chunk's logits; finished or cancelled sequences leave at once.
 
 use std::collections::VecDeque;
@@ -23,7 +23,6 @@ use crate::prompt_cache::{common_prefix, Entry, PromptCache};
 use crate::slots::SlotPermit;
 use crate::step_budget::StepBudget;
 
-use crate::model::PREFILL_CHUNK;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::text_stream::TextStream;
 use crate::tokenizer::GgufTokenizer;
@@ -572,23 +571,18 @@ impl Scheduler {
         let decoding: Vec<usize> = (0..self.running.len())
             .filter(|&i| self.running[i].backlog.is_empty())
             .collect();
-        let mut budget = if decoding.is_empty() {
-            PREFILL_CHUNK
-        } else {
-            self.step.tokens()
-        };
         // (prefilling index, tokens this pass)
-        let mut chunks: Vec<(usize, usize)> = Vec::new();
-        for (k, p) in self.prefilling.iter().enumerate() {
-            if budget == 0 {
-                break;
-            }
-            let n = (p.req.prompt_tokens.len() - p.done)
-                .min(budget)
-                .min(PREFILL_CHUNK);
-            chunks.push((k, n));
-            budget -= n;
-        }
+        let chunks: Vec<(usize, usize)> = self
+            .step
+            .chunks(
+                !decoding.is_empty(),
+                self.prefilling
+                    .iter()
+                    .map(|p| (p.done, p.req.prompt_tokens.len() - p.done)),
+            )
+            .into_iter()
+            .enumerate()
+            .collect();
         if decoding.is_empty() && chunks.is_empty() {
             return self.running.is_empty()
                 && (!self.draining.is_empty() || !self.waiting.is_empty());

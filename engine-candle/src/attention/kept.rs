@@ -51,7 +51,7 @@ impl RowTransposition {
 pub(crate) struct SegmentUse {
     pub row: usize,
     pub start: usize,
-    /// It is a prompt chunk on the transposed path.
+    /// It is a prompt chunk that can take the transposed path.
     pub transposes: bool,
     /// More of its prompt follows in a later pass.
     pub continues: bool,
