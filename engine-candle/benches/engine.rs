@@ -1,8 +1,9 @@
 //! Engine speed on the default model: single-stream prompt and decode tokens/s, and aggregate
-//! decode tokens/s with 1, 4 and 8 concurrent sequences (continuous batching).
+//! decode tokens/s with 1, 4 and 8 concurrent sequences (continuous batching), and with 8 drawing
+//! tokens (temperature 1, with and without top-p) against greedy in the same rounds.
 //!
 //! `cargo bench -p engine-candle --bench engine [-- --threads N --format auto|as-stored|q8_0
-//! --kv f32|f16]`
+//! --kv f32|f16] [--prompts 512,1024] [--draw]`
 //! `ci/bench-engine.sh` runs it beside llama.cpp on the same GGUF and thread count.
 
 use std::time::Instant;
@@ -27,6 +28,16 @@ struct Run {
 
 /// Starts `prompts.len()` sequences at once and waits for all.
 fn run_batch(e: &CandleEngine, prompts: &[Vec<u32>], max_tokens: usize) -> (Vec<Run>, f64) {
+    run_sampled(e, prompts, max_tokens, SamplingParams::default())
+}
+
+/// As [`run_batch`], every sequence drawing with `sampling`.
+fn run_sampled(
+    e: &CandleEngine,
+    prompts: &[Vec<u32>],
+    max_tokens: usize,
+    sampling: SamplingParams,
+) -> (Vec<Run>, f64) {
     let t0 = Instant::now();
     let mut rxs = Vec::new();
     for p in prompts {
@@ -34,7 +45,7 @@ fn run_batch(e: &CandleEngine, prompts: &[Vec<u32>], max_tokens: usize) -> (Vec<
         e.submit(GenerateRequest {
             permit: e.try_acquire().expect("a free slot per prompt"),
             prompt_tokens: p.clone(),
-            sampling: SamplingParams::default(),
+            sampling: sampling.clone(),
             max_tokens,
             stop: vec![],
             cancel: CancellationToken::new(),
@@ -65,6 +76,40 @@ fn run_batch(e: &CandleEngine, prompts: &[Vec<u32>], max_tokens: usize) -> (Vec<
     }
     let wall = t0.elapsed().as_secs_f64();
     (runs, wall)
+}
+
+/// One draw alone over a vocabulary of `vocab` logits (spread like a small chat model's: a
+/// few within a couple of nats of the top, most 10–20 below), against greedy's argmax.
+fn draw_cost(vocab: usize) {
+    let logits: Vec<f32> = (0..vocab)
+        .map(|i| {
+            let h = (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 40;
+            -20.0 + 20.0 * (h as f32 / (1u64 << 24) as f32).powi(8)
+        })
+        .collect();
+    let us = |params: SamplingParams| {
+        let mut s = engine_candle::Sampler::new(params);
+        let mut v = Vec::new();
+        for _ in 0..ROUNDS {
+            let t0 = Instant::now();
+            for _ in 0..200 {
+                std::hint::black_box(s.sample(&mut logits.clone(), &[]));
+            }
+            v.push(t0.elapsed().as_secs_f64() * 1e6 / 200.0);
+        }
+        median(v)
+    };
+    let drawn = |top_p| SamplingParams {
+        temperature: 1.0,
+        top_p,
+        ..Default::default()
+    };
+    println!(
+        "one token chosen over {vocab} logits (copy included): greedy {:.0} us, temperature 1 {:.0} us, top_p 0.95 {:.0} us (medians of {ROUNDS})",
+        us(SamplingParams::default()),
+        us(drawn(1.0)),
+        us(drawn(0.95))
+    );
 }
 
 /// Prompt tokens/s of fresh prompts (nothing cached) of each length: medians of `ROUNDS`.
@@ -128,6 +173,11 @@ fn main() {
         tok(&"The history of the bicycle begins in the early nineteenth century. ".repeat(12));
     long.truncate(128);
     let _ = run_batch(&e, std::slice::from_ref(&long), 4); // warm-up
+                                                           // `--draw`: only the cost of choosing a token
+    if args.iter().any(|a| a == "--draw") {
+        draw_cost(e.info().vocab);
+        return;
+    }
     if let Some(lens) = sweep {
         prefill_sweep(&e, &lens);
         return;
@@ -163,29 +213,65 @@ fn main() {
         "What causes the seasons on Earth?",
         "Tell me about the history of the bicycle.",
     ];
+    let chat = |n: usize, round: usize| -> Vec<Vec<u32>> {
+        // new user turns every round (numbered first): only the chat template's system
+        // prompt is shared with what the cache rows hold, as between real users
+        questions[..n]
+            .iter()
+            .map(|q| {
+                let p = e
+                    .render_chat(&[engine_candle::ChatMessage {
+                        role: "user".into(),
+                        content: format!("{} {q}", n * 10 + round),
+                    }])
+                    .unwrap();
+                tok(&p)
+            })
+            .collect()
+    };
     for n in [1usize, 4, 8] {
         let mut agg = Vec::new();
         for round in 0..3 {
-            // new user turns every round (numbered first): only the chat template's system
-            // prompt is shared with what the cache rows hold, as between real users
-            let prompts: Vec<Vec<u32>> = questions[..n]
-                .iter()
-                .map(|q| {
-                    let p = e
-                        .render_chat(&[engine_candle::ChatMessage {
-                            role: "user".into(),
-                            content: format!("{} {q}", n * 10 + round),
-                        }])
-                        .unwrap();
-                    tok(&p)
-                })
-                .collect();
-            let (runs, wall) = run_batch(&e, &prompts, 64);
+            let (runs, wall) = run_batch(&e, &chat(n, round), 64);
             let total: usize = runs.iter().map(|r| r.tokens).sum();
             agg.push(total as f64 / wall);
         }
         println!("aggregate decode, {n} concurrent x 64 tokens: {:.1} tok/s (wall clock incl. prefill, median of 3)", median(agg));
     }
+    // drawn, not greedy: what an OpenAI client gets by default (temperature 1, top_p 1), and
+    // a nucleus; each round paired with a greedy one, reported as the ratio
+    for (name, top_p) in [
+        ("temperature 1", 1.0f32),
+        ("temperature 1, top_p 0.95", 0.95),
+    ] {
+        let mut ratios = Vec::new();
+        for round in 0..3 {
+            // fresh prompts for each run (no prefix cache), greedy first every other round
+            let tps = |k: usize, s: SamplingParams| {
+                let (runs, wall) = run_sampled(&e, &chat(8, 100 + 2 * round + k), 64, s);
+                runs.iter().map(|r| r.tokens).sum::<usize>() as f64 / wall
+            };
+            let drawing = SamplingParams {
+                temperature: 1.0,
+                top_p,
+                seed: round as u64,
+                ..Default::default()
+            };
+            let (greedy, drawn) = match round % 2 {
+                0 => (tps(0, SamplingParams::default()), tps(1, drawing)),
+                _ => {
+                    let drawn = tps(0, drawing);
+                    (tps(1, SamplingParams::default()), drawn)
+                }
+            };
+            ratios.push(drawn / greedy);
+        }
+        println!(
+            "aggregate decode, 8 concurrent x 64 tokens, {name}: {:.2}x greedy's tok/s (median of 3 paired rounds)",
+            median(ratios)
+        );
+    }
+    draw_cost(e.info().vocab);
     println!(
         "KV cache: {} MiB for 8 slots x 2048 ctx ({}); prompt tokens reused from cached prefixes: {}",
         e.info().kv_cache_bytes / (1 << 20),
