@@ -421,6 +421,12 @@ impl Pool {
         }
         // a new model is a new pace: the measurement replaces what the old one showed
         if let Some(f) = full {
+            tracing::info!(
+                pool = %self.spec.id,
+                ms_per_token = f.ms_per_token,
+                prefill_ms_per_token = f.prefill_ms_per_token,
+                "measured with every slot busy"
+            );
             g.full_ms_per_token_ewma = Some(f.ms_per_token);
             g.full_pace_from_probe_only = true;
             g.prefill_ms_per_token_ewma = Some(f.prefill_ms_per_token);

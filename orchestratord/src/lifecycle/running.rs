@@ -64,6 +64,11 @@ impl RunningTasks {
                     tokens_out: g.tokens_out as usize,
                     placed_ms_ago: g.placed_at.map_or(0.0, |p| ms(now - p)),
                     ms_per_token_now,
+                    pace_gaps: if ms_per_token_now.is_some() {
+                        gaps as usize
+                    } else {
+                        0
+                    },
                 }
             })
             .collect()

@@ -5,9 +5,10 @@
 //! slower (in the overload bench: ~70 ms a step against the 17 the load-time probe measured),
 //! and tasks admitted on the old pace would wait in line until their start budget ran out,
 //! then leave with a 504 having spent most of their client's time. Once the pace is settled
-//! (eta.rs: tasks ended in a full pool at the real pace, and the running ones show theirs —
-//! the first second of a burst, with its clients starting on the same machine, reads far
-//! slower than what follows, so it is not acted on), the dispatcher plays the line forward
+//! (eta.rs: the running tasks show theirs, and a full pool's pace was seen on real tasks —
+//! ended ones, or most of a full pool's over `SETTLE_GAPS` gaps; the first second of a burst,
+//! with its clients starting on the same machine, reads slower than what follows, so a few
+//! gaps are not acted on), the dispatcher plays the line forward
 //! again — queued tasks and kept places in dispatch order — and sends back at once, with a 429
 //! and the wait that would fit, every queued task now predicted to start later than it may
 //! (by more than a tolerance). A task sent back keeps its place for the retry and costs no
