@@ -717,17 +717,8 @@ mod tests {
                 ];
                 let n = t + 3;
                 let q: Vec<f32> = (0..n_head * n * hd).map(|i| 3.0 * f(i + 1)).collect();
-                let reference = attend_with(
-                    &q,
-                    n,
-                    &d,
-                    &spans,
-                    Stored::F32 { k: &k, v: &v },
-                    &mut [],
-                    PromptPath::PerQuery,
-                );
-                for path in [PromptPath::Transposed, PromptPath::TransposedNative] {
-                    let fast = attend_with(
+                let run = |path| {
+                    attend_with(
                         &q,
                         n,
                         &d,
@@ -735,7 +726,11 @@ mod tests {
                         Stored::F32 { k: &k, v: &v },
                         &mut [],
                         path,
-                    );
+                    )
+                };
+                let reference = run(PromptPath::PerQuery);
+                for path in [PromptPath::Transposed, PromptPath::TransposedNative] {
+                    let fast = run(path);
                     let differ = fast
                         .iter()
                         .zip(&reference)

@@ -156,6 +156,15 @@ mod tests {
         }
     }
 
+    /// A prompt's first chunk on `row` takes a new transposition and keeps it up to `upto`.
+    fn keep(k: &mut KeptTranspositions, row: usize, upto: usize) {
+        let t = k
+            .take(&[seg(row, 0, true, true)], 1, 1, 64)
+            .remove(0)
+            .unwrap();
+        k.put_back(row, t, upto);
+    }
+
     #[test]
     fn a_row_gets_its_transposition_back_only_where_it_ended() {
         let mut k = KeptTranspositions::new(4);
@@ -175,19 +184,11 @@ mod tests {
     #[test]
     fn a_decode_step_or_a_restore_drops_it() {
         let mut k = KeptTranspositions::new(2);
-        let t = k
-            .take(&[seg(0, 0, true, true)], 1, 1, 64)
-            .remove(0)
-            .unwrap();
-        k.put_back(0, t, 32);
+        keep(&mut k, 0, 32);
         // a decode token at 32 writes the row: it is taken and not given back
         assert!(k.take(&[seg(0, 32, false, false)], 1, 1, 64)[0].is_none());
         assert_eq!(k.held(), 0);
-        let t = k
-            .take(&[seg(1, 0, true, true)], 1, 1, 64)
-            .remove(0)
-            .unwrap();
-        k.put_back(1, t, 32);
+        keep(&mut k, 1, 32);
         k.forget(1);
         assert!(k.take(&[seg(1, 32, true, true)], 1, 1, 64)[0]
             .as_ref()
@@ -197,11 +198,7 @@ mod tests {
     #[test]
     fn one_row_keeps_one_at_a_time() {
         let mut k = KeptTranspositions::new(3);
-        let t = k
-            .take(&[seg(0, 0, true, true)], 1, 1, 64)
-            .remove(0)
-            .unwrap();
-        k.put_back(0, t, 16);
+        keep(&mut k, 0, 16);
         // another prompt starts: the first one's is pushed out
         let t = k
             .take(&[seg(1, 0, true, true)], 1, 1, 64)
