@@ -68,6 +68,12 @@ pub struct AdmissionConfig {
     /// Time kept in hand from a client's stated timeout (network, scheduling) when admission
     /// decides whether the answer can begin in time.
     pub deadline_margin_ms: u64,
+    /// How many times slower than the pace measured at load (every slot busy on an idle
+    /// machine, greedy short answers) a pool is taken to go until a full pool's pace is seen on
+    /// real tasks (ORCH-ADM-DL-7): a first burst admitted on the probe's pace alone ran
+    /// 1.3–1.8× slower than it with its clients on the same cores, and what it over-admitted was
+    /// sent back seconds later instead of refused at once. At least 1.
+    pub probe_pace_factor: f64,
 }
 
 impl Default for AdmissionConfig {
@@ -83,6 +89,7 @@ impl Default for AdmissionConfig {
             tokenize_concurrency: 0,
             max_queue_wait_ms: 30_000,
             deadline_margin_ms: 500,
+            probe_pace_factor: 1.75,
         }
     }
 }
@@ -770,6 +777,12 @@ impl Config {
         {
             return bad("admission: need 0 < default_max_tokens <= max_tokens_out".into());
         }
+        let f = self.admission.probe_pace_factor;
+        if !(f.is_finite() && (1.0..=100.0).contains(&f)) {
+            return bad(format!(
+                "admission.probe_pace_factor must be between 1 and 100, got {f}"
+            ));
+        }
         let m = &self.metrics;
         if m.upkeep_interval_ms == 0 || m.idle_timeout_ms < 2 * m.upkeep_interval_ms {
             return bad(
@@ -879,6 +892,23 @@ mod tests {
         cfg.validate().unwrap();
         assert_eq!(cfg.pools[0].prompt_cache_mib, 256);
         assert_eq!(cfg.pool_specs().unwrap()[0].prompt_cache_bytes, 256 << 20);
+    }
+
+    /// ORCH-ADM-DL-7: the README's factor is read; one below 1 (a pace taken faster than
+    /// measured) or not a number is named, not used.
+    #[test]
+    fn the_probe_pace_factor_is_at_least_one() {
+        let readme = include_str!("../../README.md");
+        let start = readme.find("```toml\n").map(|i| i + 8);
+        let block = start.and_then(|s| readme[s..].find("```").map(|e| &readme[s..s + e]));
+        let cfg = Config::from_toml(block.unwrap_or_default()).unwrap();
+        assert_eq!(cfg.admission.probe_pace_factor, 1.75);
+        for bad in ["0.5", "nan", "1000.0"] {
+            let mut c = cfg.clone();
+            c.admission.probe_pace_factor = bad.parse().unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("probe_pace_factor"), "{bad}: {e}");
+        }
     }
 
     /// ENG-CTX-1, ENG-KV16-1: a pool's context defaults to the model's (0), its cache to f32

@@ -46,6 +46,8 @@ fn header_u64(r: &reqwest::Response, name: &str) -> u64 {
 async fn a_refused_client_learns_when_to_come_back_and_keeps_its_place() {
     let mut cfg = config(vec![pool("p1", 2)]);
     cfg.admission.deadline_margin_ms = 100;
+    // the scripted engine runs at the pace it measured: no allowance for a load unseen
+    cfg.admission.probe_pace_factor = 1.0;
     let s = start(cfg, Duration::from_millis(20)).await;
     // 50 tokens at 20 ms: a slot is busy 1 s per task. Deadline 2480 ms for the whole task:
     // minus decode (1 s), the first token and the margin, it may wait ~1.3 s for a slot.
@@ -125,6 +127,8 @@ async fn a_refused_client_learns_when_to_come_back_and_keeps_its_place() {
 async fn a_clients_last_attempt_is_queued_not_refused() {
     let mut cfg = config(vec![pool("p1", 2)]);
     cfg.admission.deadline_margin_ms = 100;
+    // the scripted engine runs at the pace it measured: no allowance for a load unseen
+    cfg.admission.probe_pace_factor = 1.0;
     let s = start(cfg, Duration::from_millis(20)).await;
     let body = json!({"prompt": "a b", "max_tokens": 50});
     let deadline = [(DEADLINE, "2480")];
@@ -407,6 +411,8 @@ async fn a_line_slower_than_measured_sends_back_what_cannot_start_in_time() {
     let _alone = SLOW_LINE.lock().await;
     let mut cfg = config(vec![pool("dl5", 2)]);
     cfg.admission.deadline_margin_ms = 100;
+    // admitted on the measured pace alone (ORCH-ADM-DL-7 off): the re-play is under test
+    cfg.admission.probe_pace_factor = 1.0;
     let s = std::sync::Arc::new(start(cfg, Duration::from_millis(20)).await);
     let snap = s.state.pools.get("dl5").unwrap().snapshot();
     assert!(snap.full_pace_from_probe_only);
@@ -453,6 +459,8 @@ async fn the_line_replay_does_not_send_back_a_last_attempt() {
     let _alone = SLOW_LINE.lock().await;
     let mut cfg = config(vec![pool("last", 2)]);
     cfg.admission.deadline_margin_ms = 100;
+    // admitted on the measured pace alone (ORCH-ADM-DL-7 off): the re-play is under test
+    cfg.admission.probe_pace_factor = 1.0;
     let s = std::sync::Arc::new(start(cfg, Duration::from_millis(20)).await);
     let clients: Vec<_> = (0..8)
         .map(|i| {

@@ -635,8 +635,16 @@ pub struct ServiceSample {
     pub pool_was_full: bool,
 }
 
-/// Tokens each sequence decodes in the full-occupancy measurement.
-const FULL_PROBE_TOKENS: usize = 8;
+/// Tokens each sequence decodes in the full-occupancy measurement. The sequences start one
+/// after another, and the engine decodes the first ones while it prefills the others beside
+/// them (a pass takes a budget of prompt tokens beside decoding sequences): the first can
+/// make a dozen tokens before the last has its first one, and only the gaps after that are a
+/// full pool's.
+const FULL_PROBE_TOKENS: usize = 24;
+
+/// Least number of token gaps, over all sequences, with every slot decoding for the
+/// measurement to stand.
+const FULL_PROBE_MIN_GAPS: usize = 8;
 
 /// The measurement's prompt (each sequence's starts with its own number, so no prefix cache
 /// serves it): about thirty tokens, the size of a short chat turn.
@@ -651,10 +659,46 @@ struct FullPace {
     prefill_ms_per_token: f64,
 }
 
-/// Every slot starts a short greedy sequence with a prompt of its own at once: the prefills
-/// end when the last sequence has its first token; the steps after that, all slots decoding
-/// together, give the pace of a full pool. `None` when the engine has no free slot or fails
-/// (the self-test already proved it works).
+/// From when each sequence's tokens came: the mean gap between two tokens of a sequence
+/// after the last sequence had its first one (every slot decoding), and the prefill time per
+/// prompt token until then. `None` with fewer than `FULL_PROBE_MIN_GAPS` such gaps.
+fn full_pace_of(
+    started: Instant,
+    tokens: &[Vec<Instant>],
+    prompt_tokens: usize,
+) -> Option<FullPace> {
+    let last_first = tokens
+        .iter()
+        .map(|t| t.first().copied())
+        .collect::<Option<Vec<_>>>()?;
+    let last_first = last_first.into_iter().max()?;
+    let (mut gaps, mut span) = (0usize, 0.0f64);
+    for seq in tokens {
+        let after: Vec<Instant> = seq.iter().copied().filter(|&t| t >= last_first).collect();
+        if let (Some(a), Some(b)) = (after.first(), after.last()) {
+            gaps += after.len() - 1;
+            span += (*b - *a).as_secs_f64() * 1000.0;
+        }
+    }
+    if gaps < FULL_PROBE_MIN_GAPS {
+        return None;
+    }
+    let ms_per_token = (span / gaps as f64).max(1e-3);
+    let prefilled = (last_first - started).as_secs_f64() * 1000.0;
+    let prefill_ms_per_token = if prompt_tokens > 0 {
+        (prefilled - ms_per_token).max(0.0) / prompt_tokens as f64
+    } else {
+        0.0
+    };
+    Some(FullPace {
+        ms_per_token,
+        prefill_ms_per_token,
+    })
+}
+
+/// Every slot starts a greedy sequence with a prompt of its own, one after another; the gaps
+/// between tokens once every slot decodes give the pace of a full pool. `None` when the
+/// engine has no free slot or fails (the self-test already proved it works).
 async fn full_occupancy_pace(engine: &dyn Engine) -> Option<FullPace> {
     let slots = engine.descriptor().slots.max(1);
     let started = Instant::now();
@@ -668,19 +712,16 @@ async fn full_occupancy_pace(engine: &dyn Engine) -> Option<FullPace> {
         let mut job = EngineJob::new(permit, prompt, SamplingParams::default(), FULL_PROBE_TOKENS);
         job.prompt_tokens = tokens;
         let mut rx = engine.start(job).ok()?;
-        // read every stream at once: when each first token comes is the measurement
+        // read every stream at once: when each token comes is the measurement
         readers.push(tokio::spawn(async move {
-            let (mut first, mut made) = (None, 0usize);
+            let mut at = Vec::with_capacity(FULL_PROBE_TOKENS);
             while let Some(ev) = rx.recv().await {
                 match ev {
-                    SeqEvent::Token { .. } => {
-                        first.get_or_insert_with(Instant::now);
-                        made += 1;
-                    }
+                    SeqEvent::Token { .. } => at.push(Instant::now()),
                     SeqEvent::Done(_) | SeqEvent::Failed(_) => break,
                 }
             }
-            (first, made)
+            at
         }));
     }
     let all = async {
@@ -690,24 +731,8 @@ async fn full_occupancy_pace(engine: &dyn Engine) -> Option<FullPace> {
         }
         Some(out)
     };
-    let results = tokio::time::timeout(SELF_TEST_TIMEOUT, all).await.ok()??;
-    let wall = started.elapsed().as_secs_f64() * 1000.0;
-    let last_first = results.iter().filter_map(|(f, _)| *f).max()?;
-    let prefilled = (last_first - started).as_secs_f64() * 1000.0;
-    let per_sequence = results.iter().map(|(_, n)| *n).sum::<usize>() as f64 / slots as f64;
-    if per_sequence < 2.0 {
-        return None;
-    }
-    let ms_per_token = ((wall - prefilled) / (per_sequence - 1.0)).max(1e-3);
-    let prefill_ms_per_token = if prompt_tokens > 0 {
-        (prefilled - ms_per_token).max(0.0) / prompt_tokens as f64
-    } else {
-        0.0
-    };
-    Some(FullPace {
-        ms_per_token,
-        prefill_ms_per_token,
-    })
+    let tokens = tokio::time::timeout(SELF_TEST_TIMEOUT, all).await.ok()??;
+    full_pace_of(started, &tokens, prompt_tokens)
 }
 
 /// Decodes one token greedily to prove the engine works before it takes traffic.
@@ -737,4 +762,39 @@ async fn self_test(engine: &dyn Engine) -> Result<(), String> {
     tokio::time::timeout(SELF_TEST_TIMEOUT, run)
         .await
         .map_err(|_| "self-test timed out".to_string())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(start: Instant, ms: &[u64]) -> Vec<Instant> {
+        ms.iter()
+            .map(|&m| start + Duration::from_millis(m))
+            .collect()
+    }
+
+    /// The first sequence decodes fast while the second is prefilled beside it; only the gaps
+    /// after the second's first token are a full pool's (the mean over all tokens, or the
+    /// tail divided by the tokens per sequence, would read 10–17 ms here).
+    #[test]
+    fn a_full_pool_is_measured_after_every_slot_has_its_first_token() {
+        let t0 = Instant::now();
+        let early: Vec<u64> = (1..=10)
+            .map(|k| k * 10)
+            .chain([130, 160, 190, 220])
+            .collect();
+        let late = [100, 130, 160, 190, 220];
+        let pace = full_pace_of(t0, &[at(t0, &early), at(t0, &late)], 50).unwrap();
+        assert!((pace.ms_per_token - 30.0).abs() < 1e-6, "{pace:?}");
+        // prefilled when the last first token came, less one step, over 50 prompt tokens
+        assert!(
+            (pace.prefill_ms_per_token - 70.0 / 50.0).abs() < 1e-6,
+            "{pace:?}"
+        );
+        // too few gaps with every slot busy: no measurement
+        assert!(full_pace_of(t0, &[at(t0, &early), at(t0, &late[..3])], 50).is_none());
+        // a sequence that made no token: no measurement
+        assert!(full_pace_of(t0, &[at(t0, &early), Vec::new()], 50).is_none());
+    }
 }

@@ -242,7 +242,9 @@ pub fn plan<'a>(
             in_slots: state.running.in_slots(p.id()),
         })
         .collect();
-    let predicted = eta::predict_start_ms(&lines, &ahead_needs).unwrap_or(0);
+    let predicted =
+        eta::predict_start_ms(&lines, &ahead_needs, state.cfg.admission.probe_pace_factor)
+            .unwrap_or(0);
     if let Some(Bound {
         allowed_ms, why, ..
     }) = budget

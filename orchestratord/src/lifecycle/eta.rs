@@ -134,7 +134,7 @@ struct Pace {
 }
 
 impl Pace {
-    fn of(line: &PoolLine<'_>) -> Option<Self> {
+    fn of(line: &PoolLine<'_>, probe_factor: f64) -> Option<Self> {
         let p = line.snapshot;
         let positive = |v: &f64| v.is_finite() && *v > 0.0;
         let mut live: Vec<f64> = line
@@ -148,10 +148,7 @@ impl Pace {
         // running tasks show when that is slower
         let full = p.full_ms_per_token_ewma.filter(positive);
         let now = live.get(live.len() / 2).copied();
-        let per_token = match (now, full) {
-            (Some(a), Some(b)) => a.max(b),
-            (a, b) => a.or(b).or(p.ms_per_token_ewma.filter(positive))?,
-        };
+
         // most tasks of a full pool read their pace over a second or so: what a wait in line
         // is paced by, seen, though no task ended at it yet
         let read_long = line.in_slots.len() >= p.slots_total.max(1)
@@ -161,6 +158,18 @@ impl Pace {
                 .filter(|s| s.ms_per_token_now.is_some() && s.pace_gaps >= SETTLE_GAPS)
                 .count()
                 > line.in_slots.len();
+        let settled =
+            now.is_some() && full.is_some() && (!p.full_pace_from_probe_only || read_long);
+        // until the line settles, the load-time probe's pace is a lower bound of what a burst
+        // will show: taken `probe_factor` times slower
+        let full = match (settled, p.full_pace_from_probe_only) {
+            (false, true) => full.map(|f| f * probe_factor.max(1.0)),
+            _ => full,
+        };
+        let per_token = match (now, full) {
+            (Some(a), Some(b)) => a.max(b),
+            (a, b) => a.or(b).or(p.ms_per_token_ewma.filter(positive))?,
+        };
         let probe_paced = now.is_none() && full.is_some() && p.full_pace_from_probe_only;
         let stalls = if probe_paced {
             p.slots_total.saturating_sub(1) as f64
@@ -176,7 +185,7 @@ impl Pace {
             per_prompt_token,
             share: p.used_share_ewma,
             stalls,
-            settled: now.is_some() && full.is_some() && (!p.full_pace_from_probe_only || read_long),
+            settled,
         })
     }
 
@@ -216,13 +225,15 @@ pub struct Line {
 
 impl Line {
     /// The line as it stands; `None` when no pool that takes work has a measured decode time.
-    pub fn new(pools: &[PoolLine<'_>]) -> Option<Self> {
+    /// `probe_factor`: how many times slower than the load-time probe a pool whose pace is
+    /// not settled is taken to go (`admission.probe_pace_factor`).
+    pub fn new(pools: &[PoolLine<'_>], probe_factor: f64) -> Option<Self> {
         let mut free_at = BinaryHeap::new();
         let mut paces: Vec<Option<Pace>> = Vec::with_capacity(pools.len());
         let mut settled = false;
         for (i, line) in pools.iter().enumerate() {
             let p = line.snapshot;
-            let pace = Pace::of(line).filter(|_| p.state.accepts_work());
+            let pace = Pace::of(line, probe_factor).filter(|_| p.state.accepts_work());
             paces.push(pace);
             let Some(pace) = pace else {
                 continue;
@@ -273,8 +284,8 @@ impl Line {
 
 /// Predicted wait, in ms, until a slot starts a task that has `ahead` (each task before it,
 /// in order) in front of it; `None` when no pool that takes work has a measured decode time.
-pub fn predict_start_ms(pools: &[PoolLine<'_>], ahead: &[Need]) -> Option<u64> {
-    let mut line = Line::new(pools)?;
+pub fn predict_start_ms(pools: &[PoolLine<'_>], ahead: &[Need], probe_factor: f64) -> Option<u64> {
+    let mut line = Line::new(pools, probe_factor)?;
     for &need in ahead {
         line.take(need);
     }
@@ -301,6 +312,9 @@ pub fn on_time_probability(
 mod tests {
     use super::*;
     use pool_manager::PoolState;
+
+    /// What `admission.probe_pace_factor` defaults to.
+    const PROBE_FACTOR: f64 = 1.5;
 
     fn pool(
         slots: usize,
@@ -398,10 +412,13 @@ mod tests {
             in_slots: slots(&[(100, 0), (100, 0)]),
         }];
         // nothing ahead: the first slot frees after 100 tokens
-        assert_eq!(predict_start_ms(&just_started, &[]), Some(1000));
+        assert_eq!(
+            predict_start_ms(&just_started, &[], PROBE_FACTOR),
+            Some(1000)
+        );
         // two ahead take both slots at 1 s; the third waits for them to finish too
         assert_eq!(
-            predict_start_ms(&just_started, &needs(&[100, 100])),
+            predict_start_ms(&just_started, &needs(&[100, 100]), PROBE_FACTOR),
             Some(2000)
         );
         // a half-done slot frees first
@@ -409,14 +426,14 @@ mod tests {
             snapshot: &p,
             in_slots: slots(&[(100, 50), (100, 0)]),
         }];
-        assert_eq!(predict_start_ms(&half, &[]), Some(500));
+        assert_eq!(predict_start_ms(&half, &[], PROBE_FACTOR), Some(500));
         // a free slot: no wait
         let idle = pool(2, 1, Some(1000.0), Some(10.0));
         let one_free = [PoolLine {
             snapshot: &idle,
             in_slots: slots(&[(100, 0)]),
         }];
-        assert_eq!(predict_start_ms(&one_free, &[]), Some(0));
+        assert_eq!(predict_start_ms(&one_free, &[], PROBE_FACTOR), Some(0));
         // tasks that usually stop at a fifth of their limit free their slots sooner
         let mut short = pool(1, 1, Some(200.0), Some(10.0));
         short.used_share_ewma = Some(0.2);
@@ -424,14 +441,14 @@ mod tests {
             snapshot: &short,
             in_slots: slots(&[(100, 5)]),
         }];
-        assert_eq!(predict_start_ms(&stops_early, &[]), Some(150));
+        assert_eq!(predict_start_ms(&stops_early, &[], PROBE_FACTOR), Some(150));
         // nothing measured: no prediction
         let unmeasured = pool(1, 1, None, None);
         let none = [PoolLine {
             snapshot: &unmeasured,
             in_slots: Vec::new(),
         }];
-        assert_eq!(predict_start_ms(&none, &[]), None);
+        assert_eq!(predict_start_ms(&none, &[], PROBE_FACTOR), None);
         // what the running tasks show beats the EWMA; prompts cost their prefill
         let p = pool(1, 1, None, Some(10.0));
         let slower_now = [PoolLine {
@@ -445,7 +462,7 @@ mod tests {
                 pace_gaps: 40,
             }],
         }];
-        assert_eq!(predict_start_ms(&slower_now, &[]), Some(1000));
+        assert_eq!(predict_start_ms(&slower_now, &[], PROBE_FACTOR), Some(1000));
         // a line waits for a full pool: its measured pace, when slower than the tasks show
         let mut measured = pool(1, 1, None, Some(10.0));
         measured.full_ms_per_token_ewma = Some(40.0);
@@ -453,7 +470,7 @@ mod tests {
             snapshot: &measured,
             in_slots: slower_now[0].in_slots.clone(),
         }];
-        assert_eq!(predict_start_ms(&full, &[]), Some(2000));
+        assert_eq!(predict_start_ms(&full, &[], PROBE_FACTOR), Some(2000));
         let mut prefilled = pool(1, 1, None, Some(10.0));
         prefilled.prefill_ms_per_token_ewma = Some(2.0);
         let in_prefill = [PoolLine {
@@ -468,12 +485,15 @@ mod tests {
             }],
         }];
         // 150 ms of prefill left, 100 ms of decode; then a task of 100 prompt tokens + 10
-        assert_eq!(predict_start_ms(&in_prefill, &[]), Some(250));
+        assert_eq!(predict_start_ms(&in_prefill, &[], PROBE_FACTOR), Some(250));
         let next = [Need {
             max_tokens: 10,
             prompt_tokens: 100,
         }];
-        assert_eq!(predict_start_ms(&in_prefill, &next), Some(550));
+        assert_eq!(
+            predict_start_ms(&in_prefill, &next, PROBE_FACTOR),
+            Some(550)
+        );
     }
 
     /// ORCH-ADM-DL-6: a line's pace is settled only when the running tasks show theirs and a
@@ -500,10 +520,13 @@ mod tests {
         let mut seen = probe_only.clone();
         seen.full_pace_from_probe_only = false;
         let line = |p: &PoolSnapshot, now: Option<f64>, gaps: usize, n: usize| {
-            Line::new(&[PoolLine {
-                snapshot: p,
-                in_slots: running(now, gaps, n),
-            }])
+            Line::new(
+                &[PoolLine {
+                    snapshot: p,
+                    in_slots: running(now, gaps, n),
+                }],
+                PROBE_FACTOR,
+            )
             .unwrap()
         };
         assert!(!line(&probe_only, Some(40.0), 4, 2).is_settled());
@@ -519,6 +542,50 @@ mod tests {
         // not yet long enough, or a pool with a free slot (no line waits for it)
         assert!(!line(&probe_only, Some(40.0), SETTLE_GAPS - 1, 2).is_settled());
         assert!(!line(&probe_only, Some(40.0), SETTLE_GAPS, 1).is_settled());
+    }
+
+    /// ORCH-ADM-DL-7: until the line settles, the load-time probe's pace is taken
+    /// `probe_pace_factor` times slower; a pace seen on real tasks, or read long enough by a
+    /// full pool's running tasks, is taken as it is.
+    #[test]
+    fn an_unsettled_probe_pace_is_taken_slower() {
+        let running = |per_token: Option<f64>, gaps: usize| {
+            vec![
+                InSlot {
+                    max_tokens: 100,
+                    prompt_tokens: 0,
+                    tokens_out: 10 + gaps,
+                    placed_ms_ago: 100.0,
+                    ms_per_token_now: per_token,
+                    pace_gaps: gaps,
+                };
+                2
+            ]
+        };
+        let mut probe_only = pool(2, 2, None, Some(10.0));
+        probe_only.full_ms_per_token_ewma = Some(10.0);
+        probe_only.full_pace_from_probe_only = true;
+        let mut seen = probe_only.clone();
+        seen.full_pace_from_probe_only = false;
+        let start = |p: &PoolSnapshot, now: Option<f64>, gaps: usize, factor: f64| {
+            let l = [PoolLine {
+                snapshot: p,
+                in_slots: running(now, gaps),
+            }];
+            predict_start_ms(&l, &[], factor).unwrap()
+        };
+        // 90 tokens left at 10 ms × 1.5
+        assert_eq!(start(&probe_only, None, 0, PROBE_FACTOR), 1350);
+        assert_eq!(start(&probe_only, None, 0, 1.0), 900);
+        // a slower pace the running tasks show still wins
+        assert_eq!(start(&probe_only, Some(20.0), 4, PROBE_FACTOR), 1720);
+        // seen on real tasks: no factor
+        assert_eq!(start(&seen, None, 0, PROBE_FACTOR), 900);
+        // settled by a full pool reading its pace over SETTLE_GAPS gaps: what it read, 74 left
+        assert_eq!(
+            start(&probe_only, Some(12.0), SETTLE_GAPS, PROBE_FACTOR),
+            74 * 12
+        );
     }
 
     #[test]

@@ -135,5 +135,5 @@ fn settled_line(state: &SharedState, snapshots: &[PoolSnapshot]) -> Option<Line>
             in_slots: state.running.in_slots(&s.id),
         })
         .collect();
-    Line::new(&pools).filter(Line::is_settled)
+    Line::new(&pools, state.cfg.admission.probe_pace_factor).filter(Line::is_settled)
 }
