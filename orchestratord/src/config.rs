@@ -882,13 +882,18 @@ impl PoolConfig {
 mod tests {
     use super::*;
 
-    /// CFG-1: the configuration README.md shows is accepted as written.
-    #[test]
-    fn the_readme_example_is_a_valid_config() {
+    /// The configuration README.md shows (its first TOML block).
+    fn readme_config() -> Config {
         let readme = include_str!("../../README.md");
         let start = readme.find("```toml\n").map(|i| i + 8);
         let block = start.and_then(|s| readme[s..].find("```").map(|e| &readme[s..s + e]));
-        let cfg = Config::from_toml(block.unwrap_or_default()).unwrap();
+        Config::from_toml(block.unwrap_or_default()).unwrap()
+    }
+
+    /// CFG-1: the configuration README.md shows is accepted as written.
+    #[test]
+    fn the_readme_example_is_a_valid_config() {
+        let cfg = readme_config();
         cfg.validate().unwrap();
         assert_eq!(cfg.pools[0].prompt_cache_mib, 256);
         assert_eq!(cfg.pool_specs().unwrap()[0].prompt_cache_bytes, 256 << 20);
@@ -898,10 +903,7 @@ mod tests {
     /// measured) or not a number is named, not used.
     #[test]
     fn the_probe_pace_factor_is_at_least_one() {
-        let readme = include_str!("../../README.md");
-        let start = readme.find("```toml\n").map(|i| i + 8);
-        let block = start.and_then(|s| readme[s..].find("```").map(|e| &readme[s..s + e]));
-        let cfg = Config::from_toml(block.unwrap_or_default()).unwrap();
+        let cfg = readme_config();
         assert_eq!(cfg.admission.probe_pace_factor, 1.75);
         for bad in ["0.5", "nan", "1000.0"] {
             let mut c = cfg.clone();

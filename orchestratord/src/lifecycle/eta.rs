@@ -496,29 +496,39 @@ mod tests {
         );
     }
 
-    /// ORCH-ADM-DL-6: a line's pace is settled only when the running tasks show theirs and a
-    /// full pool's pace was seen on real tasks: one that ended in a full pool, or most tasks
-    /// of a full pool reading theirs over `SETTLE_GAPS` gaps (not the load-time probe alone).
-    #[test]
-    fn a_pace_is_settled_by_running_and_ended_tasks() {
-        let running = |per_token: Option<f64>, gaps: usize, n: usize| {
-            vec![
-                InSlot {
-                    max_tokens: 100,
-                    prompt_tokens: 0,
-                    tokens_out: 10 + gaps,
-                    placed_ms_ago: 100.0,
-                    ms_per_token_now: per_token,
-                    pace_gaps: gaps,
-                };
-                n
-            ]
-        };
+    /// `n` tasks of 100 tokens in slots, 10 + `gaps` out, reading `per_token` over `gaps` gaps.
+    fn running_for_gaps(per_token: Option<f64>, gaps: usize, n: usize) -> Vec<InSlot> {
+        vec![
+            InSlot {
+                max_tokens: 100,
+                prompt_tokens: 0,
+                tokens_out: 10 + gaps,
+                placed_ms_ago: 100.0,
+                ms_per_token_now: per_token,
+                pace_gaps: gaps,
+            };
+            n
+        ]
+    }
+
+    /// A full pool of 2 at 10 ms a token measured by the load-time probe alone, and the same
+    /// pace seen on real tasks.
+    fn probe_and_seen() -> (PoolSnapshot, PoolSnapshot) {
         let mut probe_only = pool(2, 2, None, Some(10.0));
         probe_only.full_ms_per_token_ewma = Some(10.0);
         probe_only.full_pace_from_probe_only = true;
         let mut seen = probe_only.clone();
         seen.full_pace_from_probe_only = false;
+        (probe_only, seen)
+    }
+
+    /// ORCH-ADM-DL-6: a line's pace is settled only when the running tasks show theirs and a
+    /// full pool's pace was seen on real tasks: one that ended in a full pool, or most tasks
+    /// of a full pool reading theirs over `SETTLE_GAPS` gaps (not the load-time probe alone).
+    #[test]
+    fn a_pace_is_settled_by_running_and_ended_tasks() {
+        let running = running_for_gaps;
+        let (probe_only, seen) = probe_and_seen();
         let line = |p: &PoolSnapshot, now: Option<f64>, gaps: usize, n: usize| {
             Line::new(
                 &[PoolLine {
@@ -549,24 +559,8 @@ mod tests {
     /// full pool's running tasks, is taken as it is.
     #[test]
     fn an_unsettled_probe_pace_is_taken_slower() {
-        let running = |per_token: Option<f64>, gaps: usize| {
-            vec![
-                InSlot {
-                    max_tokens: 100,
-                    prompt_tokens: 0,
-                    tokens_out: 10 + gaps,
-                    placed_ms_ago: 100.0,
-                    ms_per_token_now: per_token,
-                    pace_gaps: gaps,
-                };
-                2
-            ]
-        };
-        let mut probe_only = pool(2, 2, None, Some(10.0));
-        probe_only.full_ms_per_token_ewma = Some(10.0);
-        probe_only.full_pace_from_probe_only = true;
-        let mut seen = probe_only.clone();
-        seen.full_pace_from_probe_only = false;
+        let running = |per_token, gaps| running_for_gaps(per_token, gaps, 2);
+        let (probe_only, seen) = probe_and_seen();
         let start = |p: &PoolSnapshot, now: Option<f64>, gaps: usize, factor: f64| {
             let l = [PoolLine {
                 snapshot: p,
