@@ -348,6 +348,16 @@ mod tests {
         );
     }
 
+    /// Temperature 1 and nucleus `p`, seeded.
+    fn top_p(p: f32, seed: u64) -> SamplingParams {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: p,
+            seed,
+            ..Default::default()
+        }
+    }
+
     /// ENG-SAMP-3: top-p keeps the likeliest tokens until their mass reaches p, in order of
     /// likelihood (ties: the lower id), also when the nucleus is larger than the prefix sorted
     /// first; what it keeps is drawn in proportion.
@@ -355,16 +365,7 @@ mod tests {
     fn top_p_keeps_the_nucleus_however_large() {
         // 1000 equally likely tokens: half the mass is the 500 lowest ids
         let flat = vec![0.0f32; 1000];
-        let freq = draw(
-            SamplingParams {
-                temperature: 1.0,
-                top_p: 0.5,
-                seed: 9,
-                ..Default::default()
-            },
-            &flat,
-            20_000,
-        );
+        let freq = draw(top_p(0.5, 9), &flat, 20_000);
         assert_eq!(
             freq[500..].iter().sum::<f64>(),
             0.0,
@@ -376,16 +377,7 @@ mod tests {
         );
         // probabilities 0.5, 0.3, 0.15, 0.05: p = 0.8 keeps two, drawn 5:3
         let logits: Vec<f32> = [0.5f32, 0.3, 0.15, 0.05].iter().map(|p| p.ln()).collect();
-        let freq = draw(
-            SamplingParams {
-                temperature: 1.0,
-                top_p: 0.8,
-                seed: 4,
-                ..Default::default()
-            },
-            &logits,
-            20_000,
-        );
+        let freq = draw(top_p(0.8, 4), &logits, 20_000);
         assert_eq!(freq[2] + freq[3], 0.0);
         assert!((freq[0] - 0.625).abs() < 0.015, "drawn {:.4}", freq[0]);
     }

@@ -667,14 +667,13 @@ fn full_pace_of(
     tokens: &[Vec<Instant>],
     prompt_tokens: usize,
 ) -> Option<FullPace> {
-    let last_first = tokens
-        .iter()
-        .map(|t| t.first().copied())
-        .collect::<Option<Vec<_>>>()?;
-    let last_first = last_first.into_iter().max()?;
+    // every sequence must have made a token
+    let firsts = tokens.iter().map(|t| t.first().copied());
+    let last_first = firsts.collect::<Option<Vec<_>>>()?.into_iter().max()?;
     let (mut gaps, mut span) = (0usize, 0.0f64);
     for seq in tokens {
-        let after: Vec<Instant> = seq.iter().copied().filter(|&t| t >= last_first).collect();
+        // a sequence's tokens come in time order
+        let after = &seq[seq.partition_point(|&t| t < last_first)..];
         if let (Some(a), Some(b)) = (after.first(), after.last()) {
             gaps += after.len() - 1;
             span += (*b - *a).as_secs_f64() * 1000.0;
@@ -774,7 +773,7 @@ mod tests {
             .collect()
     }
 
-    /// The first sequence decodes fast while the second is prefilled beside it; only the gaps
+    /// ORCH-ADM-DL-7: the first sequence decodes fast while the second is prefilled beside it; only the gaps
     /// after the second's first token are a full pool's (the mean over all tokens, or the
     /// tail divided by the tokens per sequence, would read 10–17 ms here).
     #[test]

@@ -313,7 +313,8 @@ mod tests {
     use super::*;
     use pool_manager::PoolState;
 
-    /// What `admission.probe_pace_factor` defaults to.
+    /// A load-time pace factor for the tests (`admission.probe_pace_factor`; its default is
+    /// the config's): it changes only lines a load-time pace alone measures.
     const PROBE_FACTOR: f64 = 1.5;
 
     fn pool(
