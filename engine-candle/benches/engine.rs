@@ -143,7 +143,7 @@ fn main() {
             .and_then(|i| args.get(i + 1).cloned())
     };
     let threads: usize = arg("--threads").map(|v| v.parse().unwrap()).unwrap_or(2);
-    engine_candle::configure_process_threads(threads);
+    engine_candle::configure_process_threads(threads, 0);
     let format: WeightFormat = arg("--format")
         .map(|v| v.parse().unwrap())
         .unwrap_or_default();

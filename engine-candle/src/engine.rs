@@ -6,9 +6,11 @@ use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use candle_core::utils::barrier_pool;
 use candle_core::Device;
 
 use crate::chat_template::{ChatMessage, ChatTemplate, TemplateSource};
+use crate::compute_priority;
 use crate::cpu_parallel::{pool_threads, with_threads};
 use crate::error::{EngineError, Result};
 use crate::hparams::{md_str, Hparams};
@@ -210,9 +212,12 @@ pub struct ModelInfo {
 /// candle stops re-deriving its thread count from `/proc/cpuinfo` on every f32 matmul
 /// (measured: decode 88 → 121 tok/s on 2 cores).
 ///
+/// `compute_nice` steps lower every compute thread: the pool's workers now, each engine's
+/// decode thread when it starts (see `compute_priority`; 0 leaves them at the process's).
+///
 /// Call it once at process start, before any other thread exists: changing the environment
 /// while other threads read it is not safe.
-pub fn configure_process_threads(threads: usize) {
+pub fn configure_process_threads(threads: usize, compute_nice: u8) {
     if std::env::var_os("RAYON_NUM_THREADS").is_none() {
         let n = if threads == 0 {
             std::thread::available_parallelism().map_or(1, |n| n.get())
@@ -226,6 +231,17 @@ pub fn configure_process_threads(threads: usize) {
             "CANDLE_BARRIER_POOL_SPIN_LIMIT",
             COMPUTE_SPIN_LIMIT.to_string(),
         );
+    }
+    compute_priority::set_compute_nice(compute_nice);
+    if compute_nice > 0 {
+        // every worker lowers itself; the caller (the pool's last participant) is not one
+        let pool = barrier_pool();
+        let workers = pool.n_workers();
+        pool.execute(|tid| {
+            if tid < workers {
+                compute_priority::lower_compute_thread();
+            }
+        });
     }
 }
 
@@ -312,7 +328,12 @@ impl CandleEngine {
         );
         std::thread::Builder::new()
             .name("candle-decode".into())
-            .spawn(move || pool.install(move || with_threads(threads, move || scheduler.run(rx))))
+            .spawn(move || {
+                pool.install(move || {
+                    compute_priority::lower_compute_thread();
+                    with_threads(threads, move || scheduler.run(rx))
+                })
+            })
             .map_err(|e| EngineError::Device(format!("cannot start decode thread: {e}")))?;
         let info = ModelInfo {
             model_path: opts.model_path.clone(),

@@ -5,6 +5,7 @@
 
 mod attention;
 mod chat_template;
+mod compute_priority;
 mod cpu_parallel;
 mod cpu_quant;
 mod engine;
@@ -24,6 +25,7 @@ mod tokenizer;
 mod weights;
 
 pub use chat_template::{ChatMessage, ChatTemplate, Piece, TemplateSource, CHATML_FALLBACK};
+pub use compute_priority::MAX_NICE;
 pub use cpu_parallel::fault;
 pub use engine::{
     configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, ModelInfo,

@@ -602,6 +602,10 @@ fn default_step_ms() -> u64 {
     engine_candle::DEFAULT_STEP_MS
 }
 
+/// The compute threads' default nice steps: the lowest priority, so a request thread that
+/// wakes preempts them at once (measured in ORCH-CPU-1).
+pub const DEFAULT_COMPUTE_NICE: u8 = engine_candle::MAX_NICE;
+
 /// The default model's cached location (filled by `ci/fetch-model.sh`).
 pub const DEFAULT_MODEL_PATH: &str = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
@@ -611,6 +615,8 @@ pub struct Config {
     pub bind: String,
     /// Grace period on SIGTERM/SIGINT for running tasks.
     pub shutdown_grace_ms: u64,
+    /// Nice steps the compute threads run below the request threads (ORCH-CPU-1; 0 = same).
+    pub compute_nice: u8,
     pub queue: QueueConfig,
     pub admission: AdmissionConfig,
     pub stream: StreamConfig,
@@ -632,6 +638,7 @@ impl Default for Config {
         Self {
             bind: "127.0.0.1:8080".into(),
             shutdown_grace_ms: 10_000,
+            compute_nice: DEFAULT_COMPUTE_NICE,
             queue: QueueConfig::default(),
             admission: AdmissionConfig::default(),
             stream: StreamConfig::default(),
@@ -777,6 +784,13 @@ impl Config {
         {
             return bad("admission: need 0 < default_max_tokens <= max_tokens_out".into());
         }
+        if self.compute_nice > engine_candle::MAX_NICE {
+            return bad(format!(
+                "compute_nice must be between 0 and {}, got {}",
+                engine_candle::MAX_NICE,
+                self.compute_nice
+            ));
+        }
         let f = self.admission.probe_pace_factor;
         if !(f.is_finite() && (1.0..=100.0).contains(&f)) {
             return bad(format!(
@@ -911,6 +925,21 @@ mod tests {
             let e = c.validate().unwrap_err().to_string();
             assert!(e.contains("probe_pace_factor"), "{bad}: {e}");
         }
+    }
+
+    /// ORCH-CPU-1: the compute threads go to the lowest priority unless told; the README's
+    /// value is read; past the lowest priority is named, not clamped silently.
+    #[test]
+    fn compute_nice_defaults_to_the_lowest_priority_and_is_bounded() {
+        assert_eq!(Config::default().compute_nice, 19);
+        let cfg = readme_config();
+        assert_eq!(cfg.compute_nice, 19);
+        let off = Config::from_toml("compute_nice = 0\n").unwrap();
+        off.validate().unwrap();
+        assert_eq!(off.compute_nice, 0);
+        let e = Config::from_toml("compute_nice = 20\n").unwrap().validate();
+        assert!(e.unwrap_err().to_string().contains("compute_nice"));
+        assert!(Config::from_toml("compute_nice = -1\n").is_err());
     }
 
     /// ENG-CTX-1, ENG-KV16-1: a pool's context defaults to the model's (0), its cache to f32

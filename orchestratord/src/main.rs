@@ -116,7 +116,7 @@ fn main() -> anyhow::Result<()> {
     }
     // before any thread exists (see engine_candle::configure_process_threads)
     let threads = cfg.pools.iter().map(|p| p.threads).max().unwrap_or(0);
-    engine_candle::configure_process_threads(threads);
+    engine_candle::configure_process_threads(threads, cfg.compute_nice);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
