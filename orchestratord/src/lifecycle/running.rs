@@ -44,21 +44,26 @@ impl RunningTasks {
 
     /// How far each task running on `pool` got: its limit, prompt, tokens produced, time in
     /// the slot and its own time per token (from token [`PACE_FROM_TOKEN`] on, once it has
-    /// [`PACE_MIN_GAPS`] gaps).
+    /// [`PACE_MIN_GAPS`] gaps). A task that has ended (a drain's deadline, a cancel) is not in
+    /// it, though its runner may not have returned yet: whether its row is still taken is the
+    /// engine's count (`slots_busy`), not a whole task's time left.
     pub fn in_slots(&self, pool: &str) -> Vec<InSlot> {
         let tasks: Vec<Arc<Task>> = self.lock().get(pool).cloned().unwrap_or_default();
         let now = Instant::now();
         tasks
             .iter()
-            .map(|t| {
+            .filter_map(|t| {
                 let g = t.lock();
+                if g.is_terminal() {
+                    return None;
+                }
                 let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
                 let gaps = g.tokens_out.saturating_sub(PACE_FROM_TOKEN + 1);
                 let ms_per_token_now = match (g.pace_from_at, g.last_token_at) {
                     (Some(a), Some(b)) if gaps >= PACE_MIN_GAPS => Some(ms(b - a) / gaps as f64),
                     _ => None,
                 };
-                InSlot {
+                Some(InSlot {
                     max_tokens: t.spec.max_tokens,
                     prompt_tokens: t.prompt_tokens,
                     tokens_out: g.tokens_out as usize,
@@ -69,7 +74,7 @@ impl RunningTasks {
                     } else {
                         0
                     },
-                }
+                })
             })
             .collect()
     }
@@ -123,5 +128,26 @@ mod tests {
         }
         let ms = pace().expect("4 gaps after the 4th token");
         assert!(ms < 5.0, "the start-up gaps are not in it: {ms} ms a token");
+    }
+
+    /// ORCH-ADM-DL-6: a task that has ended no longer holds a place in the prediction, even
+    /// while its runner has not let go of it (a drain ended it; the pool resumes at once).
+    #[test]
+    fn an_ended_task_is_not_predicted_to_hold_its_slot() {
+        let set = RunningTasks::default();
+        let task = crate::lifecycle::task::test_task("t", None);
+        let _in = set.enter("p", &task);
+        assert!(task.push_token("x".into()));
+        assert_eq!(set.in_slots("p").len(), 1);
+        assert!(task.finish("cancelled"));
+        assert!(
+            set.in_slots("p").is_empty(),
+            "ended: its row is the engine's count"
+        );
+        assert_eq!(
+            set.len(),
+            1,
+            "the index entry itself goes with the runner's guard"
+        );
     }
 }
