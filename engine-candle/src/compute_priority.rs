@@ -29,12 +29,13 @@ pub(crate) fn set_compute_nice(steps: u8) {
 }
 
 /// Lowers the calling thread by the configured steps; a failure is logged, never fatal (the
-/// thread computes at the process's priority).
+/// thread computes at the process's priority). Elsewhere than Linux: nothing.
 pub(crate) fn lower_compute_thread() {
     let steps = COMPUTE_NICE.load(Ordering::Relaxed);
     if steps == 0 {
         return;
     }
+    #[cfg(target_os = "linux")]
     if let Err(e) = lower_this_thread(steps) {
         tracing::warn!(error = %e, steps, "cannot lower a compute thread's priority");
     }
@@ -56,14 +57,6 @@ pub(crate) fn lower_this_thread(steps: u8) -> std::io::Result<i32> {
     Ok(target)
 }
 
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn lower_this_thread(_steps: u8) -> std::io::Result<i32> {
-    Err(std::io::Error::new(
-        std::io::ErrorKind::Unsupported,
-        "a thread's own priority is set on Linux only",
-    ))
-}
-
 /// The calling thread's nice value.
 #[cfg(target_os = "linux")]
 pub(crate) fn this_thread_nice() -> std::io::Result<i32> {
@@ -77,14 +70,6 @@ pub(crate) fn this_thread_nice() -> std::io::Result<i32> {
         }
         Ok(nice)
     }
-}
-
-#[cfg(not(target_os = "linux"))]
-pub(crate) fn this_thread_nice() -> std::io::Result<i32> {
-    Err(std::io::Error::new(
-        std::io::ErrorKind::Unsupported,
-        "a thread's own priority is read on Linux only",
-    ))
 }
 
 #[cfg(target_os = "linux")]
