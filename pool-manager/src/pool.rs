@@ -381,11 +381,15 @@ impl Pool {
             let share = (m.tokens_out as f64 / m.max_tokens as f64).clamp(0.0, 1.0);
             g.used_share_ewma = Some(ewma(g.used_share_ewma, share));
         }
+        // the pace of decoding is read from the gaps between tokens: a task of one token has
+        // none (its time is its prefill, behind every other slot's when a burst lands), and
+        // taken as one step it made a full pool's pace 5–10× too slow and every wait in line
+        // with it (a client's one-token requests before a burst: 60 s advised to all)
         let per_token = match m.first_token_after {
             Some(first) if m.tokens_out >= 2 => {
                 Some(ms(m.took.saturating_sub(first)) / (m.tokens_out - 1) as f64)
             }
-            _ if m.tokens_out > 0 => Some(total / m.tokens_out as f64),
+            None if m.tokens_out >= 2 => Some(total / m.tokens_out as f64),
             _ => None,
         };
         if let Some(t) = per_token {
@@ -771,6 +775,81 @@ mod tests {
         ms.iter()
             .map(|&m| start + Duration::from_millis(m))
             .collect()
+    }
+
+    fn measured_pool() -> Arc<Pool> {
+        let spec = PoolSpec {
+            id: "p".into(),
+            kind: PoolKind::Local,
+            model_ref: "m".into(),
+            model_alias: "m".into(),
+            slots: 2,
+            ctx: 512,
+            kv_cache_max_bytes: 0,
+            kv_type: KvType::F32,
+            threads: 1,
+            device: DeviceChoice::Cpu,
+            weight_format: WeightFormat::Auto,
+            prompt_cache_bytes: 0,
+            step_prompt_tokens: engine_candle::DEFAULT_STEP_PROMPT_TOKENS,
+            step_ms: engine_candle::DEFAULT_STEP_MS,
+        };
+        let pool = Pool::new(spec, Arc::new(NoEngine), Arc::new(Notify::new()));
+        // as after the load: the self-test's step and the full-occupancy measurement
+        {
+            let mut g = pool.lock();
+            g.ms_per_token_ewma = Some(20.0);
+            g.full_ms_per_token_ewma = Some(40.0);
+            g.full_pace_from_probe_only = true;
+            g.prefill_ms_per_token_ewma = Some(1.0);
+        }
+        pool
+    }
+
+    struct NoEngine;
+    impl EngineFactory for NoEngine {
+        fn load(&self, _: &PoolSpec, _: &str) -> Result<Arc<dyn Engine>, PortError> {
+            Err(PortError::Load("no engine in this test".into()))
+        }
+    }
+
+    /// ORCH-ADM-DL-7: a one-token task (a client's classification or warm-up) has no gap
+    /// between tokens: its time, a prefill queued behind the other slots', leaves every pace
+    /// as it was and measures the prefill only; a task of many tokens in a full pool replaces
+    /// the probe's pace with what its gaps showed.
+    #[test]
+    fn a_one_token_task_says_nothing_of_the_decode_pace() {
+        let pool = measured_pool();
+        pool.record_service(ServiceSample {
+            took: Duration::from_millis(400),
+            first_token_after: Some(Duration::from_millis(400)),
+            prompt_tokens: 30,
+            tokens_out: 1,
+            max_tokens: 1,
+            pool_was_full: true,
+        });
+        let s = pool.snapshot();
+        assert_eq!(s.ms_per_token_ewma, Some(20.0));
+        assert_eq!(s.full_ms_per_token_ewma, Some(40.0));
+        assert!(s.full_pace_from_probe_only);
+        // the prefill: 400 ms less one step, over 30 prompt tokens, into the average
+        let prefill = 1.0 + EWMA_ALPHA * ((400.0 - 20.0) / 30.0 - 1.0);
+        assert!(
+            (s.prefill_ms_per_token_ewma.unwrap() - prefill).abs() < 1e-9,
+            "{s:?}"
+        );
+
+        pool.record_service(ServiceSample {
+            took: Duration::from_millis(100 + 50 * 10),
+            first_token_after: Some(Duration::from_millis(100)),
+            prompt_tokens: 30,
+            tokens_out: 11,
+            max_tokens: 16,
+            pool_was_full: true,
+        });
+        let s = pool.snapshot();
+        assert_eq!(s.full_ms_per_token_ewma, Some(50.0));
+        assert!(!s.full_pace_from_probe_only);
     }
 
     /// ORCH-ADM-DL-7: the first sequence decodes fast while the second is prefilled beside it; only the gaps
