@@ -14,6 +14,15 @@ a server that answers 429 at once: p50 76 ms from one process, 24 ms from eight)
 8 streams read a few chunks and all leave at once; the server's CPU time after that and how
 long it took to fall idle. For orchestratord, the median start-prediction error (/metrics).
 
+Refusal latency is read twice: by the SDK clients' own HTTP hooks (request handed to httpx to
+response headers parsed: the clients' event loops and first-use costs included, which on a
+machine whose cores they share with the server are most of it), and, as root with `tcpdump`
+installed, at the clients' sockets (wire_latency.py: a request's last packet to its answer's
+first), what a client on a machine of its own would see. `--warm-sdk` pays the SDK's first-use
+costs in each client process before the burst (a one-token chat each: a pool filled with
+one-token tasks before a burst, the case that once made the pace 5-10x too slow);
+`--client-nice N` runs the clients below the server's threads.
+
     PYTHONPATH=.cache/pydeps python3 ci/overload_bench.py \\
         --orchd target/release/orchestratord --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf \\
         [--llama-server /path/to/llama-server] [--clients 64] [--timeout 15] [--max-tokens 128] \\
@@ -37,6 +46,7 @@ import httpx2 as httpx
 import openai
 
 import bench_servers
+from wire_latency import WireCapture
 
 TOPICS = [
     "the sea", "a lighthouse", "a fox", "autumn", "a train journey", "the moon", "bread",
@@ -274,6 +284,19 @@ def summarize(name, results, seen, burnt_after):
     }
 
 
+def wire_summary(wire):
+    """Refusal latency at the clients' sockets (wire_latency.py), when captured."""
+    if wire is None:
+        return {"wire_refusal_ms_p50": None}
+    ms = sorted(m for status, m in wire if status >= 400)
+    return {
+        "wire_refusals": len(ms),
+        "wire_refusal_ms_p50": round(statistics.median(ms), 1) if ms else None,
+        "wire_refusal_ms_p90": round(ms[int(0.9 * (len(ms) - 1))], 1) if ms else None,
+        "wire_refusal_ms_max": round(ms[-1], 1) if ms else None,
+    }
+
+
 def prediction_error(base):
     """orchestratord only: the median start-prediction error, as the histogram bucket it falls
     in (both directions together), and the number of starts measured."""
@@ -303,7 +326,11 @@ def run_against(name, base, pid, model, args):
     client.chat.completions.create(
         model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=8
     )
-    results, seen = scenario(base, model, args)
+    capture = WireCapture.start(int(base.rsplit(":", 1)[1])) if args.wire else None
+    try:
+        results, seen = scenario(base, model, args)
+    finally:
+        wire = capture.stop() if capture else None
     if args.trace:
         with open(args.trace, "a") as f:
             for line in seen["trace"]:
@@ -311,6 +338,7 @@ def run_against(name, base, pid, model, args):
     cpu_at_end = cpu_seconds(pid) if pid else 0.0
     burnt = idle_after(pid, cpu_at_end) if pid else 0.0
     row = summarize(name, results, seen, burnt)
+    row.update(wire_summary(wire))
     row["start_prediction"] = prediction_error(base)
     if pid and not args.quick:
         left_at = asyncio.run(walk_away(base, model))
@@ -333,15 +361,18 @@ def start_llama(args):
 
 def table(rows):
     head = ("| server | completed | client timeouts | refused (gave up) | error responses seen "
-            "(retried included) | refusal latency p50 / p90 / max | refusals after > 1 s | "
-            "tokens delivered | server CPU after last client |")
-    lines = [head, "|" + "---|" * 9]
+            "(retried included) | refusal latency p50 / p90 / max | at the socket | "
+            "refusals after > 1 s | tokens delivered | server CPU after last client |")
+    lines = [head, "|" + "---|" * 10]
     for r in rows:
         p50 = ("-" if r["refusal_ms_p50"] is None else
                f'{r["refusal_ms_p50"]} / {r["refusal_ms_p90"]} / {r["refusal_ms_max"]} ms')
+        wire = ("-" if r["wire_refusal_ms_p50"] is None else
+                f'{r["wire_refusal_ms_p50"]} / {r["wire_refusal_ms_p90"]} / '
+                f'{r["wire_refusal_ms_max"]} ms')
         lines.append(
             f'| {r["server"]} | {r["completed"]}/{r["clients"]} | {r["timeouts"]} | {r["refused"]} | '
-            f'{r["error_responses_seen"]} {r["error_statuses"]} | {p50} | '
+            f'{r["error_responses_seen"]} {r["error_statuses"]} | {p50} | {wire} | '
             f'{r["refusals_after_1s"]} | {r["tokens_delivered"]} | '
             f'{r["server_cpu_s_after_last_client"]} s |'
         )
@@ -371,6 +402,9 @@ def main():
     ap.add_argument("--client-nice", type=int, default=0,
                     help="nice value the client processes add to their own (the server's "
                          "threads run before them when both want a core; default 0)")
+    ap.add_argument("--no-wire", dest="wire", action="store_false",
+                    help="no packet capture (by default, as root with tcpdump installed, the "
+                         "refusal latency is also read at the clients' sockets)")
     ap.add_argument("--procs", type=int, default=8,
                     help="client processes the clients are spread over (default 8)")
     ap.add_argument("--quick", action="store_true", help="16 clients, 32 tokens, timeout 8 s")
