@@ -806,6 +806,23 @@ mod tests {
         pool
     }
 
+    /// A task of 30 prompt tokens that ended in a full pool.
+    fn full_pool_sample(
+        took_ms: u64,
+        first_ms: u64,
+        tokens_out: usize,
+        max: usize,
+    ) -> ServiceSample {
+        ServiceSample {
+            took: Duration::from_millis(took_ms),
+            first_token_after: Some(Duration::from_millis(first_ms)),
+            prompt_tokens: 30,
+            tokens_out,
+            max_tokens: max,
+            pool_was_full: true,
+        }
+    }
+
     struct NoEngine;
     impl EngineFactory for NoEngine {
         fn load(&self, _: &PoolSpec, _: &str) -> Result<Arc<dyn Engine>, PortError> {
@@ -820,14 +837,7 @@ mod tests {
     #[test]
     fn a_one_token_task_says_nothing_of_the_decode_pace() {
         let pool = measured_pool();
-        pool.record_service(ServiceSample {
-            took: Duration::from_millis(400),
-            first_token_after: Some(Duration::from_millis(400)),
-            prompt_tokens: 30,
-            tokens_out: 1,
-            max_tokens: 1,
-            pool_was_full: true,
-        });
+        pool.record_service(full_pool_sample(400, 400, 1, 1));
         let s = pool.snapshot();
         assert_eq!(s.ms_per_token_ewma, Some(20.0));
         assert_eq!(s.full_ms_per_token_ewma, Some(40.0));
@@ -839,14 +849,7 @@ mod tests {
             "{s:?}"
         );
 
-        pool.record_service(ServiceSample {
-            took: Duration::from_millis(100 + 50 * 10),
-            first_token_after: Some(Duration::from_millis(100)),
-            prompt_tokens: 30,
-            tokens_out: 11,
-            max_tokens: 16,
-            pool_was_full: true,
-        });
+        pool.record_service(full_pool_sample(100 + 50 * 10, 100, 11, 16));
         let s = pool.snapshot();
         assert_eq!(s.full_ms_per_token_ewma, Some(50.0));
         assert!(!s.full_pace_from_probe_only);
