@@ -1,6 +1,6 @@
 //! ORCH-ADM-DL-5: the overload scenario, short: 16 clients at once, each the official `openai`
 //! SDK with a 3 s timeout and its default retries, streaming chat from the real default model
-//! on 2 slots (`ci/overload_bench.py --quick`). Counts, not timings: no client times out, every
+//! on 2 slots (`ci/overload_bench.py --quick`). Counts, not timings: no client times out (no attempt before a retry either), every
 //! client either completes or is refused with advice it followed until its retries ran out, and
 //! when the clients are gone nothing is left running or queued.
 
@@ -38,6 +38,11 @@ async fn sdk_clients_in_a_burst_complete_or_are_refused_and_none_times_out() {
     let n = |k: &str| r[k].as_u64().unwrap_or_else(|| panic!("{k} in {r}"));
     assert_eq!(n("clients"), 16);
     assert_eq!(n("timeouts"), 0, "no client waits past its timeout: {r}");
+    assert_eq!(
+        n("completed_after_a_timeout"),
+        0,
+        "no attempt waits past the client's timeout before a retry either: {r}"
+    );
     assert_eq!(r["other"], serde_json::json!({}), "{r}");
     assert_eq!(n("completed") + n("refused"), 16, "{r}");
     assert!(n("completed") >= 2, "{r}");
