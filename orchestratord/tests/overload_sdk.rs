@@ -1,8 +1,9 @@
 //! ORCH-ADM-DL-5: the overload scenario, short: 16 clients at once, each the official `openai`
 //! SDK with a 3 s timeout and its default retries, streaming chat from the real default model
-//! on 2 slots (`ci/overload_bench.py --quick`). Counts, not timings: no client times out (no attempt before a retry either), every
-//! client either completes or is refused with advice it followed until its retries ran out, and
-//! when the clients are gone nothing is left running or queued.
+//! on 2 slots (`ci/overload_bench.py --quick`). Counts, not timings: no client times out, nor
+//! any attempt before a retry; every client either completes or is refused with advice it
+//! followed until its retries ran out; when the clients are gone nothing is left running or
+//! queued.
 
 mod support;
 
