@@ -794,7 +794,11 @@ mod tests {
             step_prompt_tokens: engine_candle::DEFAULT_STEP_PROMPT_TOKENS,
             step_ms: engine_candle::DEFAULT_STEP_MS,
         };
-        let pool = Pool::new(spec, Arc::new(NoEngine), Arc::new(Notify::new()));
+        let pool = Pool::new(
+            spec,
+            Arc::new(crate::registry::NothingToLoad),
+            Arc::new(Notify::new()),
+        );
         // as after the load: the self-test's step and the full-occupancy measurement
         {
             let mut g = pool.lock();
@@ -820,13 +824,6 @@ mod tests {
             tokens_out,
             max_tokens: max,
             pool_was_full: true,
-        }
-    }
-
-    struct NoEngine;
-    impl EngineFactory for NoEngine {
-        fn load(&self, _: &PoolSpec, _: &str) -> Result<Arc<dyn Engine>, PortError> {
-            Err(PortError::Load("no engine in this test".into()))
         }
     }
 

@@ -8,7 +8,7 @@ use crate::pool::{Pool, PoolSpec};
 use crate::port::{Engine, EngineFactory, PortError};
 
 /// The factory of pools whose engine runs elsewhere: there is nothing to load here.
-struct NothingToLoad;
+pub(crate) struct NothingToLoad;
 
 impl EngineFactory for NothingToLoad {
     fn load(&self, spec: &PoolSpec, _: &str) -> Result<Arc<dyn Engine>, PortError> {
