@@ -22,8 +22,7 @@ machine whose cores they share with the server are most of it), and, as root wit
 installed, at the clients' sockets (wire_latency.py: a request's last packet to its answer's
 first), what a client on a machine of its own would see. `--warm-sdk` pays the SDK's first-use
 costs in each client process before the burst (a one-token chat each: a pool filled with
-one-token tasks before a burst, the case that once made the pace 5-10x too slow);
-`--client-nice N` runs the clients below the server's threads.
+one-token tasks before a burst, the case that once made the pace 5-10x too slow).
 
     PYTHONPATH=.cache/pydeps python3 ci/overload_bench.py \\
         --orchd target/release/orchestratord --model .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf \\
@@ -165,8 +164,6 @@ async def share(base, model, args, indices, start_at):
     seen = {"refusal_ms": [], "refusal_status": {}, "t0": time.perf_counter(),
             "trace": [] if args.trace else None}
     made = [sdk_client(i, base, args, seen) for i in indices]
-    if args.client_nice:
-        os.nice(args.client_nice)
     if args.warm_sdk:
         await warm_sdk(base, model)
     if args.warm:
@@ -196,7 +193,7 @@ def scenario(base, model, args):
     # time for every process to make its clients (and warm its SDK) first: a process that
     # reaches the moment late spreads the burst (`clients_late_s` says by how much)
     start_at = time.time() + 3.0 + 0.05 * args.clients / procs
-    if procs == 1 and not args.client_nice:
+    if procs == 1:
         return run_share(base, model, args, shares[0], start_at)
     ctx = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(procs, mp_context=ctx) as pool:
@@ -416,9 +413,6 @@ def main():
                     help="each client process makes one streamed one-token chat through a "
                          "throwaway client before the burst (the SDK's first-use costs paid "
                          "before it; the burst's clients stay fresh)")
-    ap.add_argument("--client-nice", type=int, default=0,
-                    help="nice value the client processes add to their own (the server's "
-                         "threads run before them when both want a core; default 0)")
     ap.add_argument("--no-wire", dest="wire", action="store_false",
                     help="no packet capture (by default, as root with tcpdump installed, the "
                          "refusal latency is also read at the clients' sockets)")
