@@ -283,9 +283,7 @@ def summarize(name, results, seen, burnt_after):
                   if k not in ("completed", "timeout") and not k.startswith("refused")},
         "error_responses_seen": sum(seen["refusal_status"].values()),
         "error_statuses": seen["refusal_status"],
-        "refusal_ms_p50": round(statistics.median(ref), 1) if ref else None,
-        "refusal_ms_p90": round(ref[int(0.9 * (len(ref) - 1))], 1) if ref else None,
-        "refusal_ms_max": round(ref[-1], 1) if ref else None,
+        **latency_summary("refusal_ms", ref),
         # refusals a client waited more than a second for: sent back from the queue, or a
         # last attempt queued until its time ran out
         "refusals_after_1s": sum(1 for r in ref if r > 1000),
@@ -296,17 +294,21 @@ def summarize(name, results, seen, burnt_after):
     }
 
 
+def latency_summary(prefix, ms):
+    """p50 / p90 / max of sorted milliseconds, as `{prefix}_p50` ... (None when there are none)."""
+    return {
+        f"{prefix}_p50": round(statistics.median(ms), 1) if ms else None,
+        f"{prefix}_p90": round(ms[int(0.9 * (len(ms) - 1))], 1) if ms else None,
+        f"{prefix}_max": round(ms[-1], 1) if ms else None,
+    }
+
+
 def wire_summary(wire):
     """Refusal latency at the clients' sockets (wire_latency.py), when captured."""
     if wire is None:
         return {"wire_refusal_ms_p50": None}
     ms = sorted(m for status, m in wire if status >= 400)
-    return {
-        "wire_refusals": len(ms),
-        "wire_refusal_ms_p50": round(statistics.median(ms), 1) if ms else None,
-        "wire_refusal_ms_p90": round(ms[int(0.9 * (len(ms) - 1))], 1) if ms else None,
-        "wire_refusal_ms_max": round(ms[-1], 1) if ms else None,
-    }
+    return {"wire_refusals": len(ms), **latency_summary("wire_refusal_ms", ms)}
 
 
 def prediction_error(base):
