@@ -47,6 +47,11 @@ pub enum ErrorCode {
     UnsupportedMediaType,
     /// Too many failed authentication attempts from this address; wait (429).
     AuthRateLimited,
+    /// The request body did not arrive within `http.body_read_timeout_ms` (408).
+    RequestTimeout,
+    /// The record store cannot keep what was posted now (its file is gone); nothing was
+    /// stored (503).
+    RecordsUnavailable,
 }
 
 impl ErrorCode {
@@ -72,11 +77,13 @@ impl ErrorCode {
             Self::Forbidden => "FORBIDDEN",
             Self::UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
             Self::AuthRateLimited => "AUTH_RATE_LIMITED",
+            Self::RequestTimeout => "REQUEST_TIMEOUT",
+            Self::RecordsUnavailable => "RECORDS_UNAVAILABLE",
         }
     }
 
     /// All codes, for metrics label pre-registration and docs.
-    pub const ALL: [ErrorCode; 20] = [
+    pub const ALL: [ErrorCode; 22] = [
         Self::AdmissionReject,
         Self::QueueFullDropLru,
         Self::InvalidParams,
@@ -97,6 +104,8 @@ impl ErrorCode {
         Self::Forbidden,
         Self::UnsupportedMediaType,
         Self::AuthRateLimited,
+        Self::RequestTimeout,
+        Self::RecordsUnavailable,
     ];
 }
 

@@ -420,14 +420,17 @@ pub struct HttpConfig {
     /// Origins a browser page may call from (CORS); empty = CORS off and cross-origin writes
     /// refused.
     pub cors_allowed_origins: Vec<String>,
-    /// A client must send its request head within this time.
+    /// A request head must arrive within this time of the accept, or of the end of the
+    /// previous response on a kept-alive connection (so an idle connection closes after it).
     pub header_read_timeout_ms: u64,
-    /// Longest wait for the next part of a request body.
+    /// A request's whole body must arrive within this time of its head (one deadline for
+    /// the body, not one per read).
     pub body_read_timeout_ms: u64,
     /// A response write (an SSE reader that stopped reading) may stall this long before the
     /// connection is closed.
     pub write_stall_timeout_ms: u64,
-    /// Connections served at once; more wait in the listen backlog.
+    /// Connections open at once. At the cap an idle one (no request in flight) is closed to
+    /// make room for a new one; only while all are busy do new ones wait in the backlog.
     pub max_connections: usize,
 }
 

@@ -30,8 +30,10 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | ErrorCode::PoolUnavailable
         | ErrorCode::ReplicaExhausted
         | ErrorCode::ShuttingDown
-        | ErrorCode::WorkerReset => StatusCode::SERVICE_UNAVAILABLE,
+        | ErrorCode::WorkerReset
+        | ErrorCode::RecordsUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::DecodeTimeout | ErrorCode::QueueTimeout => StatusCode::GATEWAY_TIMEOUT,
+        ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

@@ -27,6 +27,15 @@ where
                     "request body exceeds the configured limit",
                     false,
                 )
+            } else if let Some(within) = crate::body_deadline::elapsed_in(&rej) {
+                ApiError::new(
+                    ErrorCode::RequestTimeout,
+                    format!(
+                        "the request body did not arrive within {} ms (http.body_read_timeout_ms)",
+                        within.as_millis()
+                    ),
+                    true,
+                )
             } else {
                 ApiError::invalid("body", format!("cannot read body: {rej}"))
             }

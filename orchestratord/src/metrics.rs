@@ -46,6 +46,8 @@ pub const WORKER_DISCONNECTS: &str = "orchd_worker_disconnects_total";
 pub const WORKER_AUTH_FAILURES: &str = "orchd_worker_auth_failures_total";
 pub const TASKS_REQUEUED: &str = "orchd_tasks_requeued_total";
 pub const AUTH_FAILURES: &str = "orchd_auth_failures_total";
+pub const HTTP_CONNECTIONS: &str = "orchd_http_connections";
+pub const HTTP_CONNECTIONS_EVICTED: &str = "orchd_http_connections_evicted_total";
 pub const RECORDS_WRITTEN: &str = "orchd_records_written_total";
 pub const RECORDS_DROPPED: &str = "orchd_records_dropped_total";
 pub const RECORDS_PRUNED: &str = "orchd_records_pruned_total";
@@ -198,6 +200,11 @@ fn describe() {
         AUTH_FAILURES,
         "Requests refused by API-key checks, by reason (missing, invalid, forbidden, rate_limited)"
     );
+    describe_gauge!(HTTP_CONNECTIONS, "Open HTTP connections (http.max_connections at most)");
+    describe_counter!(
+        HTTP_CONNECTIONS_EVICTED,
+        "Idle HTTP connections closed at the connection cap to make room for a new one"
+    );
     describe_gauge!(PROCESS_RSS, "Resident memory of the process, in bytes");
     describe_counter!(
         PROCESS_CPU,
@@ -291,6 +298,8 @@ pub fn upkeep(
     counter!(WORKER_AUTH_FAILURES).increment(0);
     counter!(TASKS_REQUEUED).increment(0);
     counter!(QUEUE_SHED).increment(0);
+    counter!(HTTP_CONNECTIONS_EVICTED).increment(0);
+    gauge!(HTTP_CONNECTIONS).increment(0.0);
     gauge!(QUEUE_DEPTH, L_PRIORITY => "interactive").increment(0.0);
     gauge!(QUEUE_DEPTH, L_PRIORITY => "batch").increment(0.0);
     gauge!(WORKERS_CONNECTED).increment(0.0);
@@ -312,6 +321,14 @@ pub fn process() {
     if let Some(cpu) = crate::process_stats::cpu_time() {
         counter!(PROCESS_CPU).absolute(cpu.as_secs());
     }
+}
+
+pub fn connections_open(n: usize) {
+    gauge!(HTTP_CONNECTIONS).set(n as f64);
+}
+
+pub fn connection_evicted() {
+    counter!(HTTP_CONNECTIONS_EVICTED).increment(1);
 }
 
 pub fn workers_connected(n: usize) {

@@ -141,8 +141,9 @@ pub fn router(state: SharedState) -> Router {
         .route_layer(axum::middleware::from_fn(crate::correlation::mark_route))
         .fallback(routes::meta::not_found)
         .layer(DefaultBodyLimit::max(limit))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+        .layer(axum::middleware::from_fn_with_state(
             Duration::from_millis(state.cfg.http.body_read_timeout_ms.max(1)),
+            crate::body_deadline::limit,
         ))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -85,6 +85,8 @@ pub enum PoolError {
 pub struct PoolSnapshot {
     pub id: String,
     pub state: PoolState,
+    /// Whether the pool grants slots now (`Pool::accepts_work`).
+    pub accepts_work: bool,
     pub descriptor: Option<EngineDescriptor>,
     pub model_alias: String,
     pub slots_total: usize,
@@ -133,7 +135,7 @@ impl PoolSnapshot {
     }
 
     pub fn slots_free(&self) -> usize {
-        if self.state.accepts_work() {
+        if self.accepts_work {
             let used = self.slots_busy.max(self.engine_load.unwrap_or(0));
             self.slots_total.saturating_sub(used)
         } else {
@@ -151,6 +153,9 @@ struct Inner {
     /// The operator drained the pool and has not resumed it: a restart after an engine death
     /// brings it back drained, not serving.
     held_drained: bool,
+    /// The state a reload under way started in: it serves meanwhile only if that was
+    /// `Ready`, and goes back to it if the new model fails.
+    reload_from: PoolState,
     last_error: Option<String>,
     drain_token: CancellationToken,
     drain_deadline: Option<Instant>,
@@ -183,6 +188,8 @@ pub struct Pool {
     factory: Arc<dyn EngineFactory>,
     inner: Mutex<Inner>,
     wake: Arc<Notify>,
+    /// An operator's resume: a pool waiting to retry its load tries now.
+    retry_now: Notify,
     tasks_started: AtomicU64,
     tasks_finished: AtomicU64,
     reloads_ok: AtomicU64,
@@ -201,6 +208,7 @@ impl Pool {
                 engine: None,
                 retiring: Vec::new(),
                 held_drained: false,
+                reload_from: PoolState::Ready,
                 last_error: None,
                 drain_token: CancellationToken::new(),
                 drain_deadline: None,
@@ -216,6 +224,7 @@ impl Pool {
                 consecutive_failures: 0,
             }),
             wake,
+            retry_now: Notify::new(),
             tasks_started: AtomicU64::new(0),
             tasks_finished: AtomicU64::new(0),
             reloads_ok: AtomicU64::new(0),
@@ -257,6 +266,12 @@ impl Pool {
         self.lock().state
     }
 
+    /// Whether new slot leases may be granted: a ready pool, or one reloading from ready
+    /// whose old engine serves until the new one takes over.
+    pub fn accepts_work(&self) -> bool {
+        accepts_work(&self.lock())
+    }
+
     /// Whether this pool serves `model` (its alias, the model's name, or the pool id).
     pub fn serves(&self, model: &str) -> bool {
         if model == self.spec.model_alias || model == self.spec.id {
@@ -277,6 +292,7 @@ impl Pool {
         PoolSnapshot {
             id: self.spec.id.clone(),
             state: g.state,
+            accepts_work: accepts_work(&g),
             descriptor: g.engine.as_ref().map(|e| e.descriptor()),
             model_alias: self.spec.model_alias.clone(),
             slots_total: self.spec.slots,
@@ -322,7 +338,7 @@ impl Pool {
     /// engine replaced by a reload still holds count against the pool).
     pub fn try_lease(self: &Arc<Self>) -> Option<SlotLease> {
         let mut g = self.lock();
-        if !g.state.accepts_work() {
+        if !accepts_work(&g) {
             return None;
         }
         let engine = g.engine.clone()?;
@@ -491,7 +507,10 @@ impl Pool {
             attempt = attempt.saturating_add(1);
             let open = self.lock().consecutive_failures >= CIRCUIT_OPEN_AFTER;
             let wait = if open { RETRY_CAP } else { backoff(attempt) };
-            tokio::time::sleep(wait).await;
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = self.retry_now.notified() => {}
+            }
             if self.state() != PoolState::Unready {
                 return;
             }
@@ -546,13 +565,18 @@ impl Pool {
         g.drain_cut_off = g.drain_cut_off.saturating_add(1);
     }
 
-    /// Brings a draining or drained pool back into service.
+    /// Brings a pool that refuses work back into service: a draining or drained one at once;
+    /// one reloading from drained serves with its old engine until the new one takes over;
+    /// one loading or restarting serves when its engine is up (and retries its load now).
     pub fn resume(&self) -> Result<(), PoolError> {
         let mut g = self.lock();
         self.apply(&mut g, PoolEvent::Resume)?;
         g.held_drained = false;
+        g.reload_from = PoolState::Ready;
         g.drain_token = CancellationToken::new();
         g.drain_deadline = None;
+        drop(g);
+        self.retry_now.notify_one();
         Ok(())
     }
 
@@ -561,7 +585,9 @@ impl Pool {
     pub async fn reload(self: &Arc<Self>, new_ref: &str) -> Result<u64, PoolError> {
         {
             let mut g = self.lock();
+            let from = g.state;
             self.apply(&mut g, PoolEvent::ReloadStart)?;
+            g.reload_from = from;
         }
         match self.load_engine(new_ref).await {
             Ok((engine, ms)) => {
@@ -581,11 +607,21 @@ impl Pool {
             Err(e) => {
                 let mut g = self.lock();
                 let had_engine = g.engine.is_some();
-                let _ = self.apply(&mut g, PoolEvent::ReloadFailed { had_engine });
+                let from = g.reload_from;
+                // back where it was: a drained pool stays drained (and says so)
+                let _ = self.apply(&mut g, PoolEvent::ReloadFailed { had_engine, from });
                 self.reloads_failed.fetch_add(1, Ordering::Relaxed);
                 Err(PoolError::ReloadFailed(e))
             }
         }
+    }
+}
+
+fn accepts_work(g: &Inner) -> bool {
+    match g.state {
+        PoolState::Ready => true,
+        PoolState::Reloading => g.reload_from == PoolState::Ready && g.engine.is_some(),
+        _ => false,
     }
 }
 

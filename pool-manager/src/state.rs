@@ -1,7 +1,9 @@
 //! The pool lifecycle as an explicit state machine.
 //!
-//! `Loading → Ready ⇄ Draining → Drained`, `Ready|Drained|Unready → Reloading → Ready`,
-//! any → `Unready` when the engine dies or a load fails.
+//! `Loading → Ready ⇄ Draining → Drained`, `Ready|Drained|Unready → Reloading → Ready`
+//! (a failed reload goes back where it came from: a drained pool stays drained), any →
+//! `Unready` when the engine dies or a load fails. Whether a pool takes work is the pool's
+//! to say (`Pool::accepts_work`): a reload of a drained pool takes none until it is done.
 
 /// Where a pool is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -27,11 +29,6 @@ impl PoolState {
         }
     }
 
-    /// Whether new slot leases may be granted.
-    pub fn accepts_work(self) -> bool {
-        matches!(self, Self::Ready | Self::Reloading)
-    }
-
     pub const ALL: [PoolState; 6] = [
         Self::Loading,
         Self::Ready,
@@ -53,9 +50,11 @@ pub enum PoolEvent {
     ReloadStart,
     /// The new model serves now.
     ReloadDone,
-    /// The new model failed; `had_engine` tells whether an old engine keeps serving.
+    /// The new model failed; `had_engine` tells whether an old engine is still there, `from`
+    /// is the state the reload started in (the pool goes back to it).
     ReloadFailed {
         had_engine: bool,
+        from: PoolState,
     },
     EngineDied,
 }
@@ -94,14 +93,16 @@ impl PoolState {
             (_, E::DrainComplete) => deny("the pool is not draining"),
             (S::Draining | S::Drained, E::Resume) => Ok(S::Ready),
             (S::Ready, E::Resume) => deny("the pool is already serving"),
-            (_, E::Resume) => deny("only a draining or drained pool can resume"),
+            // the pool will serve as soon as it can: its load or reload ends in service
+            (S::Loading | S::Unready | S::Reloading, E::Resume) => Ok(self),
             (S::Ready | S::Drained | S::Unready, E::ReloadStart) => Ok(S::Reloading),
             (S::Draining, E::ReloadStart) => deny("the pool is draining; wait until it is drained"),
             (S::Reloading, E::ReloadStart) => deny("a reload is already in progress"),
             (S::Loading, E::ReloadStart) => deny("the pool is still loading"),
             (S::Reloading, E::ReloadDone) => Ok(S::Ready),
-            (S::Reloading, E::ReloadFailed { had_engine: true }) => Ok(S::Ready),
-            (S::Reloading, E::ReloadFailed { had_engine: false }) => Ok(S::Unready),
+            (S::Reloading, E::ReloadFailed { had_engine: false, .. }) => Ok(S::Unready),
+            (S::Reloading, E::ReloadFailed { from: S::Drained, .. }) => Ok(S::Drained),
+            (S::Reloading, E::ReloadFailed { .. }) => Ok(S::Ready),
             (_, E::ReloadDone | E::ReloadFailed { .. }) => deny("no reload is in progress"),
         }
     }
@@ -128,12 +129,34 @@ mod tests {
             (S::Drained, E::ReloadStart, S::Reloading),
             (S::Unready, E::ReloadStart, S::Reloading),
             (S::Reloading, E::ReloadDone, S::Ready),
-            (S::Reloading, E::ReloadFailed { had_engine: true }, S::Ready),
             (
                 S::Reloading,
-                E::ReloadFailed { had_engine: false },
+                E::ReloadFailed {
+                    had_engine: true,
+                    from: S::Ready,
+                },
+                S::Ready,
+            ),
+            // issue 32: a drained pool whose reload failed stays drained (it said "ready"
+            // while refusing every task)
+            (
+                S::Reloading,
+                E::ReloadFailed {
+                    had_engine: true,
+                    from: S::Drained,
+                },
+                S::Drained,
+            ),
+            (
+                S::Reloading,
+                E::ReloadFailed {
+                    had_engine: false,
+                    from: S::Unready,
+                },
                 S::Unready,
             ),
+            (S::Unready, E::Resume, S::Unready),
+            (S::Reloading, E::Resume, S::Reloading),
         ];
         for (from, ev, to) in cases {
             assert_eq!(from.on(ev), Ok(to), "{from:?} + {ev:?}");
@@ -163,14 +186,5 @@ mod tests {
             assert!(!err.reason.is_empty());
             assert_eq!(err.from, from);
         }
-    }
-
-    #[test]
-    fn only_ready_and_reloading_pools_take_work() {
-        let taking: Vec<_> = PoolState::ALL
-            .into_iter()
-            .filter(|s| s.accepts_work())
-            .collect();
-        assert_eq!(taking, vec![S::Ready, S::Reloading]);
     }
 }

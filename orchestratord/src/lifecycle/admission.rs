@@ -152,7 +152,7 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
                 ));
             }
         }
-        if !pool.state().accepts_work() {
+        if !pool.accepts_work() {
             return Err(ApiError::new(
                 ErrorCode::PoolUnready,
                 format!("pool {pin:?} is {}", pool.state().as_str()),
@@ -190,7 +190,7 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
     }
     let ready: Vec<Arc<Pool>> = serving
         .into_iter()
-        .filter(|p| p.state().accepts_work())
+        .filter(|p| p.accepts_work())
         .collect();
     if ready.is_empty() && !from_workers {
         return Err(ApiError::new(

@@ -31,7 +31,7 @@ fn service_ms(p: &PoolSnapshot, typical_tokens: usize) -> Option<f64> {
 /// Estimates for a task with `position` tasks ahead of it, served by `pools` (the rate model:
 /// what a 429 advises when no per-task picture is at hand).
 pub fn estimate(position: usize, pools: &[PoolSnapshot], typical_tokens: usize) -> Estimate {
-    let serving: Vec<&PoolSnapshot> = pools.iter().filter(|p| p.state.accepts_work()).collect();
+    let serving: Vec<&PoolSnapshot> = pools.iter().filter(|p| p.accepts_work).collect();
     let free: usize = serving.iter().map(|p| p.slots_free()).sum();
     // tasks finished per ms across the pools
     let rate: f64 = serving
@@ -56,7 +56,7 @@ pub fn estimate(position: usize, pools: &[PoolSnapshot], typical_tokens: usize) 
 fn mean_over(pools: &[PoolSnapshot], figure: impl Fn(&PoolSnapshot) -> Option<f64>) -> Option<f64> {
     let v: Vec<f64> = pools
         .iter()
-        .filter(|p| p.state.accepts_work())
+        .filter(|p| p.accepts_work)
         .filter_map(figure)
         .filter(|t| t.is_finite() && *t > 0.0)
         .collect();
@@ -233,7 +233,7 @@ impl Line {
         let mut settled = false;
         for (i, line) in pools.iter().enumerate() {
             let p = line.snapshot;
-            let pace = Pace::of(line, probe_factor).filter(|_| p.state.accepts_work());
+            let pace = Pace::of(line, probe_factor).filter(|_| p.accepts_work);
             paces.push(pace);
             let Some(pace) = pace else {
                 continue;

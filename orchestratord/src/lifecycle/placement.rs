@@ -42,11 +42,10 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
                 format!("pinned pool {pin:?} was removed"),
             );
         };
-        let st = pool.state();
-        if !st.accepts_work() {
+        if !pool.accepts_work() {
             return Placement::Unavailable(
                 ErrorCode::PoolUnready,
-                format!("pinned pool {pin:?} is {}", st.as_str()),
+                format!("pinned pool {pin:?} is {}", pool.state().as_str()),
             );
         }
         return match pool.try_lease() {
@@ -92,7 +91,7 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
     }
     let mut candidates: Vec<_> = snapshots
         .into_iter()
-        .filter(|(s, _)| s.state.accepts_work() && s.slots_free() > 0)
+        .filter(|(s, _)| s.accepts_work && s.slots_free() > 0)
         .collect();
     candidates.sort_by(|(a, _), (b, _)| {
         b.slots_free()

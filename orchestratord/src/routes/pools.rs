@@ -25,7 +25,7 @@ fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
         pool_id: s.id.clone(),
         kind: pool.spec().kind.as_str().to_string(),
         live: s.engine_alive,
-        ready: s.state.accepts_work() && s.engine_alive,
+        ready: s.accepts_work && s.engine_alive,
         draining: matches!(s.state, PoolState::Draining),
         state: s.state.as_str().to_string(),
         model_ref: d

@@ -32,7 +32,7 @@ pub async fn readyz(State(state): State<SharedState>) -> (StatusCode, Json<Readi
         .iter()
         .filter(|p| {
             let s = p.snapshot();
-            s.state.accepts_work() && s.engine_alive
+            s.accepts_work && s.engine_alive
         })
         .count();
     let shutting_down = state.is_shutting_down();

@@ -47,7 +47,7 @@ impl Backend {
                     .pools
                     .all()
                     .iter()
-                    .filter(|p| p.state().accepts_work())
+                    .filter(|p| p.accepts_work())
                     .map(|p| p.spec().model_alias.clone())
                     .collect();
                 v.sort();

@@ -28,7 +28,7 @@ pub async fn health(State(state): State<SharedState>) -> Response {
             status: status_word(p.state()),
         })
         .collect();
-    let loaded = pools.iter().filter(|p| p.state().accepts_work()).count();
+    let loaded = pools.iter().filter(|p| p.accepts_work()).count();
     let total = pools.len();
     let status = if loaded == 0 || state.is_shutting_down() {
         "unhealthy"

@@ -200,7 +200,7 @@ pub async fn chat_completions(
 pub async fn models(State(state): State<SharedState>) -> Json<ModelList> {
     let mut data: Vec<Model> = Vec::new();
     for p in state.pools.all() {
-        if !p.state().accepts_work() {
+        if !p.accepts_work() {
             continue;
         }
         let id = p.spec().model_alias.clone();
