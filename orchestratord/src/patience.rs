@@ -48,6 +48,9 @@ pub struct Patience {
     pub timeout: Option<(Duration, PatienceSource)>,
     /// Earlier tries of this request (0 = first).
     pub retry_count: u32,
+    /// The client counts its tries (sent a retry-count header, 0 included): its retry will
+    /// say so and can take back a place in line kept for it.
+    pub counts_tries: bool,
 }
 
 impl Patience {
@@ -87,15 +90,15 @@ impl Patience {
                 );
             }
         }
-        let retry_count = RETRY_HEADERS
+        let counts: Vec<u32> = RETRY_HEADERS
             .iter()
             .filter_map(|n| h.get(*n))
             .filter_map(|v| v.to_str().ok()?.trim().parse::<u32>().ok())
-            .max()
-            .unwrap_or(0);
+            .collect();
         Ok(Self {
             timeout,
-            retry_count,
+            retry_count: counts.iter().copied().max().unwrap_or(0),
+            counts_tries: !counts.is_empty(),
         })
     }
 
@@ -176,5 +179,7 @@ mod tests {
         assert!(p.is_retry());
         let p = Patience::from_headers(&headers(&[("x-retry-count", "0")])).unwrap();
         assert!(!p.is_retry());
+        assert!(p.counts_tries);
+        assert!(!Patience::from_headers(&HeaderMap::new()).unwrap().counts_tries);
     }
 }

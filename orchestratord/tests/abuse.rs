@@ -221,3 +221,99 @@ async fn a_failed_reload_of_a_drained_pool_leaves_it_drained() {
     assert_well_formed(&events);
     assert_eq!(events.last().unwrap().event, "end", "{events:?}");
 }
+
+/// A task submission with a 1.5 s deadline for its first token, on `client`, optionally
+/// counting its tries; the status.
+async fn hurried(s: &TestServer, client: &reqwest::Client, retry_header: bool) -> u16 {
+    let mut r = client
+        .post(s.url("/v1/tasks"))
+        .header("X-Request-Deadline-Ms", "1500")
+        .json(&json!({"prompt": "x", "max_tokens": 4}));
+    if retry_header {
+        r = r.header("X-Retry-Count", "0");
+    }
+    let r = r.send().await.unwrap();
+    let status = r.status().as_u16();
+    // read to the end: the connection goes back to the client's pool for the next request
+    let _ = r.bytes().await;
+    status
+}
+
+/// [`hurried`] counting its tries, on one kept-alive connection: the status.
+async fn hurried_on(c: &mut TcpStream) -> u16 {
+    let body = json!({"prompt": "x", "max_tokens": 4}).to_string();
+    let req = format!(
+        "POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Deadline-Ms: 1500\r\nX-Retry-Count: 0\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    c.write_all(req.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut b = [0u8; 1];
+        c.read_exact(&mut b).await.unwrap();
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let len: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    let mut body = vec![0u8; len];
+    c.read_exact(&mut body).await.unwrap();
+    head[9..12].parse().unwrap()
+}
+
+/// ORCH-ADM-RETRY-3: kept places cannot become phantom queue (issue 32: two loops retrying
+/// 429s with no retry headers kept 64 places, and a polite client was refused 20 of 20 times
+/// by a pool with free slots and an empty queue). A client that does not count its tries gets
+/// no kept place (its retry could never claim it); one that does holds one place a
+/// connection; and kept places never stand ahead of a free slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_places_never_lock_clients_out() {
+    let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(40)).await;
+    // both slots busy for ~4 s, and a line behind them
+    let mut long = Vec::new();
+    for _ in 0..4 {
+        long.push(
+            s.submit_ok(json!({"prompt": "x", "max_tokens": 100}))
+                .await,
+        );
+    }
+    let kept = || s.state.queue.kept_places();
+    // a tight loop that never says it retries
+    for _ in 0..30 {
+        assert_eq!(hurried(&s, &s.client, false).await, 429);
+    }
+    assert_eq!(kept(), 0, "places kept for a client that cannot claim them");
+    // a client that counts its tries, on one kept-alive connection
+    let mut one_connection = TcpStream::connect(addr(&s)).await.unwrap();
+    for _ in 0..30 {
+        assert_eq!(hurried_on(&mut one_connection).await, 429);
+    }
+    assert_eq!(kept(), 1, "one place a connection");
+    // many connections each keep one (bounded in all by the queue's capacity)
+    for _ in 0..10 {
+        assert_eq!(hurried(&s, &s.client, true).await, 429);
+    }
+    assert!(kept() >= 5, "{}", kept());
+    for id in &long {
+        assert_eq!(s.cancel(id).await, 204);
+    }
+    // the slots are free again while the places are still kept
+    let free = support::procs::eventually(Duration::from_secs(5), || async {
+        let h = s.get_json("/v1/pools/p1/health").await;
+        h["metrics"]["slots_busy"] == 0
+    })
+    .await;
+    assert!(free, "the pool never came free");
+    assert!(kept() >= 5, "the places lapsed before the check");
+    for i in 0..5 {
+        assert_eq!(
+            hurried(&s, &s.client, false).await,
+            202,
+            "polite request {i} refused by an idle pool"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}

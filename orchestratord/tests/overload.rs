@@ -61,8 +61,14 @@ async fn a_refused_client_learns_when_to_come_back_and_keeps_its_place() {
         admitted.push(v["task_id"].as_str().unwrap().to_string());
     }
     let before = s.metrics().await;
-    // the fifth would start after ~2 s: refused now, told to come back when it fits
-    let refused = submit_with(&s, body.clone(), &deadline).await;
+    // the fifth would start after ~2 s: refused now, told to come back when it fits (it
+    // counts its tries, as the SDKs do: its place can be claimed)
+    let refused = submit_with(
+        &s,
+        body.clone(),
+        &[(DEADLINE, "2480"), ("x-stainless-retry-count", "0")],
+    )
+    .await;
     assert_eq!(refused.status(), 429);
     let wait_ms = header_u64(&refused, "retry-after-ms");
     assert!((250..=2000).contains(&wait_ms), "advised wait {wait_ms} ms");
@@ -226,6 +232,7 @@ async fn a_queued_stream_that_cannot_start_in_time_gets_a_retriable_http_error()
         .client
         .post(s.url("/v1/chat/completions"))
         .header("x-stainless-read-timeout", "1.0")
+        .header("x-stainless-retry-count", "0")
         .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stream": true}))
         .send()
         .await

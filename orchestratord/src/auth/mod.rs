@@ -286,6 +286,8 @@ pub struct Caller {
     pub principal: Principal,
     /// The client's stated timeout and retry count (`patience.rs`).
     pub patience: Patience,
+    /// The connection the request came on (`None`: the server's own callers).
+    pub connection: Option<std::net::SocketAddr>,
 }
 
 impl Caller {
@@ -298,11 +300,22 @@ impl Caller {
                 scope: Scope::Data,
             },
             patience: Patience::default(),
+            connection: None,
         }
     }
 
     pub fn tenant(&self) -> &str {
         &self.principal.tenant
+    }
+
+    /// Who a place in line may be kept for when this request is refused: a client that
+    /// counts its tries, on its connection; `None` when its retry could not claim a place.
+    pub fn claimant(&self) -> Option<crate::lifecycle::queue::Claimant> {
+        self.patience
+            .counts_tries
+            .then_some(crate::lifecycle::queue::Claimant {
+                connection: self.connection,
+            })
     }
 }
 
@@ -323,10 +336,15 @@ impl<S: Send + Sync> FromRequestParts<S> for Caller {
             .map(|c| c.0.clone())
             .unwrap_or_default();
         let patience = Patience::from_headers(&parts.headers)?;
+        let connection = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map(|c| c.0);
         Ok(Self {
             correlation_id,
             principal,
             patience,
+            connection,
         })
     }
 }

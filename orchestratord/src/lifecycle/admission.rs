@@ -362,8 +362,13 @@ fn estimated_tokens(prompt: &PromptInput, continuation: &str) -> usize {
 }
 
 /// The 429 of a full queue (the refused request's place is kept for its retry).
-fn queue_full(state: &SharedState, rank: std::time::Instant, retry_after_ms: u64) -> ApiError {
-    deadline::keep_place(state, rank, retry_after_ms);
+fn queue_full(
+    state: &SharedState,
+    rank: std::time::Instant,
+    retry_after_ms: u64,
+    caller: &Caller,
+) -> ApiError {
+    deadline::keep_place(state, rank, retry_after_ms, caller.claimant());
     let cap = state.queue.capacity();
     reject(
         ErrorCode::AdmissionReject,
@@ -422,7 +427,7 @@ pub async fn admit(
         delivery,
     )?;
     if !state.queue.has_room(free_slots) {
-        return Err(queue_full(state, plan.rank, est_now.retry_after_ms));
+        return Err(queue_full(state, plan.rank, est_now.retry_after_ms, caller));
     }
     let (n_prompt, prompt_ids) = count_prompt(state, &pools, &v).await?;
     let exact = prompt_ids.is_some();
@@ -501,6 +506,7 @@ pub async fn admit(
         rank: Some(plan.rank),
         predicted_start: plan.predicted_start,
         last_attempt: caller.patience.is_last_attempt(),
+        claimant: caller.claimant(),
     }));
     match state.tasks.insert(task.clone()) {
         Inserted::New => {}
@@ -542,7 +548,7 @@ pub async fn admit(
         Enqueued::Full => {
             state.tasks.remove(&task);
             refund(state);
-            return Err(queue_full(state, plan.rank, est_now.retry_after_ms));
+            return Err(queue_full(state, plan.rank, est_now.retry_after_ms, caller));
         }
     };
     let est = eta::estimate(position, &snapshots, typical);

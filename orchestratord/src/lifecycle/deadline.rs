@@ -18,7 +18,7 @@ use pool_manager::{Pool, PoolSnapshot};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::eta::{self, Need, PoolLine};
-use crate::lifecycle::queue::Promised;
+use crate::lifecycle::queue::{Claimant, Promised};
 use crate::metrics;
 use crate::state::SharedState;
 
@@ -112,12 +112,30 @@ fn ms(d: Duration) -> u64 {
     d.as_millis().min(u64::MAX as u128) as u64
 }
 
+/// Longest a kept place outlives the advised wait unclaimed.
+const MAX_PLACE_GRACE: Duration = Duration::from_secs(5);
+
 /// Keeps the place in line of a request refused with advice to come back after
-/// `retry_after_ms`: for that long plus a grace (the larger of a second and half the wait).
-pub fn keep_place(state: &SharedState, rank: Instant, retry_after_ms: u64) {
+/// `retry_after_ms`, when its client can claim it (`claimant`, see `Caller::claimant`): for
+/// that long plus a grace (half the wait, between 1 and 5 s). A client whose retry would not
+/// say it is one gets no place: it could never claim it, and the place would only stand
+/// ahead of everyone else (issue 32: two loops without retry headers kept 64 places and an
+/// idle pool refused every client).
+pub fn keep_place(
+    state: &SharedState,
+    rank: Instant,
+    retry_after_ms: u64,
+    claimant: Option<Claimant>,
+) {
+    let Some(claimant) = claimant else {
+        return;
+    };
     let wait = Duration::from_millis(retry_after_ms);
-    let grace = Duration::from_secs(1).max(wait / 2);
-    if state.queue.keep_place(rank, Instant::now() + wait + grace) {
+    let grace = (wait / 2).clamp(Duration::from_secs(1), MAX_PLACE_GRACE);
+    if state
+        .queue
+        .keep_place(rank, Instant::now() + wait + grace, claimant)
+    {
         metrics::retry_place("kept");
     }
 }
@@ -134,19 +152,19 @@ pub fn plan<'a>(
     delivery: Delivery,
 ) -> Result<Plan<'a>, ApiError> {
     let now = Instant::now();
-    let rank = match caller.patience.is_retry() {
-        true => match state.queue.claim_place(now) {
+    let rank = match (caller.patience.is_retry(), caller.claimant()) {
+        (true, Some(claimant)) => match state.queue.claim_place(now, claimant) {
             Some(kept) => {
                 metrics::retry_place("claimed");
                 kept
             }
             None => now,
         },
-        false => now,
+        _ => now,
     };
     let refuse = |e: ApiError, keep: Option<u64>| {
         if let Some(retry) = keep {
-            keep_place(state, rank, retry);
+            keep_place(state, rank, retry, caller.claimant());
         }
         metrics::rejected(e.code());
         e
@@ -228,12 +246,17 @@ pub fn plan<'a>(
                 }),
         )
         .collect();
-    // a kept place: a task like this one (its size is all we know of the refused)
-    let kept = Need {
-        max_tokens: typical,
-        prompt_tokens: limits.prompt_tokens,
-    };
-    ahead_needs.extend(std::iter::repeat_n(kept, ahead.kept_places));
+    // a kept place: a task like this one (its size is all we know of the refused); kept
+    // places never stand before a free slot: while the tasks really ahead leave one free,
+    // this task takes it (a place is a promise to a client that may not come back)
+    let free_now: usize = snapshots.iter().map(|s| s.slots_free()).sum();
+    if ahead_needs.len() >= free_now {
+        let kept = Need {
+            max_tokens: typical,
+            prompt_tokens: limits.prompt_tokens,
+        };
+        ahead_needs.extend(std::iter::repeat_n(kept, ahead.kept_places));
+    }
     let lines: Vec<PoolLine<'_>> = pools
         .iter()
         .zip(snapshots)

@@ -60,7 +60,7 @@ fn start_budget_spent(state: &SharedState, task: &Task) {
         true,
         Some(retry),
     ) {
-        deadline::keep_place(state, task.rank, retry);
+        deadline::keep_place(state, task.rank, retry, task.claimant);
     }
 }
 

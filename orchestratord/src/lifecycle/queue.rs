@@ -7,9 +7,13 @@
 //! `Retry-After`, or a queue deadline that passed) keeps the refused request's place for the
 //! advised wait plus a grace, and a request that says it is a retry claims the oldest place
 //! kept (ORCH-ADM-RETRY-1). Kept places count ahead of newcomers in every prediction, so the
-//! clients that backed off are not starved by those that arrived while they waited.
+//! clients that backed off are not starved by those that arrived while they waited — but
+//! never ahead of a free slot (admission, deadline.rs). A place is kept only for a client
+//! that counts its tries (its retry says so and can claim it), one a connection: a client
+//! refused again on the same connection replaces its place (ORCH-ADM-RETRY-3).
 
 use std::collections::VecDeque;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -61,11 +65,19 @@ impl Drop for Promised<'_> {
     }
 }
 
+/// Who a place in line is kept for: a client that counts its tries (a retry-count header),
+/// refused on this connection (`None`: the server's own callers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimant {
+    pub connection: Option<SocketAddr>,
+}
+
 /// A place in line kept for a refused request until it lapses.
 #[derive(Debug, Clone, Copy)]
 struct KeptPlace {
     rank: Instant,
     lapses: Instant,
+    owner: Option<SocketAddr>,
 }
 
 /// Inserts `task` after every task of its class ranked at or before it.
@@ -193,10 +205,15 @@ impl TaskQueue {
     }
 
     /// Keeps a place in line ranked `rank` until `lapses`, for a refused request told to come
-    /// back; at most `capacity` places are kept (false when none could be).
-    pub fn keep_place(&self, rank: Instant, lapses: Instant) -> bool {
+    /// back: one place a connection (a place its connection held before is replaced), at most
+    /// `capacity` in all (false when none could be kept).
+    pub fn keep_place(&self, rank: Instant, lapses: Instant, claimant: Claimant) -> bool {
         let mut q = self.lock();
         q.drop_lapsed(Instant::now());
+        let owner = claimant.connection;
+        if owner.is_some() {
+            q.kept.retain(|k| k.owner != owner);
+        }
         if q.kept.len() >= self.capacity {
             return false;
         }
@@ -205,15 +222,26 @@ impl TaskQueue {
             .iter()
             .rposition(|k| k.rank <= rank)
             .map_or(0, |i| i + 1);
-        q.kept.insert(at, KeptPlace { rank, lapses });
+        q.kept.insert(
+            at,
+            KeptPlace {
+                rank,
+                lapses,
+                owner,
+            },
+        );
         true
     }
 
-    /// A retry takes the oldest kept place: its rank, if one is kept.
-    pub fn claim_place(&self, now: Instant) -> Option<Instant> {
+    /// A retry takes the place kept on its own connection, else the oldest kept place: its
+    /// rank, if one is kept.
+    pub fn claim_place(&self, now: Instant, claimant: Claimant) -> Option<Instant> {
         let mut q = self.lock();
         q.drop_lapsed(now);
-        q.kept.pop_front().map(|k| k.rank)
+        let own = claimant
+            .connection
+            .and_then(|c| q.kept.iter().position(|k| k.owner == Some(c)));
+        q.kept.remove(own.unwrap_or(0)).map(|k| k.rank)
     }
 
     /// Places kept now.
@@ -379,9 +407,10 @@ mod tests {
         let q = TaskQueue::new(2, FullPolicy::Reject);
         let early = Instant::now();
         let now = early + Duration::from_millis(10);
-        assert!(q.keep_place(early, now + Duration::from_secs(5)));
-        assert!(q.keep_place(early, now + Duration::from_secs(5)));
-        assert!(!q.keep_place(early, now), "bounded by the capacity");
+        let anyone = Claimant { connection: None };
+        assert!(q.keep_place(early, now + Duration::from_secs(5), anyone));
+        assert!(q.keep_place(early, now + Duration::from_secs(5), anyone));
+        assert!(!q.keep_place(early, now, anyone), "bounded by the capacity");
         let newcomer = task("new");
         assert!(matches!(
             q.push(newcomer.clone(), || 0),
@@ -393,7 +422,7 @@ mod tests {
         let (b, _) = q.ahead_of(Priority::Interactive, Instant::now(), (1, 1));
         assert_eq!(b.promised, vec![(1, 1)]);
         drop(promise);
-        let rank = q.claim_place(now).unwrap();
+        let rank = q.claim_place(now, anyone).unwrap();
         assert_eq!(rank, early);
         let retry = ranked("retry", Some(rank));
         assert!(matches!(
@@ -404,6 +433,31 @@ mod tests {
         assert_eq!(order, ["retry", "new"]);
         assert_eq!(q.kept_places(), 1);
         // the last kept place lapses unclaimed
-        assert_eq!(q.claim_place(now + Duration::from_secs(6)), None);
+        assert_eq!(q.claim_place(now + Duration::from_secs(6), anyone), None);
+    }
+
+    /// ORCH-ADM-RETRY-3: a connection holds one kept place at most (refused again, it
+    /// replaces its place), and its retry takes back its own place before anyone else's.
+    #[test]
+    fn one_kept_place_a_connection() {
+        let q = TaskQueue::new(8, FullPolicy::Reject);
+        let (a, b) = (
+            Claimant {
+                connection: Some("127.0.0.1:4001".parse().unwrap()),
+            },
+            Claimant {
+                connection: Some("127.0.0.1:4002".parse().unwrap()),
+            },
+        );
+        let t0 = Instant::now();
+        let lapses = t0 + Duration::from_secs(30);
+        assert!(q.keep_place(t0, lapses, a));
+        for i in 1..50 {
+            assert!(q.keep_place(t0 + Duration::from_millis(i), lapses, b));
+        }
+        assert_eq!(q.kept_places(), 2, "one place a connection");
+        assert_eq!(q.claim_place(t0, b), Some(t0 + Duration::from_millis(49)));
+        assert_eq!(q.claim_place(t0, b), Some(t0), "then the oldest");
+        assert_eq!(q.kept_places(), 0);
     }
 }

@@ -109,7 +109,7 @@ pub fn shed_late(state: &SharedState) {
                 );
                 if sent_back {
                     metrics::shed();
-                    deadline::keep_place(state, task.rank, retry);
+                    deadline::keep_place(state, task.rank, retry, task.claimant);
                     tracing::debug!(
                         task_id = %task.id,
                         predicted_start_ms = predicted,

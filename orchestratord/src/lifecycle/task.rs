@@ -9,6 +9,7 @@ use contracts::{
 };
 use pool_manager::{EngineDescriptor, PromptInput, SamplingParams, StopCause};
 
+use super::queue::Claimant;
 use super::tokenize::PromptIds;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -142,6 +143,9 @@ pub struct Task {
     /// Its client's last attempt (ORCH-ADM-RETRY-2): queued even when predicted late, never
     /// sent back by the line's re-play; its start budget still ends its wait.
     pub last_attempt: bool,
+    /// Whom its place in line is kept for if it is sent back (`None`: its client's retry
+    /// could not claim one).
+    pub claimant: Option<Claimant>,
     /// Fired when the task ends early (cancel, timeout, drain): the engine stops decoding it.
     pub cancel: CancellationToken,
     /// Why the task was stopped early, for a remote worker's `cancel` reason.
@@ -179,6 +183,7 @@ pub struct NewTask {
     pub rank: Option<Instant>,
     pub predicted_start: Duration,
     pub last_attempt: bool,
+    pub claimant: Option<Claimant>,
 }
 
 impl Task {
@@ -203,6 +208,7 @@ impl Task {
             rank: n.rank.unwrap_or(now),
             predicted_start: n.predicted_start,
             last_attempt: n.last_attempt,
+            claimant: n.claimant,
             cancel: CancellationToken::new(),
             stop_cause: StopCause::default(),
             inner: Mutex::new(TaskInner {
@@ -494,5 +500,6 @@ pub(crate) fn test_task(id: &str, rank: Option<Instant>) -> std::sync::Arc<Task>
         rank,
         predicted_start: Duration::ZERO,
         last_attempt: false,
+        claimant: None,
     }))
 }
