@@ -432,6 +432,9 @@ pub struct HttpConfig {
     /// Connections open at once. At the cap an idle one (no request in flight) is closed to
     /// make room for a new one; only while all are busy do new ones wait in the backlog.
     pub max_connections: usize,
+    /// Proxies (addresses or CIDR ranges) whose `X-Forwarded-For` names the client, for the
+    /// failed-attempt limits; empty: the peer address is the client.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 impl Default for HttpConfig {
@@ -442,6 +445,7 @@ impl Default for HttpConfig {
             body_read_timeout_ms: 30_000,
             write_stall_timeout_ms: 60_000,
             max_connections: 1024,
+            trusted_proxies: Vec::new(),
         }
     }
 }

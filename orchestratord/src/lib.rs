@@ -15,6 +15,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 pub mod adapters;
 pub mod auth;
 pub mod body_deadline;
+pub mod client_addr;
 pub mod config;
 pub mod correlation;
 pub mod error;

@@ -253,31 +253,46 @@ async fn tenants_see_only_their_own_tasks() {
     );
 }
 
-/// SEC-AUTH-3: failed attempts are counted by reason and, past the limit, a peer is answered
-/// 429 `AUTH_RATE_LIMITED` with a Retry-After, even with a good key, for the window.
+/// SEC-AUTH-3: failed attempts are counted by reason; a client repeating a wrong key past the
+/// limit is answered 429 `AUTH_RATE_LIMITED` with a Retry-After — but valid keys from the same
+/// address are never refused (issue 32: 25 wrong keys from one address made the right data
+/// key and the admin key 429 too), and missing keys and data keys on admin routes count
+/// against nobody. Behind a trusted proxy the forwarded client is who failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_attempts_are_counted_and_limited() {
     let mut cfg = keyed(config(vec![pool("p1", 1)]));
     cfg.auth.max_failures_per_minute = 3;
+    cfg.http.trusted_proxies = vec!["127.0.0.0/8".parse().unwrap()];
     let s = start(cfg, Duration::from_millis(1)).await;
-    for _ in 0..3 {
-        let r = req(&s, "GET", "/v1/models", Some("wrong"), None)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.status(), 401);
+    let get = |key: Option<&'static str>, path: &'static str, client: &'static str| {
+        let r = req(&s, "GET", path, key, None).header("x-forwarded-for", client);
+        async move { r.send().await.unwrap() }
+    };
+    for _ in 0..25 {
+        let r = get(Some("wrong-key-from-a"), "/v1/models", "192.0.2.1").await;
+        assert!(r.status() == 401 || r.status() == 429);
     }
-    let r = req(&s, "GET", "/v1/models", Some(ALICE), None)
-        .send()
-        .await
-        .unwrap();
+    let r = get(Some("wrong-key-from-a"), "/v1/models", "192.0.2.1").await;
     assert_eq!(r.status(), 429);
     assert!(r.headers().contains_key("retry-after"));
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "AUTH_RATE_LIMITED");
+    // the same client's valid keys, data and admin, are served
+    assert_eq!(get(Some(ALICE), "/v1/models", "192.0.2.1").await.status(), 200);
+    assert_eq!(get(Some(OPS), "/v1/pools", "192.0.2.1").await.status(), 200);
+    // another client behind the same proxy is not limited by the first one's failures
+    let r = get(Some("wrong-key-from-a"), "/v1/models", "192.0.2.2").await;
+    assert_eq!(r.status(), 401);
+    // neither a missing key nor a data key on an admin route counts as a failed guess
+    for _ in 0..10 {
+        assert_eq!(get(None, "/v1/models", "192.0.2.3").await.status(), 401);
+        assert_eq!(get(Some(BOB), "/v1/pools", "192.0.2.3").await.status(), 403);
+    }
+    assert_eq!(get(Some(BOB), "/v1/models", "192.0.2.3").await.status(), 200);
     let m = s.metrics().await;
     assert!(counter(&m, "orchd_auth_failures_total{reason=\"invalid\"}") >= 3.0);
     assert!(counter(&m, "orchd_auth_failures_total{reason=\"rate_limited\"}") >= 1.0);
+    assert!(counter(&m, "orchd_auth_failures_total{reason=\"missing\"}") >= 10.0);
     assert!(!m.contains(ALICE));
 }
 

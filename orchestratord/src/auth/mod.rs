@@ -1,6 +1,6 @@
 //! Who may call what. API keys (bearer tokens or `x-api-key`) with a tenant and a scope
-//! (`keys.rs`), which key each route needs (`routes.rs`), failed attempts limited per peer
-//! address (`limiter.rs`), and the request hygiene that keeps a web page in the user's
+//! (`keys.rs`), which key each route needs (`routes.rs`), failed attempts limited per client
+//! and key tried (`limiter.rs`), and the request hygiene that keeps a web page in the user's
 //! browser from driving the server: bodies must be JSON (415), and writes from a foreign
 //! `Origin` are refused (403).
 //!
@@ -184,11 +184,14 @@ fn hygiene(auth: &Auth, req: &Request, shape: Shape) -> Option<Response> {
     None
 }
 
-fn peer_of(req: &Request) -> IpAddr {
-    req.extensions()
+/// The client's address: the peer's, or the forwarded one behind a trusted proxy.
+pub fn client_of(state: &SharedState, req: &Request) -> IpAddr {
+    let peer = req
+        .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|ConnectInfo(a)| a.ip())
-        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+        .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
+    crate::client_addr::client_ip(peer, req.headers(), &state.cfg.http.trusted_proxies)
 }
 
 /// Checks the request's key against the route's needs and puts the [`Principal`] in its
@@ -226,38 +229,35 @@ pub async fn middleware(
         }
         return next.run(req).await;
     };
-    let peer = peer_of(&req);
-    if let Some(wait) = auth.limiter.limited_for(peer) {
+    // a missing key is no guess: 401, never counted against anyone
+    let Some(key) = presented_key(req.headers()) else {
+        crate::metrics::auth_failed("missing");
+        return unauthorized(
+            shape,
+            "an API key is required: Authorization: Bearer <key> (or x-api-key)",
+            false,
+        );
+    };
+    // failures are counted per client and key tried: a key that verifies has none, so no
+    // one's failures ever refuse it
+    let attempt = limiter::Attempt::new(client_of(&state, &req), key);
+    if let Some(wait) = auth.limiter.limited_for(&attempt) {
         crate::metrics::auth_failed("rate_limited");
         return respond(
             shape,
             ApiError::new(
                 ErrorCode::AuthRateLimited,
-                "too many failed authentications from this address",
+                "too many failed authentications with this key from this address",
                 true,
             )
             .with_retry_after(wait.as_millis().max(1) as u64),
         );
     }
-    let principal = match presented_key(req.headers()) {
-        None => {
-            auth.limiter.record_failure(peer);
-            crate::metrics::auth_failed("missing");
-            return unauthorized(
-                shape,
-                "an API key is required: Authorization: Bearer <key> (or x-api-key)",
-                false,
-            );
-        }
-        Some(k) => match auth.keys.verify(k) {
-            Some(p) => p,
-            None => {
-                auth.limiter.record_failure(peer);
-                crate::metrics::auth_failed("invalid");
-                tracing::warn!(%peer, "request refused: unknown API key");
-                return unauthorized(shape, "the API key is not valid", true);
-            }
-        },
+    let Some(principal) = auth.keys.verify(key) else {
+        auth.limiter.record_failure(attempt);
+        crate::metrics::auth_failed("invalid");
+        tracing::warn!(client = %client_of(&state, &req), "request refused: unknown API key");
+        return unauthorized(shape, "the API key is not valid", true);
     };
     if principal.scope < needed {
         crate::metrics::auth_failed("forbidden");

@@ -57,25 +57,28 @@ pub async fn connect(
         )
         .into_response();
     };
-    let ip = peer
+    let peer_ip = peer
         .map(|Extension(ConnectInfo(a))| a.ip())
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-    if state.workers.limiter.is_limited(ip) {
-        return ApiError::new(
-            ErrorCode::AuthRateLimited,
-            "too many failed worker authentications from this address",
-            true,
-        )
-        .with_retry_after(60_000)
-        .into_response();
-    }
+    let ip = crate::client_addr::client_ip(peer_ip, &headers, &state.cfg.http.trusted_proxies);
     let offered = headers
         .get(SECRET_HEADER)
         .and_then(|v| v.to_str().ok())
         .or(q.worker_secret.as_deref())
         .unwrap_or("");
+    // counted per client and secret tried: the right secret is never refused for failures
+    let attempt = auth::Attempt::new(ip, offered);
+    if let Some(wait) = state.workers.limiter.limited_for(&attempt) {
+        return ApiError::new(
+            ErrorCode::AuthRateLimited,
+            "too many failed worker authentications with this secret from this address",
+            true,
+        )
+        .with_retry_after(wait.as_millis().max(1) as u64)
+        .into_response();
+    }
     if !auth::secret_matches(secret, offered) {
-        state.workers.limiter.record_failure(ip);
+        state.workers.limiter.record_failure(attempt);
         crate::metrics::worker_auth_failed();
         tracing::warn!(peer = %ip, "worker refused: wrong or missing secret");
         return ApiError::new(
