@@ -326,6 +326,7 @@ mod tests {
         PoolSnapshot {
             id: "p".into(),
             state: PoolState::Ready,
+            accepts_work: true,
             descriptor: None,
             model_alias: "m".into(),
             slots_total: slots,
