@@ -75,7 +75,7 @@ impl DeviceChoice {
             Self::Cuda(n) => {
                 #[cfg(feature = "cuda")]
                 {
-                    Device::new_cuda(n).map_err(|e| EngineError::Device(e.to_string()))
+                    Device::new_cuda(n).map_err(|e| EngineError::Device(crate::error::message_of(&e)))
                 }
                 #[cfg(not(feature = "cuda"))]
                 {

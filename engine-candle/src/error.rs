@@ -30,7 +30,45 @@ pub enum EngineError {
     #[error("device: {0}")]
     Device(String),
     #[error("compute: {0}")]
-    Compute(#[from] candle_core::Error),
+    Compute(String),
+}
+
+/// A candle error carries a backtrace when `RUST_BACKTRACE` is set (its `bt()`), and its text
+/// shows it: kilobytes of frames and source paths in a reload's 409 and in pool health. The
+/// engine keeps candle's message only (`message_of`).
+impl From<candle_core::Error> for EngineError {
+    fn from(e: candle_core::Error) -> Self {
+        Self::Compute(message_of(&e))
+    }
+}
+
+/// A candle error's text without the backtraces it may carry.
+pub fn message_of(e: &candle_core::Error) -> String {
+    use candle_core::Error as E;
+    match e {
+        E::WithBacktrace { inner, .. } => message_of(inner),
+        E::Context { inner, context } => format!("{context}: {}", message_of(inner)),
+        E::WithPath { inner, path } => format!("{}: {}", path.display(), message_of(inner)),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ENG-ERR-1: an engine error never carries a backtrace, whatever candle captured.
+    #[test]
+    fn candle_backtraces_are_left_out() {
+        let bt = candle_core::Error::WithBacktrace {
+            inner: Box::new(candle_core::Error::Msg("bad magic".into())),
+            backtrace: Box::new(std::backtrace::Backtrace::force_capture()),
+        };
+        let wrapped = bt.with_path("/m/x.gguf").context("loading");
+        assert!(wrapped.to_string().lines().count() > 3, "candle shows it");
+        let e = EngineError::from(wrapped);
+        assert_eq!(e.to_string(), "compute: loading: /m/x.gguf: bad magic");
+    }
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

@@ -8,7 +8,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use crate::cpu_quant::{quantized_matmuls, QuantRows};
-use crate::error::{EngineError, Result};
+use crate::error::{message_of, EngineError, Result};
 use crate::hparams::Hparams;
 use crate::q4_1_cpu::Q41Matrix;
 use crate::q8_0_cpu::Q80Matrix;
@@ -151,7 +151,9 @@ impl GgufFile {
         })?;
         let mut reader = BufReader::new(file);
         let content = gguf_file::Content::read(&mut reader)
-            .map_err(|e| EngineError::BadModel(format!("{}: {e}", path.display())))?;
+            .map_err(|e| {
+                EngineError::BadModel(format!("{}: {}", path.display(), message_of(&e)))
+            })?;
         Ok(Self { content, reader })
     }
 
@@ -162,7 +164,7 @@ impl GgufFile {
     fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
         self.content
             .tensor(&mut self.reader, name, device)
-            .map_err(|e| EngineError::BadModel(format!("tensor {name}: {e}")))
+            .map_err(|e| EngineError::BadModel(format!("tensor {name}: {}", message_of(&e))))
     }
 
     fn dense(&mut self, name: &str, device: &Device) -> Result<Tensor> {

@@ -52,6 +52,7 @@ pub const RECORDS_WRITTEN: &str = "orchd_records_written_total";
 pub const RECORDS_DROPPED: &str = "orchd_records_dropped_total";
 pub const RECORDS_PRUNED: &str = "orchd_records_pruned_total";
 pub const RECORDS_BYTES: &str = "orchd_records_bytes";
+pub const RECORDS_AVAILABLE: &str = "orchd_records_store_available";
 /// The process collector's standard names (what dashboards for any server read).
 pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
 pub const PROCESS_CPU: &str = "process_cpu_seconds_total";
@@ -239,6 +240,10 @@ fn describe() {
         "Task records and artifacts deleted by retention, by reason (age, bytes)"
     );
     describe_gauge!(
+        RECORDS_AVAILABLE,
+        "1 while the record store's database file is the one it opened; 0 once it was deleted or replaced (nothing is stored until a restart)"
+    );
+    describe_gauge!(
         RECORDS_BYTES,
         "Stored JSON of the task records and artifacts kept, in bytes"
     );
@@ -361,6 +366,10 @@ pub fn records_dropped(n: usize) {
 /// `reason`: age or bytes.
 pub fn records_pruned(reason: &'static str, n: usize) {
     counter!(RECORDS_PRUNED, L_REASON => reason).increment(n as u64);
+}
+
+pub fn records_store_available(ok: bool) {
+    gauge!(RECORDS_AVAILABLE).set(if ok { 1.0 } else { 0.0 });
 }
 
 pub fn records_bytes(total: u64) {

@@ -417,3 +417,37 @@ async fn a_stuck_store_drops_records_not_tasks() {
         .await;
     assert_eq!(r.status(), 201);
 }
+
+/// OPS-REC-6: the database file deleted under the running server is noticed, not written
+/// into the void (issue 32: artifact posts still answered 201 and the write counter rose,
+/// with nothing stored and nothing logged): artifact posts are 503 `RECORDS_UNAVAILABLE`,
+/// task records are counted as dropped, and tasks still complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_store_file_refuses_artifacts_and_keeps_serving() {
+    let db = scratch("records-deleted").join("r.sqlite3");
+    let mut cfg = config(vec![pool("p1", 2)]);
+    cfg.records.path = db.display().to_string();
+    cfg.records.batch_ms = 1;
+    let s = start(cfg, Duration::from_millis(1)).await;
+    let r = s
+        .post("/v1/artifacts", &json!({"kind": "note", "content": "before"}))
+        .await;
+    assert_eq!(r.status(), 201);
+    std::fs::remove_file(&db).unwrap();
+    let before = counter(&s.metrics().await, "orchd_records_dropped_total");
+    let r = s
+        .post("/v1/artifacts", &json!({"kind": "note", "content": "after"}))
+        .await;
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "RECORDS_UNAVAILABLE", "{v}");
+    assert!(v["message"].as_str().unwrap().contains("gone"), "{v}");
+    let id = s.submit_ok(json!({"prompt": "x", "max_tokens": 2})).await;
+    let ev = s.stream_all(&id).await;
+    assert_eq!(ev.last().unwrap().event, "end", "{ev:?}");
+    let dropped = support::procs::eventually(Duration::from_secs(5), || async {
+        counter(&s.metrics().await, "orchd_records_dropped_total") > before
+    })
+    .await;
+    assert!(dropped, "the task's record was not counted as dropped");
+}

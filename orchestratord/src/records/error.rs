@@ -31,6 +31,10 @@ pub enum RecordsError {
     Io(#[from] std::io::Error),
     #[error("record store: {0}")]
     Schema(String),
+    /// The database file was deleted or replaced under the running server: nothing written
+    /// now would be kept.
+    #[error("record store unavailable: {0}")]
+    FileLost(String),
     /// The batch holding the write failed (its cause is logged).
     #[error("record store: write failed: {0}")]
     WriteFailed(String),
@@ -55,6 +59,9 @@ impl From<RecordsError> for ApiError {
                     .with_field("content")
             }
             RecordsError::Disabled => ApiError::conflict(e.to_string()),
+            RecordsError::FileLost(_) => {
+                ApiError::new(ErrorCode::RecordsUnavailable, e.to_string(), false)
+            }
             RecordsError::Closed => {
                 ApiError::new(ErrorCode::ShuttingDown, e.to_string(), true).with_retry_after(1000)
             }

@@ -12,6 +12,7 @@ pub mod content_id;
 pub mod error;
 pub mod query;
 pub mod schema;
+pub mod store_file;
 pub mod writer;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -149,10 +150,11 @@ impl Store {
             max_bytes: cfg.max_bytes,
         };
         let linger = Duration::from_millis(cfg.batch_ms);
+        let file = store_file::StoreFile::at((!in_memory).then(|| cfg.path.clone().into()));
         let (conn, total) = (conns.writer, total_bytes.clone());
         let handle = std::thread::Builder::new()
             .name("orchd-records".into())
-            .spawn(move || writer::run(conn, rx, retention, linger, total))?;
+            .spawn(move || writer::run(conn, file, rx, retention, linger, total))?;
         Ok(Store {
             tx,
             reader: conns.reader,

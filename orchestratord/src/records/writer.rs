@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 use crate::metrics;
 use crate::records::content_id::NewArtifact;
 use crate::records::error::RecordsError;
+use crate::records::store_file::StoreFile;
 use crate::records::{query, schema};
 
 /// Most operations in one transaction.
@@ -69,6 +70,7 @@ pub fn unix_ms() -> u64 {
 /// Runs until a `Close` or until every sender is gone.
 pub fn run(
     conn: Arc<Mutex<Connection>>,
+    file: StoreFile,
     rx: Receiver<Op>,
     retention: Retention,
     linger: Duration,
@@ -77,10 +79,13 @@ pub fn run(
     let lock = || conn.lock().unwrap_or_else(|p| p.into_inner());
     prune_logged(&lock(), retention, &total);
     let mut pruned_at = Instant::now();
+    let mut lost_before = false;
+    metrics::records_store_available(file.lost().is_none());
     loop {
         let first = match rx.recv_timeout(PRUNE_EVERY) {
             Ok(op) => op,
             Err(RecvTimeoutError::Timeout) => {
+                metrics::records_store_available(file.lost().is_none());
                 prune_logged(&lock(), retention, &total);
                 pruned_at = Instant::now();
                 continue;
@@ -88,7 +93,19 @@ pub fn run(
             Err(RecvTimeoutError::Disconnected) => return,
         };
         let ops = gather(first, &rx, linger);
-        let closing = write_batch(&mut lock(), ops, &total);
+        // a file deleted or replaced under us: SQLite would commit into the unlinked file
+        let lost = file.lost();
+        metrics::records_store_available(lost.is_none());
+        match (&lost, lost_before) {
+            (Some(why), false) => tracing::error!(%why, "record store: nothing can be stored"),
+            (None, true) => tracing::info!("record store: its file is back"),
+            _ => {}
+        }
+        lost_before = lost.is_some();
+        let closing = match lost {
+            Some(why) => refuse_batch(ops, &why),
+            None => write_batch(&mut lock(), ops, &total),
+        };
         if total.load(Ordering::Relaxed) > retention.max_bytes || pruned_at.elapsed() >= PRUNE_EVERY
         {
             prune_logged(&lock(), retention, &total);
@@ -119,6 +136,24 @@ fn gather(first: Op, rx: &Receiver<Op>, linger: Duration) -> Vec<Op> {
         }
     }
     ops
+}
+
+/// Answers a batch that cannot be stored: its task records are dropped (counted), its artifact
+/// posts told why; returns a `Close`'s ack.
+fn refuse_batch(ops: Vec<Op>, why: &str) -> Option<oneshot::Sender<()>> {
+    let mut closing = None;
+    let mut tasks = 0usize;
+    for op in ops {
+        match op {
+            Op::Task(_) => tasks += 1,
+            Op::Artifact { ack, .. } => {
+                let _ = ack.send(Err(RecordsError::FileLost(why.to_string())));
+            }
+            Op::Close(ack) => closing = Some(ack),
+        }
+    }
+    metrics::records_dropped(tasks);
+    closing
 }
 
 /// Writes `ops` in one transaction and answers those who wait; returns a `Close`'s ack.
