@@ -661,3 +661,64 @@ async fn models_update_changes_the_pools() {
         .collect();
     assert!(ids.contains(&"m2") && !ids.contains(&"m1"), "{ids:?}");
 }
+
+/// WRK-NAME-1: worker and model names outside the documented set are refused (issue 32: NUL,
+/// U+202E, newlines, `../../etc/passwd` and a local model's alias were listed verbatim in every
+/// tenant's `/v1/models`): a bad worker name closes the registration with the reason; bad
+/// model names, and names a local pool answers to, are ignored with a warning, at
+/// registration and in `models_update`.
+#[tokio::test]
+async fn names_outside_the_documented_set_are_refused() {
+    let s = server(|c| c.pools = vec![support::pool("loc", 1)]).await;
+    let mut w = connect(&s.base, SECRET).await.unwrap();
+    w.send(&WorkerToServer::Register {
+        worker_name: "../../etc/passwd".into(),
+        models: vec!["m".into()],
+        max_concurrent: 1,
+        protocol_version: None,
+        current_load: None,
+    })
+    .await;
+    match w.next(Duration::from_secs(5)).await {
+        Next::Closed(Some(reason)) => assert!(reason.contains("worker_name"), "{reason}"),
+        other => panic!("expected a close frame, got {other:?}"),
+    }
+    let bad = [
+        "bad\u{0}nul",
+        "\u{202e}evil",
+        "line\nbreak",
+        "../../etc/passwd",
+        "scripted-model",
+        "loc",
+    ];
+    let mut models = vec!["ok-model"];
+    models.extend(bad);
+    let mut w = connect(&s.base, SECRET).await.unwrap();
+    match w.register("good-worker", &models, 1).await {
+        ServerToWorker::RegisterAck {
+            models, warnings, ..
+        } => {
+            assert_eq!(models, vec!["ok-model".to_string()]);
+            assert_eq!(warnings.len(), bad.len(), "{warnings:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    w.send(&WorkerToServer::ModelsUpdate {
+        models: vec!["ok-model".into(), "two\u{202e}".into(), "also-ok".into()],
+        current_load: 0,
+    })
+    .await;
+    let listed = support::procs::eventually(Duration::from_secs(5), || async {
+        let v = s.get_json("/v1/models").await;
+        let mut ids: Vec<String> = v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap().to_string())
+            .collect();
+        ids.sort();
+        ids == ["also-ok", "ok-model", "scripted-model"]
+    })
+    .await;
+    assert!(listed, "{}", s.get_json("/v1/models").await);
+}

@@ -7,9 +7,11 @@
 //! - `link`: one worker's shared state (capacity, requests in flight, outbound frames).
 //! - `engine`: the Engine port over a link (text in, token events out, requeue on loss).
 //! - `openai_wire`: the OpenAI request body and stream reader the backends speak.
+//! - `names`: which worker and model names are accepted.
 
 mod engine;
 mod link;
+mod names;
 pub mod openai_wire;
 mod socket;
 

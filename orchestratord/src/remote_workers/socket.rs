@@ -20,7 +20,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::link::{RequestEvent, WorkerLink};
-use super::{drain, remove_pools, sync_pools};
+use super::{drain, names, remove_pools, sync_pools};
 use crate::auth::limiter as auth;
 use crate::error::ApiError;
 use crate::state::SharedState;
@@ -131,6 +131,44 @@ struct Registration {
     warnings: Vec<String>,
 }
 
+/// The models of a `register` or `models_update` that may become pools: names of the
+/// documented form (`names.rs`), not a name a local pool answers to, not repeated, at most
+/// `workers.max_models_per_worker`; why each other one is ignored goes to `warnings`.
+fn accepted_models(
+    state: &SharedState,
+    models: Vec<String>,
+    warnings: &mut Vec<String>,
+) -> Vec<String> {
+    let limit = state.cfg.workers.max_models_per_worker;
+    let local: Vec<_> = state
+        .pools
+        .all()
+        .into_iter()
+        .filter(|p| p.spec().kind == pool_manager::PoolKind::Local)
+        .collect();
+    let mut clean: Vec<String> = Vec::new();
+    for m in models {
+        // the name as the log shows it: escaped, cut short
+        let shown: String = m.escape_debug().take(80).collect();
+        if let Some(why) = names::model_name_problem(&m) {
+            warnings.push(format!("model \"{shown}\" ignored: {why}"));
+        } else if local.iter().any(|p| p.serves(&m)) {
+            warnings.push(format!(
+                "model \"{shown}\" ignored: a model of this server has that name"
+            ));
+        } else if clean.contains(&m) {
+            warnings.push(format!("model \"{shown}\" ignored: repeated"));
+        } else if clean.len() >= limit {
+            warnings.push(format!(
+                "model \"{shown}\" ignored: at most {limit} models per worker"
+            ));
+        } else {
+            clean.push(m);
+        }
+    }
+    clean
+}
+
 /// Checks a `register`; `Err` is the close reason.
 fn accept(state: &SharedState, msg: WorkerToServer) -> Result<Registration, String> {
     let w = &state.cfg.workers;
@@ -155,33 +193,22 @@ fn accept(state: &SharedState, msg: WorkerToServer) -> Result<Registration, Stri
     if max_concurrent == 0 {
         return Err("max_concurrent must be at least 1".into());
     }
-    let mut warnings = Vec::new();
-    let mut clean: Vec<String> = Vec::new();
-    for m in models {
-        if m.is_empty() || m.len() > 256 || clean.contains(&m) {
-            warnings.push(format!(
-                "model {m:?} ignored (empty, over 256 bytes, or repeated)"
-            ));
-        } else if clean.len() >= w.max_models_per_worker {
-            warnings.push(format!(
-                "model {m:?} ignored: at most {} models per worker",
-                w.max_models_per_worker
-            ));
-        } else {
-            clean.push(m);
-        }
+    let name = if worker_name.is_empty() {
+        "worker".to_string()
+    } else {
+        worker_name
+    };
+    if let Some(why) = names::worker_name_problem(&name) {
+        return Err(format!("worker_name {name:?} refused: {why}"));
     }
+    let mut warnings = Vec::new();
+    let clean = accepted_models(state, models, &mut warnings);
     let cap = w.max_concurrent_per_worker;
     if max_concurrent > cap {
         warnings.push(format!("max_concurrent {max_concurrent} clamped to {cap}"));
     }
-    let name: String = worker_name.chars().take(128).collect();
     Ok(Registration {
-        name: if name.is_empty() {
-            "worker".into()
-        } else {
-            name
-        },
+        name,
         models: clean,
         max_concurrent: max_concurrent.min(cap) as usize,
         protocol_version,
@@ -373,12 +400,10 @@ async fn handle_frame(
             current_load,
         } => {
             set_load(state, link, current_load);
-            let limit = state.cfg.workers.max_models_per_worker;
-            let mut clean: Vec<String> = Vec::new();
-            for m in models {
-                if !m.is_empty() && m.len() <= 256 && !clean.contains(&m) && clean.len() < limit {
-                    clean.push(m);
-                }
+            let mut ignored = Vec::new();
+            let clean = accepted_models(state, models, &mut ignored);
+            for why in &ignored {
+                tracing::warn!(worker_id = %link.id, %why, "worker model ignored");
             }
             tracing::info!(worker_id = %link.id, models = ?clean, "worker models updated");
             sync_pools(state, link, &clean);
