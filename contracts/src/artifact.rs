@@ -17,24 +17,38 @@ pub const TASK_RECORD_KIND: &str = "task_record";
 pub struct ArtifactRequest {
     /// What it is: `plan`, `summary`, `diff`, `trace` or another name of 1–32 characters
     /// `[a-z0-9_.-]` (not `task_record`).
+    #[schema(pattern = "^[a-z0-9_.-]{1,32}$")]
     pub kind: String,
-    /// The artifact itself: any JSON value.
-    #[schema(value_type = Object)]
+    /// The artifact itself: any JSON value (an object, an array, a string, …).
     pub content: serde_json::Value,
     /// Labels to find it by (at most 32, each 1–64 characters `[A-Za-z0-9_.:/-]`). Posting the
     /// same artifact again adds its tags to those it has.
     #[serde(default)]
+    #[schema(max_items = 32, inline, value_type = Vec<ArtifactTag>)]
     pub tags: Vec<String>,
     /// Lineage: the ids of the artifacts it was made from (at most 16; each must exist).
     #[serde(default)]
+    #[schema(max_items = 16, inline, value_type = Vec<ArtifactId>)]
     pub parents: Vec<String>,
     /// The session it belongs to, for listing by session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 128)]
     pub session_id: Option<String>,
     /// The task that produced it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 128)]
     pub task_id: Option<String>,
 }
+
+/// A tag: 1–64 characters `[A-Za-z0-9_.:/-]`.
+#[derive(ToSchema)]
+#[schema(pattern = "^[A-Za-z0-9_.:/-]{1,64}$")]
+pub struct ArtifactTag(pub String);
+
+/// A posted artifact's id: `sha256:` and 64 lowercase hex digits.
+#[derive(ToSchema)]
+#[schema(pattern = "^sha256:[0-9a-f]{64}$")]
+pub struct ArtifactId(pub String);
 
 /// An artifact's metadata: what listings return and what a post answers.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -60,7 +74,7 @@ pub struct ArtifactMeta {
 pub struct Artifact {
     #[serde(flatten)]
     pub meta: ArtifactMeta,
-    #[schema(value_type = Object)]
+    /// Any JSON value, as posted.
     pub content: serde_json::Value,
 }
 
@@ -89,6 +103,8 @@ pub struct ArtifactQuery {
     pub kind: Option<String>,
     /// Page size, 1–500 (default 100).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 500)]
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
     /// The `next_cursor` of the previous page.
     #[serde(default, skip_serializing_if = "Option::is_none")]

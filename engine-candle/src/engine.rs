@@ -75,7 +75,8 @@ impl DeviceChoice {
             Self::Cuda(n) => {
                 #[cfg(feature = "cuda")]
                 {
-                    Device::new_cuda(n).map_err(|e| EngineError::Device(crate::error::message_of(&e)))
+                    Device::new_cuda(n)
+                        .map_err(|e| EngineError::Device(crate::error::message_of(&e)))
                 }
                 #[cfg(not(feature = "cuda"))]
                 {

@@ -150,10 +150,9 @@ impl GgufFile {
             source,
         })?;
         let mut reader = BufReader::new(file);
-        let content = gguf_file::Content::read(&mut reader)
-            .map_err(|e| {
-                EngineError::BadModel(format!("{}: {}", path.display(), message_of(&e)))
-            })?;
+        let content = gguf_file::Content::read(&mut reader).map_err(|e| {
+            EngineError::BadModel(format!("{}: {}", path.display(), message_of(&e)))
+        })?;
         Ok(Self { content, reader })
     }
 

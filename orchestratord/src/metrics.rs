@@ -201,7 +201,10 @@ fn describe() {
         AUTH_FAILURES,
         "Requests refused by API-key checks, by reason (missing, invalid, forbidden, rate_limited)"
     );
-    describe_gauge!(HTTP_CONNECTIONS, "Open HTTP connections (http.max_connections at most)");
+    describe_gauge!(
+        HTTP_CONNECTIONS,
+        "Open HTTP connections (http.max_connections at most)"
+    );
     describe_counter!(
         HTTP_CONNECTIONS_EVICTED,
         "Idle HTTP connections closed at the connection cap to make room for a new one"

@@ -218,6 +218,13 @@ fn cross_field_rules(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::Open
     use serde_json::json;
     use utoipa::openapi::{schema::Schema, RefOr};
     let rules = [
+        // an artifact's kind is never the one task records are listed under
+        // (`records::content_id::valid_kind`)
+        (
+            "ArtifactRequest",
+            "not",
+            json!({"required": ["kind"], "properties": {"kind": {"const": contracts::artifact::TASK_RECORD_KIND}}}),
+        ),
         // the task API: exactly one of `prompt` and `messages` (admission's `prompt_input`)
         (
             "TaskRequest",

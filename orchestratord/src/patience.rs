@@ -180,6 +180,10 @@ mod tests {
         let p = Patience::from_headers(&headers(&[("x-retry-count", "0")])).unwrap();
         assert!(!p.is_retry());
         assert!(p.counts_tries);
-        assert!(!Patience::from_headers(&HeaderMap::new()).unwrap().counts_tries);
+        assert!(
+            !Patience::from_headers(&HeaderMap::new())
+                .unwrap()
+                .counts_tries
+        );
     }
 }

@@ -48,7 +48,9 @@ async fn silent_connections_are_closed_after_the_header_timeout() {
     let started = Instant::now();
     let mut silent = TcpStream::connect(&addr).await.unwrap();
     assert!(
-        closed_within(&mut silent, Duration::from_secs(5)).await.is_some(),
+        closed_within(&mut silent, Duration::from_secs(5))
+            .await
+            .is_some(),
         "a connection that never said a word stayed open"
     );
     assert!(started.elapsed() >= Duration::from_millis(400));
@@ -132,7 +134,9 @@ async fn http2_prior_knowledge_is_not_served() {
     cfg.http.header_read_timeout_ms = 30_000;
     let s = start(cfg, Duration::from_millis(1)).await;
     let mut c = TcpStream::connect(addr(&s)).await.unwrap();
-    c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+        .await
+        .unwrap();
     // an empty SETTINGS frame, as a client sends after the preface
     c.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
     let answer = closed_within(&mut c, Duration::from_secs(3))
@@ -187,7 +191,9 @@ async fn a_trickled_body_is_cut_at_its_deadline() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_reload_of_a_drained_pool_leaves_it_drained() {
     let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(1)).await;
-    let r = s.post("/v1/pools/p1/drain", &json!({"deadline_ms": 20})).await;
+    let r = s
+        .post("/v1/pools/p1/drain", &json!({"deadline_ms": 20}))
+        .await;
     assert_eq!(r.status(), 202);
     tokio::time::sleep(Duration::from_millis(100)).await;
     let bad = fake_gguf("missing-reload-target");
@@ -275,10 +281,7 @@ async fn kept_places_never_lock_clients_out() {
     // both slots busy for ~4 s, and a line behind them
     let mut long = Vec::new();
     for _ in 0..4 {
-        long.push(
-            s.submit_ok(json!({"prompt": "x", "max_tokens": 100}))
-                .await,
-        );
+        long.push(s.submit_ok(json!({"prompt": "x", "max_tokens": 100})).await);
     }
     let kept = || s.state.queue.kept_places();
     // a tight loop that never says it retries

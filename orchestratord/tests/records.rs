@@ -430,13 +430,19 @@ async fn a_deleted_store_file_refuses_artifacts_and_keeps_serving() {
     cfg.records.batch_ms = 1;
     let s = start(cfg, Duration::from_millis(1)).await;
     let r = s
-        .post("/v1/artifacts", &json!({"kind": "note", "content": "before"}))
+        .post(
+            "/v1/artifacts",
+            &json!({"kind": "note", "content": "before"}),
+        )
         .await;
     assert_eq!(r.status(), 201);
     std::fs::remove_file(&db).unwrap();
     let before = counter(&s.metrics().await, "orchd_records_dropped_total");
     let r = s
-        .post("/v1/artifacts", &json!({"kind": "note", "content": "after"}))
+        .post(
+            "/v1/artifacts",
+            &json!({"kind": "note", "content": "after"}),
+        )
         .await;
     assert_eq!(r.status(), 503);
     let v: Value = r.json().await.unwrap();

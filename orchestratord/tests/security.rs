@@ -278,7 +278,10 @@ async fn failed_attempts_are_counted_and_limited() {
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "AUTH_RATE_LIMITED");
     // the same client's valid keys, data and admin, are served
-    assert_eq!(get(Some(ALICE), "/v1/models", "192.0.2.1").await.status(), 200);
+    assert_eq!(
+        get(Some(ALICE), "/v1/models", "192.0.2.1").await.status(),
+        200
+    );
     assert_eq!(get(Some(OPS), "/v1/pools", "192.0.2.1").await.status(), 200);
     // another client behind the same proxy is not limited by the first one's failures
     let r = get(Some("wrong-key-from-a"), "/v1/models", "192.0.2.2").await;
@@ -288,7 +291,10 @@ async fn failed_attempts_are_counted_and_limited() {
         assert_eq!(get(None, "/v1/models", "192.0.2.3").await.status(), 401);
         assert_eq!(get(Some(BOB), "/v1/pools", "192.0.2.3").await.status(), 403);
     }
-    assert_eq!(get(Some(BOB), "/v1/models", "192.0.2.3").await.status(), 200);
+    assert_eq!(
+        get(Some(BOB), "/v1/models", "192.0.2.3").await.status(),
+        200
+    );
     let m = s.metrics().await;
     assert!(counter(&m, "orchd_auth_failures_total{reason=\"invalid\"}") >= 3.0);
     assert!(counter(&m, "orchd_auth_failures_total{reason=\"rate_limited\"}") >= 1.0);

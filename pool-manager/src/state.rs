@@ -100,8 +100,18 @@ impl PoolState {
             (S::Reloading, E::ReloadStart) => deny("a reload is already in progress"),
             (S::Loading, E::ReloadStart) => deny("the pool is still loading"),
             (S::Reloading, E::ReloadDone) => Ok(S::Ready),
-            (S::Reloading, E::ReloadFailed { had_engine: false, .. }) => Ok(S::Unready),
-            (S::Reloading, E::ReloadFailed { from: S::Drained, .. }) => Ok(S::Drained),
+            (
+                S::Reloading,
+                E::ReloadFailed {
+                    had_engine: false, ..
+                },
+            ) => Ok(S::Unready),
+            (
+                S::Reloading,
+                E::ReloadFailed {
+                    from: S::Drained, ..
+                },
+            ) => Ok(S::Drained),
             (S::Reloading, E::ReloadFailed { .. }) => Ok(S::Ready),
             (_, E::ReloadDone | E::ReloadFailed { .. }) => deny("no reload is in progress"),
         }

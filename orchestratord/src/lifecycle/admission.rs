@@ -188,10 +188,7 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
         )
         .with_field("model"));
     }
-    let ready: Vec<Arc<Pool>> = serving
-        .into_iter()
-        .filter(|p| p.accepts_work())
-        .collect();
+    let ready: Vec<Arc<Pool>> = serving.into_iter().filter(|p| p.accepts_work()).collect();
     if ready.is_empty() && !from_workers {
         return Err(ApiError::new(
             ErrorCode::PoolUnavailable,

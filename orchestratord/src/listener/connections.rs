@@ -228,7 +228,10 @@ mod tests {
         let t = Connections::new(1);
         let c = t.try_admit().unwrap();
         let req = c.request();
-        assert!(t.try_admit().is_none(), "a place while the only connection is busy");
+        assert!(
+            t.try_admit().is_none(),
+            "a place while the only connection is busy"
+        );
         let waited = tokio::time::timeout(std::time::Duration::from_millis(50), t.room()).await;
         assert!(waited.is_err(), "room while the only connection is busy");
         drop(req);

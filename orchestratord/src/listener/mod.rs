@@ -95,7 +95,12 @@ pub async fn serve(
             let app = app.clone();
             async move {
                 let res = app.oneshot(req.map(Body::new)).await?;
-                Ok::<_, Infallible>(res.map(|body| Body::new(Held { body, _in_flight: in_flight })))
+                Ok::<_, Infallible>(res.map(|body| {
+                    Body::new(Held {
+                        body,
+                        _in_flight: in_flight,
+                    })
+                }))
             }
         });
         let builder = builder.clone();

@@ -47,7 +47,12 @@ mod tests {
     /// newlines, path walks and overlong names do not.
     #[test]
     fn names_outside_the_set_are_refused() {
-        for ok in ["llama3-8b", "llama3.1:8b", "Qwen/Qwen2.5-7B-Instruct", "hf.co/a/b:Q4_K_M"] {
+        for ok in [
+            "llama3-8b",
+            "llama3.1:8b",
+            "Qwen/Qwen2.5-7B-Instruct",
+            "hf.co/a/b:Q4_K_M",
+        ] {
             assert_eq!(model_name_problem(ok), None, "{ok}");
         }
         let long = "m".repeat(129);
@@ -66,7 +71,14 @@ mod tests {
             assert!(model_name_problem(bad).is_some(), "{bad:?}");
         }
         assert_eq!(worker_name_problem("gpu-box-1.local"), None);
-        for bad in ["../x", "a/b", "-lead", "tab\t", "\u{202e}x", &"w".repeat(65)] {
+        for bad in [
+            "../x",
+            "a/b",
+            "-lead",
+            "tab\t",
+            "\u{202e}x",
+            &"w".repeat(65),
+        ] {
             assert!(worker_name_problem(bad).is_some(), "{bad:?}");
         }
     }
