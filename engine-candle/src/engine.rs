@@ -298,7 +298,10 @@ impl CandleEngine {
         let weights = file.load_weights(&hp, &device, opts.weight_format)?;
         let model = Model::new(hp.clone(), weights, device.clone(), ctx)?;
         let vocab = model.vocab()?;
-        let cache = KvCache::new(&hp, opts.slots, ctx, opts.kv_type, &device)?;
+        // its own pages, given back when the engine goes (`fresh_pages.rs`)
+        let cache = crate::fresh_pages::scope(|| {
+            KvCache::new(&hp, opts.slots, ctx, opts.kv_type, &device)
+        })?;
         // the process's compute pool is sized once (see `configure_process_threads`); an
         // engine uses all of it or fewer threads
         let threads = match opts.threads {

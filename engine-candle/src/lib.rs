@@ -10,6 +10,7 @@ mod cpu_parallel;
 mod cpu_quant;
 mod engine;
 mod error;
+pub mod fresh_pages;
 mod hparams;
 mod kv_type;
 mod model;

@@ -3,16 +3,8 @@
 //! control plane. Adapters (OpenAI, Ollama-style chat, Kolosal, Hyperswarm, workers) sit on
 //! the same task lifecycle.
 
-/// The process allocator of every binary built on this crate (server, worker, soak, tests).
-/// glibc's malloc kept freed memory: a 36-minute soak with a reload every ~12 s grew to 3.0 GB
-/// resident while 0.57 GB was in use (`malloc_trim` gave 2 GB back at once); on mimalloc the
-/// same soak stayed at 0.94 GB. Built without transparent huge pages (`no_thp`): with them,
-/// zeroed KV caches were resident from the start (1.73 GB idle at 8 × 4096 vs 0.26 GB).
-/// Figures in ARCHITECTURE.md, "Decisions".
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 pub mod adapters;
+pub mod allocator;
 pub mod auth;
 pub mod body_deadline;
 pub mod client_addr;

@@ -50,6 +50,7 @@ fn task(id: usize) -> Arc<Task> {
         rank: None,
         predicted_start: std::time::Duration::ZERO,
         last_attempt: false,
+        claimant: None,
     }))
 }
 

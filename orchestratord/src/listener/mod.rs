@@ -7,6 +7,7 @@
 //!   in flight; one that has sent nothing first, the longest idle first) gives its place to
 //!   the newcomer, and only when every connection is busy with a request do new ones wait in
 //!   the listen backlog (`connections.rs`);
+//! - a request head larger than [`MAX_HEAD_BYTES`] is answered 431;
 //! - a response write that stalls for `http.write_stall_timeout_ms` (a reader that stopped
 //!   reading its SSE stream) closes the connection.
 //!
@@ -37,6 +38,10 @@ use crate::config::HttpConfig;
 pub use connections::Connections;
 use connections::InFlight;
 
+/// The largest request head read (hyper's buffer; its default is ~400 KB): a larger one is
+/// answered 431 and the connection closed. Proxies allow 8–64 KB.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
 /// Serves `app` on `listener` until `stop` resolves; then waits for the open connections to
 /// close, at most `margin`.
 pub async fn serve(
@@ -49,6 +54,7 @@ pub async fn serve(
     let table = Connections::new(http.max_connections);
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
+        .max_buf_size(MAX_HEAD_BYTES)
         .timer(TokioTimer::new())
         .header_read_timeout(Duration::from_millis(http.header_read_timeout_ms.max(1)));
     let write_stall = Duration::from_millis(http.write_stall_timeout_ms.max(1));

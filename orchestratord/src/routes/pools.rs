@@ -136,14 +136,16 @@ pub async fn drain(
     Ok((StatusCode::ACCEPTED, Json(health_of(&state, &pool))).into_response())
 }
 
-/// Bring a draining or drained pool back into service.
+/// Bring a pool that refuses work back into service: a draining or drained one at once; one
+/// reloading from drained serves on its old model meanwhile; one loading or restarting serves
+/// once its model is up (and retries its load now).
 #[utoipa::path(
     post, operation_id = "resumePool", path = "/v1/pools/{id}/resume", tag = "control",
     params(("id" = String, Path, description = "Pool id")),
     responses(
-        (status = 200, description = "Serving again", body = PoolHealth),
+        (status = 200, description = "Serving again, or will once its model is up", body = PoolHealth),
         (status = 404, description = "Unknown pool", body = ErrorEnvelope, example = examples::not_found),
-        (status = 409, description = "Not draining or drained", body = ErrorEnvelope, example = examples::conflict),
+        (status = 409, description = "The pool is already serving", body = ErrorEnvelope, example = examples::conflict),
     )
 )]
 pub async fn resume(
