@@ -33,6 +33,8 @@ pub enum EngineError {
     Compute(String),
 }
 
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
 /// A candle error carries a backtrace when `RUST_BACKTRACE` is set (its `bt()`), and its text
 /// shows it: kilobytes of frames and source paths in a reload's 409 and in pool health. The
 /// engine keeps candle's message only (`message_of`).
@@ -71,4 +73,3 @@ mod tests {
     }
 }
 
-pub type Result<T, E = EngineError> = std::result::Result<T, E>;
