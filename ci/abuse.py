@@ -39,7 +39,7 @@ WORKER_SECRET = "abuse-worker-secret-0123456789"
 class Server:
     """An orchestratord process of this run."""
 
-    def __init__(self, args, scratch):
+    def __init__(self, args, scratch, max_failures=20):
         self.scratch = scratch
         self.port = free_port()
         self.host = "127.0.0.1"
@@ -65,7 +65,7 @@ body_read_timeout_ms = {self.body_timeout_ms}
 max_connections = {self.max_connections}
 
 [auth]
-max_failures_per_minute = 20
+max_failures_per_minute = {max_failures}
 
 [workers]
 enabled = true
@@ -565,12 +565,17 @@ def records_file_deleted(srv, a):
 
 def schemathesis(srv, a):
     """Schemathesis over every operation of /openapi.json with the admin key (ci/schemathesis.sh,
-    fixtures included)."""
+    fixtures included), on a server of its own whose failed-key limit does not answer the same
+    wrong key repeated by schemathesis with 429 (as it is meant to for anyone else)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    r = subprocess.run(["ci/schemathesis.sh", srv.base, "25", "-H",
-                        f"Authorization: Bearer {ADMIN}"], cwd=root, capture_output=True,
-                       text=True, timeout=3600)
-    tail = "\n".join(r.stdout.splitlines()[-12:])
+    own = Server(a, tempfile.mkdtemp(prefix="orchd-abuse-st-"), max_failures=1_000_000)
+    try:
+        r = subprocess.run(["ci/schemathesis.sh", own.base, "25", "-H",
+                            f"Authorization: Bearer {ADMIN}"], cwd=root, capture_output=True,
+                           text=True, timeout=3600)
+    finally:
+        own.stop()
+    tail = " / ".join((r.stdout + r.stderr).splitlines()[-15:])
     return r.returncode == 0, f"exit {r.returncode}; {tail}"
 
 
@@ -593,7 +598,8 @@ def main():
     a = ap.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    attacks = ATTACKS + ([schemathesis] if a.schemathesis else [])
+    # schemathesis before the record store's file goes (its fixtures post an artifact)
+    attacks = ATTACKS[:-1] + ([schemathesis] if a.schemathesis else []) + ATTACKS[-1:]
     if a.only:
         names = set(a.only.split(","))
         attacks = [f for f in attacks if f.__name__ in names]

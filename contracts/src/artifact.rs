@@ -106,8 +106,10 @@ pub struct ArtifactQuery {
     #[schema(minimum = 1, maximum = 500)]
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<u32>,
-    /// The `next_cursor` of the previous page.
+    /// The `next_cursor` of the previous page (`<created_at_ms>:<id>`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[0-9]{1,18}:.+$")]
+    #[param(pattern = "^[0-9]{1,18}:.+$")]
     pub before: Option<String>,
 }
 

@@ -112,6 +112,17 @@ fn map(layout: &Layout) -> *mut u8 {
     }
 }
 
+/// Fresh pages for `layout` when it wants them and they can be had, else `inner`'s block.
+fn mapped_or(layout: &Layout, inner: impl FnOnce() -> *mut u8) -> *mut u8 {
+    if wants_pages(layout) {
+        let p = map(layout);
+        if !p.is_null() {
+            return p;
+        }
+    }
+    inner()
+}
+
 /// Unmaps `ptr` if it is a mapped block; false if it is the wrapped allocator's.
 fn unmap(ptr: *mut u8, layout: &Layout) -> bool {
     let Some(slot) = is_mapped(ptr, layout) else {
@@ -129,25 +140,13 @@ fn unmap(ptr: *mut u8, layout: &Layout) -> bool {
 // layout it is used for), zero-filled by the kernel, recorded until it is unmapped
 unsafe impl<A: GlobalAlloc> GlobalAlloc for FreshPages<A> {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if wants_pages(&layout) {
-            let p = map(&layout);
-            if !p.is_null() {
-                return p;
-            }
-        }
         // SAFETY: the caller's contract, passed on
-        unsafe { self.0.alloc(layout) }
+        mapped_or(&layout, || unsafe { self.0.alloc(layout) })
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if wants_pages(&layout) {
-            let p = map(&layout);
-            if !p.is_null() {
-                return p;
-            }
-        }
         // SAFETY: the caller's contract, passed on
-        unsafe { self.0.alloc_zeroed(layout) }
+        mapped_or(&layout, || unsafe { self.0.alloc_zeroed(layout) })
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
