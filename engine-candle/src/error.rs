@@ -72,4 +72,3 @@ mod tests {
         assert_eq!(e.to_string(), "compute: loading: /m/x.gguf: bad magic");
     }
 }
-
