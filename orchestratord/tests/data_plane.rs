@@ -343,12 +343,14 @@ async fn pin_routes_only_to_its_pool_and_fails_typed() {
         assert_well_formed(&s.stream_all(id).await);
         assert_eq!(s.record(id).await["pool_id"], "p2");
     }
+    // seed 003 OC-CTRL-2014: an unknown pool is a deterministic INVALID_PARAMS (issue 33: it
+    // was 404 NOT_FOUND)
     let r = s.submit(json!({"prompt": "x", "pool_id": "p9"})).await;
-    assert_eq!(r.status(), 404);
+    assert_eq!(r.status(), 400);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(
         (v["code"].as_str(), v["field"].as_str()),
-        (Some("NOT_FOUND"), Some("pool_id"))
+        (Some("INVALID_PARAMS"), Some("pool_id"))
     );
     // drain p2: pins to it now fail 503 POOL_UNREADY, never placed on p1
     let d = s

@@ -141,8 +141,12 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
                 "pinning to a pool is disabled by policy",
             ));
         }
+        // seed 003 OC-CTRL-2014: a deterministic INVALID_PARAMS for an unknown pool
         let Some(pool) = all.into_iter().find(|p| p.id() == pin) else {
-            return Err(ApiError::not_found("pool", pin).with_field("pool_id"));
+            return Err(ApiError::invalid(
+                "pool_id",
+                format!("pool_id {pin:?} names no pool of this server"),
+            ));
         };
         if let Some(m) = &req.model {
             if !pool.serves(m) {

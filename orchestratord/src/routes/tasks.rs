@@ -23,8 +23,8 @@ use crate::state::SharedState;
     request_body(content = TaskRequest, example = json!({"prompt": "Write a haiku about the sea.", "max_tokens": 32, "seed": 7})),
     responses(
         (status = 202, description = "Admitted and queued", body = AdmissionResponse),
-        (status = 400, description = "Invalid parameters (names the field), context overflow", body = ErrorEnvelope, example = examples::invalid_params),
-        (status = 404, description = "No pool serves the model, or the pinned pool does not exist (names the field)", body = ErrorEnvelope, example = examples::not_found),
+        (status = 400, description = "Invalid parameters (names the field), context overflow, a `pool_id` that names no pool", body = ErrorEnvelope, example = examples::invalid_params),
+        (status = 404, description = "No pool serves the model (names the field)", body = ErrorEnvelope, example = examples::not_found),
         (status = 413, description = "Body too large", body = ErrorEnvelope, example = examples::payload_too_large),
         (status = 422, description = "`deadline_ms` or `X-Request-Deadline-Ms` cannot be met even by an idle pool", body = ErrorEnvelope, example = examples::deadline_unmet),
         (status = 429, description = "Queue full, the predicted wait misses `deadline_ms` / `X-Request-Deadline-Ms` (`policy_label: deadline`; the place in line is kept for a retry that sends `X-Retry-Count` ≥ 1), or session budget exceeded", body = ErrorEnvelope,
