@@ -222,3 +222,44 @@ async fn a_crash_during_a_drain_does_not_undo_the_drain() {
         .await;
     assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
 }
+
+/// POOL-LOAD-2: a model that cannot load as its file is (an unsupported architecture) is not
+/// retried on a timer (issue 33: every one to two seconds for ever): one attempt, the reason
+/// in health with the circuit open; it is tried again when the file changes and when an
+/// operator resumes the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_cannot_load_is_retried_only_when_its_file_changes() {
+    let file = fake_gguf("unsupported-arch");
+    let mut p = pool("u1", 1);
+    p.model = file.display().to_string();
+    let s = start(config(vec![p]), Duration::from_millis(1)).await;
+    let attempts = || async { health(&s, "u1").await.1["metrics"]["consecutive_failures"].clone() };
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (_, h) = health(&s, "u1").await;
+    assert_eq!(h["state"], "unready", "{h}");
+    assert_eq!(h["metrics"]["circuit_open"], true, "{h}");
+    assert_eq!(
+        h["metrics"]["consecutive_failures"], 3,
+        "one attempt only: {h}"
+    );
+    let why = h["last_error"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("unsupported") && why.contains("not retried until"),
+        "{h}"
+    );
+    // the file changes: tried again
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes.extend_from_slice(b"more");
+    std::fs::write(&file, bytes).unwrap();
+    let again =
+        support::procs::eventually(Duration::from_secs(6), || async { attempts().await == 4 })
+            .await;
+    assert!(again, "{}", health(&s, "u1").await.1);
+    // an operator's resume: tried again at once
+    let (code, _) = post(&s, "/v1/pools/u1/resume", json!({})).await;
+    assert_eq!(code, 200);
+    let resumed =
+        support::procs::eventually(Duration::from_secs(1), || async { attempts().await == 5 })
+            .await;
+    assert!(resumed, "{}", health(&s, "u1").await.1);
+}

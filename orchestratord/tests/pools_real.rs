@@ -327,3 +327,29 @@ async fn engine_failure_restarts_the_pool_and_the_other_keeps_serving() {
     }
     assert_eq!(state, "ready", "{}", health(&s, "p1").await);
 }
+
+/// POOL-LOAD-2 on the real engine: a GGUF of an architecture the engine does not have (the
+/// default model with its `general.architecture` changed to `gemma`) fails once, with the
+/// architecture named in health, and is not retried on a timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unsupported_architecture_is_named_and_not_retried() {
+    let mut bytes = std::fs::read(default_model_path()).unwrap();
+    let key = b"general.architecture";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
+    let value = at + bytes[at..].windows(5).position(|w| w == b"llama").unwrap();
+    bytes[value..value + 5].copy_from_slice(b"gemma");
+    let file = std::env::temp_dir().join(format!("orchd-gemma-{}.gguf", std::process::id()));
+    std::fs::write(&file, bytes).unwrap();
+    let mut p = pool("g1", 1);
+    p.model = file.display().to_string();
+    p.ctx = 512;
+    let s = start_with(config(vec![p]), Arc::new(CandleFactory)).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let h = s.get_json("/v1/pools/g1/health").await;
+    assert_eq!(h["state"], "unready", "{h}");
+    assert_eq!(h["metrics"]["consecutive_failures"], 3, "one attempt: {h}");
+    let why = h["last_error"].as_str().unwrap_or_default();
+    assert!(why.contains("architecture \"gemma\""), "{h}");
+    assert!(why.contains("not retried until"), "{h}");
+    let _ = std::fs::remove_file(file);
+}

@@ -143,7 +143,13 @@ impl EngineFactory for CandleFactory {
         opts.prompt_cache_bytes = spec.prompt_cache_bytes;
         opts.step_prompt_tokens = spec.step_prompt_tokens;
         opts.step_ms = spec.step_ms;
-        let engine = CandleEngine::load(opts).map_err(|e| PortError::Load(e.to_string()))?;
+        let engine = CandleEngine::load(opts).map_err(|e| match e {
+            // the file as it is: loading it again gives the same answer
+            EngineError::Unsupported(_) | EngineError::BadModel(_) => {
+                PortError::Unloadable(e.to_string())
+            }
+            other => PortError::Load(other.to_string()),
+        })?;
         Ok(Arc::new(CandlePortEngine::new(
             engine,
             model_ref.to_string(),

@@ -432,7 +432,7 @@ impl Pool {
 
     /// Loads `model_ref`, runs the one-token self-test and measures the engine with every slot
     /// busy (what a wait in line is paced by).
-    async fn load_engine(&self, model_ref: &str) -> Result<(Arc<dyn Engine>, u64), String> {
+    async fn load_engine(&self, model_ref: &str) -> Result<(Arc<dyn Engine>, u64), LoadFailure> {
         let (engine, ms, probe_ms) = self.load_and_probe(model_ref).await?;
         let full = full_occupancy_pace(engine.as_ref()).await;
         let mut g = self.lock();
@@ -454,23 +454,31 @@ impl Pool {
         Ok((engine, ms))
     }
 
-    async fn load_and_probe(&self, model_ref: &str) -> Result<(Arc<dyn Engine>, u64, f64), String> {
+    async fn load_and_probe(
+        &self,
+        model_ref: &str,
+    ) -> Result<(Arc<dyn Engine>, u64, f64), LoadFailure> {
         let started = Instant::now();
         let factory = self.factory.clone();
         let spec = self.spec.clone();
         let model = model_ref.to_string();
         let engine = tokio::task::spawn_blocking(move || factory.load(&spec, &model))
             .await
-            .map_err(|e| format!("load task failed: {e}"))?
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| LoadFailure::passing(format!("load task failed: {e}")))?
+            .map_err(|e| LoadFailure {
+                lasting: matches!(e, PortError::Unloadable(_)),
+                message: e.to_string(),
+            })?;
         let load_ms = started.elapsed().as_millis() as u64;
         let probe = Instant::now();
-        self_test(engine.as_ref()).await?;
+        self_test(engine.as_ref())
+            .await
+            .map_err(LoadFailure::passing)?;
         Ok((engine, load_ms, probe.elapsed().as_secs_f64() * 1000.0))
     }
 
     /// One load attempt: load, self-test, `Ready`; on failure `Unready` with `last_error`.
-    pub async fn load_once(self: &Arc<Self>) -> Result<(), String> {
+    pub async fn load_once(self: &Arc<Self>) -> Result<(), LoadFailure> {
         match self.load_engine(&self.spec.model_ref).await {
             Ok((engine, ms)) => {
                 let mut g = self.lock();
@@ -489,29 +497,59 @@ impl Pool {
                 Ok(())
             }
             Err(e) => {
-                tracing::warn!(pool = %self.spec.id, error = %e, "pool load failed");
+                tracing::warn!(pool = %self.spec.id, error = %e.message, lasting = e.lasting, "pool load failed");
                 let mut g = self.lock();
-                g.last_error = Some(e.clone());
                 g.consecutive_failures += 1;
+                g.last_error = Some(if e.lasting {
+                    // no timed retry: the circuit is open until the file changes
+                    g.consecutive_failures = g.consecutive_failures.max(CIRCUIT_OPEN_AFTER);
+                    format!(
+                        "{} (not retried until the model file changes, a reload or a resume)",
+                        e.message
+                    )
+                } else {
+                    e.message.clone()
+                });
                 let _ = self.apply(&mut g, PoolEvent::LoadFailed);
                 Err(e)
             }
         }
     }
 
-    /// Brings the pool up: load, self-test, Ready. Retries with exponential backoff and jitter
-    /// until it succeeds; failures leave it `Unready` with `last_error`.
+    /// Brings the pool up: load, self-test, Ready. A failure that may pass is retried with
+    /// exponential backoff and jitter; one that lasts as long as the file does (an unsupported
+    /// architecture) is tried again only when the file changes or an operator resumes the pool.
+    /// Failures leave it `Unready` with `last_error`.
     pub async fn load(self: Arc<Self>) {
         let mut attempt: u32 = 0;
-        while self.load_once().await.is_err() {
-            attempt = attempt.saturating_add(1);
-            let open = self.lock().consecutive_failures >= CIRCUIT_OPEN_AFTER;
-            let wait = if open { RETRY_CAP } else { backoff(attempt) };
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = self.retry_now.notified() => {}
+        while let Err(failure) = self.load_once().await {
+            if failure.lasting {
+                self.until_the_model_changes().await;
+            } else {
+                attempt = attempt.saturating_add(1);
+                let open = self.lock().consecutive_failures >= CIRCUIT_OPEN_AFTER;
+                let wait = if open { RETRY_CAP } else { backoff(attempt) };
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = self.retry_now.notified() => {}
+                }
             }
             if self.state() != PoolState::Unready {
+                return;
+            }
+        }
+    }
+
+    /// Returns when the model file changes (size, modification time, or it appears or goes),
+    /// when an operator resumes the pool, or when the pool leaves `Unready`.
+    async fn until_the_model_changes(&self) {
+        let seen = file_identity(&self.spec.model_ref);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(FILE_CHECK_EVERY) => {}
+                _ = self.retry_now.notified() => return,
+            }
+            if self.state() != PoolState::Unready || file_identity(&self.spec.model_ref) != seen {
                 return;
             }
         }
@@ -604,7 +642,7 @@ impl Pool {
                 self.reloads_ok.fetch_add(1, Ordering::Relaxed);
                 Ok(ms)
             }
-            Err(e) => {
+            Err(LoadFailure { message: e, .. }) => {
                 let mut g = self.lock();
                 let had_engine = g.engine.is_some();
                 let from = g.reload_from;
@@ -623,6 +661,32 @@ fn accepts_work(g: &Inner) -> bool {
         PoolState::Reloading => g.reload_from == PoolState::Ready && g.engine.is_some(),
         _ => false,
     }
+}
+
+/// How often a pool whose model cannot load looks at the file for a change.
+const FILE_CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// What a failed load says: why, and whether it lasts as long as the model file does.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct LoadFailure {
+    pub message: String,
+    pub lasting: bool,
+}
+
+impl LoadFailure {
+    fn passing(message: String) -> Self {
+        Self {
+            message,
+            lasting: false,
+        }
+    }
+}
+
+/// A file's size and modification time, when it can be read.
+fn file_identity(path: &str) -> Option<(u64, std::time::SystemTime)> {
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.len(), m.modified().ok()?))
 }
 
 /// Slots the pool's engines hold now: the current one's and those of engines it replaced.

@@ -133,6 +133,10 @@ pub enum PortError {
     /// Loading or self-testing a model failed.
     #[error("load failed: {0}")]
     Load(String),
+    /// The model cannot load as its file is (an architecture or tensor type the engine does
+    /// not have, a malformed file): trying again changes nothing until the file does.
+    #[error("cannot load: {0}")]
+    Unloadable(String),
 }
 
 /// An engine a pool runs tasks on.

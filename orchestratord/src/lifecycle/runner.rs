@@ -114,7 +114,9 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
         Err(e) => {
             let (code, retriable) = match &e {
                 PortError::InvalidInput(_) => (ErrorCode::InvalidParams, false),
-                PortError::Dead(_) | PortError::Load(_) => (ErrorCode::WorkerReset, true),
+                PortError::Dead(_) | PortError::Load(_) | PortError::Unloadable(_) => {
+                    (ErrorCode::WorkerReset, true)
+                }
             };
             state.fail_task(&task, code, e.to_string(), retriable, Some(1000));
             if matches!(e, PortError::Dead(_)) {

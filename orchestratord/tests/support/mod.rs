@@ -210,7 +210,8 @@ impl Engine for ScriptedEngine {
     }
 }
 
-/// Loads scripted engines; a model ref containing "missing" fails to load.
+/// Loads scripted engines; a model ref containing "missing" fails to load, one containing
+/// "unsupported" fails as a model the engine cannot have (`PortError::Unloadable`).
 pub struct ScriptedFactory {
     pub delay: Duration,
     pub ctx: usize,
@@ -218,6 +219,11 @@ pub struct ScriptedFactory {
 
 impl EngineFactory for ScriptedFactory {
     fn load(&self, spec: &PoolSpec, model_ref: &str) -> Result<Arc<dyn Engine>, PortError> {
+        if model_ref.contains("unsupported") {
+            return Err(PortError::Unloadable(format!(
+                "unsupported model: {model_ref} has an architecture this engine does not have"
+            )));
+        }
         if model_ref.contains("missing") {
             return Err(PortError::Load(format!(
                 "cannot read model file {model_ref}"
