@@ -77,6 +77,7 @@ impl Engine for RemoteEngine {
             request_id: request_id.clone(),
             model: self.model.clone(),
             endpoint_path: endpoint_path.to_string(),
+            // always: the server needs the tokens as they are made (WRK-REQ-4)
             is_streaming: true,
             body: body.to_string(),
             headers,
