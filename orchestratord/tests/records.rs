@@ -457,3 +457,67 @@ async fn a_deleted_store_file_refuses_artifacts_and_keeps_serving() {
     .await;
     assert!(dropped, "the task's record was not counted as dropped");
 }
+
+/// OPS-REC-2: the served schema states the checks the artifact handlers make (issue 32 item
+/// 10: `limit=0` was refused by a bound the schema did not state; `content: [null, null]` was
+/// stored though the schema said `object`, and then failed its own response schema): what the
+/// schema bounds the server refuses, what it allows the server takes and answers in shape.
+#[tokio::test]
+async fn the_artifact_schema_states_what_the_handlers_check() {
+    let s = start(config(vec![pool("p1", 1)]), Duration::from_millis(1)).await;
+    let doc = s.get_json("/openapi.json").await;
+    let list = &doc["paths"]["/v1/artifacts"]["get"]["parameters"];
+    let param = |name: &str| {
+        list.as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .unwrap()["schema"]
+            .clone()
+    };
+    assert_eq!(param("limit")["minimum"], 1);
+    assert_eq!(param("limit")["maximum"], 500);
+    assert!(param("before")["pattern"].is_string());
+    let req = &doc["components"]["schemas"]["ArtifactRequest"];
+    assert_eq!(req["properties"]["kind"]["pattern"], "^[a-z0-9_.-]{1,32}$");
+    assert_eq!(req["not"]["properties"]["kind"]["const"], "task_record");
+    assert!(
+        req["properties"]["content"].get("type").is_none(),
+        "content is any JSON value: {}",
+        req["properties"]["content"]
+    );
+    let status = |path: String| {
+        let (c, url) = (s.client.clone(), s.url(&path));
+        async move { c.get(url).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(status("/v1/artifacts?limit=1".into()).await, 200);
+    assert_eq!(status("/v1/artifacts?limit=500".into()).await, 200);
+    assert_eq!(status("/v1/artifacts?limit=0".into()).await, 400);
+    assert_eq!(status("/v1/artifacts?limit=501".into()).await, 400);
+    assert_eq!(status("/v1/artifacts?before=".into()).await, 400);
+    // any JSON value is stored and read back as it was posted
+    for content in [json!([null, null]), json!("a diff"), json!(7)] {
+        let r = s
+            .post(
+                "/v1/artifacts",
+                &json!({"kind": "note", "content": content}),
+            )
+            .await;
+        assert_eq!(r.status(), 201);
+        let id = r.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            s.get_json(&format!("/v1/artifacts/{id}")).await["content"],
+            content
+        );
+    }
+    let r = s
+        .post(
+            "/v1/artifacts",
+            &json!({"kind": "task_record", "content": 1}),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+}

@@ -608,13 +608,18 @@ impl Pool {
     /// one loading or restarting serves when its engine is up (and retries its load now).
     pub fn resume(&self) -> Result<(), PoolError> {
         let mut g = self.lock();
+        // only a pool waiting to load again has a load to hurry (a permit left for anyone
+        // else would skip the backoff of its next failure)
+        let waiting_to_load = g.state == PoolState::Unready;
         self.apply(&mut g, PoolEvent::Resume)?;
         g.held_drained = false;
         g.reload_from = PoolState::Ready;
         g.drain_token = CancellationToken::new();
         g.drain_deadline = None;
         drop(g);
-        self.retry_now.notify_one();
+        if waiting_to_load {
+            self.retry_now.notify_one();
+        }
         Ok(())
     }
 

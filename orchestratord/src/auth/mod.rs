@@ -240,7 +240,8 @@ pub async fn middleware(
     };
     // failures are counted per client and key tried: a key that verifies has none, so no
     // one's failures ever refuse it
-    let attempt = limiter::Attempt::new(client_of(&state, &req), key);
+    let client = client_of(&state, &req);
+    let attempt = limiter::Attempt::new(client, key);
     if let Some(wait) = auth.limiter.limited_for(&attempt) {
         crate::metrics::auth_failed("rate_limited");
         return respond(
@@ -256,7 +257,7 @@ pub async fn middleware(
     let Some(principal) = auth.keys.verify(key) else {
         auth.limiter.record_failure(attempt);
         crate::metrics::auth_failed("invalid");
-        tracing::warn!(client = %client_of(&state, &req), "request refused: unknown API key");
+        tracing::warn!(%client, "request refused: unknown API key");
         return unauthorized(shape, "the API key is not valid", true);
     };
     if principal.scope < needed {
