@@ -8,9 +8,8 @@
 
 use std::time::Instant;
 
-use engine_candle::{
-    CandleEngine, EngineOptions, GenerateRequest, SamplingParams, SeqEvent, WeightFormat,
-};
+use engine_candle::{CandleEngine, EngineOptions, GenerateRequest, WeightFormat};
+use engine_port::{SamplingParams, SeqEvent};
 use tokio_util::sync::CancellationToken;
 
 const ROUNDS: usize = 5;
@@ -163,9 +162,9 @@ fn main() {
         opts.slots = 2;
         opts.ctx = lens.iter().max().copied().unwrap_or(0).max(2048) + 8;
     }
-    opts.threads = threads;
-    opts.weight_format = format;
-    opts.kv_type = arg("--kv").map(|v| v.parse().unwrap()).unwrap_or_default();
+    opts.settings.threads = threads;
+    opts.settings.weight_format = format;
+    opts.settings.kv_type = arg("--kv").map(|v| v.parse().unwrap()).unwrap_or_default();
     let e = CandleEngine::load(opts).expect("model loads");
     let tok = |s: &str| e.tokenizer().encode(s).unwrap();
     // a 128-token prompt
@@ -220,7 +219,7 @@ fn main() {
             .iter()
             .map(|q| {
                 let p = e
-                    .render_chat(&[engine_candle::ChatMessage {
+                    .render_chat(&[engine_port::ChatTurn {
                         role: "user".into(),
                         content: format!("{} {q}", n * 10 + round),
                     }])

@@ -1,16 +1,10 @@
 //! Rendering chat turns into a prompt with the model's own Jinja template (minijinja).
 
 use minijinja::{Environment, ErrorKind};
-use serde::{Deserialize, Serialize};
+
+use engine_port::ChatTurn;
 
 use crate::error::{EngineError, Result};
-
-/// One chat turn.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChatMessage {
-    pub role: String,
-    pub content: String,
-}
 
 /// ChatML, used when a model ships no `tokenizer.chat_template` (documented fallback).
 pub const CHATML_FALLBACK: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
@@ -85,13 +79,13 @@ impl ChatTemplate {
     /// while the template runs, then put back, so no content can ever be read as markup. A
     /// template that transforms contents (trims them, say) sees only the placeholder: the
     /// content goes in as sent.
-    pub fn render_pieces(&self, messages: &[ChatMessage]) -> Result<Vec<Piece>> {
+    pub fn render_pieces(&self, messages: &[ChatTurn]) -> Result<Vec<Piece>> {
         let nonce: u64 = rand::random();
         let mark = |i: usize| format!("\u{E000}{nonce:016x}:{i}\u{E001}");
-        let masked: Vec<ChatMessage> = messages
+        let masked: Vec<ChatTurn> = messages
             .iter()
             .enumerate()
-            .map(|(i, m)| ChatMessage {
+            .map(|(i, m)| ChatTurn {
                 role: m.role.clone(),
                 content: mark(i),
             })
@@ -125,7 +119,7 @@ impl ChatTemplate {
     }
 
     /// Renders the conversation with the generation prompt for the assistant's next turn.
-    pub fn render(&self, messages: &[ChatMessage]) -> Result<String> {
+    pub fn render(&self, messages: &[ChatTurn]) -> Result<String> {
         if messages.is_empty() {
             return Err(EngineError::ChatTemplate("no messages to render".into()));
         }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use candle_core::utils::barrier_pool;
 use candle_core::Device;
 
-use crate::chat_template::{ChatMessage, ChatTemplate, TemplateSource};
+use crate::chat_template::{ChatTemplate, TemplateSource};
 use crate::compute_priority;
 use crate::cpu_parallel::{pool_threads, with_threads};
 use crate::error::{EngineError, Result};
@@ -17,10 +17,10 @@ use crate::hparams::{md_str, Hparams};
 use crate::kv_type::KvType;
 use crate::model::{KvCache, Model};
 use crate::scheduler::{Command, GenerateRequest, Scheduler, Shared};
-use crate::slots::{SlotPermit, Slots};
 use crate::step_budget::StepBudget;
 use crate::tokenizer::GgufTokenizer;
 use crate::weights::{GgufFile, WeightFormat};
+use engine_port::{ChatTurn, SlotPermit, Slots};
 
 /// Which device runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -96,8 +96,15 @@ pub struct EngineOptions {
     /// Sequences decoded together (one KV cache row each).
     pub slots: usize,
     /// Tokens per sequence (prompt + output); 0 = the model's trained context, cut to what
-    /// `kv_cache_max_bytes` holds for every slot.
+    /// `settings.kv_cache_max_bytes` holds for every slot.
     pub ctx: usize,
+    pub settings: EngineSettings,
+}
+
+/// How the engine stores, computes and schedules, whatever the model: what a pool of this
+/// engine is configured with beside its model, slots and context.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineSettings {
     /// The most the key/value cache may take when `ctx` is 0 (0: no cap).
     pub kv_cache_max_bytes: usize,
     /// How keys and values are stored (f16: half the bytes).
@@ -118,6 +125,21 @@ pub struct EngineOptions {
     /// waits between two tokens while a long prompt arrives); 0 = exactly
     /// `step_prompt_tokens` a pass.
     pub step_ms: u64,
+}
+
+impl Default for EngineSettings {
+    fn default() -> Self {
+        Self {
+            kv_cache_max_bytes: DEFAULT_KV_CACHE_MAX_BYTES,
+            kv_type: KvType::F32,
+            threads: 0,
+            device: DeviceChoice::Cpu,
+            weight_format: WeightFormat::Auto,
+            prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
+            step_prompt_tokens: DEFAULT_STEP_PROMPT_TOKENS,
+            step_ms: DEFAULT_STEP_MS,
+        }
+    }
 }
 
 /// Default size of the host-memory prompt cache.
@@ -141,20 +163,13 @@ impl EngineOptions {
             model_path: model_path.into(),
             slots: 4,
             ctx: 0,
-            kv_cache_max_bytes: DEFAULT_KV_CACHE_MAX_BYTES,
-            kv_type: KvType::F32,
-            threads: 0,
-            device: DeviceChoice::Cpu,
-            weight_format: WeightFormat::Auto,
-            prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
-            step_prompt_tokens: DEFAULT_STEP_PROMPT_TOKENS,
-            step_ms: DEFAULT_STEP_MS,
+            settings: EngineSettings::default(),
         }
     }
 }
 
 /// Tokens per sequence: `opts.ctx` (at most the trained context), or for 0 the trained context
-/// cut (to a multiple of 256 tokens) to what `opts.kv_cache_max_bytes` holds for every slot.
+/// cut (to a multiple of 256 tokens) to what `opts.settings.kv_cache_max_bytes` holds for every slot.
 fn context_for(hp: &Hparams, opts: &EngineOptions) -> Result<usize> {
     if opts.ctx > hp.ctx_train {
         return Err(EngineError::InvalidParams(format!(
@@ -165,18 +180,20 @@ fn context_for(hp: &Hparams, opts: &EngineOptions) -> Result<usize> {
     if opts.ctx > 0 {
         return Ok(opts.ctx);
     }
-    let per_token = KvCache::bytes(hp, opts.slots.max(1), 1, opts.kv_type);
-    if opts.kv_cache_max_bytes == 0 || per_token * hp.ctx_train <= opts.kv_cache_max_bytes {
+    let per_token = KvCache::bytes(hp, opts.slots.max(1), 1, opts.settings.kv_type);
+    if opts.settings.kv_cache_max_bytes == 0
+        || per_token * hp.ctx_train <= opts.settings.kv_cache_max_bytes
+    {
         return Ok(hp.ctx_train);
     }
-    let fits = opts.kv_cache_max_bytes / per_token / CTX_STEP * CTX_STEP;
+    let fits = opts.settings.kv_cache_max_bytes / per_token / CTX_STEP * CTX_STEP;
     if fits == 0 {
         return Err(EngineError::InvalidParams(format!(
             "{} slots of {CTX_STEP} tokens need {} MiB of key/value cache, over the {} MiB \
              allowed: fewer slots, a larger kv_cache_mib or an explicit ctx",
             opts.slots,
             (per_token * CTX_STEP) >> 20,
-            opts.kv_cache_max_bytes >> 20
+            opts.settings.kv_cache_max_bytes >> 20
         )));
     }
     Ok(fits)
@@ -275,7 +292,7 @@ impl CandleEngine {
                 "slots must be at least 1".into(),
             ));
         }
-        let device = opts.device.open()?;
+        let device = opts.settings.device.open()?;
         let mut file = GgufFile::open(&opts.model_path)?;
         let md = &file.content.metadata;
         let hp = Hparams::from_metadata(md)?;
@@ -295,16 +312,16 @@ impl CandleEngine {
             .map(str::to_string)
             .unwrap_or_else(|| file_stem(&opts.model_path));
         let ctx = context_for(&hp, &opts)?;
-        let weights = file.load_weights(&hp, &device, opts.weight_format)?;
+        let weights = file.load_weights(&hp, &device, opts.settings.weight_format)?;
         let model = Model::new(hp.clone(), weights, device.clone(), ctx)?;
         let vocab = model.vocab()?;
         // its own pages, given back when the engine goes (`fresh_pages.rs`)
         let cache = crate::fresh_pages::scope(|| {
-            KvCache::new(&hp, opts.slots, ctx, opts.kv_type, &device)
+            KvCache::new(&hp, opts.slots, ctx, opts.settings.kv_type, &device)
         })?;
         // the process's compute pool is sized once (see `configure_process_threads`); an
         // engine uses all of it or fewer threads
-        let threads = match opts.threads {
+        let threads = match opts.settings.threads {
             0 => pool_threads(),
             n => n.min(pool_threads()),
         };
@@ -327,8 +344,11 @@ impl CandleEngine {
             tokenizer.clone(),
             opts.slots,
             shared.clone(),
-            opts.prompt_cache_bytes,
-            StepBudget::new(opts.step_prompt_tokens, Duration::from_millis(opts.step_ms)),
+            opts.settings.prompt_cache_bytes,
+            StepBudget::new(
+                opts.settings.step_prompt_tokens,
+                Duration::from_millis(opts.settings.step_ms),
+            ),
         );
         std::thread::Builder::new()
             .name("candle-decode".into())
@@ -347,19 +367,19 @@ impl CandleEngine {
             ctx_train: hp.ctx_train,
             slots: opts.slots,
             vocab,
-            device: opts.device,
+            device: opts.settings.device,
             threads,
-            weight_format: opts.weight_format,
+            weight_format: opts.settings.weight_format,
             template: template.source(),
             load_ms: started.elapsed().as_millis() as u64,
-            kv_cache_bytes: KvCache::bytes(&hp, opts.slots, ctx, opts.kv_type),
-            kv_type: opts.kv_type,
+            kv_cache_bytes: KvCache::bytes(&hp, opts.slots, ctx, opts.settings.kv_type),
+            kv_type: opts.settings.kv_type,
             weights_bytes: std::fs::metadata(&opts.model_path)
                 .map(|m| m.len())
                 .unwrap_or(0),
             layers: hp.n_layer,
         };
-        tracing::info!(model = %info.name, ctx, slots = opts.slots, threads, kv_cache = opts.kv_type.as_str(), load_ms = info.load_ms, "model loaded");
+        tracing::info!(model = %info.name, ctx, slots = opts.slots, threads, kv_cache = opts.settings.kv_type.as_str(), load_ms = info.load_ms, "model loaded");
         Ok(Self {
             info,
             tokenizer,
@@ -379,14 +399,14 @@ impl CandleEngine {
     }
 
     /// Renders chat turns with the model's template.
-    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String> {
+    pub fn render_chat(&self, messages: &[ChatTurn]) -> Result<String> {
         self.template.render(messages)
     }
 
     /// Token ids of a chat: the template's markup with its special tokens, the messages'
     /// contents as plain text (a client cannot forge a turn), BOS first when the model wants
     /// it.
-    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>> {
+    pub fn encode_chat(&self, messages: &[ChatTurn]) -> Result<Vec<u32>> {
         let mut ids: Vec<u32> = self.tokenizer.bos().into_iter().collect();
         for piece in self.chat_pieces(messages)? {
             ids.extend(match &piece {
@@ -398,10 +418,7 @@ impl CandleEngine {
     }
 
     /// The pieces [`Self::encode_chat`] tokenizes: the template's markup and the contents.
-    pub fn chat_pieces(
-        &self,
-        messages: &[ChatMessage],
-    ) -> Result<Vec<crate::chat_template::Piece>> {
+    pub fn chat_pieces(&self, messages: &[ChatTurn]) -> Result<Vec<crate::chat_template::Piece>> {
         self.template.render_pieces(messages)
     }
 
@@ -463,7 +480,9 @@ impl CandleEngine {
                 "the slot permit belongs to another engine".into(),
             ));
         }
-        req.sampling.validate()?;
+        req.sampling
+            .validate()
+            .map_err(EngineError::InvalidParams)?;
         if req.max_tokens == 0 {
             return Err(EngineError::InvalidParams(
                 "max_tokens must be at least 1".into(),

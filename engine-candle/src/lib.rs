@@ -1,6 +1,7 @@
 //! engine-candle: GGUF inference of llama-family models on candle, with continuous batching.
 //!
-//! Pure library: no HTTP, no queues. Load a model with [`CandleEngine::load`], then
+//! Pure library: no HTTP, no queues. It speaks the Engine port's language (`engine-port`) for
+//! what crosses per sequence and per token: slots, sampling, chat turns, events. Load a model with [`CandleEngine::load`], then
 //! [`CandleEngine::submit`] sequences; each streams [`SeqEvent`]s through its own bounded channel.
 
 mod attention;
@@ -19,26 +20,24 @@ mod q4_1_cpu;
 mod q8_0_cpu;
 mod sampling;
 mod scheduler;
-mod slots;
 mod step_budget;
 mod text_stream;
 mod tokenizer;
 mod weights;
 
-pub use chat_template::{ChatMessage, ChatTemplate, Piece, TemplateSource, CHATML_FALLBACK};
+pub use chat_template::{ChatTemplate, Piece, TemplateSource, CHATML_FALLBACK};
 pub use compute_priority::MAX_NICE;
 pub use cpu_parallel::fault;
 pub use engine::{
-    configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, ModelInfo,
-    DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS,
+    configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, EngineSettings,
+    ModelInfo, DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS,
     DEFAULT_STEP_PROMPT_TOKENS, ENGINE_NAME, ENGINE_VERSION,
 };
 pub use error::{EngineError, Result};
 pub use hparams::{Hparams, RopeStyle};
 pub use kv_type::KvType;
-pub use sampling::{argmax, Sampler, SamplingParams, REPEAT_WINDOW};
-pub use scheduler::{Finish, FinishReason, GenerateRequest, SeqEvent};
-pub use slots::{SlotPermit, Slots};
+pub use sampling::{argmax, Sampler, REPEAT_WINDOW};
+pub use scheduler::GenerateRequest;
 pub use text_stream::{Pushed, TextStream};
 pub use tokenizer::GgufTokenizer;
 pub use weights::WeightFormat;

@@ -3,42 +3,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::error::{EngineError, Result};
-
-/// How the next token is chosen. Defaults: greedy, no penalties.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SamplingParams {
-    /// 0 means greedy (argmax).
-    pub temperature: f32,
-    /// 0 disables top-k.
-    pub top_k: usize,
-    /// 1.0 disables top-p.
-    pub top_p: f32,
-    /// 0.0 disables min-p.
-    pub min_p: f32,
-    /// 1.0 disables the repetition penalty (applied over the last `REPEAT_WINDOW` tokens).
-    pub repetition_penalty: f32,
-    /// OpenAI-style presence penalty over generated tokens.
-    pub presence_penalty: f32,
-    /// OpenAI-style frequency penalty over generated tokens.
-    pub frequency_penalty: f32,
-    pub seed: u64,
-}
-
-impl Default for SamplingParams {
-    fn default() -> Self {
-        Self {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            presence_penalty: 0.0,
-            frequency_penalty: 0.0,
-            seed: 0,
-        }
-    }
-}
+pub use engine_port::SamplingParams;
 
 /// Temperatures below this are greedy (vLLM's epsilon): `1/t` of a tinier one overflows f32
 /// once it scales a logit, and the softmax turns to NaN.
@@ -46,35 +11,6 @@ pub const GREEDY_BELOW: f32 = 1e-5;
 
 /// Tokens (prompt and generated) the repetition penalty looks back over.
 pub const REPEAT_WINDOW: usize = 64;
-
-impl SamplingParams {
-    pub fn validate(&self) -> Result<()> {
-        let bad = |m: &str| Err(EngineError::InvalidParams(m.to_string()));
-        if !(self.temperature.is_finite() && (0.0..=100.0).contains(&self.temperature)) {
-            return bad("temperature must be within [0, 100]");
-        }
-        if !(self.top_p.is_finite() && self.top_p > 0.0 && self.top_p <= 1.0) {
-            return bad("top_p must be within (0, 1]");
-        }
-        if !(self.min_p.is_finite() && (0.0..=1.0).contains(&self.min_p)) {
-            return bad("min_p must be within [0, 1]");
-        }
-        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
-            return bad("repetition_penalty must be > 0");
-        }
-        for (v, name) in [
-            (self.presence_penalty, "presence_penalty"),
-            (self.frequency_penalty, "frequency_penalty"),
-        ] {
-            if !(v.is_finite() && (-2.0..=2.0).contains(&v)) {
-                return Err(EngineError::InvalidParams(format!(
-                    "{name} must be within [-2, 2]"
-                )));
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Per-sequence sampler state.
 pub struct Sampler {

@@ -20,60 +20,12 @@ use tokio_util::sync::CancellationToken;
 use crate::error::EngineError;
 use crate::model::{KvCache, Model, Segment};
 use crate::prompt_cache::{common_prefix, Entry, PromptCache};
-use crate::slots::SlotPermit;
 use crate::step_budget::StepBudget;
 
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::Sampler;
 use crate::text_stream::TextStream;
 use crate::tokenizer::GgufTokenizer;
-
-/// Why a sequence ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum FinishReason {
-    /// End-of-sequence token or a stop sequence.
-    Stop,
-    /// `max_tokens` reached (or the context filled up).
-    Length,
-    /// The cancellation token fired or the receiver went away.
-    Cancelled,
-}
-
-impl FinishReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Stop => "stop",
-            Self::Length => "length",
-            Self::Cancelled => "cancelled",
-        }
-    }
-}
-
-/// Timings and counts of a finished sequence.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Finish {
-    pub reason: FinishReason,
-    pub prompt_tokens: usize,
-    /// Tokens emitted as `Token` events.
-    pub tokens_out: usize,
-    /// Time from submission until the sequence was prefilled (waiting for a row included).
-    pub prefill_ms: u64,
-    /// Time from the first generated token to the end.
-    pub decode_ms: u64,
-}
-
-/// What a running sequence reports, in order: `Token`* then one `Done` or `Failed`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum SeqEvent {
-    /// One generated token and the text it completed (may be empty while a UTF-8 character or
-    /// a possible stop sequence is incomplete).
-    Token {
-        id: u32,
-        text: String,
-        index: usize,
-    },
-    Done(Finish),
-    Failed(String),
-}
+use engine_port::{Finish, FinishReason, SamplingParams, SeqEvent, SlotPermit};
 
 /// A generation request for one sequence.
 pub struct GenerateRequest {
@@ -506,9 +458,9 @@ impl Scheduler {
                 let index = seq.generated;
                 seq.generated += 1;
                 seq.backlog.push_back(SeqEvent::Token {
-                    id: tok,
                     text: tail,
                     index,
+                    id: Some(tok),
                 });
             }
             let ev = Self::finish_event(seq, FinishReason::Stop);
@@ -536,9 +488,9 @@ impl Scheduler {
             &mut seq.backlog,
             &seq.req.events,
             SeqEvent::Token {
-                id: tok,
                 text,
                 index,
+                id: Some(tok),
             },
         );
         if let Some(reason) = finish {

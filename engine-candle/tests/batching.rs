@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use engine_candle::SamplingParams;
+use engine_port::SamplingParams;
 
 /// ENG-BATCH-1: 8 sequences of different lengths, joining and leaving, decode exactly the
 /// tokens each produces alone (greedy).

@@ -8,7 +8,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use engine_candle::{CandleEngine, EngineOptions, FinishReason, SamplingParams, SeqEvent};
+use engine_candle::{CandleEngine, EngineOptions};
+use engine_port::{FinishReason, SamplingParams, SeqEvent};
 
 /// One test at a time: the cancellation test compares timings of this engine alone.
 static ALONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -23,7 +24,7 @@ fn engine_stepping(step_ms: u64) -> CandleEngine {
     let mut opts = EngineOptions::new(model_path());
     opts.slots = 2;
     opts.ctx = 2048;
-    opts.step_ms = step_ms;
+    opts.settings.step_ms = step_ms;
     CandleEngine::load(opts).expect("default model loads")
 }
 
@@ -107,7 +108,7 @@ fn a_long_prompt_goes_through_between_the_tokens_of_a_running_stream() {
     let mut ev = first;
     loop {
         match ev {
-            SeqEvent::Token { id, .. } => ids.push(id),
+            SeqEvent::Token { id, .. } => ids.push(id.expect("candle gives every token's id")),
             SeqEvent::Done(_) => break,
             SeqEvent::Failed(m) => panic!("{m}"),
         }
@@ -152,7 +153,7 @@ fn a_step_time_grows_the_chunks_beside_a_stream() {
             }
         }
         match rx.try_recv() {
-            Ok(SeqEvent::Token { id, .. }) => ids.push(id),
+            Ok(SeqEvent::Token { id, .. }) => ids.push(id.expect("candle gives every token's id")),
             Ok(SeqEvent::Done(_)) => break,
             Ok(SeqEvent::Failed(m)) => panic!("{m}"),
             Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {

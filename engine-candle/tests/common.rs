@@ -4,9 +4,8 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use engine_candle::{
-    CandleEngine, ChatMessage, EngineOptions, Finish, GenerateRequest, SamplingParams, SeqEvent,
-};
+use engine_candle::{CandleEngine, EngineOptions, GenerateRequest};
+use engine_port::{ChatTurn, Finish, SamplingParams, SeqEvent};
 use tokio_util::sync::CancellationToken;
 
 /// The default model: `ORCHD_TEST_MODEL`, else the cache that `ci/fetch-model.sh` fills.
@@ -31,7 +30,7 @@ pub fn engine() -> &'static CandleEngine {
         opts.slots = 8;
         opts.ctx = 1024;
         if let Ok(f) = std::env::var("ORCHD_TEST_WEIGHT_FORMAT") {
-            opts.weight_format = f.parse().expect("weight format");
+            opts.settings.weight_format = f.parse().expect("weight format");
         }
         CandleEngine::load(opts).expect("default model loads")
     })
@@ -81,7 +80,7 @@ pub fn collect(mut rx: tokio::sync::mpsc::Receiver<SeqEvent>) -> Output {
         match ev {
             SeqEvent::Token { id, text: t, index } => {
                 assert_eq!(index, ids.len(), "token indices are consecutive");
-                ids.push(id);
+                ids.push(id.expect("candle gives every token's id"));
                 text.push_str(&t);
             }
             SeqEvent::Done(finish) => {
@@ -96,7 +95,7 @@ pub fn collect(mut rx: tokio::sync::mpsc::Receiver<SeqEvent>) -> Output {
 
 pub fn chat_tokens(e: &CandleEngine, user: &str) -> Vec<u32> {
     let prompt = e
-        .render_chat(&[ChatMessage {
+        .render_chat(&[ChatTurn {
             role: "user".into(),
             content: user.into(),
         }])

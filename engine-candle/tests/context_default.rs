@@ -10,7 +10,7 @@ fn load(slots: usize, ctx: usize, kv_mib: usize) -> Result<CandleEngine, EngineE
     let mut opts = EngineOptions::new(common::model_path());
     opts.slots = slots;
     opts.ctx = ctx;
-    opts.kv_cache_max_bytes = kv_mib << 20;
+    opts.settings.kv_cache_max_bytes = kv_mib << 20;
     CandleEngine::load(opts)
 }
 
@@ -50,8 +50,8 @@ fn an_f16_cache_holds_twice_the_context_in_the_same_memory() {
         let mut opts = EngineOptions::new(common::model_path());
         opts.slots = 8;
         opts.ctx = 0;
-        opts.kv_cache_max_bytes = 1 << 30;
-        opts.kv_type = kv_type;
+        opts.settings.kv_cache_max_bytes = 1 << 30;
+        opts.settings.kv_type = kv_type;
         CandleEngine::load(opts).expect("loads")
     };
     let f32_cache = load_kv(engine_candle::KvType::F32);

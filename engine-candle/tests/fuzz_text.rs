@@ -5,7 +5,8 @@
 
 mod common;
 
-use engine_candle::{ChatMessage, TextStream};
+use engine_candle::TextStream;
+use engine_port::ChatTurn;
 use proptest::prelude::*;
 
 fn cases() -> u32 {
@@ -73,10 +74,10 @@ proptest! {
         contents in prop::collection::vec(hostile_text(), 1..4),
     ) {
         let roles = ["system", "user", "assistant", "user"];
-        let messages: Vec<ChatMessage> = contents
+        let messages: Vec<ChatTurn> = contents
             .iter()
             .enumerate()
-            .map(|(i, c)| ChatMessage { role: roles[i % roles.len()].into(), content: c.clone() })
+            .map(|(i, c)| ChatTurn { role: roles[i % roles.len()].into(), content: c.clone() })
             .collect();
         let rendered = common::engine().render_chat(&messages).expect("renders");
         for c in &contents {

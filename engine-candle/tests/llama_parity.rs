@@ -26,8 +26,8 @@ fn load(kv_type: KvType) -> CandleEngine {
     let mut opts = EngineOptions::new(model_path());
     opts.slots = 2;
     opts.ctx = 512;
-    opts.weight_format = WeightFormat::Auto;
-    opts.kv_type = kv_type;
+    opts.settings.weight_format = WeightFormat::Auto;
+    opts.settings.kv_type = kv_type;
     CandleEngine::load(opts).expect("default model loads")
 }
 

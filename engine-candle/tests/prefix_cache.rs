@@ -7,7 +7,8 @@
 mod common;
 
 use common::*;
-use engine_candle::{CandleEngine, EngineOptions, KvType, SamplingParams};
+use engine_candle::{CandleEngine, EngineOptions, KvType};
+use engine_port::SamplingParams;
 
 #[test]
 fn a_cached_prefix_gives_the_same_tokens_as_a_fresh_prefill() {
@@ -15,7 +16,7 @@ fn a_cached_prefix_gives_the_same_tokens_as_a_fresh_prefill() {
     opts.slots = 1;
     opts.ctx = 512;
     // the row alone: no host prompt cache
-    opts.prompt_cache_bytes = 0;
+    opts.settings.prompt_cache_bytes = 0;
     let e = CandleEngine::load(opts).expect("model loads");
     let p2 = chat_tokens(&e, "What causes the seasons on Earth?");
     let p1 = chat_tokens(&e, "Describe a busy morning market.");
@@ -74,7 +75,7 @@ fn comes_back_from_the_prompt_cache(kv_type: KvType) {
     let mut opts = EngineOptions::new(model_path());
     opts.slots = 1;
     opts.ctx = 512;
-    opts.kv_type = kv_type;
+    opts.settings.kv_type = kv_type;
     let e = CandleEngine::load(opts).expect("model loads");
     let per_token = e.info().kv_cache_bytes / (e.info().slots * e.info().ctx);
     let p1 = chat_tokens(&e, "Describe a busy morning market.");
@@ -112,8 +113,8 @@ fn comes_back_from_the_prompt_cache(kv_type: KvType) {
     let mut opts = EngineOptions::new(model_path());
     opts.slots = 1;
     opts.ctx = 512;
-    opts.kv_type = kv_type;
-    opts.prompt_cache_bytes = 0;
+    opts.settings.kv_type = kv_type;
+    opts.settings.prompt_cache_bytes = 0;
     let plain = CandleEngine::load(opts).expect("model loads");
     let (rx, _c) = start(&plain, p1.clone(), params, 16, vec![]);
     assert_eq!(restored, collect(rx).ids);
@@ -138,7 +139,7 @@ fn the_prompt_cache_stays_within_its_bytes() {
     drop(probe);
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     // room for two prompts, not three
-    opts.prompt_cache_bytes = 2 * longest * per_token + per_token;
+    opts.settings.prompt_cache_bytes = 2 * longest * per_token + per_token;
     let e = CandleEngine::load(opts).expect("model loads");
     for p in &prompts {
         let _ = greedy(&e, p.clone(), 2);

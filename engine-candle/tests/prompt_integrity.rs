@@ -6,10 +6,11 @@
 mod common;
 
 use common::*;
-use engine_candle::{ChatMessage, Piece};
+use engine_candle::Piece;
+use engine_port::ChatTurn;
 
-fn msg(role: &str, content: &str) -> ChatMessage {
-    ChatMessage {
+fn msg(role: &str, content: &str) -> ChatTurn {
+    ChatTurn {
         role: role.into(),
         content: content.into(),
     }

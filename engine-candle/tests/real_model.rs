@@ -4,7 +4,8 @@
 mod common;
 
 use common::*;
-use engine_candle::{FinishReason, SamplingParams, TemplateSource};
+use engine_candle::TemplateSource;
+use engine_port::{FinishReason, SamplingParams};
 
 /// ENG-TOK-1: encode then decode gives back the exact text.
 #[test]
@@ -39,7 +40,7 @@ fn chat_template_is_the_models_chatml() {
     let e = engine();
     assert_eq!(e.info().template, TemplateSource::Model);
     let p = e
-        .render_chat(&[engine_candle::ChatMessage {
+        .render_chat(&[engine_port::ChatTurn {
             role: "user".into(),
             content: "Hi".into(),
         }])
@@ -57,11 +58,11 @@ fn capital_of_france_is_paris() {
     // prompt, as chat clients send, gives the answer.
     let prompt = e
         .render_chat(&[
-            engine_candle::ChatMessage {
+            engine_port::ChatTurn {
                 role: "system".into(),
                 content: "You are a helpful assistant.".into(),
             },
-            engine_candle::ChatMessage {
+            engine_port::ChatTurn {
                 role: "user".into(),
                 content: "What is the capital of France?".into(),
             },
@@ -135,18 +136,18 @@ fn cancellation_mid_generation() {
     let mut seen = 0;
     while let Some(ev) = rx.blocking_recv() {
         match ev {
-            engine_candle::SeqEvent::Token { .. } => {
+            engine_port::SeqEvent::Token { .. } => {
                 seen += 1;
                 if seen == 3 {
                     cancel.cancel();
                 }
             }
-            engine_candle::SeqEvent::Done(f) => {
+            engine_port::SeqEvent::Done(f) => {
                 assert_eq!(f.reason, FinishReason::Cancelled);
                 assert!(f.tokens_out < 200);
                 break;
             }
-            engine_candle::SeqEvent::Failed(m) => panic!("{m}"),
+            engine_port::SeqEvent::Failed(m) => panic!("{m}"),
         }
     }
     assert!(rx.blocking_recv().is_none());

@@ -1,6 +1,6 @@
 //! The process allocator of every binary built on this crate (server, worker, soak, tests):
 //! mimalloc without transparent huge pages, with the engines' KV caches in pages of their own
-//! (`engine_candle::fresh_pages`).
+//! (`pool_manager::candle::FreshPages`).
 //!
 //! - glibc's malloc kept freed memory: a 36-minute soak with a reload every ~12 s grew to
 //!   3.0 GB resident while 0.57 GB was in use (`malloc_trim` gave 2 GB back at once); on
@@ -16,5 +16,5 @@
 //!   Figures in ARCHITECTURE.md, "Decisions".
 
 #[global_allocator]
-static ALLOCATOR: engine_candle::fresh_pages::FreshPages<mimalloc::MiMalloc> =
-    engine_candle::fresh_pages::FreshPages(mimalloc::MiMalloc);
+static ALLOCATOR: pool_manager::candle::FreshPages<mimalloc::MiMalloc> =
+    pool_manager::candle::FreshPages(mimalloc::MiMalloc);

@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use pool_manager::{DeviceChoice, KvType, PoolSpec, WeightFormat};
+use pool_manager::candle::{self, DeviceChoice, KvType, WeightFormat};
+use pool_manager::PoolSpec;
 use serde::Deserialize;
 
 /// What to do when the queue is full.
@@ -591,7 +592,7 @@ fn default_kv_cache() -> String {
     "f32".into()
 }
 fn default_kv_cache_mib() -> usize {
-    engine_candle::DEFAULT_KV_CACHE_MAX_BYTES >> 20
+    candle::DEFAULT_KV_CACHE_MAX_BYTES >> 20
 }
 fn default_device() -> String {
     "cpu".into()
@@ -600,18 +601,18 @@ fn default_weight_format() -> String {
     "auto".into()
 }
 fn default_prompt_cache_mib() -> usize {
-    engine_candle::DEFAULT_PROMPT_CACHE_BYTES >> 20
+    candle::DEFAULT_PROMPT_CACHE_BYTES >> 20
 }
 fn default_step_prompt_tokens() -> usize {
-    engine_candle::DEFAULT_STEP_PROMPT_TOKENS
+    candle::DEFAULT_STEP_PROMPT_TOKENS
 }
 fn default_step_ms() -> u64 {
-    engine_candle::DEFAULT_STEP_MS
+    candle::DEFAULT_STEP_MS
 }
 
 /// The compute threads' default nice steps: the lowest priority, so a request thread that
 /// wakes preempts them at once (measured in ORCH-CPU-1).
-pub const DEFAULT_COMPUTE_NICE: u8 = engine_candle::MAX_NICE;
+pub const DEFAULT_COMPUTE_NICE: u8 = candle::MAX_NICE;
 
 /// The default model's cached location (filled by `ci/fetch-model.sh`).
 pub const DEFAULT_MODEL_PATH: &str = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -659,21 +660,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             models: ModelsConfig::default(),
             records: RecordsConfig::default(),
-            pools: vec![PoolConfig {
-                id: "default".into(),
-                model: DEFAULT_MODEL_PATH.into(),
-                alias: None,
-                slots: default_slots(),
-                ctx: default_ctx(),
-                kv_cache_mib: default_kv_cache_mib(),
-                kv_cache: default_kv_cache(),
-                threads: 0,
-                device: default_device(),
-                weight_format: default_weight_format(),
-                prompt_cache_mib: default_prompt_cache_mib(),
-                step_prompt_tokens: default_step_prompt_tokens(),
-                step_ms: default_step_ms(),
-            }],
+            pools: vec![PoolConfig::new("default", DEFAULT_MODEL_PATH)],
         }
     }
 }
@@ -791,10 +778,10 @@ impl Config {
         {
             return bad("admission: need 0 < default_max_tokens <= max_tokens_out".into());
         }
-        if self.compute_nice > engine_candle::MAX_NICE {
+        if self.compute_nice > candle::MAX_NICE {
             return bad(format!(
                 "compute_nice must be between 0 and {}, got {}",
-                engine_candle::MAX_NICE,
+                candle::MAX_NICE,
                 self.compute_nice
             ));
         }
@@ -861,6 +848,26 @@ impl Config {
 }
 
 impl PoolConfig {
+    /// Pool `id` of the model at `model`, every other setting as a config file that names
+    /// only these two would have it.
+    pub fn new(id: &str, model: &str) -> Self {
+        Self {
+            id: id.into(),
+            model: model.into(),
+            alias: None,
+            slots: default_slots(),
+            ctx: default_ctx(),
+            kv_cache_mib: default_kv_cache_mib(),
+            kv_cache: default_kv_cache(),
+            threads: 0,
+            device: default_device(),
+            weight_format: default_weight_format(),
+            prompt_cache_mib: default_prompt_cache_mib(),
+            step_prompt_tokens: default_step_prompt_tokens(),
+            step_ms: default_step_ms(),
+        }
+    }
+
     pub fn spec(&self) -> Result<PoolSpec, ConfigError> {
         let device: DeviceChoice = self
             .device
@@ -874,19 +881,7 @@ impl PoolConfig {
             .kv_cache
             .parse()
             .map_err(|e: String| ConfigError::Invalid(format!("pool {}: {e}", self.id)))?;
-        let alias = self.alias.clone().unwrap_or_else(|| {
-            Path::new(&self.model)
-                .file_stem()
-                .map(|s| s.to_string_lossy().into_owned())
-                .unwrap_or_else(|| self.id.clone())
-        });
-        Ok(PoolSpec {
-            id: self.id.clone(),
-            kind: pool_manager::PoolKind::Local,
-            model_ref: self.model.clone(),
-            model_alias: alias,
-            slots: self.slots,
-            ctx: self.ctx,
+        let settings = candle::Settings {
             kv_cache_max_bytes: self.kv_cache_mib << 20,
             kv_type,
             threads: self.threads,
@@ -895,7 +890,15 @@ impl PoolConfig {
             prompt_cache_bytes: self.prompt_cache_mib << 20,
             step_prompt_tokens: self.step_prompt_tokens,
             step_ms: self.step_ms,
-        })
+        };
+        Ok(PoolSpec::local(
+            &self.id,
+            &self.model,
+            self.alias.as_deref(),
+            self.slots,
+            self.ctx,
+            settings,
+        ))
     }
 }
 
@@ -917,7 +920,11 @@ mod tests {
         let cfg = readme_config();
         cfg.validate().unwrap();
         assert_eq!(cfg.pools[0].prompt_cache_mib, 256);
-        assert_eq!(cfg.pool_specs().unwrap()[0].prompt_cache_bytes, 256 << 20);
+        let spec = &cfg.pool_specs().unwrap()[0];
+        assert!(
+            matches!(&spec.engine, pool_manager::EngineConfig::Local(s) if s.prompt_cache_bytes == 256 << 20),
+            "{spec:?}"
+        );
     }
 
     /// ORCH-ADM-DL-7: the README's factor is read; one below 1 (a pace taken faster than
@@ -953,10 +960,14 @@ mod tests {
     /// within 2 GiB; `kv_cache` takes f32 or f16 and names anything else.
     #[test]
     fn the_kv_cache_type_and_budget_reach_the_pool() {
+        let settings = |spec: &PoolSpec| match &spec.engine {
+            pool_manager::EngineConfig::Local(s) => s.clone(),
+            other => panic!("a configured pool is local: {other:?}"),
+        };
         let spec = &Config::default().pool_specs().unwrap()[0];
         assert_eq!(spec.ctx, 0);
-        assert_eq!(spec.kv_cache_max_bytes, 2 << 30);
-        assert_eq!(spec.kv_type, KvType::F32);
+        assert_eq!(settings(spec).kv_cache_max_bytes, 2 << 30);
+        assert_eq!(settings(spec).kv_type, KvType::F32);
         let pool = |kv: &str| {
             Config::from_toml(&format!(
                 "[[pools]]\nid = \"p\"\nmodel = \"m.gguf\"\nkv_cache = \"{kv}\"\n"
@@ -964,7 +975,7 @@ mod tests {
             .unwrap()
             .pool_specs()
         };
-        assert_eq!(pool("f16").unwrap()[0].kv_type, KvType::F16);
+        assert_eq!(settings(&pool("f16").unwrap()[0]).kv_type, KvType::F16);
         let err = pool("q4").unwrap_err().to_string();
         assert!(err.contains("q4") && err.contains("f16"), "{err}");
     }

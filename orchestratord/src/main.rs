@@ -9,7 +9,7 @@ use orchestratord::config::Config;
 use orchestratord::logging::{self, LogFormat};
 use orchestratord::server;
 use orchestratord::worker::{self, BackendChoice, WorkerOptions};
-use pool_manager::CandleFactory;
+use pool_manager::candle::CandleFactory;
 
 #[derive(Debug, Parser)]
 #[command(name = "orchestratord", version, about = "LLM serving orchestrator")]
@@ -114,9 +114,9 @@ fn main() -> anyhow::Result<()> {
     if args.insecure_no_auth {
         cfg.auth.insecure_no_auth = true;
     }
-    // before any thread exists (see engine_candle::configure_process_threads)
+    // before any thread exists (see pool_manager::candle::configure_process_threads)
     let threads = cfg.pools.iter().map(|p| p.threads).max().unwrap_or(0);
-    engine_candle::configure_process_threads(threads, cfg.compute_nice);
+    pool_manager::candle::configure_process_threads(threads, cfg.compute_nice);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

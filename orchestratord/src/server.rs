@@ -29,7 +29,12 @@ pub fn build_state(
     let wake = Arc::new(Notify::new());
     let records = crate::records::Records::open(&cfg.records)
         .map_err(|e| ConfigError::Invalid(format!("records.path {:?}: {e}", cfg.records.path)))?;
-    let pools = PoolRegistry::new(cfg.pool_specs()?, factory, wake.clone());
+    let pools = PoolRegistry::new(factory, wake.clone());
+    for spec in cfg.pool_specs()? {
+        pools
+            .add(spec)
+            .map_err(|e| ConfigError::Invalid(format!("pools: {e}")))?;
+    }
     Ok(Arc::new(AppState {
         queue: TaskQueue::new(cfg.queue.capacity, cfg.queue.policy),
         tasks: TaskStore::new(

@@ -14,7 +14,7 @@ async fn add_chat_status_delete_with_the_real_model() {
     let mut cfg = config(vec![real_pool("default", 1, 512)]);
     cfg.timeouts.idle_ms = 30_000;
     cfg.engines_api.slots = 2;
-    let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
+    let s = start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
 
     let r = s
         .post(

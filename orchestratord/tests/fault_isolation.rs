@@ -7,7 +7,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pool_manager::CandleFactory;
+use pool_manager::candle::CandleFactory;
 use serde_json::json;
 use support::*;
 
@@ -46,7 +46,7 @@ async fn a_kernel_panic_in_one_engine_leaves_the_others_working() {
         seen.extend(parse_frames(&mut buf));
     }
     // only p1 runs now: its next kernel chunk panics
-    engine_candle::fault::arm_kernel_panic();
+    pool_manager::candle::fault::arm_kernel_panic();
     drop(body);
     let ev = s.stream_all(&victim).await;
     let last = ev.last().unwrap();

@@ -84,7 +84,7 @@ async fn peers_chat_over_a_local_hyperswarm_testnet() {
     // address times out in hyperdht)
     hs.sidecar.dht_open = true;
     hs.sidecar.max_restart_backoff_ms = 1000;
-    let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
+    let s = start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
     let host = s
         .background
         .hyperswarm

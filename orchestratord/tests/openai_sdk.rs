@@ -18,7 +18,7 @@ async fn the_official_openai_sdk_works_against_the_real_model() {
     // refusal would come before the capacity one
     cfg.admission.max_queue_wait_ms = 600_000;
     cfg.timeouts.idle_ms = 60_000;
-    let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
+    let s = start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
     let stdout = run_sdk_script(
         "openai_sdk_check.py",
         &["--base-url".into(), s.url("/v1").into()],

@@ -20,7 +20,7 @@ async fn sdk_clients_in_a_burst_complete_or_are_refused_and_none_times_out() {
     p.ctx = 2048;
     let mut cfg = config(vec![p]);
     cfg.timeouts.idle_ms = 60_000;
-    let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
+    let s = start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
     let out_file = std::env::temp_dir().join(format!("orchd-overload-{}.json", std::process::id()));
     let args: Vec<std::ffi::OsString> = vec![
         "--quick".into(),

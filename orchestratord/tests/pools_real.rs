@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use pool_manager::{
-    CandleFactory, Engine, EngineDescriptor, EngineFactory, EngineJob, PoolSpec, PortError,
+    candle::CandleFactory, Engine, EngineDescriptor, EngineFactory, EngineJob, PoolSpec, PortError,
     PromptInput, SeqEvent, SlotPermit,
 };
 use serde_json::json;

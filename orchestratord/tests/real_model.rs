@@ -11,7 +11,7 @@ use support::*;
 async fn real_server() -> TestServer {
     let mut cfg = config(vec![real_pool("default", 4, 1024)]);
     cfg.timeouts.idle_ms = 30_000;
-    start_with(cfg, Arc::new(pool_manager::CandleFactory)).await
+    start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await
 }
 
 fn text_of(events: &[Ev]) -> String {
@@ -173,7 +173,7 @@ async fn continue_final_message_without_an_assistant_turn() {
 async fn a_long_prompt_is_not_taken_for_a_stuck_engine() {
     let mut cfg = config(vec![real_pool("default", 2, 2048)]);
     cfg.timeouts.idle_ms = 1_000;
-    let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
+    let s = start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
     // ~1,400 tokens: several seconds of prefill on two cores, far beyond the idle limit
     let long = "The keeper lit the lamp every evening at dusk. ".repeat(120);
     let t0 = std::time::Instant::now();
@@ -205,7 +205,7 @@ async fn the_default_context_is_the_trained_one_and_admission_knows_it() {
     );
     let mut cfg = config(vec![p]);
     cfg.timeouts.idle_ms = 30_000;
-    let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
+    let s = start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
     let caps: serde_json::Value = s.get_json("/v1/capabilities").await;
     assert_eq!(caps["pools"][0]["ctx_max"], 8192);
     // ~2,700 prompt tokens + 16: over the old 2048, within 8192

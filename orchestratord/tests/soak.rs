@@ -21,7 +21,7 @@ async fn soak_on_the_real_engine_loses_nothing() {
     let model = default_model_path();
     let scratch = std::env::temp_dir().join(format!("orchd-soak-test-{}", std::process::id()));
     let cfg = soak::server_config(&model, &scratch);
-    let s = start_with(cfg, Arc::new(pool_manager::CandleFactory)).await;
+    let s = start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
     let hyperswarm = s.background.hyperswarm.as_ref().map(|h| h.listen);
     assert!(hyperswarm.is_some(), "the Hyperswarm host runs");
     let spec = soak::spec_for(

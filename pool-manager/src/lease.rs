@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use engine_candle::SlotPermit;
+use engine_port::SlotPermit;
 use tokio_util::sync::CancellationToken;
 
 use crate::pool::Pool;

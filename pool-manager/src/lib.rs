@@ -1,28 +1,24 @@
 //! pool-manager: pools of engine slots. A pool is one loaded model with N slots; this crate owns
-//! the pool lifecycle (load, self-test, drain, reload with rollback), slot leases, health, and
-//! the [`Engine`] port every engine implements (candle here; scripted engines in tests).
+//! the pool lifecycle (load, self-test, drain, reload with rollback), slot leases, health, the
+//! one place pools are built ([`PoolRegistry::add`] from a [`PoolSpec`]), and the [`Engine`]
+//! port as pools use it (its language is `engine-port`'s; candle is adapted in [`candle`],
+//! remote workers and the tests' scripted engines implement it on their side).
 
-mod candle_engine;
+pub mod candle;
 mod lease;
 mod pool;
 mod port;
 mod registry;
+mod spec;
 mod state;
 
-pub use candle_engine::{CandleFactory, CandlePortEngine};
 pub use lease::SlotLease;
-pub use pool::{
-    Pool, PoolError, PoolKind, PoolSnapshot, PoolSpec, ServiceSample, CIRCUIT_OPEN_AFTER,
-};
+pub use pool::{LoadFailure, Pool, PoolError, PoolSnapshot, ServiceSample, CIRCUIT_OPEN_AFTER};
 pub use port::{
-    Engine, EngineDescriptor, EngineFactory, EngineJob, FailureNote, PortError, PromptInput,
+    ChatTurn, Engine, EngineDescriptor, EngineFactory, EngineJob, FailureNote, Finish,
+    FinishReason, OnLoss, PortError, PromptInput, SamplingParams, SeqEvent, SlotPermit, Slots,
     StopCause, EVENT_CHANNEL_CAPACITY,
 };
-pub use registry::PoolRegistry;
+pub use registry::{AddError, PoolRegistry};
+pub use spec::{EngineConfig, PoolSpec};
 pub use state::{PoolEvent, PoolState, TransitionError};
-
-/// Types of the engine library that cross the port unchanged.
-pub use engine_candle::{
-    ChatMessage, DeviceChoice, Finish, FinishReason, KvType, SamplingParams, SeqEvent, SlotPermit,
-    Slots, WeightFormat,
-};

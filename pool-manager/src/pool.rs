@@ -4,71 +4,17 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use engine_candle::{DeviceChoice, KvType, SamplingParams, SeqEvent, WeightFormat};
 use rand::Rng;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::lease::SlotLease;
-use crate::port::{Engine, EngineDescriptor, EngineFactory, EngineJob, PortError, PromptInput};
+use crate::port::{
+    Engine, EngineDescriptor, EngineFactory, EngineJob, OnLoss, PortError, PromptInput,
+    SamplingParams, SeqEvent,
+};
+use crate::spec::PoolSpec;
 use crate::state::{PoolEvent, PoolState, TransitionError};
-
-/// Where a pool's engine runs.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum PoolKind {
-    /// Loaded in this process by the pool's factory.
-    #[default]
-    Local,
-    /// Served by a connected remote worker; nothing is loaded here.
-    Remote { worker_id: String },
-}
-
-impl PoolKind {
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Local => "local",
-            Self::Remote { .. } => "remote",
-        }
-    }
-
-    pub fn worker_id(&self) -> Option<&str> {
-        match self {
-            Self::Remote { worker_id } => Some(worker_id),
-            Self::Local => None,
-        }
-    }
-}
-
-/// How to build a pool (from config, the engines API, or a worker's registration).
-#[derive(Debug, Clone, PartialEq)]
-pub struct PoolSpec {
-    pub id: String,
-    pub kind: PoolKind,
-    /// Model path (candle) or another engine's reference.
-    pub model_ref: String,
-    /// Name clients use in `model`; defaults to the file stem of `model_ref`.
-    pub model_alias: String,
-    pub slots: usize,
-    /// Tokens per slot; 0 = the model's trained context, as far as `kv_cache_max_bytes`
-    /// holds it for every slot.
-    pub ctx: usize,
-    /// The most the key/value cache may take when `ctx` is 0 (see
-    /// `engine_candle::EngineOptions::kv_cache_max_bytes`).
-    pub kv_cache_max_bytes: usize,
-    /// How the key/value cache stores keys and values.
-    pub kv_type: KvType,
-    pub threads: usize,
-    pub device: DeviceChoice,
-    pub weight_format: WeightFormat,
-    /// Host memory for cached prompts (see `engine_candle::EngineOptions`).
-    pub prompt_cache_bytes: usize,
-    /// Prompt tokens per forward pass beside decoding sequences (see
-    /// `engine_candle::EngineOptions::step_prompt_tokens`).
-    pub step_prompt_tokens: usize,
-    /// How long a pass beside decoding sequences should take (see
-    /// `engine_candle::EngineOptions::step_ms`).
-    pub step_ms: u64,
-}
 
 /// Failures of control-plane actions on a pool.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -555,19 +501,26 @@ impl Pool {
         }
     }
 
-    /// Marks the engine dead (its decode thread stopped) and restarts it with backoff.
-    /// A remote pool only goes `Unready`: its worker's registry removes it.
+    /// Marks the engine dead (its decode thread stopped, its worker went away) and does what
+    /// the engine said of its loss: a local engine is loaded again with backoff; a remote
+    /// one's pool only goes `Unready` (its worker's registry removes it).
     pub fn engine_died(self: &Arc<Self>, why: &str) {
-        {
+        let on_loss = {
             let mut g = self.lock();
             if g.state == PoolState::Unready {
                 return;
             }
+            // an engine says; a pool without one is local (a remote pool is built with its engine)
+            let on_loss = g
+                .engine
+                .as_ref()
+                .map_or(OnLoss::Restart, |e| e.descriptor().on_loss);
             g.last_error = Some(format!("engine died: {why}"));
             retire(&mut g, None);
             let _ = self.apply(&mut g, PoolEvent::EngineDied);
-        }
-        if self.spec.kind != PoolKind::Local {
+            on_loss
+        };
+        if on_loss != OnLoss::Restart {
             return;
         }
         self.restarts.fetch_add(1, Ordering::Relaxed);
@@ -883,22 +836,7 @@ mod tests {
     }
 
     fn measured_pool() -> Arc<Pool> {
-        let spec = PoolSpec {
-            id: "p".into(),
-            kind: PoolKind::Local,
-            model_ref: "m".into(),
-            model_alias: "m".into(),
-            slots: 2,
-            ctx: 512,
-            kv_cache_max_bytes: 0,
-            kv_type: KvType::F32,
-            threads: 1,
-            device: DeviceChoice::Cpu,
-            weight_format: WeightFormat::Auto,
-            prompt_cache_bytes: 0,
-            step_prompt_tokens: engine_candle::DEFAULT_STEP_PROMPT_TOKENS,
-            step_ms: engine_candle::DEFAULT_STEP_MS,
-        };
+        let spec = PoolSpec::local("p", "m", None, 2, 512, Default::default());
         let pool = Pool::new(
             spec,
             Arc::new(crate::registry::NothingToLoad),

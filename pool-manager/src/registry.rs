@@ -1,11 +1,12 @@
-//! All pools of the server, by id.
+//! All pools of the server, by id, and the one place a pool is built.
 
 use std::sync::Arc;
 
 use tokio::sync::Notify;
 
-use crate::pool::{Pool, PoolSpec};
+use crate::pool::Pool;
 use crate::port::{Engine, EngineFactory, PortError};
+use crate::spec::{EngineConfig, PoolSpec};
 
 /// The factory of pools whose engine runs elsewhere: there is nothing to load here.
 pub(crate) struct NothingToLoad;
@@ -19,6 +20,13 @@ impl EngineFactory for NothingToLoad {
     }
 }
 
+/// Why a pool was not added.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddError {
+    #[error("a pool with id {0:?} exists")]
+    IdTaken(String),
+}
+
 /// The pools, in id order (placement breaks ties by id).
 pub struct PoolRegistry {
     pools: std::sync::RwLock<Vec<Arc<Pool>>>,
@@ -27,25 +35,43 @@ pub struct PoolRegistry {
 }
 
 impl PoolRegistry {
-    /// Creates pools in `Loading`; `wake` is notified on every slot release or state change.
-    pub fn new(specs: Vec<PoolSpec>, factory: Arc<dyn EngineFactory>, wake: Arc<Notify>) -> Self {
-        let mut pools: Vec<Arc<Pool>> = specs
-            .into_iter()
-            .map(|s| Pool::new(s, factory.clone(), wake.clone()))
-            .collect();
-        pools.sort_by(|a, b| a.id().cmp(b.id()));
+    /// An empty registry whose local pools `factory` loads; `wake` is notified on every slot
+    /// release or state change.
+    pub fn new(factory: Arc<dyn EngineFactory>, wake: Arc<Notify>) -> Self {
         Self {
-            pools: std::sync::RwLock::new(pools),
+            pools: std::sync::RwLock::new(Vec::new()),
             factory,
             wake,
         }
+    }
+
+    /// Builds the pool `spec` describes and adds it: a local pool in `Loading` (call
+    /// [`Pool::load`] or [`Pool::load_once`]; [`PoolRegistry::load_all`] loads every one), a
+    /// remote pool `Ready` with its worker's engine. The one way pools are made.
+    pub fn add(&self, spec: PoolSpec) -> Result<Arc<Pool>, AddError> {
+        let mut g = self.pools.write().unwrap_or_else(|p| p.into_inner());
+        if g.iter().any(|p| p.id() == spec.id) {
+            return Err(AddError::IdTaken(spec.id));
+        }
+        let pool = match &spec.engine {
+            EngineConfig::Local(_) => Pool::new(spec, self.factory.clone(), self.wake.clone()),
+            EngineConfig::Remote { engine, .. } => {
+                let engine = engine.clone();
+                Pool::with_engine(spec, engine, Arc::new(NothingToLoad), self.wake.clone())
+            }
+        };
+        g.push(pool.clone());
+        g.sort_by(|a, b| a.id().cmp(b.id()));
+        drop(g);
+        self.wake.notify_one();
+        Ok(pool)
     }
 
     /// Starts loading every pool; returns when all have finished their first attempt.
     pub async fn load_all(&self) {
         let pools = self.all();
         let mut first = Vec::new();
-        for p in pools {
+        for p in pools.into_iter().filter(|p| p.spec().is_local()) {
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
             let pool = p.clone();
             tokio::spawn(async move {
@@ -71,33 +97,6 @@ impl PoolRegistry {
 
     pub fn get(&self, id: &str) -> Option<Arc<Pool>> {
         self.all().into_iter().find(|p| p.id() == id)
-    }
-
-    /// Adds a pool (e.g. a Kolosal `POST /engines`); false if the id exists.
-    pub fn insert(&self, spec: PoolSpec) -> Option<Arc<Pool>> {
-        let mut g = self.pools.write().ok()?;
-        if g.iter().any(|p| p.id() == spec.id) {
-            return None;
-        }
-        let pool = Pool::new(spec, self.factory.clone(), self.wake.clone());
-        g.push(pool.clone());
-        g.sort_by(|a, b| a.id().cmp(b.id()));
-        Some(pool)
-    }
-
-    /// Adds a pool that is Ready with an engine loaded elsewhere (a remote worker's model);
-    /// `None` if the id exists.
-    pub fn insert_ready(&self, spec: PoolSpec, engine: Arc<dyn Engine>) -> Option<Arc<Pool>> {
-        let mut g = self.pools.write().ok()?;
-        if g.iter().any(|p| p.id() == spec.id) {
-            return None;
-        }
-        let pool = Pool::with_engine(spec, engine, Arc::new(NothingToLoad), self.wake.clone());
-        g.push(pool.clone());
-        g.sort_by(|a, b| a.id().cmp(b.id()));
-        drop(g);
-        self.wake.notify_one();
-        Some(pool)
     }
 
     pub fn remove(&self, id: &str) -> Option<Arc<Pool>> {

@@ -36,7 +36,7 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let scratch = std::env::temp_dir().join(format!("orchd-soak-{}", std::process::id()));
     let cfg = soak::server_config(&args.model, &scratch);
-    let state = server::build_state(cfg, Arc::new(pool_manager::CandleFactory))?;
+    let state = server::build_state(cfg, Arc::new(pool_manager::candle::CandleFactory))?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let bg = server::start_background(&state).await;

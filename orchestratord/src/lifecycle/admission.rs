@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contracts::{AdmissionResponse, ErrorCode, Priority, StreamLinks, TaskRequest};
-use pool_manager::{ChatMessage, Pool, PromptInput, SamplingParams};
+use pool_manager::{ChatTurn, Pool, PromptInput, SamplingParams};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -107,7 +107,7 @@ fn prompt_input(req: &TaskRequest) -> Result<PromptInput, ApiError> {
             }
             Ok(PromptInput::Chat(
                 m.iter()
-                    .map(|t| ChatMessage {
+                    .map(|t| ChatTurn {
                         role: t.role.clone(),
                         content: t.content.clone(),
                     })

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use contracts::{ErrorCode, SseMetrics};
 use pool_manager::{
-    EngineJob, FailureNote, FinishReason, PoolKind, PortError, SeqEvent, ServiceSample, SlotLease,
+    EngineJob, FailureNote, FinishReason, OnLoss, PortError, SeqEvent, ServiceSample, SlotLease,
 };
 use tokio::sync::mpsc::Receiver;
 
@@ -26,7 +26,8 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     let pool = lease.pool().clone();
     let engine = lease.engine.clone();
     let desc = engine.descriptor();
-    let remote = pool.spec().kind != PoolKind::Local;
+    // a lost engine whose tasks go on elsewhere (a remote worker's)
+    let remote = desc.on_loss == OnLoss::ContinueElsewhere;
     if !task.mark_running(pool.id(), desc.clone()) {
         return;
     }
@@ -80,6 +81,8 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
         }
     }
     let n_prompt = tokens.as_ref().map_or(task.prompt_tokens, Vec::len);
+    // an engine that takes text counts the prompt itself (its `Done` says how many)
+    let engine_counts_prompt = tokens.is_none();
     let Some(permit) = lease.take_permit() else {
         state.fail_task(
             &task,
@@ -130,7 +133,13 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     } else {
         state.cfg.timeouts.wall_ms
     };
-    let outcome = pump(&state, &task, &lease, &mut rx, placed, wall_ms, &failure).await;
+    let watch = Watch {
+        placed,
+        wall_ms,
+        failure: &failure,
+        engine_counts_prompt,
+    };
+    let outcome = pump(&state, &task, &lease, &mut rx, watch).await;
     match outcome {
         Outcome::Finished(tokens_out) => {
             let snap = pool.snapshot();
@@ -172,15 +181,31 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     drop(lease);
 }
 
+/// What the pump watches a running sequence for besides its events.
+struct Watch<'a> {
+    /// When the task took its slot.
+    placed: Instant,
+    /// The longest it may run from then.
+    wall_ms: u64,
+    /// How the engine says to read a `Failed` event.
+    failure: &'a FailureNote,
+    /// The engine counts the prompt (it took text): its `Done` has the real count.
+    engine_counts_prompt: bool,
+}
+
 async fn pump(
     state: &SharedState,
     task: &Task,
     lease: &SlotLease,
     rx: &mut Receiver<SeqEvent>,
-    placed: Instant,
-    wall_ms: u64,
-    failure: &FailureNote,
+    watch: Watch<'_>,
 ) -> Outcome {
+    let Watch {
+        placed,
+        wall_ms,
+        failure,
+        engine_counts_prompt,
+    } = watch;
     let t = &state.cfg.timeouts;
     let wall = tokio::time::sleep_until((placed + Duration::from_millis(wall_ms)).into());
     tokio::pin!(wall);
@@ -262,8 +287,8 @@ async fn pump(
                 }
                 Ok(Some(SeqEvent::Done(f))) => {
                     let reason = f.reason.as_str();
-                    // a remote worker counted the prompt; admission only estimated it
-                    if f.prompt_tokens > 0 && lease.pool().spec().kind != PoolKind::Local {
+                    // the engine counted the prompt; admission only estimated it
+                    if f.prompt_tokens > 0 && engine_counts_prompt {
                         task.set_counted_prompt_tokens(f.prompt_tokens as u32);
                     }
                     if f.reason == FinishReason::Cancelled {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use contracts::worker::{CancelReason, ServerToWorker, TokenCounts};
 use pool_manager::{
-    Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason, PortError, PromptInput,
-    SeqEvent, SlotPermit, StopCause, EVENT_CHANNEL_CAPACITY,
+    Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason, OnLoss, PortError,
+    PromptInput, SeqEvent, SlotPermit, StopCause, EVENT_CHANNEL_CAPACITY,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -48,6 +48,8 @@ impl Engine for RemoteEngine {
             kv_cache_bytes: 0,
             layers: 0,
             layers_on_accelerator: 0,
+            // nothing here can bring a worker back: its tasks go on elsewhere
+            on_loss: OnLoss::ContinueElsewhere,
         }
     }
 
@@ -140,10 +142,11 @@ impl Progress {
         for item in items {
             match item {
                 StreamItem::Text(text) => {
+                    // a worker streams text: it has no token id to give
                     let ev = SeqEvent::Token {
-                        id: 0,
                         text,
                         index: self.tokens_out,
+                        id: None,
                     };
                     self.tokens_out += 1;
                     tx.send(ev).await.map_err(|_| Ended::ReceiverGone)?;

@@ -19,7 +19,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pool_manager::{PoolKind, PoolSpec};
+use pool_manager::PoolSpec;
 
 pub use engine::{RemoteEngine, ENGINE_NAME};
 pub use link::WorkerLink;
@@ -87,12 +87,8 @@ impl WorkerRegistry {
         }
         let pools = state.pools.all();
         let local_serves = match (&task.pin, &task.model) {
-            (Some(pin), _) => pools
-                .iter()
-                .any(|p| p.id() == pin && p.spec().kind == PoolKind::Local),
-            (None, Some(m)) => pools
-                .iter()
-                .any(|p| p.spec().kind == PoolKind::Local && p.serves(m)),
+            (Some(pin), _) => pools.iter().any(|p| p.id() == pin && p.spec().is_local()),
+            (None, Some(m)) => pools.iter().any(|p| p.spec().is_local() && p.serves(m)),
             (None, None) => true,
         };
         (!local_serves).then(|| Duration::from_millis(self.cfg.queue_timeout_ms))
@@ -151,7 +147,7 @@ impl WorkerRegistry {
 /// socket closes once its requests in flight are done (running tasks keep `deadline`).
 pub fn drain(state: &AppState, link: &WorkerLink, reason: &str, deadline: Duration) {
     for pool in state.pools.all() {
-        if pool.spec().kind.worker_id() == Some(link.id.as_str()) {
+        if pool.spec().worker_id() == Some(link.id.as_str()) {
             let _ = pool.drain(deadline);
         }
     }
@@ -187,7 +183,7 @@ pub fn sync_pools(state: &AppState, link: &Arc<WorkerLink>, models: &[String]) {
     state.workers.remember(models);
     let wanted: BTreeSet<String> = models.iter().map(|m| pool_id(&link.id, m)).collect();
     for pool in state.pools.all() {
-        if pool.spec().kind.worker_id() == Some(link.id.as_str()) && !wanted.contains(pool.id()) {
+        if pool.spec().worker_id() == Some(link.id.as_str()) && !wanted.contains(pool.id()) {
             state.pools.remove(pool.id());
             pool.engine_died("the worker no longer serves this model");
         }
@@ -197,30 +193,20 @@ pub fn sync_pools(state: &AppState, link: &Arc<WorkerLink>, models: &[String]) {
         if state.pools.get(&id).is_some() {
             continue;
         }
-        let spec = PoolSpec {
-            id,
-            kind: PoolKind::Remote {
-                worker_id: link.id.clone(),
-            },
-            model_ref: format!("worker:{}/{model}", link.name),
-            model_alias: model.clone(),
-            slots: link.max_concurrent,
-            ctx: state.cfg.workers.ctx,
-            kv_cache_max_bytes: 0,
-            kv_type: pool_manager::KvType::F32,
-            threads: 0,
-            device: pool_manager::DeviceChoice::Cpu,
-            weight_format: pool_manager::WeightFormat::Auto,
-            prompt_cache_bytes: 0,
-            step_prompt_tokens: engine_candle::DEFAULT_STEP_PROMPT_TOKENS,
-            step_ms: engine_candle::DEFAULT_STEP_MS,
-        };
         let engine = Arc::new(RemoteEngine::new(
             link.clone(),
             model.clone(),
             state.cfg.workers.ctx,
         ));
-        state.pools.insert_ready(spec, engine);
+        let spec = PoolSpec::remote(
+            id,
+            format!("worker:{}/{model}", link.name),
+            model.clone(),
+            link.id.clone(),
+            engine,
+        );
+        // taken meanwhile (another registration of the same id): the pool there serves
+        let _ = state.pools.add(spec);
     }
     link.set_models(models.to_vec());
 }
@@ -228,7 +214,7 @@ pub fn sync_pools(state: &AppState, link: &Arc<WorkerLink>, models: &[String]) {
 /// Removes every pool of a worker whose socket is gone.
 fn remove_pools(state: &AppState, worker_id: &str) {
     for pool in state.pools.all() {
-        if pool.spec().kind.worker_id() == Some(worker_id) {
+        if pool.spec().worker_id() == Some(worker_id) {
             state.pools.remove(pool.id());
             pool.engine_died("the worker disconnected");
         }

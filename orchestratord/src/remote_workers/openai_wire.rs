@@ -155,7 +155,7 @@ pub fn error_message(body: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pool_manager::{ChatMessage, SamplingParams, Slots};
+    use pool_manager::{ChatTurn, SamplingParams, Slots};
 
     /// WRK-ENG-2: stream lines split anywhere still give each piece of text once, in order,
     /// with the finish reason and usage.
@@ -202,7 +202,7 @@ mod tests {
     /// a raw prompt gets it appended.
     #[test]
     fn continuation_in_the_body() {
-        let turns = vec![ChatMessage {
+        let turns = vec![ChatTurn {
             role: "user".into(),
             content: "Hi".into(),
         }];

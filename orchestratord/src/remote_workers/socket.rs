@@ -144,7 +144,7 @@ fn accepted_models(
         .pools
         .all()
         .into_iter()
-        .filter(|p| p.spec().kind == pool_manager::PoolKind::Local)
+        .filter(|p| p.spec().is_local())
         .collect();
     let mut clean: Vec<String> = Vec::new();
     for m in models {

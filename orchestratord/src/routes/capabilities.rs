@@ -34,7 +34,7 @@ pub async fn get(State(state): State<SharedState>) -> Json<Capabilities> {
             let d = s.descriptor.clone();
             PoolCapability {
                 pool_id: s.id.clone(),
-                kind: p.spec().kind.as_str().to_string(),
+                kind: p.spec().kind().to_string(),
                 engine: d.as_ref().map(|d| d.engine.clone()).unwrap_or_default(),
                 engine_version: d
                     .as_ref()

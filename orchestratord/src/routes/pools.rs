@@ -23,7 +23,7 @@ fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
     let queue_depth = state.queued_for(pool);
     PoolHealth {
         pool_id: s.id.clone(),
-        kind: pool.spec().kind.as_str().to_string(),
+        kind: pool.spec().kind().to_string(),
         live: s.engine_alive,
         ready: s.accepts_work && s.engine_alive,
         draining: matches!(s.state, PoolState::Draining),
@@ -124,12 +124,7 @@ pub async fn drain(
     let deadline = Duration::from_millis(req.deadline_ms);
     pool.drain(deadline).map_err(|e| conflict(e, &id))?;
     // a remote pool's worker is drained whole: graceful_shutdown, closed once idle
-    if let Some(link) = pool
-        .spec()
-        .kind
-        .worker_id()
-        .and_then(|w| state.workers.get(w))
-    {
+    if let Some(link) = pool.spec().worker_id().and_then(|w| state.workers.get(w)) {
         crate::remote_workers::drain(&state, &link, "drain requested", deadline);
     }
     state.wake.notify_one();
@@ -176,7 +171,7 @@ pub async fn reload(
     JsonBody(req): JsonBody<ReloadRequest>,
 ) -> Result<Json<ReloadResponse>, ApiError> {
     let pool = pool_or_404(&state, &id)?;
-    if pool.spec().kind != pool_manager::PoolKind::Local {
+    if !pool.spec().is_local() {
         return Err(ApiError::conflict(
             "a remote pool is reloaded on its worker; this server loads nothing for it",
         )

@@ -12,8 +12,8 @@ use std::time::Duration;
 use orchestratord::config::{Config, PoolConfig};
 use orchestratord::state::SharedState;
 use pool_manager::{
-    Engine, EngineDescriptor, EngineFactory, EngineJob, Finish, FinishReason, PoolSpec, PortError,
-    PromptInput, SeqEvent, SlotPermit, Slots,
+    Engine, EngineDescriptor, EngineFactory, EngineJob, Finish, FinishReason, OnLoss, PoolSpec,
+    PortError, PromptInput, SeqEvent, SlotPermit, Slots,
 };
 use tokio::sync::mpsc;
 
@@ -68,6 +68,7 @@ impl Engine for ScriptedEngine {
             kv_cache_bytes: 1 << 16,
             layers: 2,
             layers_on_accelerator: 0,
+            on_loss: OnLoss::Restart,
         }
     }
 
@@ -188,9 +189,9 @@ impl Engine for ScriptedEngine {
                 }
                 if tx
                     .send(SeqEvent::Token {
-                        id: 100 + n as u32,
                         text: format!("tok{n} "),
                         index: n,
+                        id: Some(100 + n as u32),
                     })
                     .await
                     .is_err()
@@ -242,19 +243,11 @@ impl EngineFactory for ScriptedFactory {
 
 pub fn pool(id: &str, slots: usize) -> PoolConfig {
     PoolConfig {
-        id: id.into(),
-        model: format!("/models/{id}.gguf"),
         alias: Some("scripted-model".into()),
         slots,
         ctx: 256,
         kv_cache_mib: 64,
-        kv_cache: "f32".into(),
-        threads: 0,
-        device: "cpu".into(),
-        weight_format: "auto".into(),
-        prompt_cache_mib: 256,
-        step_prompt_tokens: engine_candle::DEFAULT_STEP_PROMPT_TOKENS,
-        step_ms: engine_candle::DEFAULT_STEP_MS,
+        ..PoolConfig::new(id, &format!("/models/{id}.gguf"))
     }
 }
 

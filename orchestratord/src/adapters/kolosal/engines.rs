@@ -9,7 +9,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use contracts::ErrorCode;
-use pool_manager::{DeviceChoice, Pool, PoolSnapshot, PoolSpec, PoolState, WeightFormat};
+use pool_manager::candle::{self, DeviceChoice};
+use pool_manager::{EngineConfig, Pool, PoolSnapshot, PoolSpec, PoolState};
 use serde::Deserialize;
 
 use super::types::*;
@@ -38,9 +39,12 @@ fn parameters(pool: &Pool, snap: &PoolSnapshot) -> EngineParameters {
             .descriptor
             .as_ref()
             .map_or(0, |d| d.layers_on_accelerator),
-        main_gpu_id: match spec.device {
-            DeviceChoice::Cuda(n) => n,
-            DeviceChoice::Cpu => 0,
+        main_gpu_id: match &spec.engine {
+            EngineConfig::Local(candle::Settings {
+                device: DeviceChoice::Cuda(n),
+                ..
+            }) => *n,
+            _ => 0,
         },
     }
 }
@@ -129,30 +133,28 @@ pub async fn add(
         .into());
     }
     let gpu = req.n_gpu_layers.unwrap_or(100) > 0 && DeviceChoice::cuda_built();
-    let spec = PoolSpec {
-        id: req.engine_id.clone(),
-        kind: pool_manager::PoolKind::Local,
-        model_ref: allowed.clone(),
-        model_alias: req.engine_id.clone(),
-        slots: api.slots,
-        ctx: n_ctx,
-        kv_cache_max_bytes: engine_candle::DEFAULT_KV_CACHE_MAX_BYTES,
-        kv_type: pool_manager::KvType::F32,
+    let settings = candle::Settings {
         threads: api.threads,
         device: if gpu {
             DeviceChoice::Cuda(req.main_gpu_id.unwrap_or(0))
         } else {
             DeviceChoice::Cpu
         },
-        weight_format: WeightFormat::Auto,
         prompt_cache_bytes: api.prompt_cache_mib << 20,
-        step_prompt_tokens: engine_candle::DEFAULT_STEP_PROMPT_TOKENS,
-        step_ms: engine_candle::DEFAULT_STEP_MS,
+        ..Default::default()
     };
+    let spec = PoolSpec::local(
+        &req.engine_id,
+        &allowed,
+        Some(&req.engine_id),
+        api.slots,
+        n_ctx,
+        settings,
+    );
     let pool = state
         .pools
-        .insert(spec)
-        .ok_or_else(|| conflict_id(&req.engine_id))?;
+        .add(spec)
+        .map_err(|_| conflict_id(&req.engine_id))?;
     // a server-owned job: a client that goes away does not leave the engine loading; it is
     // added or removed again, and its status shows which
     let job = {

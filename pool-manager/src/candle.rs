@@ -1,16 +1,27 @@
-//! The candle engine behind the Engine port.
+//! The candle engine behind the Engine port: its adapter and factory, and what the server
+//! configures and sets up for it (its settings, the process's compute threads, the allocator
+//! its key/value caches want). The server names these through this module only.
 
 use std::sync::Arc;
 
-use engine_candle::{
-    CandleEngine, EngineError, EngineOptions, GenerateRequest, SeqEvent, SlotPermit,
-};
+use engine_candle::{CandleEngine, EngineError, EngineOptions, GenerateRequest};
+use engine_port::{OnLoss, SeqEvent, SlotPermit};
 use tokio::sync::mpsc;
 
-use crate::pool::PoolSpec;
 use crate::port::{
     Engine, EngineDescriptor, EngineFactory, EngineJob, PortError, PromptInput,
     EVENT_CHANNEL_CAPACITY,
+};
+use crate::spec::{EngineConfig, PoolSpec};
+
+/// Test builds only: the next compute kernel panics (`arm_kernel_panic`).
+#[cfg(feature = "fault-injection")]
+pub use engine_candle::fault;
+pub use engine_candle::fresh_pages::FreshPages;
+pub use engine_candle::{
+    configure_process_threads, DeviceChoice, EngineSettings as Settings, KvType, WeightFormat,
+    DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS,
+    DEFAULT_STEP_PROMPT_TOKENS, MAX_NICE,
 };
 
 /// A loaded candle model seen through the port.
@@ -54,6 +65,7 @@ impl Engine for CandlePortEngine {
             kv_cache_bytes: info.kv_cache_bytes as u64,
             layers: info.layers,
             layers_on_accelerator: if info.device.is_cpu() { 0 } else { info.layers },
+            on_loss: OnLoss::Restart,
         }
     }
 
@@ -132,17 +144,16 @@ pub struct CandleFactory;
 
 impl EngineFactory for CandleFactory {
     fn load(&self, spec: &PoolSpec, model_ref: &str) -> Result<Arc<dyn Engine>, PortError> {
+        let EngineConfig::Local(settings) = &spec.engine else {
+            return Err(PortError::Load(format!(
+                "pool {} is served by a remote worker; load models on the worker",
+                spec.id
+            )));
+        };
         let mut opts = EngineOptions::new(model_ref);
         opts.slots = spec.slots;
         opts.ctx = spec.ctx;
-        opts.kv_cache_max_bytes = spec.kv_cache_max_bytes;
-        opts.kv_type = spec.kv_type;
-        opts.threads = spec.threads;
-        opts.device = spec.device;
-        opts.weight_format = spec.weight_format;
-        opts.prompt_cache_bytes = spec.prompt_cache_bytes;
-        opts.step_prompt_tokens = spec.step_prompt_tokens;
-        opts.step_ms = spec.step_ms;
+        opts.settings = settings.clone();
         let engine = CandleEngine::load(opts).map_err(|e| match e {
             // the file as it is: loading it again gives the same answer
             EngineError::Unsupported(_) | EngineError::BadModel(_) => {

@@ -1,0 +1,101 @@
+//! The Engine trait, what an engine says of itself, and the port's failures.
+
+use tokio::sync::mpsc;
+
+use crate::events::SeqEvent;
+use crate::job::{EngineJob, PromptInput};
+use crate::slots::SlotPermit;
+
+/// Events buffered per running sequence between the engine and its consumer.
+pub const EVENT_CHANNEL_CAPACITY: usize = 64;
+
+/// What happens to a pool's tasks and engine when the engine is lost (its thread stopped, its
+/// worker went away).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnLoss {
+    /// The engine is this process's: the pool loads it again (with backoff); its running tasks
+    /// end with a retriable error.
+    Restart,
+    /// The engine is a remote worker's: nothing here can bring it back; its running tasks
+    /// continue elsewhere (requeued after what they already streamed) and the pool goes with
+    /// the worker.
+    ContinueElsewhere,
+}
+
+/// Identity and limits of a loaded engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineDescriptor {
+    pub engine: String,
+    pub engine_version: String,
+    /// What was loaded (the model path for candle).
+    pub model_ref: String,
+    /// Name of the model (GGUF `general.name` or the file stem).
+    pub model_name: String,
+    pub ctx_max: usize,
+    pub slots: usize,
+    /// Size of the model weights as loaded (the file size for GGUF).
+    pub weights_bytes: u64,
+    /// Bytes reserved for the KV cache of all slots.
+    pub kv_cache_bytes: u64,
+    /// Transformer layers, and how many of them run on an accelerator.
+    pub layers: usize,
+    pub layers_on_accelerator: usize,
+    /// How its loss is handled.
+    pub on_loss: OnLoss,
+}
+
+/// Failures at the engine port.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortError {
+    /// The input cannot be run by this engine (bad template, bad params, context overflow).
+    #[error("{0}")]
+    InvalidInput(String),
+    /// The engine's worker is gone.
+    #[error("engine stopped: {0}")]
+    Dead(String),
+    /// Loading or self-testing a model failed.
+    #[error("load failed: {0}")]
+    Load(String),
+    /// The model cannot load as its file is (an architecture or tensor type the engine does
+    /// not have, a malformed file): trying again changes nothing until the file does.
+    #[error("cannot load: {0}")]
+    Unloadable(String),
+}
+
+/// An engine a pool runs tasks on.
+pub trait Engine: Send + Sync + 'static {
+    fn descriptor(&self) -> EngineDescriptor;
+    /// Token ids of a prompt (the chat template applied to chat turns) followed by
+    /// `continuation`, or `None` when the engine takes text and counts tokens itself (a remote
+    /// worker forwards an OpenAI-shaped body to its backend; its `Done` says the count).
+    fn tokenize(
+        &self,
+        prompt: &PromptInput,
+        continuation: &str,
+    ) -> Result<Option<Vec<u32>>, PortError>;
+    /// Starts a sequence; events arrive on the returned bounded channel, ending with exactly
+    /// one `Done` or `Failed` unless the engine dies (the channel then closes early).
+    fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError>;
+    fn is_alive(&self) -> bool;
+    /// One of the engine's slots, or `None` when all are taken (or it takes no new work).
+    /// The engine is the one owner of its capacity: a slot is free again exactly when the
+    /// engine let go of the sequence that ran in it (a remote worker's slots span all its
+    /// models).
+    fn try_acquire(&self) -> Option<SlotPermit>;
+    /// Slots taken now (permits not yet given back).
+    fn slots_in_use(&self) -> usize;
+    /// Sequences the engine runs now from every source, when it reports that (a worker's
+    /// `current_load`, which counts other servers' requests too); placement prefers less.
+    fn current_load(&self) -> Option<usize> {
+        None
+    }
+    /// Prompt tokens whose keys and values came from a cached prefix instead of being computed
+    /// (an engine without a prefix cache reuses none).
+    fn prompt_tokens_reused(&self) -> u64 {
+        0
+    }
+    /// Bytes its host-memory prompt cache holds (an engine without one holds none).
+    fn prompt_cache_bytes(&self) -> u64 {
+        0
+    }
+}

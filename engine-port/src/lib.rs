@@ -1,0 +1,17 @@
+//! engine-port: the language a pool and its engines speak. A pool hands an engine an
+//! [`EngineJob`] (prompt as text or [`ChatTurn`]s, [`SamplingParams`], limits, the
+//! [`SlotPermit`] it runs in) and reads [`SeqEvent`]s back; an engine says what it is and how
+//! its loss is handled in its [`EngineDescriptor`]. The candle engine, remote workers and the
+//! tests' scripted engine all implement [`Engine`]; nothing here knows any of them.
+
+mod engine;
+mod events;
+mod job;
+mod sampling;
+mod slots;
+
+pub use engine::{Engine, EngineDescriptor, OnLoss, PortError, EVENT_CHANNEL_CAPACITY};
+pub use events::{Finish, FinishReason, SeqEvent};
+pub use job::{ChatTurn, EngineJob, FailureNote, PromptInput, StopCause};
+pub use sampling::SamplingParams;
+pub use slots::{SlotPermit, Slots};
