@@ -181,6 +181,9 @@ async fn a_clients_last_attempt_is_queued_not_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn impossible_deadlines_are_422_and_bad_headers_400() {
     let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(20)).await;
+    // a real task confirms the load-time pace (ORCH-ADM-DL-8)
+    let id = s.submit_ok(json!({"prompt": "a", "max_tokens": 5})).await;
+    assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
     let r = s
         .client
         .post(s.url("/v1/chat/completions"))
@@ -498,4 +501,97 @@ async fn the_line_replay_does_not_send_back_a_last_attempt() {
         ) as usize,
         8 - late
     );
+}
+
+/// ORCH-ADM-DL-8 (issue 33 defect 2): a pool that loaded while the machine was busy measured
+/// a pace twenty times slower than it runs. A deadline that pace says no wait could meet is
+/// not refused for good on a pace no real task confirmed: the task runs on the free slot and
+/// ends in time; the first real task replaces the load-time pace, so the next such client is
+/// admitted at once; only then is a deadline no answer could meet a 422.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pace_measured_on_a_busy_machine_never_refuses_for_good() {
+    let s = start(config(vec![pool("busyload", 2)]), Duration::from_millis(5)).await;
+    let pool = s.state.pools.all()[0].clone();
+    let loaded = pool.snapshot();
+    let solo = loaded
+        .solo_ms_per_token
+        .expect("the self-test measures one sequence");
+    assert!(solo > 50.0, "the load saw the busy machine: {loaded:?}");
+    assert!(!loaded.pace_confirmed);
+
+    // 64 tokens at the load-time pace: 6.4 s; the engine runs them in 0.3 s
+    let body = json!({"prompt": "Once upon a time", "max_tokens": 64, "deadline_ms": 3000});
+    let started = Instant::now();
+    let id = s.submit_ok(body.clone()).await;
+    let evs = s.stream_all(&id).await;
+    assert_eq!(evs.last().unwrap().event, "end", "{evs:?}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+
+    let after = pool.snapshot();
+    assert!(after.pace_confirmed);
+    let solo = after.solo_ms_per_token.unwrap();
+    assert!(
+        solo < 20.0,
+        "the real task's pace replaced the load's: {after:?}"
+    );
+    // the full pool's pace, measured at load only, keeps its ratio to the pace of one
+    assert!(after.full_ms_per_token_ewma.unwrap() < 30.0, "{after:?}");
+    // one real task was enough: the next client with a deadline is admitted at once
+    let id = s.submit_ok(body).await;
+    assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
+
+    // a confirmed pace that says no wait could answer in time: 422, not retriable
+    let r = s
+        .submit(json!({"prompt": "a", "max_tokens": 64, "deadline_ms": 100}))
+        .await;
+    assert_eq!(r.status(), 422);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["code"], "DEADLINE_UNMET");
+    assert_eq!(v["retriable"], false);
+}
+
+/// ORCH-ADM-DL-8: a whole answer with a deadline is admitted on the pace it will run at, not
+/// the pool's mean: with another task running, an engine that slows as its slots fill runs
+/// the answer at a full pool's pace, so a deadline that only an idle pool meets is a
+/// retriable 429 with a wait (it was admitted and finished late); alone, the same request
+/// is served within its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_answer_is_admitted_at_the_pace_it_will_run_at() {
+    let mut cfg = config(vec![pool("crowded", 2)]);
+    cfg.admission.deadline_margin_ms = 100;
+    let s = start(cfg, Duration::from_millis(20)).await;
+    // a real task confirms the pace of one sequence (20 ms a token)
+    let id = s.submit_ok(json!({"prompt": "a", "max_tokens": 5})).await;
+    assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
+
+    let chat = |deadline_ms: &'static str| {
+        s.client
+            .post(s.url("/v1/chat/completions"))
+            .header(DEADLINE, deadline_ms)
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 30}))
+            .send()
+    };
+    // another task runs: each token now takes 40 ms
+    let long = s.submit_ok(json!({"prompt": "x", "max_tokens": 200})).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = chat("1200").await.unwrap();
+    assert_eq!(
+        r.status(),
+        429,
+        "30 tokens beside another task take 1.2 s and more"
+    );
+    assert!(header_u64(&r, "retry-after-ms") >= 500);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "ADMISSION_REJECT", "{v}");
+
+    // alone, it fits: served, and within its deadline
+    assert_eq!(s.cancel(&long).await, 204);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    let r = chat("1200").await.unwrap();
+    let status = r.status();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 30, "{v}");
+    assert!(started.elapsed() < Duration::from_millis(1200));
 }

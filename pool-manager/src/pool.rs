@@ -50,6 +50,14 @@ pub struct PoolSnapshot {
     pub service_ms_ewma: Option<f64>,
     /// Smoothed decode time per generated token, seeded by the self-test.
     pub ms_per_token_ewma: Option<f64>,
+    /// Time per token of one sequence alone: measured by the self-test when the engine loads,
+    /// then by tasks that ran alone, and lowered by any task that went faster (see
+    /// `Pool::record_service`).
+    pub solo_ms_per_token: Option<f64>,
+    /// Whether a real task (of two tokens or more) has finished on this pool since it loaded:
+    /// until one has, every pace is what the load-time measurements saw, on a machine that may
+    /// have been busy then.
+    pub pace_confirmed: bool,
     /// Time per token of a sequence while every slot is busy: measured when the engine loads
     /// (all slots decoding at once) and refined by tasks that finish in a full pool.
     pub full_ms_per_token_ewma: Option<f64>,
@@ -110,8 +118,15 @@ struct Inner {
     model_load_ms: u64,
     service_ms_ewma: Option<f64>,
     ms_per_token_ewma: Option<f64>,
+    solo_ms_per_token: Option<f64>,
+    /// The solo pace is still the self-test's.
+    solo_from_probe_only: bool,
+    /// No real task has finished with two tokens or more since the engine loaded.
+    pace_from_probe_only: bool,
     used_share_ewma: Option<f64>,
     prefill_ms_per_token_ewma: Option<f64>,
+    /// The prefill pace is still the load-time measurement's.
+    prefill_from_probe_only: bool,
     full_ms_per_token_ewma: Option<f64>,
     full_pace_from_probe_only: bool,
     last_tokens_per_s: Option<f64>,
@@ -162,8 +177,12 @@ impl Pool {
                 model_load_ms: 0,
                 service_ms_ewma: None,
                 ms_per_token_ewma: None,
+                solo_ms_per_token: None,
+                solo_from_probe_only: false,
+                pace_from_probe_only: false,
                 used_share_ewma: None,
                 prefill_ms_per_token_ewma: None,
+                prefill_from_probe_only: false,
                 full_ms_per_token_ewma: None,
                 full_pace_from_probe_only: false,
                 last_tokens_per_s: None,
@@ -254,6 +273,8 @@ impl Pool {
             model_load_ms: g.model_load_ms,
             service_ms_ewma: g.service_ms_ewma,
             ms_per_token_ewma: g.ms_per_token_ewma,
+            solo_ms_per_token: g.solo_ms_per_token,
+            pace_confirmed: !g.pace_from_probe_only,
             used_share_ewma: g.used_share_ewma,
             prefill_ms_per_token_ewma: g.prefill_ms_per_token_ewma,
             full_ms_per_token_ewma: g.full_ms_per_token_ewma,
@@ -355,7 +376,39 @@ impl Pool {
             _ => None,
         };
         if let Some(t) = per_token {
-            g.ms_per_token_ewma = Some(ewma(g.ms_per_token_ewma, t));
+            // the first real task's pace replaces the load-time one: that was measured on a
+            // machine that may have been busy then (issue 33: 1 s a token measured while
+            // another process compiled; the idle machine then ran 14 ms, and 13 tasks were
+            // needed to average it away while every deadline was refused)
+            g.ms_per_token_ewma = Some(match g.pace_from_probe_only {
+                true => t,
+                false => ewma(g.ms_per_token_ewma, t),
+            });
+            g.pace_from_probe_only = false;
+            let solo_before = g.solo_ms_per_token;
+            if m.ran_alone {
+                g.solo_ms_per_token = Some(match g.solo_from_probe_only {
+                    true => t,
+                    false => ewma(g.solo_ms_per_token, t),
+                });
+                g.solo_from_probe_only = false;
+            } else if g.solo_ms_per_token.is_some_and(|s| t < s) {
+                // a sequence in company went faster than one alone was thought to: alone
+                // goes at least as fast
+                g.solo_ms_per_token = Some(t);
+            }
+            if let (Some(before), Some(now), true) = (
+                solo_before,
+                g.solo_ms_per_token,
+                g.full_pace_from_probe_only && !m.pool_was_full,
+            ) {
+                // no real task measured a full pool yet: the load-time measurement of it
+                // keeps its ratio to the pace of one sequence, as real tasks show that one
+                if before > 0.0 {
+                    let r = now / before;
+                    g.full_ms_per_token_ewma = g.full_ms_per_token_ewma.map(|f| f * r);
+                }
+            }
             if m.pool_was_full {
                 // a real task's pace includes the other slots' prefills: it replaces the probe's
                 g.full_ms_per_token_ewma = Some(match g.full_pace_from_probe_only {
@@ -369,7 +422,11 @@ impl Pool {
         if let (Some(first), true) = (m.first_token_after, m.prompt_tokens > 0) {
             let step = per_token.or(g.ms_per_token_ewma).unwrap_or(0.0);
             let per = (ms(first) - step).max(0.0) / m.prompt_tokens as f64;
-            g.prefill_ms_per_token_ewma = Some(ewma(g.prefill_ms_per_token_ewma, per));
+            g.prefill_ms_per_token_ewma = Some(match g.prefill_from_probe_only {
+                true => per,
+                false => ewma(g.prefill_ms_per_token_ewma, per),
+            });
+            g.prefill_from_probe_only = false;
         }
         if m.tokens_out > 0 {
             g.last_tokens_per_s = Some(m.tokens_out as f64 * 1000.0 / total.max(1e-3));
@@ -379,11 +436,16 @@ impl Pool {
     /// Loads `model_ref`, runs the one-token self-test and measures the engine with every slot
     /// busy (what a wait in line is paced by).
     async fn load_engine(&self, model_ref: &str) -> Result<(Arc<dyn Engine>, u64), LoadFailure> {
-        let (engine, ms, probe_ms) = self.load_and_probe(model_ref).await?;
+        let (engine, ms, solo) = self.load_and_probe(model_ref).await?;
         let full = full_occupancy_pace(engine.as_ref()).await;
         let mut g = self.lock();
-        if g.ms_per_token_ewma.is_none() {
-            g.ms_per_token_ewma = Some(probe_ms);
+        // a new model is a new pace: the measurements replace what the old one showed, until
+        // real tasks show theirs
+        if let Some(solo) = solo {
+            g.solo_ms_per_token = Some(solo);
+            g.solo_from_probe_only = true;
+            g.ms_per_token_ewma = Some(solo);
+            g.pace_from_probe_only = true;
         }
         // a new model is a new pace: the measurement replaces what the old one showed
         if let Some(f) = full {
@@ -396,6 +458,7 @@ impl Pool {
             g.full_ms_per_token_ewma = Some(f.ms_per_token);
             g.full_pace_from_probe_only = true;
             g.prefill_ms_per_token_ewma = Some(f.prefill_ms_per_token);
+            g.prefill_from_probe_only = true;
         }
         Ok((engine, ms))
     }
@@ -403,7 +466,7 @@ impl Pool {
     async fn load_and_probe(
         &self,
         model_ref: &str,
-    ) -> Result<(Arc<dyn Engine>, u64, f64), LoadFailure> {
+    ) -> Result<(Arc<dyn Engine>, u64, Option<f64>), LoadFailure> {
         let started = Instant::now();
         let factory = self.factory.clone();
         let spec = self.spec.clone();
@@ -416,11 +479,10 @@ impl Pool {
                 message: e.to_string(),
             })?;
         let load_ms = started.elapsed().as_millis() as u64;
-        let probe = Instant::now();
-        self_test(engine.as_ref())
+        let solo = self_test(engine.as_ref())
             .await
             .map_err(LoadFailure::passing)?;
-        Ok((engine, load_ms, probe.elapsed().as_secs_f64() * 1000.0))
+        Ok((engine, load_ms, solo))
     }
 
     /// One load attempt: load, self-test, `Ready`; on failure `Unready` with `last_error`.
@@ -695,6 +757,9 @@ pub struct ServiceSample {
     pub max_tokens: usize,
     /// Every slot of the pool was busy when the task ended (its pace is a full pool's).
     pub pool_was_full: bool,
+    /// No other task held a slot of the pool when it started or when it ended (its pace is
+    /// one sequence's alone).
+    pub ran_alone: bool,
 }
 
 /// Tokens each sequence decodes in the full-occupancy measurement. The sequences start one
@@ -796,8 +861,17 @@ async fn full_occupancy_pace(engine: &dyn Engine) -> Option<FullPace> {
     full_pace_of(started, &tokens, prompt_tokens)
 }
 
-/// Decodes one token greedily to prove the engine works before it takes traffic.
-async fn self_test(engine: &dyn Engine) -> Result<(), String> {
+/// Tokens the self-test decodes: the first proves the engine works, the gaps between the
+/// others are the pace of one sequence alone.
+const SELF_TEST_TOKENS: usize = 8;
+
+/// Least number of gaps between the self-test's tokens for its pace to stand.
+const SELF_TEST_MIN_GAPS: usize = 3;
+
+/// Decodes a few tokens greedily to prove the engine works before it takes traffic. Returns
+/// the mean gap between its tokens after the first (one sequence alone), when there were
+/// [`SELF_TEST_MIN_GAPS`] gaps or more (a model may end its answer sooner).
+async fn self_test(engine: &dyn Engine) -> Result<Option<f64>, String> {
     let prompt = PromptInput::Text("Hello".into());
     let tokens = engine
         .tokenize(&prompt, "")
@@ -805,16 +879,17 @@ async fn self_test(engine: &dyn Engine) -> Result<(), String> {
     let permit = engine
         .try_acquire()
         .ok_or_else(|| "self-test: the new engine has no free slot".to_string())?;
-    let mut job = EngineJob::new(permit, prompt, SamplingParams::default(), 1);
+    let mut job = EngineJob::new(permit, prompt, SamplingParams::default(), SELF_TEST_TOKENS);
     job.prompt_tokens = tokens;
     let mut rx = engine
         .start(job)
         .map_err(|e: PortError| format!("self-test start: {e}"))?;
     let run = async {
+        let mut at: Vec<Instant> = Vec::with_capacity(SELF_TEST_TOKENS);
         while let Some(ev) = rx.recv().await {
             match ev {
-                SeqEvent::Token { .. } => {}
-                SeqEvent::Done(_) => return Ok(()),
+                SeqEvent::Token { .. } => at.push(Instant::now()),
+                SeqEvent::Done(_) => return Ok(solo_pace_of(&at)),
                 SeqEvent::Failed(m) => return Err(format!("self-test decode: {m}")),
             }
         }
@@ -823,6 +898,15 @@ async fn self_test(engine: &dyn Engine) -> Result<(), String> {
     tokio::time::timeout(SELF_TEST_TIMEOUT, run)
         .await
         .map_err(|_| "self-test timed out".to_string())?
+}
+
+/// The mean gap in ms between tokens that came at `at` (after the first: its time is the
+/// prompt's), with at least [`SELF_TEST_MIN_GAPS`] gaps.
+fn solo_pace_of(at: &[Instant]) -> Option<f64> {
+    let (first, last) = (at.first()?, at.last()?);
+    let gaps = at.len() - 1;
+    (gaps >= SELF_TEST_MIN_GAPS)
+        .then(|| ((*last - *first).as_secs_f64() * 1000.0 / gaps as f64).max(1e-3))
 }
 
 #[cfg(test)]
@@ -867,6 +951,7 @@ mod tests {
             tokens_out,
             max_tokens: max,
             pool_was_full: true,
+            ran_alone: false,
         }
     }
 
@@ -893,6 +978,59 @@ mod tests {
         let s = pool.snapshot();
         assert_eq!(s.full_ms_per_token_ewma, Some(50.0));
         assert!(!s.full_pace_from_probe_only);
+    }
+
+    /// ORCH-ADM-DL-8: paces measured at load on a busy machine (solo 1,000 ms, a full pool
+    /// 1,085 ms) are replaced by the first real task: one alone sets the solo and mean pace,
+    /// and the full pool's load-time pace keeps its ratio to the solo one until a real task
+    /// measures a full pool; a task in company that went faster than the solo pace lowers it.
+    #[test]
+    fn the_first_real_task_replaces_paces_measured_on_a_busy_machine() {
+        let pool = measured_pool();
+        {
+            let mut g = pool.lock();
+            g.ms_per_token_ewma = Some(1000.0);
+            g.solo_ms_per_token = Some(1000.0);
+            g.solo_from_probe_only = true;
+            g.pace_from_probe_only = true;
+            g.full_ms_per_token_ewma = Some(1085.0);
+            g.prefill_ms_per_token_ewma = Some(300.0);
+            g.prefill_from_probe_only = true;
+        }
+        assert!(!pool.snapshot().pace_confirmed);
+        // 64 tokens alone, 14 ms apart, the first after 30 ms (30 prompt tokens)
+        pool.record_service(ServiceSample {
+            took: Duration::from_millis(30 + 14 * 63),
+            first_token_after: Some(Duration::from_millis(30)),
+            prompt_tokens: 30,
+            tokens_out: 64,
+            max_tokens: 64,
+            pool_was_full: false,
+            ran_alone: true,
+        });
+        let s = pool.snapshot();
+        assert!(s.pace_confirmed);
+        assert_eq!(s.solo_ms_per_token, Some(14.0));
+        assert_eq!(s.ms_per_token_ewma, Some(14.0));
+        assert!(
+            (s.full_ms_per_token_ewma.unwrap() - 1085.0 * 0.014).abs() < 1e-9,
+            "{s:?}"
+        );
+        assert!(
+            (s.prefill_ms_per_token_ewma.unwrap() - 16.0 / 30.0).abs() < 1e-9,
+            "{s:?}"
+        );
+        // beside another task, 10 ms a token: one alone is no slower
+        pool.record_service(ServiceSample {
+            took: Duration::from_millis(20 + 10 * 9),
+            first_token_after: Some(Duration::from_millis(20)),
+            prompt_tokens: 30,
+            tokens_out: 10,
+            max_tokens: 10,
+            pool_was_full: false,
+            ran_alone: false,
+        });
+        assert_eq!(pool.snapshot().solo_ms_per_token, Some(10.0));
     }
 
     /// ORCH-ADM-DL-7: the first sequence decodes fast while the second is prefilled beside it; only the gaps

@@ -75,9 +75,12 @@ pub struct Plan<'a> {
 
 /// One limit on a task's wait for a slot.
 struct Bound {
-    /// The longest wait it allows (negative: not even no wait would do).
-    allowed_ms: i128,
-    /// What the answer needs once a slot is taken (first token, decode, margin).
+    /// The limit, from now.
+    limit_ms: u64,
+    /// What the answer needs once a slot is taken (first token, decode, margin), at the pace
+    /// of one sequence alone: more than the limit, and no wait would do.
+    need_alone_ms: u64,
+    /// The same at the pace the task is expected to run at beside the others.
     need_ms: u64,
     /// What set it, for the message.
     why: String,
@@ -88,13 +91,14 @@ struct Bound {
 }
 
 impl Bound {
-    fn new(limit_ms: u64, need_ms: u64, why: String, expires_queue: bool) -> Self {
-        Self {
-            allowed_ms: limit_ms as i128 - need_ms as i128,
-            need_ms,
-            why,
-            expires_queue,
+    /// The longest wait it allows (negative: even no wait would not do at the expected
+    /// pace). A limit that only a pace no real task confirmed says cannot be met allows a
+    /// free slot now: the task runs, and what it shows is the pace from then on.
+    fn allowed_ms(&self, confirmed: bool) -> i128 {
+        if !confirmed && self.limit_ms < self.need_alone_ms {
+            return 0;
         }
+        self.limit_ms as i128 - self.need_ms as i128
     }
 }
 
@@ -169,60 +173,6 @@ pub fn plan<'a>(
         metrics::rejected(e.code());
         e
     };
-    let per_token = eta::mean_ms_per_token(snapshots).unwrap_or(0.0);
-    let per_prompt_token = eta::mean_prefill_ms_per_token(snapshots)
-        .unwrap_or(per_token * eta::PREFILL_SHARE_OF_A_STEP);
-    let first_token_ms = (per_token + limits.prompt_tokens as f64 * per_prompt_token) as u64;
-    let decode_ms = (per_token * limits.max_tokens as f64) as u64;
-    let margin_ms = state.cfg.admission.deadline_margin_ms;
-
-    let mut bounds: Vec<Bound> = Vec::with_capacity(3);
-    if let Some(end) = limits.end_within {
-        bounds.push(Bound::new(
-            ms(end),
-            first_token_ms + decode_ms,
-            format!("deadline_ms {}", ms(end)),
-            false,
-        ));
-    }
-    if let Some((timeout, source)) = caller.patience.timeout {
-        let need = match delivery {
-            Delivery::Streamed => first_token_ms,
-            Delivery::Whole => first_token_ms + decode_ms,
-        } + margin_ms;
-        let why = format!(
-            "the client's timeout of {} ms ({})",
-            ms(timeout),
-            source.as_str()
-        );
-        bounds.push(Bound::new(ms(timeout), need, why, true));
-    }
-    let max_wait = state.cfg.admission.max_queue_wait_ms;
-    if max_wait > 0 {
-        let why = format!("the longest queue wait of {max_wait} ms");
-        bounds.push(Bound::new(max_wait, 0, why, true));
-    }
-    if let Some(b) = bounds.iter().find(|b| b.allowed_ms < 0) {
-        // no wait at all would answer in time: retrying cannot help
-        return Err(refuse(
-            ApiError::new(
-                ErrorCode::DeadlineUnmet,
-                format!(
-                    "{} cannot be met even with no wait: predicted {} ms to answer ({} ms short)",
-                    b.why, b.need_ms, -b.allowed_ms
-                ),
-                false,
-            ),
-            None,
-        ));
-    }
-    let budget = bounds.iter().min_by_key(|b| b.allowed_ms);
-    let start_budget = bounds
-        .iter()
-        .filter(|b| b.expires_queue)
-        .map(|b| b.allowed_ms as u64)
-        .min();
-
     let (ahead, promised) = state.queue.ahead_of(
         limits.priority,
         rank,
@@ -265,44 +215,131 @@ pub fn plan<'a>(
             in_slots: state.running.in_slots(p.id()),
         })
         .collect();
-    let predicted =
-        eta::predict_start_ms(&lines, &ahead_needs, state.cfg.admission.probe_pace_factor)
-            .unwrap_or(0);
-    if let Some(Bound {
-        allowed_ms, why, ..
-    }) = budget
-    {
-        let allowed = *allowed_ms as u64;
-        if predicted > allowed && caller.patience.is_last_attempt() {
+    let probe_factor = state.cfg.admission.probe_pace_factor;
+
+    // what the answer needs once it has a slot: alone (an idle pool's pace), and at the pace
+    // it is expected to run at beside the tasks running and those ahead of it (issue 33: a
+    // whole answer admitted on the mean pace ran at a full pool's and missed its deadline)
+    let alone = eta::solo_ms_per_token(snapshots).unwrap_or(0.0);
+    let beside = eta::run_ms_per_token(&lines, ahead_needs.len(), probe_factor).unwrap_or(alone);
+    let per_prompt_token =
+        eta::mean_prefill_ms_per_token(snapshots).unwrap_or(alone * eta::PREFILL_SHARE_OF_A_STEP);
+    let needs = |per_token: f64| {
+        let first = (per_token + limits.prompt_tokens as f64 * per_prompt_token) as u64;
+        (first, first + (per_token * limits.max_tokens as f64) as u64)
+    };
+    let ((first_alone, whole_alone), (first, whole)) = (needs(alone), needs(beside));
+    let margin_ms = state.cfg.admission.deadline_margin_ms;
+    let confirmed = eta::pace_confirmed(snapshots);
+
+    let mut bounds: Vec<Bound> = Vec::with_capacity(3);
+    if let Some(end) = limits.end_within {
+        bounds.push(Bound {
+            limit_ms: ms(end),
+            need_alone_ms: whole_alone,
+            need_ms: whole,
+            why: format!("deadline_ms {}", ms(end)),
+            expires_queue: false,
+        });
+    }
+    if let Some((timeout, source)) = caller.patience.timeout {
+        let (need_alone_ms, need_ms) = match delivery {
+            Delivery::Streamed => (first_alone, first),
+            Delivery::Whole => (whole_alone, whole),
+        };
+        bounds.push(Bound {
+            limit_ms: ms(timeout),
+            need_alone_ms: need_alone_ms + margin_ms,
+            need_ms: need_ms + margin_ms,
+            why: format!(
+                "the client's timeout of {} ms ({})",
+                ms(timeout),
+                source.as_str()
+            ),
+            expires_queue: true,
+        });
+    }
+    let max_wait = state.cfg.admission.max_queue_wait_ms;
+    if max_wait > 0 {
+        bounds.push(Bound {
+            limit_ms: max_wait,
+            need_alone_ms: 0,
+            need_ms: 0,
+            why: format!("the longest queue wait of {max_wait} ms"),
+            expires_queue: true,
+        });
+    }
+    if let Some(b) = bounds.iter().find(|b| b.limit_ms < b.need_alone_ms) {
+        if confirmed {
+            // no wait at all would answer in time, at a pace real tasks showed: retrying
+            // cannot help
+            return Err(refuse(
+                ApiError::new(
+                    ErrorCode::DeadlineUnmet,
+                    format!(
+                        "{} cannot be met even with no wait: predicted {} ms to answer ({} ms short)",
+                        b.why,
+                        b.need_alone_ms,
+                        b.need_alone_ms - b.limit_ms
+                    ),
+                    false,
+                ),
+                None,
+            ));
+        }
+        tracing::debug!(
+            need_ms = b.need_alone_ms,
+            limit_ms = b.limit_ms,
+            "a limit the load-time pace says cannot be met: tried on a free slot, never refused for good"
+        );
+    }
+    let budget = bounds.iter().min_by_key(|b| b.allowed_ms(confirmed));
+    let start_budget = bounds
+        .iter()
+        .filter(|b| b.expires_queue)
+        .map(|b| b.allowed_ms(confirmed).max(0) as u64)
+        .min();
+
+    let predicted = eta::predict_start_ms(&lines, &ahead_needs, probe_factor).unwrap_or(0);
+    if let Some(b) = budget {
+        let allowed = b.allowed_ms(confirmed);
+        let why = &b.why;
+        if predicted as i128 > allowed && caller.patience.is_last_attempt() {
             // refused now, the client is lost for good; queued, it starts if the line moves
             // faster than predicted, and leaves before any compute when its start budget ends
             tracing::debug!(
                 predicted_start_ms = predicted,
-                allowed_wait_ms = allowed,
+                allowed_wait_ms = allowed as i64,
                 "queued though predicted late: the client's last attempt"
             );
             metrics::retry_place("last_attempt_queued");
-        } else if predicted > allowed {
-            let retry = retry_after_ms(predicted - allowed, allowed);
+        } else if predicted as i128 > allowed {
+            let excess = (predicted as i128 - allowed) as u64;
+            let retry = retry_after_ms(excess, allowed.max(0) as u64);
             tracing::debug!(
                 predicted_start_ms = predicted,
-                allowed_wait_ms = allowed,
+                allowed_wait_ms = allowed as i64,
                 retry_after_ms = retry,
                 retry_count = caller.patience.retry_count,
                 ahead = ahead_needs.len(),
                 "refused: the line is too long for the client's time"
             );
-            return Err(refuse(
-                ApiError::new(
-                    ErrorCode::AdmissionReject,
-                    format!(
-                        "the predicted wait for a slot ({predicted} ms, {} ahead) leaves no time to answer within {why}: come back in {retry} ms",
-                        ahead_needs.len()
-                    ),
-                    true,
+            let message = if allowed < 0 {
+                format!(
+                    "with {} ahead and the slots busy, an answer takes {} ms at the pace expected now, past {why}: come back in {retry} ms",
+                    ahead_needs.len(),
+                    b.need_ms
                 )
-                .with_retry_after(retry)
-                .with_policy("deadline"),
+            } else {
+                format!(
+                    "the predicted wait for a slot ({predicted} ms, {} ahead) leaves no time to answer within {why}: come back in {retry} ms",
+                    ahead_needs.len()
+                )
+            };
+            return Err(refuse(
+                ApiError::new(ErrorCode::AdmissionReject, message, true)
+                    .with_retry_after(retry)
+                    .with_policy("deadline"),
                 Some(retry),
             ));
         }

@@ -282,6 +282,50 @@ impl Line {
     }
 }
 
+/// Time per token of one sequence alone on the fastest pool that takes work (its solo pace,
+/// else its mean pace): what a task needs at the least, the pools idle.
+pub fn solo_ms_per_token(pools: &[PoolSnapshot]) -> Option<f64> {
+    pools
+        .iter()
+        .filter(|p| p.accepts_work)
+        .filter_map(|p| p.solo_ms_per_token.or(p.ms_per_token_ewma))
+        .filter(|t| t.is_finite() && *t > 0.0)
+        .min_by(f64::total_cmp)
+}
+
+/// Whether every pace admission would refuse on for good was confirmed by a real task: some
+/// pool that takes work has finished one since it loaded.
+pub fn pace_confirmed(pools: &[PoolSnapshot]) -> bool {
+    pools.iter().any(|p| p.accepts_work && p.pace_confirmed)
+}
+
+/// Time per token a task admitted now is expected to run at: its pool's pace alone while it
+/// would run alone, a full pool's (as the line takes it) when every slot would be busy, and in
+/// between as the slots fill with the tasks running and the `ahead` waiting before it. The
+/// lowest over the pools that take work; `None` when none has a measured pace.
+pub fn run_ms_per_token(pools: &[PoolLine<'_>], ahead: usize, probe_factor: f64) -> Option<f64> {
+    pools
+        .iter()
+        .filter(|line| line.snapshot.accepts_work)
+        .filter_map(|line| {
+            let p = line.snapshot;
+            let full = Pace::of(line, probe_factor)?.per_token;
+            let solo = p.solo_ms_per_token.filter(|t| t.is_finite() && *t > 0.0);
+            let Some(solo) = solo.map(|s| s.min(full)) else {
+                return Some(full);
+            };
+            let n = p.slots_total.max(1);
+            let busy = p.slots_busy.max(line.in_slots.len());
+            let together = (busy + ahead + 1).min(n);
+            let share = match together {
+                0 | 1 => 0.0,
+                _ => (together - 1) as f64 / (n - 1) as f64,
+            };
+            Some(solo + (full - solo) * share)
+        })
+        .min_by(f64::total_cmp)
+}
+
 /// Predicted wait, in ms, until a slot starts a task that has `ahead` (each task before it,
 /// in order) in front of it; `None` when no pool that takes work has a measured decode time.
 pub fn predict_start_ms(pools: &[PoolLine<'_>], ahead: &[Need], probe_factor: f64) -> Option<u64> {
@@ -342,6 +386,8 @@ mod tests {
             model_load_ms: 0,
             service_ms_ewma: service,
             ms_per_token_ewma: per_token,
+            solo_ms_per_token: None,
+            pace_confirmed: true,
             used_share_ewma: None,
             prefill_ms_per_token_ewma: None,
             full_ms_per_token_ewma: None,

@@ -35,6 +35,11 @@ pub const SLOW_FACTOR: u32 = 4;
 /// How long a `[linger]` sequence keeps its slot after its cancel.
 pub const LINGER: Duration = Duration::from_millis(1500);
 
+/// How many times the delay the load-time sequences (the self-test and the full-pool
+/// measurement) of an engine whose model ref says `busyload` take per token: a machine that
+/// was busy while the pool loaded (issue 33: 1,085 ms a token measured, 14 ms later).
+pub const BUSY_LOAD_FACTOR: u32 = 20;
+
 pub struct ScriptedEngine {
     pub delay: Duration,
     pub slots: usize,
@@ -42,6 +47,11 @@ pub struct ScriptedEngine {
     pub model_ref: String,
     pub gate: Slots,
     pub alive: Arc<AtomicBool>,
+    /// Sequences still to run `BUSY_LOAD_FACTOR` times slower (`busyload`: the load-time ones).
+    pub slow_at_load: Arc<AtomicUsize>,
+    /// `crowded`: each token takes the delay once per sequence running (a CPU engine whose
+    /// steps slow as its slots fill).
+    pub crowded: bool,
 }
 
 fn words(p: &PromptInput) -> (usize, String) {
@@ -133,6 +143,16 @@ impl Engine for ScriptedEngine {
             true => self.delay * SLOW_FACTOR,
             false => self.delay,
         };
+        let at_load = self
+            .slow_at_load
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let delay = if at_load {
+            delay * BUSY_LOAD_FACTOR
+        } else {
+            delay
+        };
+        let (crowded, gate) = (self.crowded, self.gate.clone());
         let mut permit = job.permit;
         tokio::spawn(async move {
             let finish = |reason, n| {
@@ -174,6 +194,10 @@ impl Engine for ScriptedEngine {
                     let _ = tx.send(finish(FinishReason::Cancelled, n)).await;
                     break;
                 }
+                let delay = match crowded {
+                    true => delay * gate.in_use().max(1) as u32,
+                    false => delay,
+                };
                 if delay.is_zero() {
                     // an instant engine (tokio timers have 1 ms granularity)
                     tokio::task::yield_now().await;
@@ -212,7 +236,8 @@ impl Engine for ScriptedEngine {
 }
 
 /// Loads scripted engines; a model ref containing "missing" fails to load, one containing
-/// "unsupported" fails as a model the engine cannot have (`PortError::Unloadable`).
+/// "unsupported" fails as a model the engine cannot have (`PortError::Unloadable`); one
+/// containing "busyload" runs its load-time sequences slow, "crowded" slows as it fills.
 pub struct ScriptedFactory {
     pub delay: Duration,
     pub ctx: usize,
@@ -237,6 +262,12 @@ impl EngineFactory for ScriptedFactory {
             model_ref: model_ref.to_string(),
             gate: Slots::new(spec.slots),
             alive: Arc::new(AtomicBool::new(true)),
+            // the self-test, then one sequence a slot for the full-pool measurement
+            slow_at_load: Arc::new(AtomicUsize::new(match model_ref.contains("busyload") {
+                true => 1 + spec.slots,
+                false => 0,
+            })),
+            crowded: model_ref.contains("crowded"),
         }))
     }
 }
