@@ -69,7 +69,7 @@ struct ControlApi;
         adapters::kolosal::health,
     ),
     components(schemas(
-        adapters::error::ErrorBody, adapters::error::ErrorDetail, contracts::ErrorCode,
+        crate::error::openai::ErrorBody, crate::error::openai::ErrorDetail, contracts::ErrorCode,
         contracts::SseEvent,
         adapters::openai::types::ChatRequest, adapters::openai::types::ChatResponse,
         adapters::openai::types::Chunk, adapters::openai::types::CompletionRequest,

@@ -5,15 +5,15 @@
 //! remote workers and the tests' scripted engines implement it on their side).
 
 pub mod candle;
-mod lease;
 mod pool;
 mod port;
 mod registry;
 mod spec;
 mod state;
 
-pub use lease::SlotLease;
-pub use pool::{LoadFailure, Pool, PoolError, PoolSnapshot, ServiceSample, CIRCUIT_OPEN_AFTER};
+pub use pool::{
+    LoadFailure, Pool, PoolError, PoolSnapshot, ServiceSample, SlotLease, CIRCUIT_OPEN_AFTER,
+};
 pub use port::{
     ChatTurn, Engine, EngineDescriptor, EngineFactory, EngineJob, FailureNote, Finish,
     FinishReason, OnLoss, PortError, PromptInput, SamplingParams, SeqEvent, SlotPermit, Slots,

@@ -5,15 +5,16 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::candle;
-use crate::port::Engine;
+// the engine's own crates, not the modules here that use specs (no module cycle)
+use engine_candle::EngineSettings as CandleSettings;
+use engine_port::Engine;
 
 /// How a pool gets its engine.
 #[derive(Clone)]
 pub enum EngineConfig {
     /// Loaded in this process by the server's engine factory (candle; the tests' scripted
     /// engines ignore the settings).
-    Local(candle::Settings),
+    Local(CandleSettings),
     /// Served by a connected remote worker, whose engine the pool is given when it is built:
     /// nothing is loaded here.
     Remote {
@@ -57,7 +58,7 @@ impl PoolSpec {
         alias: Option<&str>,
         slots: usize,
         ctx: usize,
-        settings: candle::Settings,
+        settings: CandleSettings,
     ) -> Self {
         let alias = alias.map(str::to_string).unwrap_or_else(|| {
             Path::new(model_path)

@@ -111,7 +111,7 @@ fn presented_key(h: &HeaderMap) -> Option<&str> {
 pub fn respond(shape: Shape, e: ApiError) -> Response {
     match shape {
         Shape::Envelope => e.into_response(),
-        Shape::OpenAi => crate::adapters::error::OpenAiError(e).into_response(),
+        Shape::OpenAi => crate::error::openai::OpenAiError(e).into_response(),
     }
 }
 

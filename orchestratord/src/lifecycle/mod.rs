@@ -22,7 +22,8 @@
 //!    live) and how a client that goes away cancels it (only the last subscriber, after the
 //!    grace period); [`sse`] writes a subscription as `text/event-stream` with event ids.
 //!
-//! [`tokenize`] templates and tokenizes prompts off the runtime, once per task.
+//! [`endings`] is how every task ends (complete, fail, cancel, requeue after a lost worker),
+//! whoever ends it. [`tokenize`] templates and tokenizes prompts off the runtime, once per task.
 //! [`task_store`] keeps tasks (and their records) for the artifact TTL; [`eta`] turns pool
 //! measurements into the queue-time and on-time estimates admission and the stream report;
 //! [`running`] indexes the tasks in slots, for those estimates.
@@ -30,6 +31,7 @@
 pub mod admission;
 pub mod deadline;
 pub mod dispatcher;
+pub mod endings;
 pub mod eta;
 pub mod placement;
 pub mod queue;

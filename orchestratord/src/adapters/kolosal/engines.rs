@@ -14,7 +14,7 @@ use pool_manager::{EngineConfig, Pool, PoolSnapshot, PoolSpec, PoolState};
 use serde::Deserialize;
 
 use super::types::*;
-use crate::adapters::error::{ErrorBody, OpenAiError};
+use crate::error::openai::{ErrorBody, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::state::SharedState;

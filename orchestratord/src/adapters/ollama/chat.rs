@@ -10,9 +10,9 @@ use contracts::{ChatTurn, TaskRequest};
 use futures::StreamExt;
 
 use super::types::*;
-use crate::adapters::error::{error_type, OpenAiError};
 use crate::adapters::follow;
 use crate::auth::Caller;
+use crate::error::openai::{error_type, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
@@ -198,12 +198,12 @@ async fn handle(
             (ChatResponse = "application/json", example = json!({"id": "cmpl-6f1c0d9e", "model": "SmolLM2-135M-Instruct.Q4_1", "created": 1763780000, "message": {"role": "assistant", "content": "I'm doing well, thank you!"}, "done": true, "finish_reason": "stop"})),
             (ChatChunk = "application/x-ndjson", example = json!("{\"message\":{\"role\":\"assistant\",\"content\":\"I'm\"},\"done\":false,\"index\":0}\n{\"message\":{\"role\":\"assistant\",\"content\":\" well\"},\"done\":false,\"index\":1}\n{\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"index\":2,\"finish_reason\":\"stop\"}\n")),
         )),
-        (status = 400, description = "Bad request (missing model or messages, bad types)", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
-        (status = 404, description = "Unknown model", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_not_found),
-        (status = 422, description = "The client's stated timeout (`X-Request-Deadline-Ms`, `x-stainless-read-timeout`, `x-stainless-timeout`) cannot be met even by an idle pool", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_deadline_unmet),
-        (status = 429, description = "Queue full, or the predicted wait misses the client's stated timeout: retry after `retry-after-ms` (also `Retry-After` seconds); a retry (`x-stainless-retry-count` ≥ 1) keeps its place in line", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
-        (status = 503, description = "No pool for the model is ready", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_unready),
-        (status = 504, description = "Queued, it could no longer start in time for the client (`QUEUE_TIMEOUT`, retriable, with `retry-after-ms`); a stream begins only with its first token, so this is never a 200", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_queue_timeout),
+        (status = 400, description = "Bad request (missing model or messages, bad types)", body = crate::error::openai::ErrorBody, example = crate::examples::openai_invalid),
+        (status = 404, description = "Unknown model", body = crate::error::openai::ErrorBody, example = crate::examples::openai_not_found),
+        (status = 422, description = "The client's stated timeout (`X-Request-Deadline-Ms`, `x-stainless-read-timeout`, `x-stainless-timeout`) cannot be met even by an idle pool", body = crate::error::openai::ErrorBody, example = crate::examples::openai_deadline_unmet),
+        (status = 429, description = "Queue full, or the predicted wait misses the client's stated timeout: retry after `retry-after-ms` (also `Retry-After` seconds); a retry (`x-stainless-retry-count` ≥ 1) keeps its place in line", body = crate::error::openai::ErrorBody, example = crate::examples::openai_rate_limited),
+        (status = 503, description = "No pool for the model is ready", body = crate::error::openai::ErrorBody, example = crate::examples::openai_unready),
+        (status = 504, description = "Queued, it could no longer start in time for the client (`QUEUE_TIMEOUT`, retriable, with `retry-after-ms`); a stream begins only with its first token, so this is never a 200", body = crate::error::openai::ErrorBody, example = crate::examples::openai_queue_timeout),
     )
 )]
 pub async fn completions(
@@ -232,12 +232,12 @@ pub async fn completions(
         (status = 200, description = "An SSE stream", content(
             (contracts::SseEvent = "text/event-stream", example = json!("data: {\"message\":{\"role\":\"assistant\",\"content\":\"I'm\"},\"done\":false,\"index\":0}\n\ndata: {\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"index\":1,\"finish_reason\":\"stop\"}\n\ndata: [END]\n\n")),
         )),
-        (status = 400, description = "Bad request", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
-        (status = 404, description = "Unknown model", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_not_found),
-        (status = 422, description = "The client's stated timeout (`X-Request-Deadline-Ms`, `x-stainless-read-timeout`, `x-stainless-timeout`) cannot be met even by an idle pool", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_deadline_unmet),
-        (status = 429, description = "Queue full, or the predicted wait misses the client's stated timeout: retry after `retry-after-ms` (also `Retry-After` seconds); a retry (`x-stainless-retry-count` ≥ 1) keeps its place in line", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
-        (status = 503, description = "No pool for the model is ready", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_unready),
-        (status = 504, description = "Queued, it could no longer start in time for the client (`QUEUE_TIMEOUT`, retriable, with `retry-after-ms`); a stream begins only with its first token, so this is never a 200", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_queue_timeout),
+        (status = 400, description = "Bad request", body = crate::error::openai::ErrorBody, example = crate::examples::openai_invalid),
+        (status = 404, description = "Unknown model", body = crate::error::openai::ErrorBody, example = crate::examples::openai_not_found),
+        (status = 422, description = "The client's stated timeout (`X-Request-Deadline-Ms`, `x-stainless-read-timeout`, `x-stainless-timeout`) cannot be met even by an idle pool", body = crate::error::openai::ErrorBody, example = crate::examples::openai_deadline_unmet),
+        (status = 429, description = "Queue full, or the predicted wait misses the client's stated timeout: retry after `retry-after-ms` (also `Retry-After` seconds); a retry (`x-stainless-retry-count` ≥ 1) keeps its place in line", body = crate::error::openai::ErrorBody, example = crate::examples::openai_rate_limited),
+        (status = 503, description = "No pool for the model is ready", body = crate::error::openai::ErrorBody, example = crate::examples::openai_unready),
+        (status = 504, description = "Queued, it could no longer start in time for the client (`QUEUE_TIMEOUT`, retriable, with `retry-after-ms`); a stream begins only with its first token, so this is never a 200", body = crate::error::openai::ErrorBody, example = crate::examples::openai_queue_timeout),
     )
 )]
 pub async fn sse(

@@ -10,9 +10,9 @@ use futures::StreamExt;
 
 use super::types::*;
 use super::{DONE, FINGERPRINT};
-use crate::adapters::error::{body as error_body, OpenAiError};
 use crate::adapters::follow;
 use crate::auth::Caller;
+use crate::error::openai::{body as error_body, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
@@ -71,12 +71,12 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
             (ChatResponse = "application/json"),
             (contracts::SseEvent = "text/event-stream"),
         )),
-        (status = 400, description = "Bad request", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_invalid),
-        (status = 404, description = "Unknown model", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_not_found),
-        (status = 422, description = "The client's stated timeout (`X-Request-Deadline-Ms`, `x-stainless-read-timeout`, `x-stainless-timeout`) cannot be met even by an idle pool", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_deadline_unmet),
-        (status = 429, description = "Queue full, or the predicted wait misses the client's stated timeout: retry after `retry-after-ms` (also `Retry-After` seconds); a retry (`x-stainless-retry-count` ≥ 1) keeps its place in line", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_rate_limited),
-        (status = 503, description = "No pool for the model is ready", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_unready),
-        (status = 504, description = "Queued, it could no longer start in time for the client (`QUEUE_TIMEOUT`, retriable, with `retry-after-ms`); a stream begins only with its first token, so this is never a 200", body = crate::adapters::error::ErrorBody, example = crate::examples::openai_queue_timeout),
+        (status = 400, description = "Bad request", body = crate::error::openai::ErrorBody, example = crate::examples::openai_invalid),
+        (status = 404, description = "Unknown model", body = crate::error::openai::ErrorBody, example = crate::examples::openai_not_found),
+        (status = 422, description = "The client's stated timeout (`X-Request-Deadline-Ms`, `x-stainless-read-timeout`, `x-stainless-timeout`) cannot be met even by an idle pool", body = crate::error::openai::ErrorBody, example = crate::examples::openai_deadline_unmet),
+        (status = 429, description = "Queue full, or the predicted wait misses the client's stated timeout: retry after `retry-after-ms` (also `Retry-After` seconds); a retry (`x-stainless-retry-count` ≥ 1) keeps its place in line", body = crate::error::openai::ErrorBody, example = crate::examples::openai_rate_limited),
+        (status = 503, description = "No pool for the model is ready", body = crate::error::openai::ErrorBody, example = crate::examples::openai_unready),
+        (status = 504, description = "Queued, it could no longer start in time for the client (`QUEUE_TIMEOUT`, retriable, with `retry-after-ms`); a stream begins only with its first token, so this is never a 200", body = crate::error::openai::ErrorBody, example = crate::examples::openai_queue_timeout),
     )
 )]
 pub async fn chat_completions(

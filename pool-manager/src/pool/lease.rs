@@ -7,7 +7,7 @@ use std::sync::Arc;
 use engine_port::SlotPermit;
 use tokio_util::sync::CancellationToken;
 
-use crate::pool::Pool;
+use super::Pool;
 use crate::port::Engine;
 
 /// Held by a running task.

@@ -8,13 +8,16 @@ use rand::Rng;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::lease::SlotLease;
 use crate::port::{
     Engine, EngineDescriptor, EngineFactory, EngineJob, OnLoss, PortError, PromptInput,
     SamplingParams, SeqEvent,
 };
 use crate::spec::PoolSpec;
 use crate::state::{PoolEvent, PoolState, TransitionError};
+
+mod lease;
+
+pub use lease::SlotLease;
 
 /// Failures of control-plane actions on a pool.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -1,4 +1,7 @@
-//! The data/control-plane error type and its one mapping to HTTP.
+//! The data/control-plane error type, its one mapping to HTTP, and each protocol's error shape
+//! (`openai`: the one the chat adapters and auth answer in).
+
+pub mod openai;
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};

@@ -1,0 +1,116 @@
+//! How a task ends — completed, failed, cancelled, or put back in line after its remote
+//! worker was lost — and what every ending does after it (the queue, the record, the
+//! session's refund, the dispatcher woken). The lifecycle is the one owner of endings: the
+//! runner, the dispatcher, the adapters and remote workers all end a task through these.
+
+use std::sync::Arc;
+
+use contracts::worker::{CancelReason as WireCancel, MAX_REQUEUE_COUNT};
+use contracts::{ErrorCode, SseError};
+
+use crate::lifecycle::task::Task;
+use crate::metrics::{self, CancelReason};
+use crate::state::AppState;
+
+impl AppState {
+    /// What every ending does after the task's own state changed.
+    fn after_end(&self, task: &Task) {
+        self.queue.remove(task);
+        self.records.task_ended(&task.owner, task.record());
+        if let Some(sid) = &task.session_id {
+            let g = task.lock();
+            let refund = (task.spec.max_tokens as u64).saturating_sub(g.tokens_out as u64);
+            let time = match (g.first_token_at, g.ended_at) {
+                (Some(a), Some(b)) => (b - a).as_millis() as u64,
+                _ => 0,
+            };
+            drop(g);
+            self.sessions.settle(&task.owner, sid, refund, time);
+        }
+        self.wake.notify_one();
+    }
+
+    /// Cancels a queued or running task. After this returns, the task emits no more tokens.
+    /// False if it had already ended.
+    pub fn cancel_task(&self, task: &Task, reason: CancelReason) -> bool {
+        task.stop_cause.set(WireCancel::ClientDisconnect);
+        if !task.finish("cancelled") {
+            return false;
+        }
+        metrics::cancelled(reason);
+        metrics::finished("cancelled");
+        tracing::info!(task_id = %task.id, ?reason, "task cancelled");
+        self.after_end(task);
+        true
+    }
+
+    /// Ends a task with `end` (`stop` or `length`). False if it had already ended.
+    pub fn complete_task(&self, task: &Task, finish_reason: &'static str) -> bool {
+        if !task.finish(finish_reason) {
+            return false;
+        }
+        metrics::finished(finish_reason);
+        tracing::info!(task_id = %task.id, finish_reason, "task ended");
+        self.after_end(task);
+        true
+    }
+
+    /// Ends a task with an `error` event. False if it had already ended.
+    pub fn fail_task(
+        &self,
+        task: &Task,
+        code: ErrorCode,
+        message: impl Into<String>,
+        retriable: bool,
+        retry_after_ms: Option<u64>,
+    ) -> bool {
+        let message = message.into();
+        task.stop_cause.set(match code {
+            ErrorCode::DecodeTimeout | ErrorCode::DeadlineUnmet | ErrorCode::QueueTimeout => {
+                WireCancel::Timeout
+            }
+            ErrorCode::ShuttingDown => WireCancel::ServerShutdown,
+            ErrorCode::PoolUnready => WireCancel::GracefulShutdown,
+            ErrorCode::ReplicaExhausted => WireCancel::RequeueExhausted,
+            _ => WireCancel::ClientDisconnect,
+        });
+        if !task.fail(SseError {
+            code,
+            message: message.clone(),
+            retriable,
+            retry_after_ms,
+        }) {
+            return false;
+        }
+        metrics::error(code);
+        metrics::finished("error");
+        tracing::warn!(task_id = %task.id, code = code.as_str(), %message, "task failed");
+        self.after_end(task);
+        true
+    }
+
+    /// A running task whose remote worker was lost goes back to the front of the queue,
+    /// keeping its turn; past `MAX_REQUEUE_COUNT` requeues it ends `REPLICA_EXHAUSTED` (the
+    /// seed's cancel reason `requeue_exhausted`).
+    pub fn requeue_lost(&self, task: &Arc<Task>, why: &str) {
+        let Some(n) = task.back_to_queue() else {
+            return;
+        };
+        if n > MAX_REQUEUE_COUNT {
+            self.fail_task(
+                task,
+                ErrorCode::ReplicaExhausted,
+                format!(
+                    "requeue attempts exhausted ({MAX_REQUEUE_COUNT}): {why} (requeue_exhausted)"
+                ),
+                true,
+                Some(1000),
+            );
+            return;
+        }
+        metrics::requeued();
+        tracing::warn!(task_id = %task.id, requeues = n, %why, "worker lost: task requeued");
+        self.queue.push_front(task.clone());
+        self.wake.notify_one();
+    }
+}
