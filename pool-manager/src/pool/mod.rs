@@ -1003,13 +1003,9 @@ mod tests {
         assert!(!pool.snapshot().pace_confirmed);
         // 64 tokens alone, 14 ms apart, the first after 30 ms (30 prompt tokens)
         pool.record_service(ServiceSample {
-            took: Duration::from_millis(30 + 14 * 63),
-            first_token_after: Some(Duration::from_millis(30)),
-            prompt_tokens: 30,
-            tokens_out: 64,
-            max_tokens: 64,
-            pool_was_full: false,
             ran_alone: true,
+            pool_was_full: false,
+            ..full_pool_sample(30 + 14 * 63, 30, 64, 64)
         });
         let s = pool.snapshot();
         assert!(s.pace_confirmed);
@@ -1025,13 +1021,8 @@ mod tests {
         );
         // beside another task, 10 ms a token: one alone is no slower
         pool.record_service(ServiceSample {
-            took: Duration::from_millis(20 + 10 * 9),
-            first_token_after: Some(Duration::from_millis(20)),
-            prompt_tokens: 30,
-            tokens_out: 10,
-            max_tokens: 10,
             pool_was_full: false,
-            ran_alone: false,
+            ..full_pool_sample(20 + 10 * 9, 20, 10, 10)
         });
         assert_eq!(pool.snapshot().solo_ms_per_token, Some(10.0));
     }
