@@ -12,7 +12,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 model="$(ci/fetch-model.sh)"
 threads="${THREADS:-2}"
 cargo bench -q -p engine-candle --bench engine -- --threads "$threads"
-cargo build -q --release -p orchestratord --bin orchestratord --bin orchd-load
+cargo build -q --release -p orchestratord --bin orchestratord -p orchd-tools --bin orchd-load
 pid=""
 trap '[ -n "$pid" ] && kill $pid 2>/dev/null' EXIT
 load() { # name, base URL, readiness path

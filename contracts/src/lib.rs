@@ -4,6 +4,7 @@
 pub mod artifact;
 pub mod capabilities;
 pub mod error;
+pub mod metric_names;
 pub mod pool;
 pub mod session;
 pub mod sse;

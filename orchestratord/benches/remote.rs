@@ -9,7 +9,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use orchestratord::loadgen::{run_level, LoadSpec};
+use orchd_tools::loadgen::{run_level, LoadSpec};
 
 struct Proc(Child);
 

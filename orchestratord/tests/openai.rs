@@ -240,12 +240,12 @@ async fn every_openai_chat_field_is_honoured_or_refused_by_name() {
     }
 }
 
-/// The in-repo load generator (`orchd-load`, `orchestratord::loadgen`) against a live server:
+/// The in-repo load generator (`orchd-load`, `orchd_tools::loadgen`) against a live server:
 /// every request completes with its tokens counted (from `usage`), refusals are counted by
 /// kind, never as completions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn load_generator_counts_tokens_and_errors() {
-    use orchestratord::loadgen::{run_level, LoadSpec};
+    use orchd_tools::loadgen::{run_level, LoadSpec};
     let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(1)).await;
     let mut spec = LoadSpec {
         base_url: s.base.clone(),

@@ -1,4 +1,4 @@
-//! The reliability suite's CI version: a minute of the soak (`orchestratord::soak`; the
+//! The reliability suite's CI version: a minute of the soak (`orchd_tools::soak`; the
 //! long runs are `orchd-soak --minutes 30`) on the real engine, every adapter, with cancels,
 //! disconnects, resumes, late subscribers, session budgets, drains, resumes and reloads.
 //! Nothing may be lost, doubled, streamed after a cancel, answered 5xx, or left holding a slot.
@@ -9,7 +9,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use orchestratord::{process_stats, soak};
+use orchd_tools::soak;
+use orchestratord::config::Config;
+use orchestratord::process_stats;
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,7 +22,8 @@ async fn soak_on_the_real_engine_loses_nothing() {
         .unwrap_or(60);
     let model = default_model_path();
     let scratch = std::env::temp_dir().join(format!("orchd-soak-test-{}", std::process::id()));
-    let cfg = soak::server_config(&model, &scratch);
+    std::fs::create_dir_all(&scratch).unwrap();
+    let cfg = Config::from_toml(&soak::server_toml(&model, &scratch, "127.0.0.1:0")).unwrap();
     let s = start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
     let hyperswarm = s.background.hyperswarm.as_ref().map(|h| h.listen);
     assert!(hyperswarm.is_some(), "the Hyperswarm host runs");

@@ -59,6 +59,27 @@ pub fn free_port() -> u16 {
         .port()
 }
 
+/// The server binary: cargo's for the server crate's own tests; for the tools' tests (which
+/// share this support) the one beside them in the target folder, which a workspace test run
+/// builds.
+pub fn orchestratord_binary() -> PathBuf {
+    if let Some(bin) = option_env!("CARGO_BIN_EXE_orchestratord") {
+        return bin.into();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("orchestratord"))
+        .unwrap();
+    assert!(
+        bin.exists(),
+        "build the server first (cargo build -p orchestratord): {}",
+        bin.display()
+    );
+    bin
+}
+
 fn spawn(tag: &str, args: &[String], config: &str) -> Proc {
     spawn_env(tag, args, config, &[])
 }
@@ -73,7 +94,7 @@ pub fn spawn_env(tag: &str, args: &[String], config: &str, env: &[(&str, &str)])
     let out = std::fs::File::create(&log).unwrap();
     // each process its own record store, unless the test names one
     let records = dir.join("records.sqlite3");
-    let child = Command::new(env!("CARGO_BIN_EXE_orchestratord"))
+    let child = Command::new(orchestratord_binary())
         .arg("--config")
         .arg(&cfg)
         .args(args)

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use orchestratord::loadgen::{run_level, LoadSpec};
+use orchd_tools::loadgen::{run_level, LoadSpec};
 
 #[derive(Debug, Parser)]
 #[command(

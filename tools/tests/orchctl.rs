@@ -3,6 +3,8 @@
 //! reload --wait to a bad file exits 2 with the server's reason, the documented exit codes,
 //! the key from a file or the environment (never printed), and the task commands.
 
+// the server crate's test support: real server processes, the default model
+#[path = "../../orchestratord/tests/support/mod.rs"]
 mod support;
 
 use std::process::Output;

@@ -144,11 +144,11 @@ pub(crate) async fn wait_records_stored(
             Ok(r) => r.text().await.unwrap_or_default(),
             Err(_) => String::new(),
         };
-        let finished = metric_sum(&text, crate::metrics::TASKS_FINISHED, &[]);
+        let finished = metric_sum(&text, contracts::metric_names::TASKS_FINISHED, &[]);
         let written = metric_sum(
             &text,
-            crate::metrics::RECORDS_WRITTEN,
-            &[(crate::metrics::L_KIND, "task")],
+            contracts::metric_names::RECORDS_WRITTEN,
+            &[(contracts::metric_names::L_KIND, "task")],
         );
         let missing = (finished - written).max(0.0) as u64;
         if missing == 0 || Instant::now() >= until {

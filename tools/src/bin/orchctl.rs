@@ -1,8 +1,8 @@
 //! `orchctl`: operate an orchestratord server from scripts and terminals (see
-//! `orchestratord::orchctl`; `orchctl --help` lists commands and exit codes).
+//! `orchd_tools::orchctl`; `orchctl --help` lists commands and exit codes).
 
 use clap::Parser;
-use orchestratord::orchctl::{error::exit, run, Cli};
+use orchd_tools::orchctl::{error::exit, run, Cli};
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {

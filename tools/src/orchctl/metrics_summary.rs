@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use serde_json::{json, Value};
 
 use super::Output;
-use crate::metrics as m;
+use contracts::metric_names as m;
 
 /// One sample line: name, labels, value.
 #[derive(Debug, Clone, PartialEq)]

@@ -209,37 +209,36 @@ pub async fn run(spec: SoakSpec, rss: impl Fn() -> Option<u64>) -> SoakReport {
     tally.with(|r| r.clone())
 }
 
-/// The server the soak runs against in one process: two pools of `model` (the control loop
-/// reloads `p1` and drains `p2`), the Hyperswarm host on a free port, session budgets small
-/// enough to run out, and a short disconnect grace so abandoned task API streams end soon.
-/// The Hyperswarm identity and the record store live in `scratch`.
-pub fn server_config(model: &str, scratch: &std::path::Path) -> crate::config::Config {
-    let mut cfg = crate::config::Config::default();
-    let mut pools = Vec::new();
+/// The config (TOML) of the server the soak runs against: two pools of `model` (the control
+/// loop reloads `p1` and drains `p2`), the Hyperswarm host on `hyperswarm_listen`
+/// (`127.0.0.1:0`: any free port), session budgets small enough to run out, and a short
+/// disconnect grace so abandoned task API streams end soon. The Hyperswarm identity and the
+/// record store live in `scratch`.
+pub fn server_toml(model: &str, scratch: &std::path::Path, hyperswarm_listen: &str) -> String {
+    // a JSON string is a TOML basic string
+    let q = |s: &str| serde_json::Value::from(s).to_string();
+    let path = |f: &str| q(&scratch.join(f).display().to_string());
+    let mut t = format!(
+        "[queue]\ncapacity = 256\n\
+         [stream]\ndisconnect_grace_ms = 500\nmax_retained_tasks = 100000\n\
+         [sessions]\ntoken_budget = 3000\n\
+         [records]\npath = {}\n\
+         [hyperswarm]\nenabled = true\nlisten = {}\nmodel = \"soak-model\"\nidentity_path = {}\n\
+         [hyperswarm.sidecar]\nenabled = false\n",
+        path("records.sqlite3"),
+        q(hyperswarm_listen),
+        path("identity.json"),
+    );
     for id in ["p1", "p2"] {
-        let mut p = cfg.pools[0].clone();
-        p.id = id.into();
-        p.model = model.into();
-        p.alias = Some("soak-model".into());
-        p.slots = 4;
-        p.ctx = 512;
-        pools.push(p);
+        t.push_str(&format!(
+            "[[pools]]\nid = \"{id}\"\nmodel = {}\nalias = \"soak-model\"\nslots = 4\nctx = 512\n",
+            q(model)
+        ));
     }
-    cfg.pools = pools;
-    cfg.queue.capacity = 256;
-    cfg.stream.disconnect_grace_ms = 500;
-    cfg.stream.max_retained_tasks = 100_000;
-    cfg.sessions.token_budget = Some(3_000);
-    cfg.hyperswarm.enabled = true;
-    cfg.hyperswarm.sidecar.enabled = false;
-    cfg.hyperswarm.listen = "127.0.0.1:0".into();
-    cfg.hyperswarm.model = Some("soak-model".into());
-    cfg.hyperswarm.identity_path = scratch.join("identity.json").display().to_string();
-    cfg.records.path = scratch.join("records.sqlite3").display().to_string();
-    cfg
+    t
 }
 
-/// The spec for [`server_config`]'s server at `base_url`.
+/// The spec for [`server_toml`]'s server at `base_url`.
 pub fn spec_for(
     base_url: String,
     model: &str,
