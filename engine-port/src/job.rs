@@ -7,7 +7,7 @@ use contracts::worker::CancelReason;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::PortError;
+use crate::error::PortError;
 use crate::sampling::SamplingParams;
 use crate::slots::SlotPermit;
 

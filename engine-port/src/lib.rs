@@ -5,12 +5,14 @@
 //! tests' scripted engine all implement [`Engine`]; nothing here knows any of them.
 
 mod engine;
+mod error;
 mod events;
 mod job;
 mod sampling;
 mod slots;
 
-pub use engine::{Engine, EngineDescriptor, OnLoss, PortError, EVENT_CHANNEL_CAPACITY};
+pub use engine::{Engine, EngineDescriptor, OnLoss, EVENT_CHANNEL_CAPACITY};
+pub use error::PortError;
 pub use events::{Finish, FinishReason, SeqEvent};
 pub use job::{ChatTurn, EngineJob, FailureNote, PromptInput, StopCause};
 pub use sampling::SamplingParams;

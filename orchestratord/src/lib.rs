@@ -26,5 +26,4 @@ pub mod remote_workers;
 pub mod routes;
 pub mod server;
 pub mod sessions;
-pub mod state;
 pub mod worker;

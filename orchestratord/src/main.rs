@@ -135,7 +135,11 @@ async fn run_worker(cfg: Config, w: WorkerArgs, bind: Option<String>) -> anyhow:
     }
     if let Some(addr) = &bind {
         // the worker's own API has the server's routes: the same rule for exposing it
-        let auth = orchestratord::auth::Auth::load(&cfg.auth, &cfg.http.cors_allowed_origins)?;
+        let auth = orchestratord::auth::Auth::load(
+            &cfg.auth,
+            &cfg.http.cors_allowed_origins,
+            &cfg.http.trusted_proxies,
+        )?;
         orchestratord::auth::check_exposure(addr, &auth, cfg.auth.insecure_no_auth)?;
     }
     let choice = match w.backend_url {

@@ -14,17 +14,21 @@ use tokio::sync::Notify;
 
 use crate::config::{Config, ConfigError};
 use crate::lifecycle::queue::TaskQueue;
+use crate::lifecycle::state::{AppState, SharedState};
 use crate::lifecycle::task_store::TaskStore;
 use crate::routes;
 use crate::sessions::SessionStore;
-use crate::state::{AppState, SharedState};
 
 /// Creates the state; pools start in `Loading`.
 pub fn build_state(
     cfg: Config,
     factory: Arc<dyn EngineFactory>,
 ) -> Result<SharedState, ConfigError> {
-    let auth = crate::auth::Auth::load(&cfg.auth, &cfg.http.cors_allowed_origins)?;
+    let auth = Arc::new(crate::auth::Auth::load(
+        &cfg.auth,
+        &cfg.http.cors_allowed_origins,
+        &cfg.http.trusted_proxies,
+    )?);
     crate::auth::check_exposure(&cfg.bind, &auth, cfg.auth.insecure_no_auth)?;
     let wake = Arc::new(Notify::new());
     let records = crate::records::Records::open(&cfg.records)
@@ -102,7 +106,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/pools/{id}/reload", post(routes::pools::reload))
         .route(
             contracts::worker::CONNECT_PATH,
-            get(crate::remote_workers::connect),
+            get(routes::workers::connect),
         )
         .route("/v1/workers", get(routes::workers::list))
         .route("/v1/workers/{id}/drain", post(routes::workers::drain))
@@ -151,7 +155,7 @@ pub fn router(state: SharedState) -> Router {
             crate::body_deadline::limit,
         ))
         .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
+            state.auth.clone(),
             crate::auth::middleware,
         ))
         .layer(axum::middleware::from_fn(crate::correlation::middleware))
@@ -234,7 +238,7 @@ pub async fn serve(
         st.shutting_down.store(true, Ordering::SeqCst);
         st.shutdown.cancel();
         tracing::info!("shutting down: admitting nothing new");
-        st.workers.drain_all(&st, "server_shutdown", grace);
+        st.workers.drain_all(st.as_ref(), "server_shutdown", grace);
         let until = Instant::now() + grace;
         while Instant::now() < until && !st.tasks.unfinished().is_empty() {
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -9,10 +9,10 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::admission;
 use crate::lifecycle::deadline::Delivery;
+use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::{Resume, Subscription};
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::CancelReason;
-use crate::state::SharedState;
 
 /// Follows an admitted task for a protocol that cannot come back to the same stream: the
 /// client going away (the response dropped) cancels it unless someone else follows it.

@@ -28,7 +28,6 @@ use crate::config::{AuthConfig, ConfigError};
 use crate::correlation::CorrelationId;
 use crate::error::ApiError;
 use crate::patience::Patience;
-use crate::state::SharedState;
 
 /// The env variable with `tenant:scope:key` entries, comma-separated.
 pub const KEYS_ENV: &str = "ORCHD_API_KEYS";
@@ -39,11 +38,17 @@ pub struct Auth {
     pub limiter: limiter::FailureLimiter,
     pub metrics_public: bool,
     pub allowed_origins: Vec<String>,
+    /// Proxies whose forwarded client address is believed (`http.trusted_proxies`).
+    pub trusted_proxies: Vec<ipnet::IpNet>,
 }
 
 impl Auth {
     /// Keys from `cfg.keys`, `cfg.key_file` and `ORCHD_API_KEYS`.
-    pub fn load(cfg: &AuthConfig, allowed_origins: &[String]) -> Result<Self, ConfigError> {
+    pub fn load(
+        cfg: &AuthConfig,
+        allowed_origins: &[String],
+        trusted_proxies: &[ipnet::IpNet],
+    ) -> Result<Self, ConfigError> {
         let bad = |e: keys::KeyError| ConfigError::Invalid(format!("API keys: {e}"));
         let mut keys = KeyStore::default();
         keys.add_entries("auth.keys", cfg.keys.iter().map(String::as_str))
@@ -64,6 +69,7 @@ impl Auth {
             limiter: limiter::FailureLimiter::new(cfg.max_failures_per_minute),
             metrics_public: cfg.metrics_public,
             allowed_origins: allowed_origins.to_vec(),
+            trusted_proxies: trusted_proxies.to_vec(),
         })
     }
 
@@ -185,23 +191,23 @@ fn hygiene(auth: &Auth, req: &Request, shape: Shape) -> Option<Response> {
 }
 
 /// The client's address: the peer's, or the forwarded one behind a trusted proxy.
-pub fn client_of(state: &SharedState, req: &Request) -> IpAddr {
+pub fn client_of(auth: &Auth, req: &Request) -> IpAddr {
     let peer = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .map(|ConnectInfo(a)| a.ip())
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-    crate::client_addr::client_ip(peer, req.headers(), &state.cfg.http.trusted_proxies)
+    crate::client_addr::client_ip(peer, req.headers(), &auth.trusted_proxies)
 }
 
 /// Checks the request's key against the route's needs and puts the [`Principal`] in its
 /// extensions.
 pub async fn middleware(
-    State(state): State<SharedState>,
+    State(auth): State<std::sync::Arc<Auth>>,
     mut req: Request,
     next: Next,
 ) -> Response {
-    let auth = &state.auth;
+    let auth = auth.as_ref();
     let (access, shape) = routes::classify(req.method(), req.uri().path());
     if let Some(refused) = hygiene(auth, &req, shape) {
         return refused;
@@ -240,7 +246,7 @@ pub async fn middleware(
     };
     // failures are counted per client and key tried: a key that verifies has none, so no
     // one's failures ever refuse it
-    let client = client_of(&state, &req);
+    let client = client_of(auth, &req);
     let attempt = limiter::Attempt::new(client, key);
     if let Some(wait) = auth.limiter.limited_for(&attempt) {
         crate::metrics::auth_failed("rate_limited");
@@ -307,16 +313,6 @@ impl Caller {
 
     pub fn tenant(&self) -> &str {
         &self.principal.tenant
-    }
-
-    /// Who a place in line may be kept for when this request is refused: a client that
-    /// counts its tries, on its connection; `None` when its retry could not claim a place.
-    pub fn claimant(&self) -> Option<crate::lifecycle::queue::Claimant> {
-        self.patience
-            .counts_tries
-            .then_some(crate::lifecycle::queue::Claimant {
-                connection: self.connection,
-            })
     }
 }
 

@@ -12,11 +12,12 @@ use crate::error::ApiError;
 use crate::lifecycle::deadline::{self, Delivery, Limits};
 use crate::lifecycle::eta;
 use crate::lifecycle::queue::Enqueued;
+use crate::lifecycle::state::SharedState;
+use crate::lifecycle::task::Claimant;
 use crate::lifecycle::task::{NewTask, RunSpec, Task};
 use crate::lifecycle::task_store::Inserted;
 use crate::lifecycle::tokenize::PromptIds;
 use crate::metrics;
-use crate::state::SharedState;
 
 const MAX_ID_LEN: usize = 128;
 
@@ -369,7 +370,7 @@ fn queue_full(
     retry_after_ms: u64,
     caller: &Caller,
 ) -> ApiError {
-    deadline::keep_place(state, rank, retry_after_ms, caller.claimant());
+    deadline::keep_place(state, rank, retry_after_ms, Claimant::of(caller));
     let cap = state.queue.capacity();
     reject(
         ErrorCode::AdmissionReject,
@@ -507,7 +508,7 @@ pub async fn admit(
         rank: Some(plan.rank),
         predicted_start: plan.predicted_start,
         last_attempt: caller.patience.is_last_attempt(),
-        claimant: caller.claimant(),
+        claimant: Claimant::of(caller),
     }));
     match state.tasks.insert(task.clone()) {
         Inserted::New => {}

@@ -18,9 +18,10 @@ use pool_manager::{Pool, PoolSnapshot};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::eta::{self, Need, PoolLine};
-use crate::lifecycle::queue::{Claimant, Promised};
+use crate::lifecycle::queue::Promised;
+use crate::lifecycle::state::SharedState;
+use crate::lifecycle::task::Claimant;
 use crate::metrics;
-use crate::state::SharedState;
 
 /// How the answer reaches the client: what its timeout is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -156,7 +157,7 @@ pub fn plan<'a>(
     delivery: Delivery,
 ) -> Result<Plan<'a>, ApiError> {
     let now = Instant::now();
-    let rank = match (caller.patience.is_retry(), caller.claimant()) {
+    let rank = match (caller.patience.is_retry(), Claimant::of(caller)) {
         (true, Some(claimant)) => match state.queue.claim_place(now, claimant) {
             Some(kept) => {
                 metrics::retry_place("claimed");
@@ -168,7 +169,7 @@ pub fn plan<'a>(
     };
     let refuse = |e: ApiError, keep: Option<u64>| {
         if let Some(retry) = keep {
-            keep_place(state, rank, retry, caller.claimant());
+            keep_place(state, rank, retry, Claimant::of(caller));
         }
         metrics::rejected(e.code());
         e

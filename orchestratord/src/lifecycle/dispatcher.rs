@@ -10,8 +10,8 @@ use crate::lifecycle::eta;
 use crate::lifecycle::placement::{place, Placement};
 use crate::lifecycle::runner;
 use crate::lifecycle::shed;
+use crate::lifecycle::state::SharedState;
 use crate::lifecycle::task::Task;
-use crate::state::SharedState;
 
 /// How often the dispatcher looks even without a wake-up (deadlines, sweeps, gauges).
 const TICK: Duration = Duration::from_millis(200);
@@ -93,7 +93,11 @@ pub fn dispatch_once(state: &SharedState) -> Option<Instant> {
                 if let Some(at) = task.start_by {
                     next_due = Some(next_due.map_or(at, |n| n.min(at)));
                 }
-                if let Some(limit) = state.workers.queue_timeout_for(state, &task) {
+                if let Some(limit) = state.workers.queue_timeout_for(
+                    &state.pools,
+                    task.pin.as_deref(),
+                    task.model.as_deref(),
+                ) {
                     if task.lock().queued_since.elapsed() >= limit {
                         state.fail_task(
                             &task,

@@ -8,9 +8,9 @@ use std::sync::Arc;
 use contracts::worker::{CancelReason as WireCancel, MAX_REQUEUE_COUNT};
 use contracts::{ErrorCode, SseError};
 
+use crate::lifecycle::state::AppState;
 use crate::lifecycle::task::Task;
 use crate::metrics::{self, CancelReason};
-use crate::state::AppState;
 
 impl AppState {
     /// What every ending does after the task's own state changed.

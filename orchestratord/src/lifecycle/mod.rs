@@ -22,6 +22,9 @@
 //!    live) and how a client that goes away cancels it (only the last subscriber, after the
 //!    grace period); [`sse`] writes a subscription as `text/event-stream` with event ids.
 //!
+//! [`state`] is the server's shared state (pools, queue, tasks, sessions, workers, keys,
+//! records, config), which every step and every route reads; remote workers reach it only
+//! through `remote_workers::WorkerHost`, which it implements.
 //! [`endings`] is how every task ends (complete, fail, cancel, requeue after a lost worker),
 //! whoever ends it. [`tokenize`] templates and tokenizes prompts off the runtime, once per task.
 //! [`task_store`] keeps tasks (and their records) for the artifact TTL; [`eta`] turns pool
@@ -39,6 +42,7 @@ pub mod runner;
 pub mod running;
 pub mod shed;
 pub mod sse;
+pub mod state;
 pub mod subscription;
 pub mod task;
 pub mod task_store;

@@ -8,9 +8,9 @@ use std::cmp::Ordering;
 use contracts::ErrorCode;
 use pool_manager::{PoolState, SlotLease};
 
+use crate::lifecycle::state::AppState;
 use crate::lifecycle::task::Task;
 use crate::metrics;
-use crate::state::AppState;
 
 /// The outcome of trying to place one task now.
 pub enum Placement {

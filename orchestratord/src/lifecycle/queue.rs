@@ -20,7 +20,7 @@ use std::time::Instant;
 use contracts::Priority;
 
 use crate::config::FullPolicy;
-use crate::lifecycle::task::Task;
+use crate::lifecycle::task::{Claimant, Task};
 
 pub struct TaskQueue {
     inner: Mutex<Classes>,
@@ -63,13 +63,6 @@ impl Drop for Promised<'_> {
         let mut q = self.queue.lock();
         q.pending.retain(|p| p.id != self.id);
     }
-}
-
-/// Who a place in line is kept for: a client that counts its tries (a retry-count header),
-/// refused on this connection (`None`: the server's own callers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Claimant {
-    pub connection: Option<SocketAddr>,
 }
 
 /// A place in line kept for a refused request until it lapses.

@@ -11,9 +11,9 @@ use pool_manager::{
 use tokio::sync::mpsc::Receiver;
 
 use crate::lifecycle::eta;
+use crate::lifecycle::state::SharedState;
 use crate::lifecycle::task::Task;
 use crate::metrics;
-use crate::state::SharedState;
 
 enum Outcome {
     Finished(usize),

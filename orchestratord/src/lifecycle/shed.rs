@@ -24,8 +24,8 @@ use pool_manager::PoolSnapshot;
 use crate::lifecycle::deadline;
 use crate::lifecycle::eta::{Line, Need, PoolLine};
 use crate::lifecycle::queue::InLine;
+use crate::lifecycle::state::SharedState;
 use crate::metrics;
-use crate::state::SharedState;
 
 /// How far past its start budget a task must be predicted before it is sent back: a tenth of
 /// the budget, and at least this (the pace read from a few tokens is noisy).

@@ -17,8 +17,8 @@ use futures::Stream;
 use tokio::sync::watch;
 
 use super::task::{Task, TaskEvent};
+use crate::lifecycle::state::SharedState;
 use crate::metrics::CancelReason;
-use crate::state::SharedState;
 
 /// Whether the reader can come back to the same stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,6 @@ use contracts::{
 };
 use pool_manager::{EngineDescriptor, PromptInput, SamplingParams, StopCause};
 
-use super::queue::Claimant;
 use super::tokenize::PromptIds;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -474,6 +473,23 @@ impl Task {
 }
 
 /// A one-token interactive task for unit tests, ranked `rank` (or now).
+/// Who a place in line is kept for: a client that counts its tries (a retry-count header),
+/// refused on this connection (`None`: the server's own callers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Claimant {
+    pub connection: Option<std::net::SocketAddr>,
+}
+
+impl Claimant {
+    /// Who a place in line may be kept for when `caller`'s request is refused: a client that
+    /// counts its tries, on its connection; `None` when its retry could not claim a place.
+    pub fn of(caller: &crate::auth::Caller) -> Option<Self> {
+        caller.patience.counts_tries.then_some(Self {
+            connection: caller.connection,
+        })
+    }
+}
+
 #[cfg(test)]
 pub(crate) fn test_task(id: &str, rank: Option<Instant>) -> std::sync::Arc<Task> {
     std::sync::Arc::new(Task::new(NewTask {

@@ -10,6 +10,7 @@
 //! - `names`: which worker and model names are accepted.
 
 mod engine;
+mod host;
 mod link;
 mod names;
 pub mod openai_wire;
@@ -19,15 +20,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pool_manager::PoolSpec;
+use pool_manager::{PoolRegistry, PoolSpec};
 
 pub use engine::{RemoteEngine, ENGINE_NAME};
+pub use host::WorkerHost;
 pub use link::WorkerLink;
-pub use socket::connect;
+pub use socket::{connect, ConnectQuery};
 
 use crate::config::WorkersConfig;
-use crate::lifecycle::task::Task;
-use crate::state::AppState;
 
 /// Models remembered as served by workers (beyond the configured ones).
 const MAX_KNOWN_MODELS: usize = 1024;
@@ -79,14 +79,20 @@ impl WorkerRegistry {
         }
     }
 
-    /// The queue timeout of a queued task that only workers can run (its model has no local
-    /// pool, or it is pinned to a remote pool); `None` for tasks local pools serve.
-    pub fn queue_timeout_for(&self, state: &AppState, task: &Task) -> Option<Duration> {
+    /// The queue timeout of a queued task (pinned to `pin`, or asking for `model`) that only
+    /// workers can run (its model has no local pool, or it is pinned to a remote pool);
+    /// `None` for tasks local pools serve.
+    pub fn queue_timeout_for(
+        &self,
+        pools: &PoolRegistry,
+        pin: Option<&str>,
+        model: Option<&str>,
+    ) -> Option<Duration> {
         if !self.enabled() {
             return None;
         }
-        let pools = state.pools.all();
-        let local_serves = match (&task.pin, &task.model) {
+        let pools = pools.all();
+        let local_serves = match (pin, model) {
             (Some(pin), _) => pools.iter().any(|p| p.id() == pin && p.spec().is_local()),
             (None, Some(m)) => pools.iter().any(|p| p.spec().is_local() && p.serves(m)),
             (None, None) => true,
@@ -136,7 +142,7 @@ impl WorkerRegistry {
 
     /// Drains every worker (server shutdown): `graceful_shutdown`, no new work, close when
     /// idle.
-    pub fn drain_all(&self, state: &AppState, reason: &str, deadline: Duration) {
+    pub fn drain_all(&self, state: &dyn WorkerHost, reason: &str, deadline: Duration) {
         for link in self.list() {
             drain(state, &link, reason, deadline);
         }
@@ -145,8 +151,8 @@ impl WorkerRegistry {
 
 /// Drains one worker: its pools take no new work, it is told `graceful_shutdown`, and its
 /// socket closes once its requests in flight are done (running tasks keep `deadline`).
-pub fn drain(state: &AppState, link: &WorkerLink, reason: &str, deadline: Duration) {
-    for pool in state.pools.all() {
+pub fn drain(state: &dyn WorkerHost, link: &WorkerLink, reason: &str, deadline: Duration) {
+    for pool in state.pools().all() {
         if pool.spec().worker_id() == Some(link.id.as_str()) {
             let _ = pool.drain(deadline);
         }
@@ -179,24 +185,24 @@ pub fn pool_id(worker_id: &str, model: &str) -> String {
 
 /// Makes the worker's pools match `models`: new models become Ready remote pools, models it
 /// no longer lists lose theirs (running tasks keep their lease and finish).
-pub fn sync_pools(state: &AppState, link: &Arc<WorkerLink>, models: &[String]) {
-    state.workers.remember(models);
+pub fn sync_pools(state: &dyn WorkerHost, link: &Arc<WorkerLink>, models: &[String]) {
+    state.workers().remember(models);
     let wanted: BTreeSet<String> = models.iter().map(|m| pool_id(&link.id, m)).collect();
-    for pool in state.pools.all() {
+    for pool in state.pools().all() {
         if pool.spec().worker_id() == Some(link.id.as_str()) && !wanted.contains(pool.id()) {
-            state.pools.remove(pool.id());
+            state.pools().remove(pool.id());
             pool.engine_died("the worker no longer serves this model");
         }
     }
     for model in models {
         let id = pool_id(&link.id, model);
-        if state.pools.get(&id).is_some() {
+        if state.pools().get(&id).is_some() {
             continue;
         }
         let engine = Arc::new(RemoteEngine::new(
             link.clone(),
             model.clone(),
-            state.cfg.workers.ctx,
+            state.config().workers.ctx,
         ));
         let spec = PoolSpec::remote(
             id,
@@ -206,16 +212,16 @@ pub fn sync_pools(state: &AppState, link: &Arc<WorkerLink>, models: &[String]) {
             engine,
         );
         // taken meanwhile (another registration of the same id): the pool there serves
-        let _ = state.pools.add(spec);
+        let _ = state.pools().add(spec);
     }
     link.set_models(models.to_vec());
 }
 
 /// Removes every pool of a worker whose socket is gone.
-fn remove_pools(state: &AppState, worker_id: &str) {
-    for pool in state.pools.all() {
+fn remove_pools(state: &dyn WorkerHost, worker_id: &str) {
+    for pool in state.pools().all() {
         if pool.spec().worker_id() == Some(worker_id) {
-            state.pools.remove(pool.id());
+            state.pools().remove(pool.id());
             pool.engine_died("the worker disconnected");
         }
     }

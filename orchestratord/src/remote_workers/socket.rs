@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{ConnectInfo, Query, State};
+use axum::extract::{ConnectInfo, Query};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -20,10 +20,10 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 
 use super::link::{RequestEvent, WorkerLink};
+use super::WorkerHost;
 use super::{drain, names, remove_pools, sync_pools};
 use crate::auth::limiter as auth;
 use crate::error::ApiError;
-use crate::state::SharedState;
 
 /// Close code for a protocol violation (RFC 6455 1002) and for going away (1001).
 const CLOSE_PROTOCOL: u16 = 1002;
@@ -42,13 +42,13 @@ pub struct ConnectQuery {
 /// The WebSocket upgrade for workers: secret checked (constant time, failures limited per
 /// address) before anything else.
 pub async fn connect(
-    State(state): State<SharedState>,
+    state: Arc<dyn WorkerHost>,
     Query(q): Query<ConnectQuery>,
     headers: HeaderMap,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Response {
-    let w = &state.cfg.workers;
+    let w = &state.config().workers;
     let Some(secret) = w.active_secret() else {
         return ApiError::new(
             ErrorCode::NotFound,
@@ -60,7 +60,7 @@ pub async fn connect(
     let peer_ip = peer
         .map(|Extension(ConnectInfo(a))| a.ip())
         .unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED));
-    let ip = crate::client_addr::client_ip(peer_ip, &headers, &state.cfg.http.trusted_proxies);
+    let ip = crate::client_addr::client_ip(peer_ip, &headers, &state.config().http.trusted_proxies);
     let offered = headers
         .get(SECRET_HEADER)
         .and_then(|v| v.to_str().ok())
@@ -68,7 +68,7 @@ pub async fn connect(
         .unwrap_or("");
     // counted per client and secret tried: the right secret is never refused for failures
     let attempt = auth::Attempt::new(ip, offered);
-    if let Some(wait) = state.workers.limiter.limited_for(&attempt) {
+    if let Some(wait) = state.workers().limiter.limited_for(&attempt) {
         return ApiError::new(
             ErrorCode::AuthRateLimited,
             "too many failed worker authentications with this secret from this address",
@@ -78,7 +78,7 @@ pub async fn connect(
         .into_response();
     }
     if !auth::secret_matches(secret, offered) {
-        state.workers.limiter.record_failure(attempt);
+        state.workers().limiter.record_failure(attempt);
         crate::metrics::worker_auth_failed();
         tracing::warn!(peer = %ip, "worker refused: wrong or missing secret");
         return ApiError::new(
@@ -135,13 +135,13 @@ struct Registration {
 /// documented form (`names.rs`), not a name a local pool answers to, not repeated, at most
 /// `workers.max_models_per_worker`; why each other one is ignored goes to `warnings`.
 fn accepted_models(
-    state: &SharedState,
+    state: &dyn WorkerHost,
     models: Vec<String>,
     warnings: &mut Vec<String>,
 ) -> Vec<String> {
-    let limit = state.cfg.workers.max_models_per_worker;
+    let limit = state.config().workers.max_models_per_worker;
     let local: Vec<_> = state
-        .pools
+        .pools()
         .all()
         .into_iter()
         .filter(|p| p.spec().is_local())
@@ -170,8 +170,8 @@ fn accepted_models(
 }
 
 /// Checks a `register`; `Err` is the close reason.
-fn accept(state: &SharedState, msg: WorkerToServer) -> Result<Registration, String> {
-    let w = &state.cfg.workers;
+fn accept(state: &dyn WorkerHost, msg: WorkerToServer) -> Result<Registration, String> {
+    let w = &state.config().workers;
     let WorkerToServer::Register {
         worker_name,
         models,
@@ -218,12 +218,12 @@ fn accept(state: &SharedState, msg: WorkerToServer) -> Result<Registration, Stri
 }
 
 async fn serve_worker(
-    state: SharedState,
+    state: Arc<dyn WorkerHost>,
     mut socket: WebSocket,
     peer: IpAddr,
     provider: Option<String>,
 ) {
-    let w = &state.cfg.workers;
+    let w = &state.config().workers;
     let first =
         tokio::time::timeout(Duration::from_millis(w.register_timeout_ms), socket.next()).await;
     let msg = match first {
@@ -232,7 +232,7 @@ async fn serve_worker(
         Ok(_) => Err("the first frame must be a register text frame".to_string()),
         Err(_) => Err("no register frame in time".to_string()),
     };
-    let reg = match msg.and_then(|m| accept(&state, m)) {
+    let reg = match msg.and_then(|m| accept(state.as_ref(), m)) {
         Ok(r) => r,
         Err(why) => {
             tracing::warn!(peer = %peer, reason = %why, "worker registration refused");
@@ -242,7 +242,7 @@ async fn serve_worker(
         }
     };
     let mut outbound = None;
-    let added = state.workers.add(&reg.name, |id| {
+    let added = state.workers().add(&reg.name, |id| {
         let (link, rx) = WorkerLink::new(
             id,
             reg.name.clone(),
@@ -265,7 +265,7 @@ async fn serve_worker(
         return;
     };
     let id = link.id.clone();
-    sync_pools(&state, &link, &reg.models);
+    sync_pools(state.as_ref(), &link, &reg.models);
     let ack = ServerToWorker::RegisterAck {
         worker_id: id.clone(),
         models: reg.models.clone(),
@@ -281,27 +281,27 @@ async fn serve_worker(
         models = ?reg.models, max_concurrent = reg.max_concurrent, "worker registered"
     );
     let reason = if socket.send(text(&ack)).await.is_ok() {
-        frame_loop(&state, &link, socket, outbound).await
+        frame_loop(state.as_ref(), &link, socket, outbound).await
     } else {
         "closed"
     };
     // no new placement on its pools, then every relay sees the loss and requeues its task
     link.closed.cancel();
-    remove_pools(&state, &id);
+    remove_pools(state.as_ref(), &id);
     link.lose_all();
-    state.workers.remove(&id);
+    state.workers().remove(&id);
     crate::metrics::worker_disconnected(reason);
     tracing::info!(worker_id = %id, reason, "worker disconnected");
-    state.wake.notify_one();
+    state.wake();
 }
 
 async fn frame_loop(
-    state: &SharedState,
+    state: &dyn WorkerHost,
     link: &Arc<WorkerLink>,
     socket: WebSocket,
     mut outbound: mpsc::Receiver<ServerToWorker>,
 ) -> &'static str {
-    let w = &state.cfg.workers;
+    let w = &state.config().workers;
     let beat = Duration::from_millis(w.heartbeat_interval_ms);
     let silence = Duration::from_millis(w.pong_timeout_ms);
     let (mut sink, mut stream) = socket.split();
@@ -365,9 +365,9 @@ async fn frame_loop(
                 let _ = tokio::time::timeout(beat, sink.send(close(1000, "drained"))).await;
                 return "drained";
             }
-            _ = state.shutdown.cancelled(), if !shutdown_seen => {
+            _ = state.shutdown().cancelled(), if !shutdown_seen => {
                 shutdown_seen = true;
-                drain(state, link, "server_shutdown", Duration::from_millis(state.cfg.shutdown_grace_ms));
+                drain(state, link, "server_shutdown", Duration::from_millis(state.config().shutdown_grace_ms));
             }
         }
     }
@@ -375,7 +375,7 @@ async fn frame_loop(
 
 /// Handles one text frame; returns a reply for frames that cannot be read.
 async fn handle_frame(
-    state: &SharedState,
+    state: &dyn WorkerHost,
     link: &Arc<WorkerLink>,
     text: &str,
 ) -> Option<ServerToWorker> {
@@ -457,8 +457,8 @@ async fn handle_frame(
     None
 }
 
-fn set_load(state: &SharedState, link: &WorkerLink, load: u32) {
+fn set_load(state: &dyn WorkerHost, link: &WorkerLink, load: u32) {
     if link.set_reported_load(load as usize) {
-        state.wake.notify_one();
+        state.wake();
     }
 }

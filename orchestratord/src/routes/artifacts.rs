@@ -15,8 +15,8 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::examples;
 use crate::json_body::JsonBody;
+use crate::lifecycle::state::SharedState;
 use crate::records::content_id::is_artifact_id;
-use crate::state::SharedState;
 
 /// Store an artifact. Its id is the SHA-256 of its kind, content and parents, so posting the
 /// same one again answers 200 with the same id (and adds the new tags).

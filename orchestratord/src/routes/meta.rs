@@ -7,8 +7,8 @@ use axum::{Extension, Json};
 
 use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
+use crate::lifecycle::state::SharedState;
 use crate::openapi;
-use crate::state::SharedState;
 
 /// The Prometheus text. Prompt-cache series (how many prompt tokens came from a cache) would
 /// tell a tenant whether a prefix it guessed was sent by another, so with keys configured

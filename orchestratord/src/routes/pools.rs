@@ -15,7 +15,7 @@ use pool_manager::{Pool, PoolError, PoolState};
 use crate::error::ApiError;
 use crate::examples;
 use crate::json_body::JsonBody;
-use crate::state::SharedState;
+use crate::lifecycle::state::SharedState;
 
 fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
     let s = pool.snapshot();
@@ -125,7 +125,7 @@ pub async fn drain(
     pool.drain(deadline).map_err(|e| conflict(e, &id))?;
     // a remote pool's worker is drained whole: graceful_shutdown, closed once idle
     if let Some(link) = pool.spec().worker_id().and_then(|w| state.workers.get(w)) {
-        crate::remote_workers::drain(&state, &link, "drain requested", deadline);
+        crate::remote_workers::drain(state.as_ref(), &link, "drain requested", deadline);
     }
     state.wake.notify_one();
     Ok((StatusCode::ACCEPTED, Json(health_of(&state, &pool))).into_response())

@@ -7,7 +7,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use contracts::Readiness;
 
-use crate::state::SharedState;
+use crate::lifecycle::state::SharedState;
 
 /// Liveness: 200 while the server answers.
 #[utoipa::path(

@@ -8,7 +8,7 @@ use contracts::{ErrorEnvelope, SessionInfo};
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::examples;
-use crate::state::SharedState;
+use crate::lifecycle::state::SharedState;
 
 /// A session's TTL, turns and budgets.
 #[utoipa::path(

@@ -13,9 +13,9 @@ use crate::json_body::JsonBody;
 use crate::lifecycle::admission;
 use crate::lifecycle::deadline::Delivery;
 use crate::lifecycle::sse;
+use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::{Resume, Subscription};
 use crate::metrics::CancelReason;
-use crate::state::SharedState;
 
 /// Submit a task.
 #[utoipa::path(

@@ -12,7 +12,22 @@ use crate::error::ApiError;
 use crate::examples;
 use crate::json_body::JsonBody;
 use crate::remote_workers::{pool_id, WorkerLink};
-use crate::state::SharedState;
+
+/// `GET /v1/worker/connect`: a worker's WebSocket (`remote_workers::connect`), given the
+/// server as its host.
+pub async fn connect(
+    State(state): State<SharedState>,
+    q: axum::extract::Query<crate::remote_workers::ConnectQuery>,
+    headers: axum::http::HeaderMap,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<std::net::SocketAddr>>>,
+    ws: Result<
+        axum::extract::ws::WebSocketUpgrade,
+        axum::extract::ws::rejection::WebSocketUpgradeRejection,
+    >,
+) -> axum::response::Response {
+    crate::remote_workers::connect(state, q, headers, peer, ws).await
+}
+use crate::lifecycle::state::SharedState;
 
 fn info(link: &WorkerLink) -> WorkerInfo {
     let models = link.models();
@@ -61,7 +76,7 @@ pub async fn drain(
         .get(&id)
         .ok_or_else(|| ApiError::not_found("worker", &id))?;
     crate::remote_workers::drain(
-        &state,
+        state.as_ref(),
         &link,
         "drain requested",
         Duration::from_millis(req.deadline_ms),

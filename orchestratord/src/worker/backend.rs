@@ -10,7 +10,7 @@ use axum::body::{Body, Bytes};
 use futures::{Stream, TryStreamExt};
 use tower::ServiceExt;
 
-use crate::state::SharedState;
+use crate::lifecycle::state::SharedState;
 
 pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, String>> + Send>>;
 

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orchestratord::config::{Config, PoolConfig};
-use orchestratord::state::SharedState;
+use orchestratord::lifecycle::state::SharedState;
 use pool_manager::{
     Engine, EngineDescriptor, EngineFactory, EngineJob, Finish, FinishReason, OnLoss, PoolSpec,
     PortError, PromptInput, SeqEvent, SlotPermit, Slots,

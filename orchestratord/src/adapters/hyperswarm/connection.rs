@@ -22,9 +22,9 @@ use crate::adapters::follow;
 use crate::auth::Caller;
 use crate::config::HyperswarmConfig;
 use crate::lifecycle::deadline::Delivery;
+use crate::lifecycle::state::SharedState;
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::CancelReason;
-use crate::state::SharedState;
 
 /// The tenant Hyperswarm peers' tasks belong to (they reach the host by its Server ID, not
 /// with an API key).

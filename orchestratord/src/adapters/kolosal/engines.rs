@@ -17,7 +17,7 @@ use super::types::*;
 use crate::error::openai::{ErrorBody, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
-use crate::state::SharedState;
+use crate::lifecycle::state::SharedState;
 
 /// An engine's status word: `loaded` when it serves, `unloaded` when it failed to load, else
 /// the pool state.

@@ -8,8 +8,8 @@ use contracts::API_VERSION;
 
 use super::engines::status_word;
 use super::types::*;
+use crate::lifecycle::state::SharedState;
 use crate::process_stats;
-use crate::state::SharedState;
 
 /// Server health in Kolosal's shape: 200 while at least one engine serves, else 503.
 #[utoipa::path(

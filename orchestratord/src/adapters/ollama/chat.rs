@@ -16,9 +16,9 @@ use crate::error::openai::{error_type, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
+use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::TaskEvent;
-use crate::state::SharedState;
 
 /// The SSE terminator.
 const END: &[u8] = b"data: [END]\n\n";

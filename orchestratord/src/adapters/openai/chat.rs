@@ -16,9 +16,9 @@ use crate::error::openai::{body as error_body, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
+use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::TaskEvent;
-use crate::state::SharedState;
 
 fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
     if req.n.is_some_and(|n| n != 1) {

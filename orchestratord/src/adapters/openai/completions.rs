@@ -19,9 +19,9 @@ use crate::error::openai::{body as error_body, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
+use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::{Followed, Subscription};
 use crate::lifecycle::task::{Task, TaskEvent};
-use crate::state::SharedState;
 
 /// OpenAI's default `max_tokens` for completions.
 const DEFAULT_MAX_TOKENS: u32 = 16;

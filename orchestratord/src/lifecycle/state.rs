@@ -36,7 +36,7 @@ pub struct AppState {
     /// Connected remote workers.
     pub workers: crate::remote_workers::WorkerRegistry,
     /// API keys and the failed-attempt limiter.
-    pub auth: crate::auth::Auth,
+    pub auth: Arc<crate::auth::Auth>,
     /// Where models may be loaded from (`POST /engines`, reloads).
     pub model_dirs: crate::model_paths::ModelDirs,
     /// Task records and artifacts that outlive the process.
@@ -108,5 +108,32 @@ impl AppState {
                 self.records.total_bytes(),
             );
         }
+    }
+}
+
+/// Remote workers reach the server through this (given to each when it connects).
+impl crate::remote_workers::WorkerHost for AppState {
+    fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn pools(&self) -> &PoolRegistry {
+        &self.pools
+    }
+
+    fn workers(&self) -> &crate::remote_workers::WorkerRegistry {
+        &self.workers
+    }
+
+    fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    fn shutdown(&self) -> &tokio_util::sync::CancellationToken {
+        &self.shutdown
+    }
+
+    fn is_shutting_down(&self) -> bool {
+        AppState::is_shutting_down(self)
     }
 }
