@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Drives a running orchestratord with the official `openai` Python package (ADP-OAI-3).
 
-Run by orchestratord/tests/openai_sdk.rs against a server with the real default model, one
+Run by orchestratord/tests/openai_sdk.rs against a server with the real default model (context
+2048), one
 pool of 2 slots and a queue of 2. Every check asserts what a user of the SDK would notice;
 the first failure exits non-zero with the reason.
 
@@ -79,6 +80,30 @@ def main():
     check(usage is not None and usage.completion_tokens == len(pieces),
           f"usage.completion_tokens ({usage and usage.completion_tokens}) equals the tokens streamed ({len(pieces)})")
     check(usage.prompt_tokens == u.prompt_tokens, "same prompt, same prompt_tokens")
+
+    # content as an array of parts (LangChain, Open WebUI): the same prompt, the same answer
+    parts = [QUESTION[0], {"role": "user", "content": [{"type": "text", "text": QUESTION[1]["content"]}]}]
+    r2 = client.chat.completions.create(model=model, messages=parts, max_tokens=32, temperature=0)
+    check(r2.choices[0].message.content == answer, "text parts read as the string content")
+    try:
+        client.chat.completions.create(model=model, max_tokens=4, messages=[{"role": "user", "content": [
+            {"type": "text", "text": "What is in this picture?"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}])
+        check(False, "an image part is refused")
+    except openai.BadRequestError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        check(e.status_code == 400 and body.get("param") == "messages[0].content[1]"
+              and "image_url" in body.get("message", ""), f"an image part is a 400 naming it: {e.body}")
+
+    # one model by name: its context length and owner
+    m = client.models.retrieve(model)
+    check(m.id == model and m.owned_by == "orchestratord", f"models.retrieve: {m}")
+    check(getattr(m, "max_model_len", None) == 2048, f"the model's context length: {m}")
+    try:
+        client.models.retrieve("no-such-model")
+        check(False, "an unknown model is not found")
+    except openai.NotFoundError as e:
+        check(e.status_code == 404, f"an unknown model is a NotFoundError: {e.body}")
 
     # stop sequence: generation stops before it, and it is not emitted
     r = client.chat.completions.create(model=model, messages=QUESTION, max_tokens=32, temperature=0, stop=["Paris"])

@@ -123,6 +123,7 @@ pub fn router(state: SharedState) -> Router {
             post(crate::adapters::openai::completions),
         )
         .route("/v1/models", get(crate::adapters::openai::models))
+        .route("/v1/models/{model}", get(crate::adapters::openai::model))
         .route(
             "/chat/completions",
             post(crate::adapters::ollama::completions),

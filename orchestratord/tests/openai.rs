@@ -270,3 +270,68 @@ async fn load_generator_counts_tokens_and_errors() {
     assert_eq!(r.completed, 0);
     assert_eq!(r.errors.get("http 404"), Some(&6), "{r:?}");
 }
+
+/// ADP-OAI-5: content as an array of text parts is the same prompt as the string (the
+/// scripted engine counts its words: the same prompt tokens); a non-text part is a 400 naming
+/// it; `/v1/models/{model}` gives the context length and owner, by alias or pool id, the
+/// smallest context of two pools serving it; an unknown model is a 404 in OpenAI's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn content_parts_and_one_model_by_name() {
+    let mut small = pool("p2", 1);
+    small.ctx = 128;
+    let s = start(config(vec![pool("p1", 2), small]), Duration::from_millis(1)).await;
+    let usage = |v: &serde_json::Value| v["usage"]["prompt_tokens"].clone();
+    let plain: serde_json::Value = chat(
+        &s,
+        json!({"messages": [{"role": "user", "content": "one two\nthree"}], "max_tokens": 2}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let parts = json!([{"type": "text", "text": "one two"}, {"type": "text", "text": "three"}]);
+    let r = chat(
+        &s,
+        json!({"messages": [{"role": "user", "content": parts}], "max_tokens": 2}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(usage(&v), usage(&plain), "{v}");
+
+    let image = json!([{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "data:,"}}]);
+    let r = chat(
+        &s,
+        json!({"messages": [{"role": "system", "content": "hi"}, {"role": "user", "content": image}]}),
+    )
+    .await;
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "messages[1].content[1]", "{v}");
+    assert!(v["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("image_url"));
+
+    for name in ["scripted-model", "p1"] {
+        let m = s.get_json(&format!("/v1/models/{name}")).await;
+        assert_eq!(m["id"], name);
+        assert_eq!(m["owned_by"], "orchestratord");
+        assert_eq!(
+            m["max_model_len"],
+            if name == "p1" { 256 } else { 128 },
+            "{m}"
+        );
+    }
+    let listed = s.get_json("/v1/models").await;
+    assert_eq!(listed["data"][0]["max_model_len"], 128, "{listed}");
+    let r = s
+        .client
+        .get(s.url("/v1/models/no-such-model"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "not_found_error", "{v}");
+}

@@ -1,6 +1,8 @@
 //! ADP-OAI-3: the official `openai` Python package drives the server with the real default
-//! model (`ci/openai_sdk_check.py`): chat non-streamed and streamed, completions with an array
-//! prompt, stop sequences, seed reproducibility, and an overload surfacing as RateLimitError.
+//! model (`ci/openai_sdk_check.py`): chat non-streamed and streamed, content as an array of
+//! parts (an image part a 400 naming it), `models.retrieve` with the context length (ADP-OAI-5),
+//! completions with an array prompt, stop sequences, seed reproducibility, and an overload
+//! surfacing as RateLimitError.
 //! `ci/test.sh` installs the package into `.cache/pydeps`.
 
 mod support;

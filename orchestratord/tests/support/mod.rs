@@ -258,7 +258,11 @@ impl EngineFactory for ScriptedFactory {
         Ok(Arc::new(ScriptedEngine {
             delay: self.delay,
             slots: spec.slots,
-            ctx: self.ctx,
+            // as candle: the pool's context when it asks for less than the model's (0: all)
+            ctx: match spec.ctx {
+                0 => self.ctx,
+                asked => asked.min(self.ctx),
+            },
             model_ref: model_ref.to_string(),
             gate: Slots::new(spec.slots),
             alive: Arc::new(AtomicBool::new(true)),

@@ -25,17 +25,20 @@ const END: &[u8] = b"data: [END]\n\n";
 /// The NDJSON media type a client may ask for in `Accept`.
 const NDJSON: &str = "application/x-ndjson";
 
-fn to_task(req: &ChatRequest) -> TaskRequest {
-    TaskRequest {
-        messages: Some(
-            req.messages
-                .iter()
-                .map(|m| ChatTurn {
-                    role: m.role.clone(),
-                    content: m.content.clone(),
-                })
-                .collect(),
-        ),
+fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
+    let messages = req
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            Ok(ChatTurn {
+                role: m.role.clone(),
+                content: m.content.text(i)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    Ok(TaskRequest {
+        messages: Some(messages),
         model: Some(req.model.clone()),
         max_tokens: req.max_tokens,
         seed: req.seed,
@@ -43,7 +46,7 @@ fn to_task(req: &ChatRequest) -> TaskRequest {
         top_p: req.top_p,
         stop: req.stop.clone(),
         ..Default::default()
-    }
+    })
 }
 
 /// How the chunks of one stream are framed.
@@ -116,7 +119,7 @@ async fn handle(
         Some(_) => Delivery::Streamed,
         None => Delivery::Whole,
     };
-    let task = follow::admit(&state, to_task(&req), &caller, delivery).await?;
+    let task = follow::admit(&state, to_task(&req)?, &caller, delivery).await?;
     let mut sub = follow::subscribe(&state, &task);
     let Some(framing) = framing else {
         let (text, end) = follow::collect(sub).await?;

@@ -35,16 +35,19 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
             "add_generation_prompt must be the opposite of continue_final_message (the default)",
         ));
     }
+    let messages = req
+        .messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            Ok(ChatTurn {
+                role: m.role.clone(),
+                content: m.content.text(i)?,
+            })
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
     Ok(TaskRequest {
-        messages: Some(
-            req.messages
-                .iter()
-                .map(|m| ChatTurn {
-                    role: m.role.clone(),
-                    content: m.content.clone(),
-                })
-                .collect(),
-        ),
+        messages: Some(messages),
         max_tokens: req.max_completion_tokens.or(req.max_tokens),
         model: req.model.clone(),
         seed: req.seed,
@@ -192,6 +195,28 @@ pub async fn chat_completions(
     ))
 }
 
+/// What `/v1/models` says of the model `pool` serves.
+fn model_of(pool: &pool_manager::Pool) -> Model {
+    let spec = pool.spec();
+    Model {
+        id: spec.model_alias.clone(),
+        object: "model",
+        created: 0,
+        owned_by: spec
+            .worker_id()
+            .map_or_else(|| "orchestratord".to_string(), |w| format!("worker:{w}")),
+        max_model_len: pool.snapshot().descriptor.map_or(spec.ctx, |d| d.ctx_max),
+    }
+}
+
+/// Adds `m` to `data`, or keeps the smaller context of the two pools serving it.
+fn merge(data: &mut Vec<Model>, m: Model) {
+    match data.iter_mut().find(|d| d.id == m.id) {
+        Some(d) => d.max_model_len = d.max_model_len.min(m.max_model_len),
+        None => data.push(m),
+    }
+}
+
 /// The models the Ready pools serve.
 #[utoipa::path(
     get, operation_id = "openaiListModels", path = "/v1/models", tag = "openai",
@@ -199,22 +224,38 @@ pub async fn chat_completions(
 )]
 pub async fn models(State(state): State<SharedState>) -> Json<ModelList> {
     let mut data: Vec<Model> = Vec::new();
-    for p in state.pools.all() {
-        if !p.accepts_work() {
-            continue;
-        }
-        let id = p.spec().model_alias.clone();
-        if !data.iter().any(|m| m.id == id) {
-            data.push(Model {
-                id,
-                object: "model",
-                created: 0,
-                owned_by: "orchestratord",
-            });
-        }
+    for p in state.pools.all().iter().filter(|p| p.accepts_work()) {
+        merge(&mut data, model_of(p));
     }
     Json(ModelList {
         object: "list",
         data,
     })
+}
+
+/// One model by the name clients use (its alias, the model's own name or a pool id), whatever
+/// its pools' state; 404 `NOT_FOUND` in OpenAI's error shape when no pool serves it.
+#[utoipa::path(
+    get, operation_id = "openaiRetrieveModel", path = "/v1/models/{model}", tag = "openai",
+    params(("model" = String, Path, description = "The model's name")),
+    responses(
+        (status = 200, description = "The model", body = Model),
+        (status = 404, description = "No pool serves this model", body = crate::error::openai::ErrorBody, example = crate::examples::openai_not_found),
+    )
+)]
+pub async fn model(
+    State(state): State<SharedState>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+) -> Result<Json<Model>, OpenAiError> {
+    let mut found: Vec<Model> = Vec::new();
+    for p in state.pools.all().iter().filter(|p| p.serves(&name)) {
+        merge(&mut found, model_of(p));
+    }
+    let mut m = found
+        .into_iter()
+        .next()
+        .ok_or_else(|| ApiError::not_found("model", &name).with_field("model"))?;
+    // asked by its own name or a pool id: answered under the name asked
+    m.id = name;
+    Ok(Json(m))
 }

@@ -6,7 +6,9 @@ mod completions;
 pub mod types;
 mod unimplemented;
 
-pub use chat::{__path_chat_completions, __path_models, chat_completions, models};
+pub use chat::{
+    __path_chat_completions, __path_model, __path_models, chat_completions, model, models,
+};
 pub use completions::{__path_completions, completions};
 
 /// `system_fingerprint` of every response.

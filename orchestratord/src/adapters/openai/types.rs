@@ -10,7 +10,61 @@ pub struct Message {
     /// `system` | `user` | `assistant`
     #[schema(pattern = "^(system|user|assistant)$")]
     pub role: String,
-    pub content: String,
+    pub content: Content,
+}
+
+/// A message's content: a string, or an array of parts (what LangChain and Open WebUI send).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content. Text parts are read (several are joined with a newline,
+/// as vLLM does); other kinds (`image_url`, `input_audio`, `file`) are refused with a 400
+/// naming the part: the models served here read text only.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+pub struct ContentPart {
+    /// `text`
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    pub text: Option<String>,
+}
+
+impl Content {
+    /// The text of message `index`'s content, or a 400 naming the part that is not text.
+    pub fn text(&self, index: usize) -> Result<String, crate::error::ApiError> {
+        let parts = match self {
+            Self::Text(t) => return Ok(t.clone()),
+            Self::Parts(parts) => parts,
+        };
+        let mut texts = Vec::with_capacity(parts.len());
+        for (j, part) in parts.iter().enumerate() {
+            let field = format!("messages[{index}].content[{j}]");
+            match (part.kind.as_str(), &part.text) {
+                ("text", Some(t)) => texts.push(t.as_str()),
+                ("text", None) => {
+                    return Err(crate::error::ApiError::invalid(
+                        field,
+                        "a text part needs its `text`",
+                    ))
+                }
+                (kind, _) => {
+                    // the kind as the client sent it, cut short
+                    let shown: String = kind.escape_debug().take(40).collect();
+                    return Err(crate::error::ApiError::invalid(
+                        field,
+                        format!(
+                            "content parts of type \"{shown}\" are not supported: the models served here read text only"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(texts.join("\n"))
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Default, ToSchema)]
@@ -245,16 +299,22 @@ pub struct CompletionResponse {
     pub usage: Option<Usage>,
 }
 
+/// A model a pool serves.
 #[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(example = json!({"id": "SmolLM2-135M-Instruct.Q4_1", "object": "model", "created": 0, "owned_by": "orchestratord", "max_model_len": 8192}))]
 pub struct Model {
     pub id: String,
     pub object: &'static str,
     pub created: u64,
-    pub owned_by: &'static str,
+    /// `orchestratord` for a model of this server, `worker:<worker id>` for a remote worker's.
+    pub owned_by: String,
+    /// Tokens of context a request may use, prompt and output together (vLLM's name); the
+    /// smallest over the pools that serve the model.
+    pub max_model_len: usize,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
-#[schema(example = json!({"object": "list", "data": [{"id": "SmolLM2-135M-Instruct.Q4_1", "object": "model", "created": 0, "owned_by": "orchestratord"}]}))]
+#[schema(example = json!({"object": "list", "data": [{"id": "SmolLM2-135M-Instruct.Q4_1", "object": "model", "created": 0, "owned_by": "orchestratord", "max_model_len": 8192}]}))]
 pub struct ModelList {
     pub object: &'static str,
     pub data: Vec<Model>,
