@@ -56,6 +56,12 @@ pub trait Engine: Send + Sync + 'static {
         prompt: &PromptInput,
         continuation: &str,
     ) -> Result<Option<Vec<u32>>, PortError>;
+    /// The text of token ids, control tokens left out; `None` when the engine takes text and
+    /// has no ids (a remote worker); an id outside the vocabulary is `InvalidInput`.
+    fn detokenize(&self, ids: &[u32]) -> Result<Option<String>, PortError> {
+        let _ = ids;
+        Ok(None)
+    }
     /// Starts a sequence; events arrive on the returned bounded channel, ending with exactly
     /// one `Done` or `Failed` unless the engine dies (the channel then closes early).
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError>;

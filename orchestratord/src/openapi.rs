@@ -61,6 +61,8 @@ struct ControlApi;
         adapters::openai::completions,
         adapters::openai::models,
         adapters::openai::model,
+        adapters::tokenize::tokenize,
+        adapters::tokenize::detokenize,
         adapters::ollama::completions,
         adapters::ollama::sse,
         adapters::kolosal::add,
@@ -87,6 +89,7 @@ struct ControlApi;
         (name = "openai", description = "OpenAI-compatible"),
         (name = "chat", description = "Seed-001 chat (Ollama's response shape)"),
         (name = "engines", description = "Kolosal engine management and health"),
+        (name = "tokenize", description = "Token ids of a text or a chat, and text of ids (llama.cpp's and vLLM's routes)"),
     )
 )]
 struct AdaptersApi;

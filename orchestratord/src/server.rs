@@ -124,6 +124,8 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/v1/models", get(crate::adapters::openai::models))
         .route("/v1/models/{model}", get(crate::adapters::openai::model))
+        .route("/tokenize", post(crate::adapters::tokenize::tokenize))
+        .route("/detokenize", post(crate::adapters::tokenize::detokenize))
         .route(
             "/chat/completions",
             post(crate::adapters::ollama::completions),

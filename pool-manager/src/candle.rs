@@ -95,6 +95,17 @@ impl Engine for CandlePortEngine {
         Ok(Some(ids))
     }
 
+    fn detokenize(&self, ids: &[u32]) -> Result<Option<String>, PortError> {
+        let tokenizer = self.inner.tokenizer();
+        let vocab = tokenizer.vocab_size();
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(PortError::InvalidInput(format!(
+                "token id {bad} is not in the vocabulary of {vocab} tokens"
+            )));
+        }
+        Ok(Some(tokenizer.decode(ids)))
+    }
+
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
         let prompt_tokens = match job.prompt_tokens {
             Some(t) => t,

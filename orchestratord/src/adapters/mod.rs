@@ -6,3 +6,4 @@ pub mod hyperswarm;
 pub mod kolosal;
 pub mod ollama;
 pub mod openai;
+pub mod tokenize;

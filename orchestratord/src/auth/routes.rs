@@ -42,6 +42,8 @@ pub fn classify(method: &Method, path: &str) -> (Access, Shape) {
     let shape = if path.starts_with("/v1/chat/")
         || path.starts_with("/v1/completions")
         || path.starts_with("/v1/models")
+        || path == "/tokenize"
+        || path == "/detokenize"
         || path.starts_with("/chat/")
         || path.starts_with("/engines")
         || path == "/health"
