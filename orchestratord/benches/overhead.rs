@@ -140,7 +140,10 @@ async fn compare_admission(
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let bare = bare_server().await;
-    let mut cfg = support::config(vec![support::pool("p1", 4)]);
+    let mut pool = support::pool("p1", 4);
+    // the scripted engine's whole context: long streams
+    pool.ctx = 8192;
+    let mut cfg = support::config(vec![pool]);
     cfg.queue.capacity = 8;
     cfg.admission.max_tokens_out = TOKENS as u32;
     cfg.stream.metrics_interval_ms = 1000;

@@ -117,6 +117,8 @@ async fn every_route_needs_the_right_key() {
         let openai_shaped = path.starts_with("/v1/chat")
             || path.starts_with("/v1/completions")
             || path.starts_with("/v1/models")
+            || path == "/tokenize"
+            || path == "/detokenize"
             || path.starts_with("/chat/")
             || path.starts_with("/engines");
         let v: Value = r.json().await.unwrap();

@@ -13,7 +13,7 @@ use pool_manager::{ChatTurn, Engine, Pool, PromptInput};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::adapters::openai::types::Message;
+use crate::adapters::openai::types::{chat_turns, Message};
 use crate::error::openai::OpenAiError;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
@@ -144,15 +144,13 @@ pub async fn tokenize(
     let prompt = match (&req.content, &req.prompt, &req.messages) {
         (Some(t), None, None) | (None, Some(t), None) => PromptInput::Text(t.clone()),
         (None, None, Some(m)) => PromptInput::Chat(
-            m.iter()
-                .enumerate()
-                .map(|(i, m)| {
-                    Ok(ChatTurn {
-                        role: m.role.clone(),
-                        content: m.content.text(i)?,
-                    })
+            chat_turns(m)?
+                .into_iter()
+                .map(|t| ChatTurn {
+                    role: t.role,
+                    content: t.content,
                 })
-                .collect::<Result<Vec<_>, ApiError>>()?,
+                .collect(),
         ),
         _ => {
             return Err(ApiError::invalid(

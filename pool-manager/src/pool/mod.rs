@@ -317,13 +317,7 @@ impl Pool {
         }
         g.retiring
             .retain(|e| e.upgrade().is_some_and(|e| e.slots_in_use() > 0));
-        let held_by_old: usize = g
-            .retiring
-            .iter()
-            .filter_map(Weak::upgrade)
-            .map(|e| e.slots_in_use())
-            .sum();
-        if engine.slots_in_use() + held_by_old >= self.spec.slots {
+        if busy(&g) >= self.spec.slots {
             return None;
         }
         let mut permit = engine.try_acquire()?;

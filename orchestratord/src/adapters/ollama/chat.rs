@@ -6,7 +6,7 @@ use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Response, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use contracts::{ChatTurn, TaskRequest};
+use contracts::TaskRequest;
 use futures::StreamExt;
 
 use super::types::*;
@@ -26,19 +26,8 @@ const END: &[u8] = b"data: [END]\n\n";
 const NDJSON: &str = "application/x-ndjson";
 
 fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
-    let messages = req
-        .messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            Ok(ChatTurn {
-                role: m.role.clone(),
-                content: m.content.text(i)?,
-            })
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
     Ok(TaskRequest {
-        messages: Some(messages),
+        messages: Some(crate::adapters::openai::types::chat_turns(&req.messages)?),
         model: Some(req.model.clone()),
         max_tokens: req.max_tokens,
         seed: req.seed,

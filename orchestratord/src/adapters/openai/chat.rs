@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::http::Response;
 use axum::response::IntoResponse;
 use axum::Json;
-use contracts::{ChatTurn, TaskRequest};
+use contracts::TaskRequest;
 use futures::StreamExt;
 
 use super::types::*;
@@ -35,19 +35,8 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
             "add_generation_prompt must be the opposite of continue_final_message (the default)",
         ));
     }
-    let messages = req
-        .messages
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            Ok(ChatTurn {
-                role: m.role.clone(),
-                content: m.content.text(i)?,
-            })
-        })
-        .collect::<Result<Vec<_>, ApiError>>()?;
     Ok(TaskRequest {
-        messages: Some(messages),
+        messages: Some(chat_turns(&req.messages)?),
         max_tokens: req.max_completion_tokens.or(req.max_tokens),
         model: req.model.clone(),
         seed: req.seed,

@@ -33,6 +33,22 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
+/// The chat turns of `messages`, their contents as text (see [`Content::text`]).
+pub fn chat_turns(
+    messages: &[Message],
+) -> Result<Vec<contracts::ChatTurn>, crate::error::ApiError> {
+    messages
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            Ok(contracts::ChatTurn {
+                role: m.role.clone(),
+                content: m.content.text(i)?,
+            })
+        })
+        .collect()
+}
+
 impl Content {
     /// The text of message `index`'s content, or a 400 naming the part that is not text.
     pub fn text(&self, index: usize) -> Result<String, crate::error::ApiError> {
