@@ -38,7 +38,7 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     metrics::start_prediction(task.predicted_start, waited);
     let placed = Instant::now();
     // its own slot is one of those busy
-    let alone_at_start = pool.snapshot().slots_busy <= 1;
+    let alone_at_start = pool.slots_busy() <= 1;
     // a requeued task goes on after what it already streamed: no token twice, none missing
     let (continuation, produced) = task.continuation();
     let max_tokens = task.spec.max_tokens.saturating_sub(produced);
@@ -144,10 +144,10 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     let outcome = pump(&state, &task, &lease, &mut rx, watch).await;
     match outcome {
         Outcome::Finished(tokens_out) => {
-            let snap = pool.snapshot();
             // the engine gave this task's slot back before its last event
-            let pool_was_full = snap.slots_busy + 1 >= snap.slots_total;
-            let ran_alone = alone_at_start && snap.slots_busy == 0;
+            let busy = pool.slots_busy();
+            let pool_was_full = busy + 1 >= pool.spec().slots;
+            let ran_alone = alone_at_start && busy == 0;
             let first_token_after = task
                 .lock()
                 .first_token_at

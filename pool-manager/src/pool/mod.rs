@@ -234,6 +234,12 @@ impl Pool {
         self.lock().state
     }
 
+    /// Slots the pool's engines hold now (the current one's and those of engines it replaced):
+    /// what the snapshot's `slots_busy` says, without building a snapshot.
+    pub fn slots_busy(&self) -> usize {
+        busy(&self.lock())
+    }
+
     /// Whether new slot leases may be granted: a ready pool, or one reloading from ready
     /// whose old engine serves until the new one takes over.
     pub fn accepts_work(&self) -> bool {

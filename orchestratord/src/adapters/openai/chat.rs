@@ -194,7 +194,7 @@ fn model_of(pool: &pool_manager::Pool) -> Model {
         owned_by: spec
             .worker_id()
             .map_or_else(|| "orchestratord".to_string(), |w| format!("worker:{w}")),
-        max_model_len: pool.snapshot().descriptor.map_or(spec.ctx, |d| d.ctx_max),
+        max_model_len: pool.engine().map_or(spec.ctx, |e| e.descriptor().ctx_max),
     }
 }
 
