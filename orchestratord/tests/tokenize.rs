@@ -97,6 +97,22 @@ async fn tokenize_and_detokenize_with_the_real_model() {
         (404, json!("model")),
         "{e}"
     );
-    let (st, _) = post(&s, "/tokenize", json!({"content": "a", "extra": 1})).await;
+    let (st, e) = post(&s, "/tokenize", json!({"content": "a", "extra": 1})).await;
     assert_eq!(st, 400, "unknown fields are refused");
+    assert_eq!(
+        e["error"]["code"], "INVALID_PARAMS",
+        "OpenAI-shaped like the route: {e}"
+    );
+    let (st, e) = post(&s, "/tokenize", json!({"messages": []})).await;
+    assert_eq!(
+        (st, e["error"]["param"].clone()),
+        (400, json!("messages")),
+        "{e}"
+    );
+    let (st, e) = post(&s, "/detokenize", json!({"tokens": [-1]})).await;
+    assert_eq!(
+        (st, e["error"]["param"].clone()),
+        (400, json!("tokens[0]")),
+        "{e}"
+    );
 }

@@ -139,18 +139,24 @@ fn no_ids() -> ApiError {
 )]
 pub async fn tokenize(
     State(state): State<SharedState>,
-    JsonBody(req): JsonBody<TokenizeRequest>,
+    body: Result<JsonBody<TokenizeRequest>, ApiError>,
 ) -> Result<Json<TokenizeResponse>, OpenAiError> {
-    let prompt = match (&req.content, &req.prompt, &req.messages) {
-        (Some(t), None, None) | (None, Some(t), None) => PromptInput::Text(t.clone()),
-        (None, None, Some(m)) => PromptInput::Chat(
-            chat_turns(m)?
-                .into_iter()
-                .map(|t| ChatTurn {
-                    role: t.role,
-                    content: t.content,
-                })
-                .collect(),
+    // a malformed body is answered in this route's shape too
+    let JsonBody(req) = body?;
+    let (field, prompt) = match (&req.content, &req.prompt, &req.messages) {
+        (Some(t), None, None) => ("content", PromptInput::Text(t.clone())),
+        (None, Some(t), None) => ("prompt", PromptInput::Text(t.clone())),
+        (None, None, Some(m)) => (
+            "messages",
+            PromptInput::Chat(
+                chat_turns(m)?
+                    .into_iter()
+                    .map(|t| ChatTurn {
+                        role: t.role,
+                        content: t.content,
+                    })
+                    .collect(),
+            ),
         ),
         _ => {
             return Err(ApiError::invalid(
@@ -166,7 +172,7 @@ pub async fn tokenize(
         .tokenizers
         .tokenize(engine.clone(), &prompt, "")
         .await
-        .map_err(|e| ApiError::invalid("content", e.to_string()))?
+        .map_err(|e| ApiError::invalid(field, e.to_string()))?
         .ok_or_else(no_ids)?;
     let mut ids = ids.ids.as_ref().clone();
     let special = req.add_special.or(req.add_special_tokens).unwrap_or(true);
@@ -215,8 +221,9 @@ pub async fn tokenize(
 )]
 pub async fn detokenize(
     State(state): State<SharedState>,
-    JsonBody(req): JsonBody<DetokenizeRequest>,
+    body: Result<JsonBody<DetokenizeRequest>, ApiError>,
 ) -> Result<Json<DetokenizeResponse>, OpenAiError> {
+    let JsonBody(req) = body?;
     if req.tokens.len() > MAX_DETOKENIZE_IDS {
         return Err(ApiError::invalid(
             "tokens",
