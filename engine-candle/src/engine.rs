@@ -222,6 +222,12 @@ pub struct ModelInfo {
     /// Size of the GGUF file the weights came from.
     pub weights_bytes: u64,
     pub layers: usize,
+    /// Parameters: the elements of every tensor in the file.
+    pub parameters: u64,
+    /// The weights' quantization by llama.cpp's name (`Q4_1`, `Q4_K_M`, …).
+    pub quantization: String,
+    /// `tokenizer.chat_template` from the GGUF, when it has one.
+    pub chat_template: Option<String>,
 }
 
 /// Sets `RAYON_NUM_THREADS` and `CANDLE_BARRIER_POOL_SPIN_LIMIT` (each unless already set):
@@ -311,6 +317,9 @@ impl CandleEngine {
         let name = md_str(md, "general.name")
             .map(str::to_string)
             .unwrap_or_else(|| file_stem(&opts.model_path));
+        let parameters = crate::model_facts::parameters(&file.content);
+        let quantization = crate::model_facts::quantization(md, &file.content);
+        let chat_template = md_str(md, "tokenizer.chat_template").map(str::to_string);
         let ctx = context_for(&hp, &opts)?;
         let weights = file.load_weights(&hp, &device, opts.settings.weight_format)?;
         let model = Model::new(hp.clone(), weights, device.clone(), ctx)?;
@@ -378,6 +387,9 @@ impl CandleEngine {
                 .map(|m| m.len())
                 .unwrap_or(0),
             layers: hp.n_layer,
+            parameters,
+            quantization,
+            chat_template,
         };
         tracing::info!(model = %info.name, ctx, slots = opts.slots, threads, kv_cache = opts.settings.kv_type.as_str(), load_ms = info.load_ms, "model loaded");
         Ok(Self {

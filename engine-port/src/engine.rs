@@ -43,6 +43,22 @@ pub struct EngineDescriptor {
     pub layers_on_accelerator: usize,
     /// How its loss is handled.
     pub on_loss: OnLoss,
+    /// What the engine read of the model itself; `None` when it sees no weights (a remote
+    /// worker's backend).
+    pub facts: Option<ModelFacts>,
+}
+
+/// What a model file says of itself (Ollama's `/api/show` and `/api/tags` details).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelFacts {
+    /// The architecture (`llama`, `gemma3`, …).
+    pub architecture: String,
+    /// Parameters: the elements of every weight tensor.
+    pub parameters: u64,
+    /// The weights' quantization (`Q4_1`, `Q4_K_M`, `F16`, …).
+    pub quantization: String,
+    /// The chat template the model carries (Jinja), when it carries one.
+    pub chat_template: Option<String>,
 }
 
 /// An engine a pool runs tasks on.

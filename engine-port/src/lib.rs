@@ -11,7 +11,7 @@ mod job;
 mod sampling;
 mod slots;
 
-pub use engine::{Engine, EngineDescriptor, OnLoss, EVENT_CHANNEL_CAPACITY};
+pub use engine::{Engine, EngineDescriptor, ModelFacts, OnLoss, EVENT_CHANNEL_CAPACITY};
 pub use error::PortError;
 pub use events::{Finish, FinishReason, SeqEvent};
 pub use job::{ChatTurn, EngineJob, FailureNote, PromptInput, StopCause};

@@ -17,6 +17,7 @@ pub mod lifecycle;
 pub mod listener;
 pub mod logging;
 pub mod metrics;
+pub mod model_digest;
 pub mod model_paths;
 pub mod openapi;
 pub mod patience;

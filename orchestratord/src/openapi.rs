@@ -63,8 +63,14 @@ struct ControlApi;
         adapters::openai::model,
         adapters::tokenize::tokenize,
         adapters::tokenize::detokenize,
-        adapters::ollama::completions,
-        adapters::ollama::sse,
+        adapters::seed_chat::completions,
+        adapters::seed_chat::sse,
+        adapters::ollama::chat,
+        adapters::ollama::generate,
+        adapters::ollama::tags,
+        adapters::ollama::ps,
+        adapters::ollama::show,
+        adapters::ollama::version,
         adapters::kolosal::add,
         adapters::kolosal::list,
         adapters::kolosal::status,
@@ -78,9 +84,17 @@ struct ControlApi;
         adapters::openai::types::Chunk, adapters::openai::types::CompletionRequest,
         adapters::openai::types::CompletionResponse, adapters::openai::types::ModelList,
         adapters::openai::types::Model,
-        adapters::ollama::types::ChatRequest, adapters::ollama::types::ChatResponse,
-        adapters::ollama::types::ChatChunk, adapters::ollama::types::StreamError,
-        adapters::ollama::types::NdjsonError,
+        adapters::seed_chat::types::ChatRequest, adapters::seed_chat::types::ChatResponse,
+        adapters::seed_chat::types::ChatChunk, adapters::seed_chat::types::StreamError,
+        adapters::seed_chat::types::NdjsonError,
+        crate::error::ollama::ErrorBody, adapters::ollama::types::Message,
+        adapters::ollama::types::Options, adapters::ollama::types::ChatRequest,
+        adapters::ollama::types::GenerateRequest, adapters::ollama::types::ChatLine,
+        adapters::ollama::types::GenerateLine, adapters::ollama::types::AnswerMessage,
+        adapters::ollama::types::Stats, adapters::ollama::types::Details,
+        adapters::ollama::types::ModelEntry, adapters::ollama::types::ModelList,
+        adapters::ollama::types::ShowRequest, adapters::ollama::types::ShowResponse,
+        adapters::ollama::types::Version,
         adapters::kolosal::types::AddEngine, adapters::kolosal::types::EngineCreated,
         adapters::kolosal::types::EngineList, adapters::kolosal::types::EngineStatus,
         adapters::kolosal::types::EngineRemoved, adapters::kolosal::types::Health,
@@ -88,6 +102,7 @@ struct ControlApi;
     tags(
         (name = "openai", description = "OpenAI-compatible"),
         (name = "chat", description = "Seed-001 chat (Ollama's response shape)"),
+        (name = "ollama", description = "Ollama's native API; errors are `{\"error\": \"…\"}`"),
         (name = "engines", description = "Kolosal engine management and health"),
         (name = "tokenize", description = "Token ids of a text or a chat, and text of ids (llama.cpp's and vLLM's routes)"),
     )
@@ -101,15 +116,15 @@ fn versioned(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
 
 /// Declares the API-key schemes and, on every operation that needs a key (per
 /// `auth::routes::classify`, the table the server enforces), the requirement and its 401; 403
-/// on admin routes; 415 where a body is taken. `error_schema` is the body those errors have.
-fn secured(mut doc: utoipa::openapi::OpenApi, error_schema: &str) -> utoipa::openapi::OpenApi {
+/// on admin routes; 415 where a body is taken, each in the error shape of its route.
+fn secured(mut doc: utoipa::openapi::OpenApi) -> utoipa::openapi::OpenApi {
     use axum::http::Method;
     use utoipa::openapi::security::{
         ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme,
     };
     use utoipa::openapi::{ContentBuilder, Ref, ResponseBuilder};
 
-    use crate::auth::routes::{classify, Access};
+    use crate::auth::routes::{classify, Access, Shape};
 
     let comps = doc.components.get_or_insert_with(Default::default);
     comps.add_security_scheme(
@@ -130,11 +145,17 @@ fn secured(mut doc: utoipa::openapi::OpenApi, error_schema: &str) -> utoipa::ope
             "The same key in the x-api-key header",
         ))),
     );
-    let error = |description: &str, code: &str, message: &str| {
-        let example = if error_schema == "ErrorBody" {
-            serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}})
-        } else {
-            serde_json::json!({"code": code, "message": message, "retriable": false})
+    let error = |shape: Shape, description: &str, code: &str, message: &str| {
+        let (error_schema, example) = match shape {
+            Shape::OpenAi => (
+                "ErrorBody",
+                serde_json::json!({"error": {"message": message, "type": "invalid_request_error", "param": null, "code": code}}),
+            ),
+            Shape::Ollama => ("OllamaErrorBody", serde_json::json!({"error": message})),
+            Shape::Envelope => (
+                "ErrorEnvelope",
+                serde_json::json!({"code": code, "message": message, "retriable": false}),
+            ),
         };
         ResponseBuilder::new()
             .description(description)
@@ -156,7 +177,10 @@ fn secured(mut doc: utoipa::openapi::OpenApi, error_schema: &str) -> utoipa::ope
         ];
         for (method, op) in ops {
             let Some(op) = op else { continue };
-            let (access, _) = classify(&method, path);
+            let (access, shape) = classify(&method, path);
+            let error = |description: &str, code: &str, message: &str| {
+                error(shape, description, code, message)
+            };
             if matches!(access, Access::Open | Access::Metrics) {
                 continue;
             }
@@ -420,12 +444,12 @@ pub fn data() -> utoipa::openapi::OpenApi {
 }
 
 fn data_for(cfg: &Config) -> utoipa::openapi::OpenApi {
-    let doc = secured(versioned(DataApi::openapi()), "ErrorEnvelope");
+    let doc = secured(versioned(DataApi::openapi()));
     configured_limits(cross_field_rules(unsigned_ranges(doc)), cfg)
 }
 
 pub fn control() -> utoipa::openapi::OpenApi {
-    unsigned_ranges(secured(versioned(ControlApi::openapi()), "ErrorEnvelope"))
+    unsigned_ranges(secured(versioned(ControlApi::openapi())))
 }
 
 pub fn adapters() -> utoipa::openapi::OpenApi {
@@ -433,7 +457,7 @@ pub fn adapters() -> utoipa::openapi::OpenApi {
 }
 
 fn adapters_for(cfg: &Config) -> utoipa::openapi::OpenApi {
-    let doc = secured(versioned(AdaptersApi::openapi()), "ErrorBody");
+    let doc = secured(versioned(AdaptersApi::openapi()));
     configured_limits(cross_field_rules(unsigned_ranges(doc)), cfg)
 }
 

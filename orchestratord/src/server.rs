@@ -57,6 +57,7 @@ pub fn build_state(
         workers: crate::remote_workers::WorkerRegistry::new(&cfg.workers),
         auth,
         model_dirs: model_dirs(&cfg),
+        model_digests: Default::default(),
         records,
         started_at: Instant::now(),
         cfg,
@@ -128,9 +129,15 @@ pub fn router(state: SharedState) -> Router {
         .route("/detokenize", post(crate::adapters::tokenize::detokenize))
         .route(
             "/chat/completions",
-            post(crate::adapters::ollama::completions),
+            post(crate::adapters::seed_chat::completions),
         )
-        .route("/chat/sse", post(crate::adapters::ollama::sse))
+        .route("/chat/sse", post(crate::adapters::seed_chat::sse))
+        .route("/api/chat", post(crate::adapters::ollama::chat))
+        .route("/api/generate", post(crate::adapters::ollama::generate))
+        .route("/api/tags", get(crate::adapters::ollama::tags))
+        .route("/api/ps", get(crate::adapters::ollama::ps))
+        .route("/api/show", post(crate::adapters::ollama::show))
+        .route("/api/version", get(crate::adapters::ollama::version))
         .route(
             "/engines",
             get(crate::adapters::kolosal::list).post(crate::adapters::kolosal::add),

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use engine_candle::{CandleEngine, EngineError, EngineOptions, GenerateRequest};
-use engine_port::{OnLoss, SeqEvent, SlotPermit};
+use engine_port::{ModelFacts, OnLoss, SeqEvent, SlotPermit};
 use tokio::sync::mpsc;
 
 use crate::port::{
@@ -66,6 +66,12 @@ impl Engine for CandlePortEngine {
             layers: info.layers,
             layers_on_accelerator: if info.device.is_cpu() { 0 } else { info.layers },
             on_loss: OnLoss::Restart,
+            facts: Some(ModelFacts {
+                architecture: info.architecture.clone(),
+                parameters: info.parameters,
+                quantization: info.quantization.clone(),
+                chat_template: info.chat_template.clone(),
+            }),
         }
     }
 

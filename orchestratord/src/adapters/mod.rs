@@ -6,4 +6,5 @@ pub mod hyperswarm;
 pub mod kolosal;
 pub mod ollama;
 pub mod openai;
+pub mod seed_chat;
 pub mod tokenize;

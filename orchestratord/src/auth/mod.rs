@@ -118,6 +118,7 @@ pub fn respond(shape: Shape, e: ApiError) -> Response {
     match shape {
         Shape::Envelope => e.into_response(),
         Shape::OpenAi => crate::error::openai::OpenAiError(e).into_response(),
+        Shape::Ollama => crate::error::ollama::OllamaError(e).into_response(),
     }
 }
 

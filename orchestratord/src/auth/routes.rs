@@ -24,6 +24,8 @@ pub enum Shape {
     Envelope,
     /// `{"error": {message, type, param, code}}`: OpenAI, seed-001 chat, Kolosal.
     OpenAi,
+    /// `{"error": "…"}`: Ollama's native API (`/api/…`).
+    Ollama,
 }
 
 /// Routes that need no key.
@@ -39,7 +41,9 @@ pub const OPEN_PATHS: [&str; 6] = [
 /// The access and error shape of a request to `path` with `method` (unknown paths need a
 /// key, so probing answers 401 before 404).
 pub fn classify(method: &Method, path: &str) -> (Access, Shape) {
-    let shape = if path.starts_with("/v1/chat/")
+    let shape = if path.starts_with("/api/") {
+        Shape::Ollama
+    } else if path.starts_with("/v1/chat/")
         || path.starts_with("/v1/completions")
         || path.starts_with("/v1/models")
         || path == "/tokenize"
@@ -92,5 +96,7 @@ mod tests {
         assert_eq!(c(Method::GET, "/health").0, Access::Open);
         assert_eq!(c(Method::GET, "/nope").0, Access::Data);
         assert_eq!(c(Method::GET, "/metrics").0, Access::Metrics);
+        assert_eq!(c(Method::POST, "/api/chat"), (Access::Data, Shape::Ollama));
+        assert_eq!(c(Method::GET, "/api/tags"), (Access::Data, Shape::Ollama));
     }
 }

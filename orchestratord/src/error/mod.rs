@@ -1,6 +1,7 @@
 //! The data/control-plane error type, its one mapping to HTTP, and each protocol's error shape
-//! (`openai`: the one the chat adapters and auth answer in).
+//! (`openai`: the one the chat adapters and auth answer in; `ollama`: Ollama's native API).
 
+pub mod ollama;
 pub mod openai;
 
 use axum::http::{HeaderValue, StatusCode};

@@ -39,6 +39,8 @@ pub struct AppState {
     pub auth: Arc<crate::auth::Auth>,
     /// Where models may be loaded from (`POST /engines`, reloads).
     pub model_dirs: crate::model_paths::ModelDirs,
+    /// SHA-256 of model files, remembered per file version (Ollama's `digest`).
+    pub model_digests: crate::model_digest::ModelDigests,
     /// Task records and artifacts that outlive the process.
     pub records: crate::records::Records,
     pub started_at: Instant,

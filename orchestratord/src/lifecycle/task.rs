@@ -308,6 +308,20 @@ impl Task {
             .unwrap_or(self.prompt_tokens as u32)
     }
 
+    /// Where the task's time went so far (up to its end, or now): Ollama's durations.
+    pub fn spans(&self) -> Spans {
+        let g = self.lock();
+        let end = g.ended_at.unwrap_or_else(Instant::now);
+        let placed = g.placed_at.unwrap_or(end);
+        let first = g.first_token_at.unwrap_or(end);
+        Spans {
+            total: end.saturating_duration_since(self.submitted),
+            waited: placed.saturating_duration_since(self.submitted),
+            prefill: first.saturating_duration_since(placed),
+            decode: end.saturating_duration_since(first),
+        }
+    }
+
     pub fn set_counted_prompt_tokens(&self, n: u32) {
         self.lock().counted_prompt_tokens = Some(n);
     }
@@ -472,7 +486,19 @@ impl Task {
     }
 }
 
-/// A one-token interactive task for unit tests, ranked `rank` (or now).
+/// Where a task's time went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Spans {
+    /// Submission to the end.
+    pub total: Duration,
+    /// Submission to placement on a slot (queue, and a pool loading its model).
+    pub waited: Duration,
+    /// Placement to the first token: reading the prompt.
+    pub prefill: Duration,
+    /// The first token to the end.
+    pub decode: Duration,
+}
+
 /// Who a place in line is kept for: a client that counts its tries (a retry-count header),
 /// refused on this connection (`None`: the server's own callers).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -50,6 +50,7 @@ impl Engine for RemoteEngine {
             layers_on_accelerator: 0,
             // nothing here can bring a worker back: its tasks go on elsewhere
             on_loss: OnLoss::ContinueElsewhere,
+            facts: None,
         }
     }
 

@@ -40,6 +40,11 @@ pub async fn openapi_json(State(state): State<SharedState>) -> impl IntoResponse
     Json(openapi::combined(&state.cfg))
 }
 
-pub async fn not_found(uri: axum::http::Uri) -> ApiError {
-    ApiError::not_found("route", uri.path())
+/// An unknown route: 404 in the shape of the API its path belongs to.
+pub async fn not_found(
+    method: axum::http::Method,
+    uri: axum::http::Uri,
+) -> axum::response::Response {
+    let (_, shape) = crate::auth::routes::classify(&method, uri.path());
+    crate::auth::respond(shape, ApiError::not_found("route", uri.path()))
 }

@@ -79,6 +79,7 @@ impl Engine for ScriptedEngine {
             layers: 2,
             layers_on_accelerator: 0,
             on_loss: OnLoss::Restart,
+            facts: None,
         }
     }
 

@@ -1,7 +1,10 @@
-//! The seed-001 chat API (Ollama's response shape): `POST /chat/completions` with JSON or
-//! NDJSON answers, and `POST /chat/sse`.
+//! Ollama's native API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/ps`, `/api/show`,
+//! `/api/version`) on the task spine, errors in Ollama's `{"error": "…"}` shape.
 
-mod chat;
+mod answer;
+mod models;
+mod request;
 pub mod types;
 
-pub use chat::{__path_completions, __path_sse, completions, sse};
+pub use answer::{__path_chat, __path_generate, chat, generate};
+pub use models::{__path_ps, __path_show, __path_tags, __path_version, ps, show, tags, version};

@@ -1,90 +1,269 @@
-//! Wire types of the seed-001 chat API (Ollama's response shape).
+//! Wire types of Ollama's native API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/ps`,
+//! `/api/show`, `/api/version`), as its documentation and the `ollama` client spell them.
+
+use std::collections::BTreeMap;
 
 use contracts::StopField;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::adapters::openai::types::Message;
-
-/// `POST /chat/completions` and `POST /chat/sse` (where `stream` is ignored: always streamed).
-/// A field not listed here is refused by name (400), never silently ignored.
+/// One message of `/api/chat`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(as = SeedChatRequest)]
-#[schema(example = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": "Hello, how are you?"}], "stream": true, "temperature": 0.7}))]
-pub struct ChatRequest {
-    /// Model alias, model name or pool id.
-    pub model: String,
-    #[schema(min_items = 1)]
-    pub messages: Vec<Message>,
+#[schema(as = OllamaMessage)]
+pub struct Message {
+    /// `system` | `user` | `assistant`
+    pub role: String,
     #[serde(default)]
-    pub stream: bool,
-    #[schema(minimum = 0.0, maximum = 100.0)]
-    pub temperature: Option<f32>,
-    #[schema(minimum = 1e-6, maximum = 1.0)]
-    pub top_p: Option<f32>,
-    /// Tokens to generate at most (server default when absent).
-    #[schema(minimum = 1)]
-    pub max_tokens: Option<u32>,
-    pub seed: Option<u64>,
-    pub stop: Option<StopField>,
+    pub content: String,
+    /// Images (base64): refused, the models served here read text only.
+    pub images: Option<Vec<String>>,
+    /// Tool calls of an earlier assistant turn: refused until tools are served.
+    pub tool_calls: Option<serde_json::Value>,
+    pub tool_name: Option<String>,
+    /// An earlier turn's reasoning: accepted and left out of the prompt.
+    pub thinking: Option<String>,
 }
 
+/// `options`: the sampling and runtime parameters of a request. A parameter not listed is
+/// refused by name; the runtime ones (threads, GPU layers, batch, mmap) are accepted and left
+/// to the server's configuration, and a sampler parameter this server lacks is accepted at
+/// its neutral value only.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = OllamaOptions)]
+pub struct Options {
+    #[schema(minimum = 0.0, maximum = 100.0)]
+    pub temperature: Option<f32>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    pub top_p: Option<f32>,
+    pub top_k: Option<i64>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    pub min_p: Option<f32>,
+    pub seed: Option<i64>,
+    /// Tokens to generate at most; -1 (or -2): as many as the context allows.
+    pub num_predict: Option<i64>,
+    pub stop: Option<StopField>,
+    pub repeat_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    /// The context the request needs: refused when over the model's served context.
+    pub num_ctx: Option<i64>,
+    // sampler parameters this server has no sampler for: their neutral value only
+    pub typical_p: Option<f32>,
+    pub mirostat: Option<i64>,
+    pub mirostat_tau: Option<f32>,
+    pub mirostat_eta: Option<f32>,
+    pub tfs_z: Option<f32>,
+    pub repeat_last_n: Option<i64>,
+    pub penalize_newline: Option<bool>,
+    pub num_keep: Option<i64>,
+    // runtime parameters, set by the server's configuration
+    pub num_batch: Option<i64>,
+    pub num_gpu: Option<i64>,
+    pub main_gpu: Option<i64>,
+    pub num_thread: Option<i64>,
+    pub use_mmap: Option<bool>,
+    pub use_mlock: Option<bool>,
+    pub numa: Option<bool>,
+    pub low_vram: Option<bool>,
+    pub f16_kv: Option<bool>,
+    pub vocab_only: Option<bool>,
+    pub logits_all: Option<bool>,
+}
+
+/// `POST /api/chat`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = OllamaChatRequest)]
+#[schema(example = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "user", "content": "Why is the sky blue?"}], "stream": false, "options": {"temperature": 0, "num_predict": 32}}))]
+pub struct ChatRequest {
+    pub model: String,
+    /// No messages: the model is loaded (here: checked served) and `done_reason` is `load`.
+    #[serde(default)]
+    pub messages: Vec<Message>,
+    /// NDJSON lines unless `false` (the default is `true`).
+    pub stream: Option<bool>,
+    /// `"json"` or a JSON schema.
+    pub format: Option<serde_json::Value>,
+    pub options: Option<Options>,
+    /// Accepted: pools stay loaded as the server's configuration says.
+    pub keep_alive: Option<serde_json::Value>,
+    pub tools: Option<serde_json::Value>,
+    /// Thinking: refused when `true` (no model served here thinks).
+    pub think: Option<serde_json::Value>,
+}
+
+/// `POST /api/generate`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = OllamaGenerateRequest)]
+#[schema(example = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "prompt": "Why is the sky blue?", "stream": false, "options": {"num_predict": 32}}))]
+pub struct GenerateRequest {
+    pub model: String,
+    /// No prompt: the model is loaded (here: checked served) and `done_reason` is `load`.
+    #[serde(default)]
+    pub prompt: String,
+    /// A system prompt (with the chat template; ignored with `raw`).
+    pub system: Option<String>,
+    /// `true`: the prompt as is, without the chat template.
+    #[serde(default)]
+    pub raw: bool,
+    pub stream: Option<bool>,
+    pub format: Option<serde_json::Value>,
+    pub options: Option<Options>,
+    pub keep_alive: Option<serde_json::Value>,
+    /// Refused: a custom template (the model's own is applied).
+    pub template: Option<String>,
+    /// Refused: fill-in-the-middle.
+    pub suffix: Option<String>,
+    /// Refused: images.
+    pub images: Option<Vec<String>>,
+    /// Refused: the token context of an earlier answer (deprecated by Ollama).
+    pub context: Option<Vec<i64>>,
+    pub think: Option<serde_json::Value>,
+}
+
+/// An answer's message.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ChatMessage {
+#[schema(as = OllamaAnswerMessage)]
+pub struct AnswerMessage {
     pub role: &'static str,
     pub content: String,
 }
 
-impl ChatMessage {
-    pub fn assistant(content: String) -> Self {
-        Self {
-            role: "assistant",
-            content,
-        }
-    }
+/// The counts and durations (nanoseconds) of the last line of an answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = OllamaStats)]
+pub struct Stats {
+    /// Submission to the end.
+    pub total_duration: u64,
+    /// Submission to a slot starting the task (queue wait, a pool loading its model).
+    pub load_duration: u64,
+    pub prompt_eval_count: u32,
+    /// Reading the prompt: placement to the first token.
+    pub prompt_eval_duration: u64,
+    pub eval_count: u32,
+    /// The first token to the end.
+    pub eval_duration: u64,
 }
 
-/// The non-streaming answer.
+/// One line of an `/api/chat` answer (or the whole answer with `stream: false`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
-#[schema(as = SeedChatResponse)]
-#[schema(example = json!({"id": "cmpl-6f1c0d9e", "model": "SmolLM2-135M-Instruct.Q4_1", "created": 1763780000, "message": {"role": "assistant", "content": "I'm doing well, thank you!"}, "done": true, "finish_reason": "stop"}))]
-pub struct ChatResponse {
-    pub id: String,
+#[schema(as = OllamaChatResponse)]
+#[schema(example = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "created_at": "2026-11-25T12:00:00.123456789Z", "message": {"role": "assistant", "content": "The sky is blue because…"}, "done": true, "done_reason": "stop", "total_duration": 612000000, "load_duration": 1200000, "prompt_eval_count": 14, "prompt_eval_duration": 41000000, "eval_count": 32, "eval_duration": 569000000}))]
+pub struct ChatLine {
     pub model: String,
-    pub created: u64,
-    pub message: ChatMessage,
+    pub created_at: String,
+    pub message: AnswerMessage,
     pub done: bool,
-    /// `stop` | `length` | `cancelled` (an addition to the seed's shape).
-    pub finish_reason: String,
-}
-
-/// One streamed chunk: an NDJSON line, or the JSON of one SSE `data:` event.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-#[schema(example = json!({"message": {"role": "assistant", "content": "I'm "}, "done": false, "index": 0}))]
-pub struct ChatChunk {
-    pub message: ChatMessage,
-    pub done: bool,
-    /// Zero-based number of the chunk in its stream.
-    pub index: u32,
-    /// On the `done: true` chunk only: `stop` | `length` | `cancelled`.
+    /// On the last line: `stop` | `length` | `cancelled`, or `load` for a request with no
+    /// prompt.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub finish_reason: Option<String>,
+    pub done_reason: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<Stats>,
 }
 
-/// The error object of the seed's streams (`message` is a string here).
+/// One line of an `/api/generate` answer (or the whole answer with `stream: false`).
 #[derive(Debug, Clone, Serialize, ToSchema)]
-#[schema(example = json!({"message": "the engine of pool \"default\" stopped", "type": "server_error", "code": "WORKER_RESET"}))]
-pub struct StreamError {
-    pub message: String,
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub code: contracts::ErrorCode,
-}
-
-/// The NDJSON error line: `{"error": {…}, "done": true}`.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct NdjsonError {
-    pub error: StreamError,
+#[schema(as = OllamaGenerateResponse)]
+#[schema(example = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "created_at": "2026-11-25T12:00:00.123456789Z", "response": "The sky is blue because…", "done": true, "done_reason": "stop", "total_duration": 612000000, "load_duration": 1200000, "prompt_eval_count": 14, "prompt_eval_duration": 41000000, "eval_count": 32, "eval_duration": 569000000}))]
+pub struct GenerateLine {
+    pub model: String,
+    pub created_at: String,
+    pub response: String,
     pub done: bool,
+    /// On the last line: `stop` | `length` | `cancelled`, or `load` for a request with no
+    /// prompt.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub done_reason: Option<String>,
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<Stats>,
+}
+
+/// `details` of a model.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = OllamaModelDetails)]
+pub struct Details {
+    pub parent_model: String,
+    /// `gguf`, or `remote` for a worker's model.
+    pub format: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub family: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub families: Option<Vec<String>>,
+    /// `134.5M`, `1.2B`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameter_size: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantization_level: Option<String>,
+}
+
+/// One model of `/api/tags` (`expires_at`, `size_vram`, `context_length` only in `/api/ps`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = OllamaModel)]
+pub struct ModelEntry {
+    pub name: String,
+    pub model: String,
+    /// The model file's modification time (absent for a worker's model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modified_at: Option<String>,
+    /// Bytes: the file (`/api/tags`); weights and KV cache (`/api/ps`).
+    pub size: u64,
+    /// `sha256` of the model file, hex (absent for a worker's model).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    pub details: Details,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_vram: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<usize>,
+}
+
+/// `GET /api/tags` and `GET /api/ps`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = OllamaModelList)]
+pub struct ModelList {
+    pub models: Vec<ModelEntry>,
+}
+
+/// `POST /api/show`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = OllamaShowRequest)]
+pub struct ShowRequest {
+    /// The model (older clients send `name`).
+    #[serde(alias = "name")]
+    pub model: String,
+    #[serde(default)]
+    pub verbose: bool,
+}
+
+/// The answer of `/api/show`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = OllamaShowResponse)]
+pub struct ShowResponse {
+    /// The model's chat template (Jinja, from its GGUF), when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// `FROM <model file>`.
+    pub modelfile: String,
+    /// The server's sampling defaults, one `name value` per line.
+    pub parameters: String,
+    pub details: Details,
+    /// GGUF-style keys: `general.architecture`, `general.parameter_count`,
+    /// `<arch>.context_length`.
+    pub model_info: BTreeMap<String, serde_json::Value>,
+    /// `completion`.
+    pub capabilities: Vec<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub modified_at: Option<String>,
+}
+
+/// `GET /api/version`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = OllamaVersion)]
+pub struct Version {
+    pub version: String,
 }

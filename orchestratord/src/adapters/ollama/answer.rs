@@ -1,0 +1,261 @@
+//! `POST /api/chat` and `POST /api/generate`: NDJSON lines as the tokens come (the default),
+//! or one object with `stream: false`; the last line carries `done_reason` and the task's
+//! counts and durations.
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderValue, Response, StatusCode};
+use contracts::TaskRequest;
+use futures::StreamExt;
+
+use super::request::{chat_task, generate_task, option_name};
+use super::types::*;
+use crate::adapters::follow;
+use crate::auth::Caller;
+use crate::error::ollama::{body as error_body, OllamaError};
+use crate::error::ApiError;
+use crate::json_body::JsonBody;
+use crate::lifecycle::deadline::Delivery;
+use crate::lifecycle::state::SharedState;
+use crate::lifecycle::subscription::Followed;
+use crate::lifecycle::task::{Task, TaskEvent};
+
+const NDJSON: &str = "application/x-ndjson";
+
+/// Which API's lines: chat's `message`, or generate's `response`.
+#[derive(Clone, Copy)]
+enum Api {
+    Chat,
+    Generate,
+}
+
+/// Now, as Ollama writes it (RFC 3339, nanoseconds, UTC).
+fn now() -> String {
+    humantime::format_rfc3339_nanos(std::time::SystemTime::now()).to_string()
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The counts and durations of a finished task.
+fn stats(task: &Task, tokens_out: u32) -> Stats {
+    let spans = task.spans();
+    Stats {
+        total_duration: nanos(spans.total),
+        load_duration: nanos(spans.waited),
+        prompt_eval_count: task.prompt_tokens_used(),
+        prompt_eval_duration: nanos(spans.prefill),
+        eval_count: tokens_out,
+        eval_duration: nanos(spans.decode),
+    }
+}
+
+/// One line (or the whole answer) as JSON.
+fn line(
+    api: Api,
+    model: &str,
+    text: String,
+    done_reason: Option<String>,
+    stats: Option<Stats>,
+) -> Vec<u8> {
+    let done = done_reason.is_some();
+    let mut out = Vec::with_capacity(160 + text.len());
+    // serializing plain data into a Vec cannot fail
+    let _ = match api {
+        Api::Chat => serde_json::to_writer(
+            &mut out,
+            &ChatLine {
+                model: model.to_string(),
+                created_at: now(),
+                message: AnswerMessage {
+                    role: "assistant",
+                    content: text,
+                },
+                done,
+                done_reason,
+                stats,
+            },
+        ),
+        Api::Generate => serde_json::to_writer(
+            &mut out,
+            &GenerateLine {
+                model: model.to_string(),
+                created_at: now(),
+                response: text,
+                done,
+                done_reason,
+                stats,
+            },
+        ),
+    };
+    out
+}
+
+fn with_type(body: Body, content_type: &'static str) -> Response<Body> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = StatusCode::OK;
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    h.insert("x-accel-buffering", HeaderValue::from_static("no"));
+    resp
+}
+
+/// A request with nothing to generate: Ollama loads the model and answers `done_reason:
+/// "load"`; here the model must be served (404 otherwise).
+fn loaded(
+    state: &SharedState,
+    api: Api,
+    model: &str,
+    stream: bool,
+) -> Result<Response<Body>, ApiError> {
+    if !state.pools.all().iter().any(|p| p.serves(model)) {
+        return Err(ApiError::not_found("model", model).with_field("model"));
+    }
+    let mut out = line(api, model, String::new(), Some("load".into()), None);
+    if stream {
+        out.push(b'\n');
+        return Ok(with_type(Body::from(out), NDJSON));
+    }
+    Ok(with_type(Body::from(out), "application/json"))
+}
+
+/// A refusal of a task field that came from `options`, named as the client sent it.
+fn in_options(mut e: ApiError) -> ApiError {
+    let named = e.envelope.field.as_deref().and_then(option_name);
+    if let (Some(name), Some(field)) = (named, e.envelope.field.clone()) {
+        e.envelope.message = e.envelope.message.replace(&field, name);
+        e.envelope.field = Some(format!("options.{name}"));
+    }
+    e
+}
+
+async fn answer(
+    state: SharedState,
+    caller: Caller,
+    api: Api,
+    model: String,
+    task: Option<TaskRequest>,
+    stream: bool,
+) -> Result<Response<Body>, OllamaError> {
+    let Some(task) = task else {
+        return Ok(loaded(&state, api, &model, stream)?);
+    };
+    let delivery = if stream {
+        Delivery::Streamed
+    } else {
+        Delivery::Whole
+    };
+    let task = follow::admit(&state, task, &caller, delivery)
+        .await
+        .map_err(in_options)?;
+    let mut sub = follow::subscribe(&state, &task);
+    if !stream {
+        let (text, end) = follow::collect(sub).await?;
+        let body = line(
+            api,
+            &model,
+            text,
+            Some(end.finish_reason),
+            Some(stats(&task, end.tokens_out)),
+        );
+        return Ok(with_type(Body::from(body), "application/json"));
+    }
+    follow::until_answer_begins(std::slice::from_mut(&mut sub)).await?;
+    let task: Arc<Task> = task.clone();
+    // NDJSON has no comment lines: no keep-alives
+    let lines = sub.into_stream(None).filter_map(move |f| {
+        let out = match f {
+            Followed::Event(_, TaskEvent::Token(t)) if !t.t.is_empty() => {
+                Some(line(api, &model, t.t, None, None))
+            }
+            Followed::Event(_, TaskEvent::End(end)) => Some(line(
+                api,
+                &model,
+                String::new(),
+                Some(end.finish_reason),
+                Some(stats(&task, end.tokens_out)),
+            )),
+            Followed::Event(_, TaskEvent::Error(e)) => {
+                let env = contracts::ErrorEnvelope::new(e.code, e.message, e.retriable);
+                serde_json::to_vec(&error_body(&env)).ok()
+            }
+            Followed::Event(..) | Followed::KeepAlive => None,
+        };
+        futures::future::ready(out.map(|mut l| {
+            l.push(b'\n');
+            Ok::<_, std::io::Error>(Bytes::from(l))
+        }))
+    });
+    Ok(with_type(Body::from_stream(lines), NDJSON))
+}
+
+/// Ollama's chat: the model's chat template applied to `messages`.
+#[utoipa::path(
+    post, operation_id = "ollamaChat", path = "/api/chat", tag = "ollama",
+    request_body = ChatRequest,
+    responses(
+        (status = 200, description = "NDJSON, one line per piece of text and a last line with `done: true`, `done_reason` and the counts and durations (nanoseconds); with `stream: false` one object. A failure after the first line is a `{\"error\": …}` line.", content(
+            (ChatLine = "application/x-ndjson", example = json!("{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"created_at\":\"2026-11-25T12:00:00.1Z\",\"message\":{\"role\":\"assistant\",\"content\":\"The\"},\"done\":false}\n{\"model\":\"SmolLM2-135M-Instruct.Q4_1\",\"created_at\":\"2026-11-25T12:00:00.6Z\",\"message\":{\"role\":\"assistant\",\"content\":\"\"},\"done\":true,\"done_reason\":\"stop\",\"total_duration\":612000000,\"load_duration\":1200000,\"prompt_eval_count\":14,\"prompt_eval_duration\":41000000,\"eval_count\":32,\"eval_duration\":569000000}\n")),
+            (ChatLine = "application/json"),
+        )),
+        (status = 400, description = "Bad request: a field or option this server does not serve is named", body = crate::error::ollama::ErrorBody, example = json!({"error": "options.mirostat: mirostat = 2 is not supported: this server's sampler has no mirostat (leave it out or send 0)"})),
+        (status = 404, description = "No pool serves the model", body = crate::error::ollama::ErrorBody, example = json!({"error": "model \"llama3\" not found"})),
+        (status = 429, description = "Queue full or the predicted wait misses the client's stated timeout: retry after `Retry-After`", body = crate::error::ollama::ErrorBody, example = json!({"error": "queue full: 16 tasks waiting; retry after 1200 ms"})),
+        (status = 503, description = "No pool for the model is ready", body = crate::error::ollama::ErrorBody, example = json!({"error": "no pool serving \"SmolLM2-135M-Instruct.Q4_1\" is ready"})),
+    )
+)]
+pub async fn chat(
+    State(state): State<SharedState>,
+    caller: Caller,
+    body: Result<JsonBody<ChatRequest>, ApiError>,
+) -> Result<Response<Body>, OllamaError> {
+    let JsonBody(req) = body?;
+    let task = chat_task(&state, &req)?;
+    answer(
+        state,
+        caller,
+        Api::Chat,
+        req.model,
+        task,
+        req.stream != Some(false),
+    )
+    .await
+}
+
+/// Ollama's generate: the prompt as one user turn of the chat template (with `system`), or
+/// as is with `raw: true`.
+#[utoipa::path(
+    post, operation_id = "ollamaGenerate", path = "/api/generate", tag = "ollama",
+    request_body = GenerateRequest,
+    responses(
+        (status = 200, description = "NDJSON lines of `response` text and a last line with `done: true`, `done_reason` and the counts and durations (nanoseconds); with `stream: false` one object.", content(
+            (GenerateLine = "application/x-ndjson"),
+            (GenerateLine = "application/json"),
+        )),
+        (status = 400, description = "Bad request: a field or option this server does not serve is named", body = crate::error::ollama::ErrorBody, example = json!({"error": "suffix: fill-in-the-middle (suffix) is not supported"})),
+        (status = 404, description = "No pool serves the model", body = crate::error::ollama::ErrorBody, example = json!({"error": "model \"llama3\" not found"})),
+        (status = 429, description = "Queue full or the predicted wait misses the client's stated timeout: retry after `Retry-After`", body = crate::error::ollama::ErrorBody, example = json!({"error": "queue full: 16 tasks waiting; retry after 1200 ms"})),
+        (status = 503, description = "No pool for the model is ready", body = crate::error::ollama::ErrorBody, example = json!({"error": "no pool serving \"SmolLM2-135M-Instruct.Q4_1\" is ready"})),
+    )
+)]
+pub async fn generate(
+    State(state): State<SharedState>,
+    caller: Caller,
+    body: Result<JsonBody<GenerateRequest>, ApiError>,
+) -> Result<Response<Body>, OllamaError> {
+    let JsonBody(req) = body?;
+    let task = generate_task(&state, &req)?;
+    answer(
+        state,
+        caller,
+        Api::Generate,
+        req.model,
+        task,
+        req.stream != Some(false),
+    )
+    .await
+}
