@@ -67,6 +67,9 @@ pub struct SseEnd {
     pub decode_ms: u64,
     /// `stop` | `length` | `cancelled`
     pub finish_reason: String,
+    /// With `stop`: the stop sequence that ended the answer (absent when the model ended it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_sequence: Option<String>,
 }
 
 /// Failing terminal event; nothing follows it.

@@ -337,9 +337,14 @@ impl Scheduler {
         Some((pick, ready.min(prompt.len().saturating_sub(1))))
     }
 
-    fn finish_event(seq: &Running, reason: FinishReason) -> SeqEvent {
+    fn finish_event(
+        seq: &Running,
+        reason: FinishReason,
+        stop_sequence: Option<String>,
+    ) -> SeqEvent {
         SeqEvent::Done(Finish {
             reason,
+            stop_sequence,
             prompt_tokens: seq.req.prompt_tokens.len(),
             tokens_out: seq.generated,
             prefill_ms: seq.prefill_ms,
@@ -355,7 +360,7 @@ impl Scheduler {
             if gone || seq.req.cancel.is_cancelled() {
                 // a cancelled sequence emits nothing more: drop what was not delivered
                 seq.backlog.clear();
-                let ev = Self::finish_event(seq, FinishReason::Cancelled);
+                let ev = Self::finish_event(seq, FinishReason::Cancelled, None);
                 self.remove_row(i, Some(ev));
             } else {
                 i += 1;
@@ -392,6 +397,7 @@ impl Scheduler {
         req.permit.release();
         let _ = req.events.try_send(SeqEvent::Done(Finish {
             reason: FinishReason::Cancelled,
+            stop_sequence: None,
             prompt_tokens: req.prompt_tokens.len(),
             tokens_out: 0,
             prefill_ms: 0,
@@ -448,7 +454,7 @@ impl Scheduler {
         let seq = &mut self.running[i];
         if seq.req.cancel.is_cancelled() {
             seq.backlog.clear();
-            let ev = Self::finish_event(seq, FinishReason::Cancelled);
+            let ev = Self::finish_event(seq, FinishReason::Cancelled, None);
             self.remove_row(i, Some(ev));
             return;
         }
@@ -463,7 +469,7 @@ impl Scheduler {
                     id: Some(tok),
                 });
             }
-            let ev = Self::finish_event(seq, FinishReason::Stop);
+            let ev = Self::finish_event(seq, FinishReason::Stop, None);
             self.remove_row(i, Some(ev));
             return;
         }
@@ -473,7 +479,8 @@ impl Scheduler {
         seq.generated += 1;
         seq.tokens.push(tok);
         let out_of_room = seq.generated >= seq.req.max_tokens || seq.pos >= ctx;
-        let finish = if pushed.stopped {
+        let stop_sequence = pushed.stopped;
+        let finish = if stop_sequence.is_some() {
             Some(FinishReason::Stop)
         } else if out_of_room {
             Some(FinishReason::Length)
@@ -494,7 +501,7 @@ impl Scheduler {
             },
         );
         if let Some(reason) = finish {
-            let ev = Self::finish_event(seq, reason);
+            let ev = Self::finish_event(seq, reason, stop_sequence);
             self.remove_row(i, Some(ev));
         }
     }

@@ -5,8 +5,8 @@
 pub struct Pushed {
     /// Text that is now final (may be empty while a character or a stop prefix is incomplete).
     pub text: String,
-    /// A stop sequence was completed; the stop text itself is not in `text`.
-    pub stopped: bool,
+    /// The stop sequence completed, when one was; the stop text itself is not in `text`.
+    pub stopped: Option<String>,
 }
 
 /// Turns token bytes into text, never splitting a UTF-8 character, and cuts at stop sequences
@@ -81,16 +81,14 @@ impl TextStream {
             let first = self
                 .stops
                 .iter()
-                .filter_map(|s| self.held.find(s.as_str()))
-                .min();
-            if let Some(pos) = first {
+                .filter_map(|s| self.held.find(s.as_str()).map(|pos| (pos, s)))
+                .min_by_key(|(pos, _)| *pos);
+            if let Some((pos, stop)) = first {
+                let stopped = Some(stop.clone());
                 let text = self.held[..pos].to_string();
                 self.held.clear();
                 self.bytes.clear();
-                return Pushed {
-                    text,
-                    stopped: true,
-                };
+                return Pushed { text, stopped };
             }
         }
         let keep = self.stop_prefix_len();
@@ -99,7 +97,7 @@ impl TextStream {
         self.held.drain(..cut);
         Pushed {
             text,
-            stopped: false,
+            stopped: None,
         }
     }
 
@@ -126,7 +124,7 @@ mod tests {
         let mut out = String::new();
         for b in bytes {
             let p = s.push(&[*b]);
-            assert!(!p.stopped);
+            assert!(p.stopped.is_none());
             out.push_str(&p.text);
         }
         assert_eq!(out, "é🙂");
@@ -140,11 +138,20 @@ mod tests {
         for piece in ["Hello E", "N", "D tail"] {
             let p = s.push(piece.as_bytes());
             out.push_str(&p.text);
-            if p.stopped {
+            if p.stopped.is_some() {
                 break;
             }
         }
         assert_eq!(out, "Hello ");
+    }
+
+    /// The stop sequence reported is the one that occurs first in the text.
+    #[test]
+    fn the_first_stop_in_the_text_is_the_one_reported() {
+        let mut s = TextStream::new(vec!["tail".into(), "D".into(), ",".into()]);
+        let p = s.push(b"one, two D tail");
+        assert_eq!(p.text, "one");
+        assert_eq!(p.stopped.as_deref(), Some(","));
     }
 
     #[test]
@@ -154,7 +161,7 @@ mod tests {
         assert_eq!(a.text, "line");
         let b = s.push(b"next");
         assert_eq!(b.text, "\nnext");
-        assert!(!b.stopped);
+        assert!(b.stopped.is_none());
     }
 
     #[test]

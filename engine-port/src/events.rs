@@ -32,6 +32,9 @@ pub struct Finish {
     pub prefill_ms: u64,
     /// Time from the first generated token to the end.
     pub decode_ms: u64,
+    /// The stop sequence that ended it (`reason` is `Stop`), when one did rather than the
+    /// end-of-sequence token.
+    pub stop_sequence: Option<String>,
 }
 
 /// What a running sequence reports, in order: `Token`* then one `Done` or `Failed`.

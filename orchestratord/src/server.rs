@@ -132,6 +132,11 @@ pub fn router(state: SharedState) -> Router {
             post(crate::adapters::seed_chat::completions),
         )
         .route("/chat/sse", post(crate::adapters::seed_chat::sse))
+        .route("/v1/messages", post(crate::adapters::anthropic::messages))
+        .route(
+            "/v1/messages/count_tokens",
+            post(crate::adapters::anthropic::count_tokens),
+        )
         .route("/api/chat", post(crate::adapters::ollama::chat))
         .route("/api/generate", post(crate::adapters::ollama::generate))
         .route("/api/tags", get(crate::adapters::ollama::tags))

@@ -122,9 +122,16 @@ async fn every_route_needs_the_right_key() {
             || path.starts_with("/chat/")
             || path.starts_with("/engines");
         let v: Value = r.json().await.unwrap();
-        if path.starts_with("/api/") {
+        if path.starts_with("/v1/messages") {
+            // Anthropic's shape
+            assert_eq!(v["type"], "error", "{path}: {v}");
+            assert_eq!(v["error"]["type"], "authentication_error", "{path}: {v}");
+        } else if path.starts_with("/api/") {
             // Ollama's shape: the message as a string
-            assert!(v["error"].as_str().unwrap().contains("API key"), "{path}: {v}");
+            assert!(
+                v["error"].as_str().unwrap().contains("API key"),
+                "{path}: {v}"
+            );
         } else if openai_shaped {
             assert_eq!(v["error"]["code"], "UNAUTHORIZED", "{path}: {v}");
         } else {

@@ -1,6 +1,7 @@
 //! Protocol adapters: each turns its protocol into a task (through `admission::admit`) and the
 //! task's events back into its protocol. None of them queues, places or streams by itself.
 
+pub mod anthropic;
 pub mod follow;
 pub mod hyperswarm;
 pub mod kolosal;

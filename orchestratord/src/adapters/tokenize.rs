@@ -92,7 +92,7 @@ pub struct DetokenizeResponse {
 
 /// A loaded engine of a pool serving `model` (the first pool's when `None`), preferring one
 /// that has token ids to give (a local model over a remote worker's).
-fn engine_for(state: &SharedState, model: Option<&str>) -> Result<Arc<dyn Engine>, ApiError> {
+pub fn engine_for(state: &SharedState, model: Option<&str>) -> Result<Arc<dyn Engine>, ApiError> {
     let pools: Vec<Arc<Pool>> = state.pools.all();
     let serving: Vec<&Arc<Pool>> = match model {
         Some(m) => pools.iter().filter(|p| p.serves(m)).collect(),

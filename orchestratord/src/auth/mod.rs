@@ -119,6 +119,7 @@ pub fn respond(shape: Shape, e: ApiError) -> Response {
         Shape::Envelope => e.into_response(),
         Shape::OpenAi => crate::error::openai::OpenAiError(e).into_response(),
         Shape::Ollama => crate::error::ollama::OllamaError(e).into_response(),
+        Shape::Anthropic => crate::error::anthropic::AnthropicError(e).into_response(),
     }
 }
 

@@ -26,6 +26,8 @@ pub enum Shape {
     OpenAi,
     /// `{"error": "…"}`: Ollama's native API (`/api/…`).
     Ollama,
+    /// `{"type": "error", "error": {type, message}}`: Anthropic's Messages API.
+    Anthropic,
 }
 
 /// Routes that need no key.
@@ -43,6 +45,8 @@ pub const OPEN_PATHS: [&str; 6] = [
 pub fn classify(method: &Method, path: &str) -> (Access, Shape) {
     let shape = if path.starts_with("/api/") {
         Shape::Ollama
+    } else if path == "/v1/messages" || path.starts_with("/v1/messages/") {
+        Shape::Anthropic
     } else if path.starts_with("/v1/chat/")
         || path.starts_with("/v1/completions")
         || path.starts_with("/v1/models")
@@ -98,5 +102,9 @@ mod tests {
         assert_eq!(c(Method::GET, "/metrics").0, Access::Metrics);
         assert_eq!(c(Method::POST, "/api/chat"), (Access::Data, Shape::Ollama));
         assert_eq!(c(Method::GET, "/api/tags"), (Access::Data, Shape::Ollama));
+        assert_eq!(
+            c(Method::POST, "/v1/messages/count_tokens"),
+            (Access::Data, Shape::Anthropic)
+        );
     }
 }

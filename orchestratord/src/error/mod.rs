@@ -1,6 +1,8 @@
 //! The data/control-plane error type, its one mapping to HTTP, and each protocol's error shape
-//! (`openai`: the one the chat adapters and auth answer in; `ollama`: Ollama's native API).
+//! (`openai`: the one the chat adapters and auth answer in; `ollama`: Ollama's native API;
+//! `anthropic`: the Messages API).
 
+pub mod anthropic;
 pub mod ollama;
 pub mod openai;
 

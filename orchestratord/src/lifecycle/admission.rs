@@ -55,7 +55,7 @@ fn check_range(
 
 /// The prompt of a request, checked, and the text to continue (a final assistant turn under
 /// `continue_final_message`).
-fn prompt_of(req: &TaskRequest) -> Result<(PromptInput, String), ApiError> {
+pub fn prompt_of(req: &TaskRequest) -> Result<(PromptInput, String), ApiError> {
     let prompt = prompt_input(req)?;
     if req.continue_final_message != Some(true) {
         return Ok((prompt, String::new()));

@@ -34,7 +34,7 @@ impl AppState {
     /// False if it had already ended.
     pub fn cancel_task(&self, task: &Task, reason: CancelReason) -> bool {
         task.stop_cause.set(WireCancel::ClientDisconnect);
-        if !task.finish("cancelled") {
+        if !task.finish("cancelled", None) {
             return false;
         }
         metrics::cancelled(reason);
@@ -45,8 +45,13 @@ impl AppState {
     }
 
     /// Ends a task with `end` (`stop` or `length`). False if it had already ended.
-    pub fn complete_task(&self, task: &Task, finish_reason: &'static str) -> bool {
-        if !task.finish(finish_reason) {
+    pub fn complete_task(
+        &self,
+        task: &Task,
+        finish_reason: &'static str,
+        stop_sequence: Option<String>,
+    ) -> bool {
+        if !task.finish(finish_reason, stop_sequence) {
             return false;
         }
         metrics::finished(finish_reason);

@@ -43,7 +43,7 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     let (continuation, produced) = task.continuation();
     let max_tokens = task.spec.max_tokens.saturating_sub(produced);
     if max_tokens == 0 {
-        state.complete_task(&task, FinishReason::Length.as_str());
+        state.complete_task(&task, FinishReason::Length.as_str(), None);
         return;
     }
     // admission's ids serve when this engine has the model that counted them and nothing was
@@ -300,7 +300,7 @@ async fn pump(
                         // only a cancel of ours stops a sequence; the task already ended
                         return Outcome::Ended;
                     }
-                    state.complete_task(task, reason);
+                    state.complete_task(task, reason, f.stop_sequence);
                     return Outcome::Finished(f.tokens_out);
                 }
                 Ok(Some(SeqEvent::Failed(m))) => {

@@ -139,7 +139,7 @@ mod tests {
         let _in = set.enter("p", &task);
         assert!(task.push_token("x".into()));
         assert_eq!(set.in_slots("p").len(), 1);
-        assert!(task.finish("cancelled"));
+        assert!(task.finish("cancelled", None));
         assert!(
             set.in_slots("p").is_empty(),
             "ended: its row is the engine's count"

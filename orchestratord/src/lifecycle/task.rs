@@ -404,7 +404,7 @@ impl Task {
 
     /// Ends the task with `end` (finish reason `stop`/`length`/`cancelled`). Returns false
     /// if it had already ended: exactly one terminal event per task.
-    pub fn finish(&self, finish_reason: &str) -> bool {
+    pub fn finish(&self, finish_reason: &str, stop_sequence: Option<String>) -> bool {
         let mut g = self.lock();
         if g.is_terminal() {
             return false;
@@ -417,6 +417,7 @@ impl Task {
             decode_time_ms: decode,
             decode_ms: decode,
             finish_reason: finish_reason.to_string(),
+            stop_sequence,
         }));
         g.state = if finish_reason == "cancelled" {
             TaskState::Cancelled

@@ -130,6 +130,7 @@ struct Progress {
     reader: StreamReader,
     tokens_out: usize,
     finish: Option<String>,
+    stop_sequence: Option<String>,
     usage: Option<TokenCounts>,
 }
 
@@ -153,6 +154,7 @@ impl Progress {
                     tx.send(ev).await.map_err(|_| Ended::ReceiverGone)?;
                 }
                 StreamItem::Finish(f) => self.finish = Some(f),
+                StreamItem::StopSequence(s) => self.stop_sequence = Some(s),
                 StreamItem::Usage(u) => self.usage = Some(u),
                 StreamItem::Error(m) => return Err(Ended::Failed(m)),
             }
@@ -167,6 +169,10 @@ impl Progress {
             _ => FinishReason::Stop,
         };
         SeqEvent::Done(Finish {
+            stop_sequence: self
+                .stop_sequence
+                .clone()
+                .filter(|_| reason == FinishReason::Stop),
             reason,
             prompt_tokens: usage.map_or(0, |u| u.prompt_tokens as usize),
             tokens_out: self.tokens_out,
@@ -221,6 +227,7 @@ async fn relay(
                 stop(cause.get());
                 let _ = tx.send(SeqEvent::Done(Finish {
                     reason: FinishReason::Cancelled,
+                    stop_sequence: None,
                     prompt_tokens: 0,
                     tokens_out: progress.tokens_out,
                     prefill_ms: 0,

@@ -64,6 +64,8 @@ pub fn request_body(model: &str, job: &EngineJob) -> (&'static str, Value) {
 pub enum StreamItem {
     Text(String),
     Finish(String),
+    /// vLLM's `stop_reason` (and ours): the stop sequence that ended the choice.
+    StopSequence(String),
     Usage(TokenCounts),
     Error(String),
 }
@@ -127,6 +129,9 @@ pub fn read_object(v: &Value, out: &mut Vec<StreamItem>) {
         }
         if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
             out.push(StreamItem::Finish(f.to_string()));
+        }
+        if let Some(s) = choice.get("stop_reason").and_then(Value::as_str) {
+            out.push(StreamItem::StopSequence(s.to_string()));
         }
     }
     if let Some(u) = v.get("usage").filter(|u| u.is_object()) {

@@ -159,6 +159,7 @@ impl Engine for ScriptedEngine {
             let finish = |reason, n| {
                 SeqEvent::Done(Finish {
                     reason,
+                    stop_sequence: None,
                     prompt_tokens: prompt_tokens.len(),
                     tokens_out: n,
                     prefill_ms: 0,

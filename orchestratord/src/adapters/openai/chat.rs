@@ -103,6 +103,7 @@ pub async fn chat_completions(
                     content: text,
                 },
                 finish_reason: end.finish_reason,
+                stop_reason: end.stop_sequence,
             }],
             usage: Usage::new(counted.prompt_tokens_used(), end.tokens_out),
         })
@@ -110,25 +111,27 @@ pub async fn chat_completions(
     }
     follow::until_answer_begins(std::slice::from_mut(&mut sub)).await?;
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let chunk = move |delta: Delta, finish: Option<String>, usage: Option<Usage>| {
-        follow::sse_data(&Chunk {
-            id: id.clone(),
-            object: "chat.completion.chunk",
-            created,
-            model: model.clone(),
-            system_fingerprint: FINGERPRINT.into(),
-            choices: if usage.is_some() {
-                vec![]
-            } else {
-                vec![ChunkChoice {
-                    index: 0,
-                    delta,
-                    finish_reason: finish,
-                }]
-            },
-            usage,
-        })
-    };
+    let chunk =
+        move |delta: Delta, finish: Option<String>, stop: Option<String>, usage: Option<Usage>| {
+            follow::sse_data(&Chunk {
+                id: id.clone(),
+                object: "chat.completion.chunk",
+                created,
+                model: model.clone(),
+                system_fingerprint: FINGERPRINT.into(),
+                choices: if usage.is_some() {
+                    vec![]
+                } else {
+                    vec![ChunkChoice {
+                        index: 0,
+                        delta,
+                        finish_reason: finish,
+                        stop_reason: stop,
+                    }]
+                },
+                usage,
+            })
+        };
     let stream = sub
         .into_stream(follow::keepalive(&state))
         .flat_map(move |f| {
@@ -147,6 +150,7 @@ pub async fn chat_completions(
                     },
                     None,
                     None,
+                    None,
                 )],
                 TaskEvent::Token(t) => vec![chunk(
                     Delta {
@@ -155,13 +159,20 @@ pub async fn chat_completions(
                     },
                     None,
                     None,
+                    None,
                 )],
                 TaskEvent::Metrics(_) => vec![],
                 TaskEvent::End(end) => {
-                    let mut v = vec![chunk(Delta::default(), Some(end.finish_reason), None)];
+                    let mut v = vec![chunk(
+                        Delta::default(),
+                        Some(end.finish_reason),
+                        end.stop_sequence,
+                        None,
+                    )];
                     if include_usage {
                         v.push(chunk(
                             Delta::default(),
+                            None,
                             None,
                             Some(Usage::new(counted.prompt_tokens_used(), end.tokens_out)),
                         ));

@@ -20,7 +20,7 @@ pub const DONE: &[u8] = b"data: [DONE]\n\n";
 /// OpenAI's `user` as our session id (budgets, accounting): as is when it is a valid session
 /// id (1-128 characters of `A-Z a-z 0-9 - _ . :`), else `user-` and the first 32 hex digits of
 /// its SHA-256 (OpenAI's `user` is any string; it is never refused for its spelling).
-fn session_of(user: Option<&str>) -> Option<String> {
+pub fn session_of(user: Option<&str>) -> Option<String> {
     use sha2::{Digest, Sha256};
     let user = user.filter(|u| !u.is_empty())?;
     if crate::lifecycle::admission::valid_id(user) {

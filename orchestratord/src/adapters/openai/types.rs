@@ -250,6 +250,9 @@ pub struct Choice {
     pub message: AssistantMessage,
     /// `stop` | `length` | `cancelled`
     pub finish_reason: String,
+    /// vLLM's: the stop sequence that ended the answer, when one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -277,6 +280,9 @@ pub struct ChunkChoice {
     pub index: u32,
     pub delta: Delta,
     pub finish_reason: Option<String>,
+    /// vLLM's: the stop sequence that ended the answer (on the last chunk), when one did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<String>,
 }
 
 /// One `data:` frame of a streamed chat completion.

@@ -1,0 +1,224 @@
+//! Anthropic's requests as tasks: `system` and the turns' text blocks as chat turns, a final
+//! assistant turn continued (prefill), the fields this server does not serve refused by name.
+
+use contracts::{ChatTurn, StopField, TaskRequest};
+
+use super::types::{Block, Content, CountRequest, Message, MessagesRequest};
+use crate::error::ApiError;
+
+fn refuse(field: impl Into<String>, why: impl Into<String>) -> ApiError {
+    ApiError::invalid(field, why)
+}
+
+/// The text of one text block; any other kind of block is refused naming it.
+fn block_text(b: &Block, field: &str) -> Result<String, ApiError> {
+    if b.kind != "text" {
+        let shown: String = b.kind.escape_debug().take(40).collect();
+        let why = match b.kind.as_str() {
+            "tool_use" | "tool_result" | "server_tool_use" => {
+                format!("{shown} blocks are not supported by this server yet")
+            }
+            "thinking" | "redacted_thinking" => {
+                format!("{shown} blocks are not supported: no model served here thinks")
+            }
+            _ => format!(
+                "content blocks of type \"{shown}\" are not supported: the models served here read text only"
+            ),
+        };
+        return Err(refuse(field, why));
+    }
+    if let Some((key, _)) = b.rest.iter().find(|(k, v)| {
+        !(k.as_str() == "citations" && (v.is_null() || v == &&serde_json::json!([])))
+    }) {
+        let shown: String = key.escape_debug().take(40).collect();
+        return Err(refuse(
+            format!("{field}.{shown}"),
+            format!("unknown field \"{shown}\" in a text block"),
+        ));
+    }
+    b.text
+        .clone()
+        .ok_or_else(|| refuse(format!("{field}.text"), "a text block needs its text"))
+}
+
+/// The text of a content (blocks joined without a separator, as one turn).
+fn content_text(c: &Content, field: &str) -> Result<String, ApiError> {
+    match c {
+        Content::Text(t) => Ok(t.clone()),
+        Content::Blocks(blocks) => {
+            let mut text = String::new();
+            for (j, b) in blocks.iter().enumerate() {
+                text.push_str(&block_text(b, &format!("{field}[{j}]"))?);
+            }
+            Ok(text)
+        }
+    }
+}
+
+/// Tools, a tool choice or thinking: refused until served (empty or disabled accepted).
+fn unserved(
+    tools: &Option<serde_json::Value>,
+    tool_choice: &Option<serde_json::Value>,
+    thinking: &Option<serde_json::Value>,
+) -> Result<(), ApiError> {
+    use serde_json::Value;
+    if tools
+        .as_ref()
+        .is_some_and(|t| !(t.is_null() || t.as_array().is_some_and(|a| a.is_empty())))
+    {
+        return Err(refuse(
+            "tools",
+            "tools are not supported by this server yet",
+        ));
+    }
+    let none_choice =
+        |v: &Value| v.is_null() || v.get("type").and_then(Value::as_str) == Some("none");
+    if tool_choice.as_ref().is_some_and(|c| !none_choice(c)) {
+        return Err(refuse(
+            "tool_choice",
+            "tool_choice is not supported by this server yet (only {\"type\": \"none\"})",
+        ));
+    }
+    let disabled =
+        |v: &Value| v.is_null() || v.get("type").and_then(Value::as_str) == Some("disabled");
+    if thinking.as_ref().is_some_and(|t| !disabled(t)) {
+        return Err(refuse(
+            "thinking",
+            "extended thinking is not supported: no model served here thinks",
+        ));
+    }
+    Ok(())
+}
+
+/// `system` and the messages as chat turns; a final assistant turn marks a continuation.
+fn turns(
+    system: &Option<Content>,
+    messages: &[Message],
+) -> Result<(Vec<ChatTurn>, bool), ApiError> {
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    if let Some(s) = system {
+        let text = content_text(s, "system")?;
+        if !text.is_empty() {
+            out.push(ChatTurn {
+                role: "system".into(),
+                content: text,
+            });
+        }
+    }
+    if messages.is_empty() {
+        return Err(refuse(
+            "messages",
+            "messages: at least one message is required",
+        ));
+    }
+    for (i, m) in messages.iter().enumerate() {
+        if m.role != "user" && m.role != "assistant" {
+            let shown: String = m.role.escape_debug().take(40).collect();
+            return Err(refuse(
+                format!("messages[{i}].role"),
+                format!("role \"{shown}\" is not one of user, assistant (the system prompt is the system field)"),
+            ));
+        }
+        out.push(ChatTurn {
+            role: m.role.clone(),
+            content: content_text(&m.content, &format!("messages[{i}].content"))?,
+        });
+    }
+    let prefill = messages.last().is_some_and(|m| m.role == "assistant");
+    if prefill
+        && out
+            .last()
+            .is_some_and(|t| t.content.ends_with(char::is_whitespace))
+    {
+        return Err(refuse(
+            format!("messages[{}].content", messages.len() - 1),
+            "final assistant content cannot end with trailing whitespace",
+        ));
+    }
+    Ok((out, prefill))
+}
+
+/// `/v1/messages` as a task.
+pub fn messages_task(req: &MessagesRequest) -> Result<TaskRequest, ApiError> {
+    let max_tokens = req
+        .max_tokens
+        .ok_or_else(|| refuse("max_tokens", "max_tokens: field required"))?;
+    unserved(&req.tools, &req.tool_choice, &req.thinking)?;
+    if let Some(t) = req.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
+        return Err(refuse(
+            "temperature",
+            format!("temperature: {t} is not within [0, 1]"),
+        ));
+    }
+    if req
+        .output_config
+        .as_ref()
+        .and_then(|c| c.get("format"))
+        .is_some_and(|f| !f.is_null())
+    {
+        return Err(refuse(
+            "output_config.format",
+            "structured output is not supported by this server yet",
+        ));
+    }
+    if let Some(speed) = req.speed.as_deref().filter(|s| *s != "standard") {
+        let shown: String = speed.escape_debug().take(40).collect();
+        return Err(refuse(
+            "speed",
+            format!("speed \"{shown}\" is not served: this server has one speed (standard)"),
+        ));
+    }
+    if req.container.as_ref().is_some_and(|c| !c.is_null()) {
+        return Err(refuse(
+            "container",
+            "code-execution containers are not supported",
+        ));
+    }
+    if req.diagnostics.as_ref().is_some_and(|d| !d.is_null()) {
+        return Err(refuse(
+            "diagnostics",
+            "prompt-cache diagnostics are not supported",
+        ));
+    }
+    if let Some(tier) = req
+        .service_tier
+        .as_deref()
+        .filter(|t| *t != "auto" && *t != "standard_only")
+    {
+        let shown: String = tier.escape_debug().take(40).collect();
+        return Err(refuse(
+            "service_tier",
+            format!("service_tier \"{shown}\" is not one of auto, standard_only"),
+        ));
+    }
+    let (turns, prefill) = turns(&req.system, &req.messages)?;
+    let user = req.metadata.as_ref().and_then(|m| m.user_id.as_deref());
+    Ok(TaskRequest {
+        model: Some(req.model.clone()),
+        messages: Some(turns),
+        max_tokens: Some(max_tokens),
+        temperature: req.temperature,
+        top_p: req.top_p,
+        top_k: req.top_k,
+        stop: req
+            .stop_sequences
+            .clone()
+            .filter(|s| !s.is_empty())
+            .map(StopField::Many),
+        session_id: crate::adapters::openai::session_of(user),
+        continue_final_message: prefill.then_some(true),
+        ..Default::default()
+    })
+}
+
+/// `/v1/messages/count_tokens` as the task it would be (its prompt and continuation).
+pub fn count_task(req: &CountRequest) -> Result<TaskRequest, ApiError> {
+    unserved(&req.tools, &req.tool_choice, &req.thinking)?;
+    let (turns, prefill) = turns(&req.system, &req.messages)?;
+    Ok(TaskRequest {
+        model: Some(req.model.clone()),
+        messages: Some(turns),
+        continue_final_message: prefill.then_some(true),
+        ..Default::default()
+    })
+}

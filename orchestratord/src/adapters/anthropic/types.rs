@@ -1,0 +1,165 @@
+//! Wire types of Anthropic's Messages API (`/v1/messages`, `/v1/messages/count_tokens`), as
+//! its reference and the `anthropic` SDK spell them.
+
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A content block of a message or of `system`. Text is read; the other kinds are refused
+/// with a 400 naming the block.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[schema(as = AnthropicContentBlock)]
+pub struct Block {
+    /// `text` (others: `image`, `document`, `tool_use`, `tool_result`, `thinking`, …).
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: Option<String>,
+    /// Prompt caching hints: accepted (this server keeps its own prompt cache).
+    #[serde(default)]
+    #[schema(value_type = Option<Object>)]
+    pub cache_control: Option<serde_json::Value>,
+    /// Every other key of the block (an image's `source`, a tool call's `input`, …).
+    #[serde(flatten)]
+    #[schema(value_type = Object)]
+    pub rest: serde_json::Map<String, serde_json::Value>,
+}
+
+/// A string, or an array of content blocks.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(untagged)]
+#[schema(as = AnthropicContent)]
+pub enum Content {
+    Text(String),
+    Blocks(Vec<Block>),
+}
+
+/// One turn.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = AnthropicMessage)]
+pub struct Message {
+    /// `user` | `assistant`; a final `assistant` turn is continued (prefill).
+    pub role: String,
+    pub content: Content,
+}
+
+/// `metadata`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = AnthropicMetadata)]
+pub struct Metadata {
+    /// The end user: this server's session (budgets, accounting).
+    pub user_id: Option<String>,
+}
+
+/// `POST /v1/messages`. A field not listed is refused by name.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = AnthropicMessagesRequest)]
+#[schema(example = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "max_tokens": 64, "system": "You are a helpful assistant.", "messages": [{"role": "user", "content": "What is the capital of France?"}]}))]
+pub struct MessagesRequest {
+    pub model: String,
+    #[schema(min_items = 1)]
+    pub messages: Vec<Message>,
+    /// Required, as in Anthropic's API.
+    #[schema(minimum = 1)]
+    pub max_tokens: Option<u32>,
+    pub system: Option<Content>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    pub temperature: Option<f32>,
+    #[schema(minimum = 0.0, maximum = 1.0)]
+    pub top_p: Option<f32>,
+    pub top_k: Option<u32>,
+    pub stop_sequences: Option<Vec<String>>,
+    #[serde(default)]
+    pub stream: bool,
+    pub metadata: Option<Metadata>,
+    /// `auto` | `standard_only`: accepted (one tier here).
+    pub service_tier: Option<String>,
+    /// Refused until tools are served (an empty list is accepted).
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<serde_json::Value>,
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<serde_json::Value>,
+    /// `{"type": "disabled"}` only: no model served here thinks.
+    #[schema(value_type = Option<Object>)]
+    pub thinking: Option<serde_json::Value>,
+    /// Top-level prompt caching: accepted (this server keeps its own prompt cache).
+    #[schema(value_type = Option<Object>)]
+    pub cache_control: Option<serde_json::Value>,
+    /// `format` (structured output) is refused until served; `effort` is accepted.
+    #[schema(value_type = Option<Object>)]
+    pub output_config: Option<serde_json::Value>,
+    /// `standard` (or null) only: this server has one speed.
+    pub speed: Option<String>,
+    /// Accepted: one place serves here.
+    pub inference_geo: Option<String>,
+    /// Accepted: account routing that has no meaning here.
+    pub user_profile_id: Option<String>,
+    pub workspace_id: Option<String>,
+    /// Refused when set: no code-execution containers here.
+    #[schema(value_type = Option<Object>)]
+    pub container: Option<serde_json::Value>,
+    /// Refused when set: no prompt-cache diagnostics here.
+    #[schema(value_type = Option<Object>)]
+    pub diagnostics: Option<serde_json::Value>,
+}
+
+/// `POST /v1/messages/count_tokens`.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(as = AnthropicCountTokensRequest)]
+#[schema(example = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "user", "content": "What is the capital of France?"}]}))]
+pub struct CountRequest {
+    pub model: String,
+    #[schema(min_items = 1)]
+    pub messages: Vec<Message>,
+    pub system: Option<Content>,
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub tools: Option<serde_json::Value>,
+    #[schema(value_type = Option<Object>)]
+    pub tool_choice: Option<serde_json::Value>,
+    #[schema(value_type = Option<Object>)]
+    pub thinking: Option<serde_json::Value>,
+}
+
+/// The answer of `count_tokens`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = AnthropicTokenCount, example = json!({"input_tokens": 37}))]
+pub struct TokenCount {
+    pub input_tokens: u32,
+}
+
+/// A text block of an answer.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = AnthropicTextBlock)]
+pub struct TextBlock {
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub text: String,
+}
+
+/// Token counts.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = AnthropicUsage)]
+pub struct Usage {
+    pub input_tokens: u32,
+    pub output_tokens: u32,
+}
+
+/// A message: the whole answer, or the opening of a stream (`content` empty).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = AnthropicMessageResponse)]
+#[schema(example = json!({"id": "msg_6f1c0d9e", "type": "message", "role": "assistant", "model": "SmolLM2-135M-Instruct.Q4_1", "content": [{"type": "text", "text": "The capital of France is Paris."}], "stop_reason": "end_turn", "stop_sequence": null, "usage": {"input_tokens": 37, "output_tokens": 8}}))]
+pub struct MessageResponse {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub role: &'static str,
+    pub model: String,
+    pub content: Vec<TextBlock>,
+    /// `end_turn` | `max_tokens` | `stop_sequence` (`cancelled` when the task was cancelled);
+    /// null while streaming.
+    pub stop_reason: Option<String>,
+    pub stop_sequence: Option<String>,
+    pub usage: Usage,
+}
