@@ -120,6 +120,16 @@ pub struct TaskRequest {
     /// of the answer) instead of answering after it. vLLM's parameter of the same name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continue_final_message: Option<bool>,
+    /// Structured output: the answer is JSON valid under this JSON Schema (`{"type":
+    /// "object"}` for any object). Decoding is constrained token by token, so it always parses
+    /// unless `max_tokens` cuts it short (`finish_reason: length`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<Object>)]
+    pub json_schema: Option<serde_json::Value>,
+    /// Structured output: the answer is in the language of this context-free grammar
+    /// (llguidance's Lark syntax, e.g. `start: "yes" | "no"`). Not with `json_schema`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
 }
 
 /// Where to read a task's events.

@@ -47,6 +47,7 @@ fn run_sampled(
             sampling: sampling.clone(),
             max_tokens,
             stop: vec![],
+            constraint: None,
             cancel: CancellationToken::new(),
             events: tx,
         })

@@ -11,6 +11,7 @@ use candle_core::Device;
 
 use crate::chat_template::{ChatTemplate, TemplateSource};
 use crate::compute_priority;
+use crate::constrained::Constrained;
 use crate::cpu_parallel::{pool_threads, with_threads};
 use crate::error::{EngineError, Result};
 use crate::hparams::{md_str, Hparams};
@@ -20,7 +21,7 @@ use crate::scheduler::{Command, GenerateRequest, Scheduler, Shared};
 use crate::step_budget::StepBudget;
 use crate::tokenizer::GgufTokenizer;
 use crate::weights::{GgufFile, WeightFormat};
-use engine_port::{ChatTurn, SlotPermit, Slots};
+use engine_port::{ChatTurn, OutputConstraint, SlotPermit, Slots};
 
 /// Which device runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -287,6 +288,7 @@ pub struct CandleEngine {
     commands: SyncSender<Command>,
     shared: Arc<Shared>,
     slots: Slots,
+    grammars: crate::constrained::Grammars,
 }
 
 impl CandleEngine {
@@ -394,6 +396,7 @@ impl CandleEngine {
         tracing::info!(model = %info.name, ctx, slots = opts.slots, threads, kv_cache = opts.settings.kv_type.as_str(), load_ms = info.load_ms, "model loaded");
         Ok(Self {
             info,
+            grammars: crate::constrained::Grammars::new(tokenizer.clone()),
             tokenizer,
             template,
             commands: tx,
@@ -486,6 +489,13 @@ impl CandleEngine {
 
     /// Starts a sequence in the slot of `req.permit`. Events arrive on `req.events`; a refused
     /// request gives its slot back at once.
+    /// A sequence's hold to `constraint`, compiled against this model's vocabulary (once:
+    /// compiled grammars are remembered). A constraint that does not compile is
+    /// `InvalidParams`. Compiling can take milliseconds: not on an async runtime's thread.
+    pub fn constrain(&self, constraint: &OutputConstraint) -> Result<Constrained> {
+        self.grammars.matcher(constraint)
+    }
+
     pub fn submit(&self, req: GenerateRequest) -> Result<()> {
         if !self.slots.owns(&req.permit) {
             return Err(EngineError::InvalidParams(

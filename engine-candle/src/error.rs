@@ -25,6 +25,9 @@ pub enum EngineError {
     },
     #[error("invalid sampling parameters: {0}")]
     InvalidParams(String),
+    /// A structured-output constraint that cannot be compiled (the field, then why).
+    #[error("{0}")]
+    Constraint(String),
     #[error("the engine's decode thread has stopped")]
     Stopped,
     #[error("device: {0}")]

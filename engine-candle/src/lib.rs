@@ -7,6 +7,7 @@
 mod attention;
 mod chat_template;
 mod compute_priority;
+mod constrained;
 mod cpu_parallel;
 mod cpu_quant;
 mod engine;
@@ -28,6 +29,7 @@ mod weights;
 
 pub use chat_template::{ChatTemplate, Piece, TemplateSource, CHATML_FALLBACK};
 pub use compute_priority::MAX_NICE;
+pub use constrained::Constrained;
 pub use cpu_parallel::fault;
 pub use engine::{
     configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, EngineSettings,

@@ -17,6 +17,7 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 use tokio_util::sync::CancellationToken;
 
+use crate::constrained::Constrained;
 use crate::error::EngineError;
 use crate::model::{KvCache, Model, Segment};
 use crate::prompt_cache::{common_prefix, Entry, PromptCache};
@@ -36,6 +37,9 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     pub max_tokens: usize,
     pub stop: Vec<String>,
+    /// The language the text must be in (structured output), from
+    /// [`crate::CandleEngine::constrain`].
+    pub constraint: Option<Constrained>,
     pub cancel: CancellationToken,
     pub events: Sender<SeqEvent>,
 }
@@ -59,6 +63,21 @@ struct Running {
     backlog: VecDeque<SeqEvent>,
     first_token: Instant,
     prefill_ms: u64,
+    /// Why its constraint could not pick the token (the row then fails).
+    failed: Option<String>,
+}
+
+/// The next token of a sequence: its constraint masks the logits first, when it has one.
+fn pick(
+    sampler: &mut Sampler,
+    constraint: Option<&mut Constrained>,
+    logits: &mut [f32],
+    recent: &[u32],
+) -> Result<u32, String> {
+    if let Some(c) = constraint {
+        c.mask(logits)?;
+    }
+    Ok(sampler.sample(logits, recent))
 }
 
 /// A sequence with a row whose prompt is still going through, a chunk per pass.
@@ -413,8 +432,17 @@ impl Scheduler {
         submitted: Instant,
         mut logits: Vec<f32>,
     ) {
+        let mut req = req;
         let mut sampler = Sampler::new(req.sampling.clone());
-        let first = sampler.sample(&mut logits, &req.prompt_tokens);
+        let (first, failed) = match pick(
+            &mut sampler,
+            req.constraint.as_mut(),
+            &mut logits,
+            &req.prompt_tokens,
+        ) {
+            Ok(t) => (t, None),
+            Err(e) => (0, Some(e)),
+        };
         let pos = req.prompt_tokens.len();
         let mut tokens = Vec::with_capacity(pos + req.max_tokens);
         tokens.extend_from_slice(&req.prompt_tokens);
@@ -429,6 +457,7 @@ impl Scheduler {
             backlog: VecDeque::new(),
             first_token: Instant::now(),
             prefill_ms: submitted.elapsed().as_millis() as u64,
+            failed,
             req,
         });
     }
@@ -458,6 +487,14 @@ impl Scheduler {
             self.remove_row(i, Some(ev));
             return;
         }
+        if let Some(why) = seq.failed.take() {
+            flush(&mut seq.backlog, &seq.req.events);
+            self.remove_row(
+                i,
+                Some(SeqEvent::Failed(format!("constrained decoding: {why}"))),
+            );
+            return;
+        }
         if self.tokenizer.is_stop(tok) {
             let tail = seq.text.finish();
             if !tail.is_empty() {
@@ -474,13 +511,27 @@ impl Scheduler {
             return;
         }
         seq.sampler.observe(tok);
+        // the grammar moves past the token; complete, the sequence ends (its mask would allow
+        // nothing but the end)
+        let mut grammar_done = false;
+        if let Some(c) = seq.req.constraint.as_mut() {
+            if let Err(why) = c.consume(tok) {
+                flush(&mut seq.backlog, &seq.req.events);
+                self.remove_row(
+                    i,
+                    Some(SeqEvent::Failed(format!("constrained decoding: {why}"))),
+                );
+                return;
+            }
+            grammar_done = c.is_done();
+        }
         let pushed = seq.text.push(self.tokenizer.token_bytes(tok));
         let index = seq.generated;
         seq.generated += 1;
         seq.tokens.push(tok);
         let out_of_room = seq.generated >= seq.req.max_tokens || seq.pos >= ctx;
         let stop_sequence = pushed.stopped;
-        let finish = if stop_sequence.is_some() {
+        let finish = if stop_sequence.is_some() || grammar_done {
             Some(FinishReason::Stop)
         } else if out_of_room {
             Some(FinishReason::Length)
@@ -488,7 +539,9 @@ impl Scheduler {
             None
         };
         let mut text = pushed.text;
-        if finish == Some(FinishReason::Length) {
+        // the end of the budget or of the grammar: what was held back (a possible stop
+        // sequence's start) is text after all
+        if finish == Some(FinishReason::Length) || (grammar_done && stop_sequence.is_none()) {
             text.push_str(&seq.text.finish());
         }
         push_event(
@@ -604,7 +657,15 @@ impl Scheduler {
             let seq = &mut self.running[*i];
             seq.pos += 1;
             let mut row = row;
-            seq.next = seq.sampler.sample(&mut row, &seq.tokens);
+            match pick(
+                &mut seq.sampler,
+                seq.req.constraint.as_mut(),
+                &mut row,
+                &seq.tokens,
+            ) {
+                Ok(t) => seq.next = t,
+                Err(e) => seq.failed = Some(e),
+            }
         }
         // prompts whose last chunk went through start from its logits, in arrival order
         let mut complete = Vec::new();

@@ -63,6 +63,7 @@ pub fn start(
             sampling: sampling.clone(),
             max_tokens,
             stop: stop.clone(),
+            constraint: None,
             cancel: cancel.clone(),
             events: tx.clone(),
         };

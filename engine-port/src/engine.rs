@@ -4,7 +4,7 @@ use tokio::sync::mpsc;
 
 use crate::error::PortError;
 use crate::events::SeqEvent;
-use crate::job::{EngineJob, PromptInput};
+use crate::job::{EngineJob, OutputConstraint, PromptInput};
 use crate::slots::SlotPermit;
 
 /// Events buffered per running sequence between the engine and its consumer.
@@ -77,6 +77,16 @@ pub trait Engine: Send + Sync + 'static {
     fn detokenize(&self, ids: &[u32]) -> Result<Option<String>, PortError> {
         let _ = ids;
         Ok(None)
+    }
+    /// Checks that the engine can hold a sequence to `constraint` and readies it (compiling a
+    /// grammar can take milliseconds: call it off the async runtime). `InvalidInput` when the
+    /// constraint cannot be compiled (a bad schema or grammar), or the engine has no
+    /// constrained decoding.
+    fn prepare_constraint(&self, constraint: &OutputConstraint) -> Result<(), PortError> {
+        Err(PortError::InvalidInput(format!(
+            "{}: this pool's engine has no constrained decoding",
+            constraint.field()
+        )))
     }
     /// Starts a sequence; events arrive on the returned bounded channel, ending with exactly
     /// one `Done` or `Failed` unless the engine dies (the channel then closes early).

@@ -25,6 +25,27 @@ pub enum PromptInput {
     Chat(Vec<ChatTurn>),
 }
 
+/// What a sequence's text must be (structured output): the engine masks every token that
+/// would leave the language, so the text always parses (unless `max_tokens` cuts it short).
+/// Any JSON object is the schema `{"type": "object"}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum OutputConstraint {
+    /// JSON valid under this JSON Schema (its text).
+    JsonSchema(String),
+    /// A context-free grammar in llguidance's Lark syntax.
+    Grammar(String),
+}
+
+impl OutputConstraint {
+    /// The request field a client names it with (`json_schema` or `grammar`).
+    pub fn field(&self) -> &'static str {
+        match self {
+            Self::JsonSchema(_) => "json_schema",
+            Self::Grammar(_) => "grammar",
+        }
+    }
+}
+
 /// Why a sequence was stopped early, set once by whoever ends the task before `cancel` fires
 /// (a remote engine tells its worker; a local engine needs only the token).
 #[derive(Debug, Clone, Default)]
@@ -76,6 +97,8 @@ pub struct EngineJob {
     pub sampling: SamplingParams,
     pub max_tokens: usize,
     pub stop: Vec<String>,
+    /// The language the text must be in, when constrained.
+    pub constraint: Option<OutputConstraint>,
     pub cancel: CancellationToken,
     pub stop_cause: StopCause,
     /// The request's correlation id (empty when none), passed on to remote backends.
@@ -100,6 +123,7 @@ impl EngineJob {
             sampling,
             max_tokens,
             stop: Vec::new(),
+            constraint: None,
             cancel: CancellationToken::new(),
             stop_cause: StopCause::default(),
             correlation_id: String::new(),

@@ -14,6 +14,6 @@ mod slots;
 pub use engine::{Engine, EngineDescriptor, ModelFacts, OnLoss, EVENT_CHANNEL_CAPACITY};
 pub use error::PortError;
 pub use events::{Finish, FinishReason, SeqEvent};
-pub use job::{ChatTurn, EngineJob, FailureNote, PromptInput, StopCause};
+pub use job::{ChatTurn, EngineJob, FailureNote, OutputConstraint, PromptInput, StopCause};
 pub use sampling::SamplingParams;
 pub use slots::{SlotPermit, Slots};

@@ -40,6 +40,7 @@ fn task(id: usize) -> Arc<Task> {
             sampling: Default::default(),
             max_tokens: 64,
             stop: Vec::new(),
+            constraint: None,
         },
         prompt_tokens: 1,
         prompt_ids: None,

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use engine_candle::{CandleEngine, EngineError, EngineOptions, GenerateRequest};
-use engine_port::{ModelFacts, OnLoss, SeqEvent, SlotPermit};
+use engine_port::{ModelFacts, OnLoss, OutputConstraint, SeqEvent, SlotPermit};
 use tokio::sync::mpsc;
 
 use crate::port::{
@@ -35,6 +35,7 @@ fn map_err(e: EngineError) -> PortError {
         EngineError::Stopped => PortError::Dead(e.to_string()),
         EngineError::ContextOverflow { .. }
         | EngineError::InvalidParams(_)
+        | EngineError::Constraint(_)
         | EngineError::ChatTemplate(_)
         | EngineError::Tokenizer(_) => PortError::InvalidInput(e.to_string()),
         other => PortError::Load(other.to_string()),
@@ -112,12 +113,40 @@ impl Engine for CandlePortEngine {
         Ok(Some(tokenizer.decode(ids)))
     }
 
+    fn prepare_constraint(&self, constraint: &OutputConstraint) -> Result<(), PortError> {
+        self.inner
+            .constrain(constraint)
+            .map(|_| ())
+            .map_err(map_err)
+    }
+
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
         let prompt_tokens = match job.prompt_tokens {
             Some(t) => t,
             None => self
                 .tokenize(&job.prompt, &job.continuation)?
                 .unwrap_or_default(),
+        };
+        let constraint = match &job.constraint {
+            None => None,
+            Some(c) => {
+                let mut held = self.inner.constrain(c).map_err(map_err)?;
+                // text already produced (or given to continue) is the grammar's start
+                if !job.continuation.is_empty() {
+                    let ids = self
+                        .inner
+                        .tokenizer()
+                        .encode_plain(&job.continuation)
+                        .map_err(map_err)?;
+                    held.consume_all(&ids).map_err(|why| {
+                        PortError::InvalidInput(format!(
+                            "{}: the text to continue does not fit it ({why})",
+                            c.field()
+                        ))
+                    })?;
+                }
+                Some(held)
+            }
         };
         let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
         self.inner
@@ -127,6 +156,7 @@ impl Engine for CandlePortEngine {
                 sampling: job.sampling,
                 max_tokens: job.max_tokens,
                 stop: job.stop,
+                constraint,
                 cancel: job.cancel,
                 events: tx,
             })

@@ -16,8 +16,8 @@ pub use pool::{
 };
 pub use port::{
     ChatTurn, Engine, EngineDescriptor, EngineFactory, EngineJob, FailureNote, Finish,
-    FinishReason, ModelFacts, OnLoss, PortError, PromptInput, SamplingParams, SeqEvent, SlotPermit,
-    Slots, StopCause, EVENT_CHANNEL_CAPACITY,
+    FinishReason, ModelFacts, OnLoss, OutputConstraint, PortError, PromptInput, SamplingParams,
+    SeqEvent, SlotPermit, Slots, StopCause, EVENT_CHANNEL_CAPACITY,
 };
 pub use registry::{AddError, PoolRegistry};
 pub use spec::{EngineConfig, PoolSpec};

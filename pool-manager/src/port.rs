@@ -5,8 +5,8 @@ use std::sync::Arc;
 
 pub use engine_port::{
     ChatTurn, Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason, ModelFacts,
-    OnLoss, PortError, PromptInput, SamplingParams, SeqEvent, SlotPermit, Slots, StopCause,
-    EVENT_CHANNEL_CAPACITY,
+    OnLoss, OutputConstraint, PortError, PromptInput, SamplingParams, SeqEvent, SlotPermit, Slots,
+    StopCause, EVENT_CHANNEL_CAPACITY,
 };
 
 use crate::spec::PoolSpec;

@@ -52,6 +52,18 @@ pub async fn admit(
         })
 }
 
+/// A refusal that names a task field (`json_schema`) renamed as the client's API spells it
+/// (`response_format`, `format`), in its message too.
+pub fn renamed(mut e: ApiError, task_field: &str, api_field: &str) -> ApiError {
+    if e.envelope.field.as_deref() == Some(task_field) {
+        e.envelope.field = Some(api_field.to_string());
+        if let Some(rest) = e.envelope.message.strip_prefix(task_field) {
+            e.envelope.message = format!("{api_field}{rest}");
+        }
+    }
+    e
+}
+
 /// Admits several tasks as one request: all or none. When one is refused, those already
 /// admitted are cancelled and the refusal is returned.
 pub async fn admit_all(

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contracts::{AdmissionResponse, ErrorCode, Priority, StreamLinks, TaskRequest};
-use pool_manager::{ChatTurn, Pool, PromptInput, SamplingParams};
+use pool_manager::{ChatTurn, OutputConstraint, Pool, PortError, PromptInput, SamplingParams};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -211,6 +211,49 @@ struct Validated {
     max_tokens: usize,
     stop: Vec<String>,
     sampling: SamplingParams,
+    constraint: Option<OutputConstraint>,
+}
+
+/// The longest JSON Schema or grammar a request may give, in bytes of its text.
+const MAX_CONSTRAINT_BYTES: usize = 64 * 1024;
+
+/// The request's structured-output constraint: a JSON Schema or a grammar, not both.
+fn constraint_of(req: &TaskRequest) -> Result<Option<OutputConstraint>, ApiError> {
+    let too_long = |field: &str| {
+        ApiError::invalid(
+            field,
+            format!("{field} is over {MAX_CONSTRAINT_BYTES} bytes"),
+        )
+    };
+    match (&req.json_schema, &req.grammar) {
+        (Some(_), Some(_)) => Err(ApiError::invalid(
+            "grammar",
+            "give json_schema or grammar, not both",
+        )),
+        (Some(schema), None) => {
+            if !(schema.is_object() || schema.is_boolean()) {
+                return Err(ApiError::invalid(
+                    "json_schema",
+                    "json_schema must be a JSON Schema: an object (or true)",
+                ));
+            }
+            let text = schema.to_string();
+            if text.len() > MAX_CONSTRAINT_BYTES {
+                return Err(too_long("json_schema"));
+            }
+            Ok(Some(OutputConstraint::JsonSchema(text)))
+        }
+        (None, Some(grammar)) => {
+            if grammar.trim().is_empty() {
+                return Err(ApiError::invalid("grammar", "the grammar is empty"));
+            }
+            if grammar.len() > MAX_CONSTRAINT_BYTES {
+                return Err(too_long("grammar"));
+            }
+            Ok(Some(OutputConstraint::Grammar(grammar.clone())))
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiError> {
@@ -289,6 +332,7 @@ fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiErro
         max_tokens: max_tokens as usize,
         stop,
         sampling,
+        constraint: constraint_of(req)?,
     })
 }
 
@@ -323,6 +367,34 @@ async fn count_prompt(
         }
     }
     Ok((estimated_tokens(&v.prompt, &v.continuation), None))
+}
+
+/// Compiles the constraint for a loaded engine of the pools that would run the task (engines
+/// remember what they compiled: the run then starts from it), so a schema or grammar that does
+/// not compile, or pools with no constrained decoding, are refused before the task queues.
+/// Without a loaded engine the run compiles it (a failure then ends the task).
+async fn prepare_constraint(
+    state: &SharedState,
+    pools: &[Arc<Pool>],
+    c: &OutputConstraint,
+) -> Result<(), ApiError> {
+    let Some(engine) = pools.iter().find_map(|p| p.engine()) else {
+        return Ok(());
+    };
+    state
+        .tokenizers
+        .prepare_constraint(engine, c)
+        .await
+        .map_err(|e| {
+            let message = match e {
+                PortError::InvalidInput(m) => m,
+                other => other.to_string(),
+            };
+            reject(
+                ErrorCode::InvalidParams,
+                ApiError::invalid(c.field(), message),
+            )
+        })
 }
 
 fn rand_seed() -> u64 {
@@ -432,6 +504,9 @@ pub async fn admit(
         return Err(queue_full(state, plan.rank, est_now.retry_after_ms, caller));
     }
     let (n_prompt, prompt_ids) = count_prompt(state, &pools, &v).await?;
+    if let Some(c) = &v.constraint {
+        prepare_constraint(state, &pools, c).await?;
+    }
     let exact = prompt_ids.is_some();
     if n_prompt == 0 {
         return Err(reject(
@@ -498,6 +573,7 @@ pub async fn admit(
             sampling: v.sampling,
             max_tokens: v.max_tokens,
             stop: v.stop,
+            constraint: v.constraint,
         },
         prompt_tokens: n_prompt,
         prompt_ids,

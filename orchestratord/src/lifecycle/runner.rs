@@ -105,6 +105,7 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
         sampling: task.spec.sampling.clone(),
         max_tokens,
         stop: task.spec.stop.clone(),
+        constraint: task.spec.constraint.clone(),
         cancel: task.cancel.clone(),
         stop_cause: task.stop_cause.clone(),
         correlation_id: task.correlation_id.clone(),

@@ -7,7 +7,7 @@ use contracts::{
     ErrorCode, Priority, SseEnd, SseError, SseMetrics, SseStarted, SseToken, TaskRecord, TaskState,
     TaskTimings, TerminalEvent, TranscriptEvent,
 };
-use pool_manager::{EngineDescriptor, PromptInput, SamplingParams, StopCause};
+use pool_manager::{EngineDescriptor, OutputConstraint, PromptInput, SamplingParams, StopCause};
 
 use super::tokenize::PromptIds;
 use serde::Serialize;
@@ -74,6 +74,8 @@ pub struct RunSpec {
     pub sampling: SamplingParams,
     pub max_tokens: usize,
     pub stop: Vec<String>,
+    /// The language the answer must be in (structured output).
+    pub constraint: Option<OutputConstraint>,
 }
 
 /// The index of the token a task's own pace is read from: the gaps before it include the
@@ -533,6 +535,7 @@ pub(crate) fn test_task(id: &str, rank: Option<Instant>) -> std::sync::Arc<Task>
             sampling: Default::default(),
             max_tokens: 1,
             stop: Vec::new(),
+            constraint: None,
         },
         prompt_tokens: 1,
         prompt_ids: None,

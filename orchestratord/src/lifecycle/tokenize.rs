@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use pool_manager::{Engine, PortError, PromptInput};
+use pool_manager::{Engine, OutputConstraint, PortError, PromptInput};
 use tokio::sync::Semaphore;
 
 /// Prompt token ids and the model whose tokenizer made them.
@@ -32,6 +32,23 @@ impl Tokenizers {
         Self {
             permits: Semaphore::new(n),
         }
+    }
+
+    /// Readies `constraint` on `engine` (compiling a grammar), on the same bounded threads.
+    pub async fn prepare_constraint(
+        &self,
+        engine: Arc<dyn Engine>,
+        constraint: &OutputConstraint,
+    ) -> Result<(), PortError> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| PortError::Dead("the tokenizer pool is closed".into()))?;
+        let c = constraint.clone();
+        tokio::task::spawn_blocking(move || engine.prepare_constraint(&c))
+            .await
+            .map_err(|e| PortError::Dead(format!("grammar task failed: {e}")))?
     }
 
     /// Token ids of `prompt` + `continuation` by `engine` (`None` for engines that take text).

@@ -78,7 +78,9 @@ pub async fn messages(
     } else {
         Delivery::Whole
     };
-    let task = follow::admit(&state, task_req, &caller, delivery).await?;
+    let task = follow::admit(&state, task_req, &caller, delivery)
+        .await
+        .map_err(|e| follow::renamed(e, "json_schema", "output_config.format"))?;
     let id = format!("msg_{}", task.id);
     let model = req.model.clone();
     let mut sub = follow::subscribe(&state, &task);

@@ -150,17 +150,6 @@ pub fn messages_task(req: &MessagesRequest) -> Result<TaskRequest, ApiError> {
             format!("temperature: {t} is not within [0, 1]"),
         ));
     }
-    if req
-        .output_config
-        .as_ref()
-        .and_then(|c| c.get("format"))
-        .is_some_and(|f| !f.is_null())
-    {
-        return Err(refuse(
-            "output_config.format",
-            "structured output is not supported by this server yet",
-        ));
-    }
     if let Some(speed) = req.speed.as_deref().filter(|s| *s != "standard") {
         let shown: String = speed.escape_debug().take(40).collect();
         return Err(refuse(
@@ -193,6 +182,7 @@ pub fn messages_task(req: &MessagesRequest) -> Result<TaskRequest, ApiError> {
     }
     let (turns, prefill) = turns(&req.system, &req.messages)?;
     let user = req.metadata.as_ref().and_then(|m| m.user_id.as_deref());
+    let json_schema = output_schema(&req.output_config)?;
     Ok(TaskRequest {
         model: Some(req.model.clone()),
         messages: Some(turns),
@@ -207,8 +197,46 @@ pub fn messages_task(req: &MessagesRequest) -> Result<TaskRequest, ApiError> {
             .map(StopField::Many),
         session_id: crate::adapters::openai::session_of(user),
         continue_final_message: prefill.then_some(true),
+        json_schema,
         ..Default::default()
     })
+}
+
+/// `output_config.format` (`{"type": "json_schema", "schema": {…}}`) as the task's schema;
+/// `output_config.effort` is accepted (one effort here), any other key refused.
+fn output_schema(
+    config: &Option<serde_json::Value>,
+) -> Result<Option<serde_json::Value>, ApiError> {
+    use serde_json::Value;
+    let Some(config) = config.as_ref().filter(|c| !c.is_null()) else {
+        return Ok(None);
+    };
+    let Some(fields) = config.as_object() else {
+        return Err(refuse("output_config", "output_config must be an object"));
+    };
+    if let Some(key) = fields.keys().find(|k| *k != "format" && *k != "effort") {
+        let shown: String = key.escape_debug().take(40).collect();
+        return Err(refuse(
+            format!("output_config.{shown}"),
+            format!("unknown field \"{shown}\""),
+        ));
+    }
+    match fields.get("format") {
+        None | Some(Value::Null) => Ok(None),
+        Some(f) if f.get("type").and_then(Value::as_str) == Some("json_schema") => {
+            match f.get("schema") {
+                Some(s @ (Value::Object(_) | Value::Bool(true))) => Ok(Some(s.clone())),
+                _ => Err(refuse(
+                    "output_config.format.schema",
+                    "a json_schema format needs its schema (an object)",
+                )),
+            }
+        }
+        Some(_) => Err(refuse(
+            "output_config.format",
+            "output_config.format must be {\"type\": \"json_schema\", \"schema\": {…}}",
+        )),
+    }
 }
 
 /// `/v1/messages/count_tokens` as the task it would be (its prompt and continuation).

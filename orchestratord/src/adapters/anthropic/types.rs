@@ -86,7 +86,8 @@ pub struct MessagesRequest {
     /// Top-level prompt caching: accepted (this server keeps its own prompt cache).
     #[schema(value_type = Option<Object>)]
     pub cache_control: Option<serde_json::Value>,
-    /// `format` (structured output) is refused until served; `effort` is accepted.
+    /// `format`: structured output (`{"type": "json_schema", "schema": {…}}`); `effort` is
+    /// accepted (one effort here).
     #[schema(value_type = Option<Object>)]
     pub output_config: Option<serde_json::Value>,
     /// `standard` (or null) only: this server has one speed.

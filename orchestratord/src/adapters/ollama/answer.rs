@@ -123,8 +123,10 @@ fn loaded(
     Ok(with_type(Body::from(out), "application/json"))
 }
 
-/// A refusal of a task field that came from `options`, named as the client sent it.
-fn in_options(mut e: ApiError) -> ApiError {
+/// A refusal of a task field that came from `options` or `format`, named as the client sent
+/// it.
+fn in_options(e: ApiError) -> ApiError {
+    let mut e = follow::renamed(e, "json_schema", "format");
     let named = e.envelope.field.as_deref().and_then(option_name);
     if let (Some(name), Some(field)) = (named, e.envelope.field.clone()) {
         e.envelope.message = e.envelope.message.replace(&field, name);

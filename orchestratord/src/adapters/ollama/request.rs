@@ -103,14 +103,20 @@ fn apply_options(
     Ok(())
 }
 
-/// `format`: structured output is not served yet; absent, null or empty only.
-fn check_format(format: &Option<serde_json::Value>) -> Result<(), ApiError> {
+/// `format`: `"json"` (any JSON object, as Ollama's JSON mode) or a JSON Schema, as the task's
+/// schema; absent, null or empty: text.
+fn format_schema(
+    format: &Option<serde_json::Value>,
+) -> Result<Option<serde_json::Value>, ApiError> {
+    use serde_json::Value;
     match format {
-        None | Some(serde_json::Value::Null) => Ok(()),
-        Some(serde_json::Value::String(s)) if s.is_empty() => Ok(()),
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) if s.is_empty() => Ok(None),
+        Some(Value::String(s)) if s == "json" => Ok(Some(serde_json::json!({"type": "object"}))),
+        Some(schema @ Value::Object(_)) => Ok(Some(schema.clone())),
         Some(_) => Err(refuse(
             "format",
-            "structured output (format) is not supported by this server yet",
+            "format must be \"json\" or a JSON Schema object",
         )),
     }
 }
@@ -170,10 +176,10 @@ pub fn option_name(task_field: &str) -> Option<&'static str> {
 /// `/api/chat` as a task. `None`: no messages (the "load" request).
 pub fn chat_task(state: &SharedState, req: &ChatRequest) -> Result<Option<TaskRequest>, ApiError> {
     no_thinking(&req.think, &req.model)?;
-    check_format(&req.format)?;
     check_tools(&req.tools)?;
     let mut task = TaskRequest {
         model: Some(req.model.clone()),
+        json_schema: format_schema(&req.format)?,
         ..Default::default()
     };
     apply_options(state, &req.model, &req.options, &mut task)?;
@@ -196,7 +202,6 @@ pub fn generate_task(
     req: &GenerateRequest,
 ) -> Result<Option<TaskRequest>, ApiError> {
     no_thinking(&req.think, &req.model)?;
-    check_format(&req.format)?;
     if req.template.as_deref().is_some_and(|t| !t.is_empty()) {
         return Err(refuse(
             "template",
@@ -223,6 +228,7 @@ pub fn generate_task(
     }
     let mut task = TaskRequest {
         model: Some(req.model.clone()),
+        json_schema: format_schema(&req.format)?,
         ..Default::default()
     };
     apply_options(state, &req.model, &req.options, &mut task)?;

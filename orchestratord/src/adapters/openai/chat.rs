@@ -8,6 +8,7 @@ use axum::Json;
 use contracts::TaskRequest;
 use futures::StreamExt;
 
+use super::response_format::schema_of;
 use super::types::*;
 use super::{DONE, FINGERPRINT};
 use crate::adapters::follow;
@@ -50,6 +51,7 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
         min_p: req.min_p,
         repetition_penalty: req.repetition_penalty,
         continue_final_message: req.continue_final_message,
+        json_schema: schema_of(&req.response_format)?,
         ..Default::default()
     })
 }
@@ -82,7 +84,9 @@ pub async fn chat_completions(
     } else {
         Delivery::Whole
     };
-    let task = follow::admit(&state, to_task(&req)?, &caller, delivery).await?;
+    let task = follow::admit(&state, to_task(&req)?, &caller, delivery)
+        .await
+        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
     let model = follow::model_name(&state, req.model.as_deref(), &task);
     let id = format!("chatcmpl-{}", task.id);
     let created = follow::unix_now();

@@ -11,6 +11,7 @@ use axum::Json;
 use contracts::TaskRequest;
 use futures::{Stream, StreamExt};
 
+use super::response_format::schema_of;
 use super::types::*;
 use super::{DONE, FINGERPRINT};
 use crate::adapters::follow;
@@ -45,6 +46,7 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
         ));
     }
     req.unimplemented.check()?;
+    let json_schema = schema_of(&req.response_format)?;
     let prompts = prompts_of(req);
     if prompts.is_empty() {
         return Err(ApiError::invalid("prompt", "the prompt array is empty"));
@@ -74,6 +76,7 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
             top_k: req.top_k,
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
+            json_schema: json_schema.clone(),
             ..Default::default()
         })
         .collect())
@@ -108,7 +111,9 @@ pub async fn completions(
     } else {
         Delivery::Whole
     };
-    let tasks = follow::admit_all(&state, reqs, &caller, delivery).await?;
+    let tasks = follow::admit_all(&state, reqs, &caller, delivery)
+        .await
+        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
     let model = follow::model_name(&state, req.model.as_deref(), &tasks[0]);
     let id = format!("cmpl-{}", tasks[0].id);
     let created = follow::unix_now();

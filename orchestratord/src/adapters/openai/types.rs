@@ -132,6 +132,8 @@ pub struct ChatRequest {
     pub continue_final_message: Option<bool>,
     /// With `continue_final_message`: false (the only value honoured then); otherwise true.
     pub add_generation_prompt: Option<bool>,
+    /// Structured output: JSON (any object, or valid under a schema), by constrained decoding.
+    pub response_format: Option<super::response_format::ResponseFormat>,
     /// Fields of OpenAI's API not implemented here: refused unless neutral.
     #[serde(flatten)]
     pub unimplemented: super::unimplemented::Unimplemented,
@@ -205,6 +207,8 @@ pub struct CompletionRequest {
     pub min_p: Option<f32>,
     #[schema(minimum = 1e-6, maximum = 10.0)]
     pub repetition_penalty: Option<f32>,
+    /// Structured output: JSON (any object, or valid under a schema), by constrained decoding.
+    pub response_format: Option<super::response_format::ResponseFormat>,
     /// Fields of OpenAI's API not implemented here: refused unless neutral.
     #[serde(flatten)]
     pub unimplemented: super::unimplemented::Unimplemented,

@@ -1,6 +1,6 @@
 //! OpenAI request fields this server does not implement. A request that sets one to anything
-//! but its neutral value is refused with a 400 naming the field: a client that asked for JSON
-//! output, tools or log-probabilities must never get a 200 answered as if it had not asked.
+//! but its neutral value is refused with a 400 naming the field: a client that asked for tools
+//! or log-probabilities must never get a 200 answered as if it had not asked.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -12,7 +12,6 @@ use crate::error::ApiError;
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Unimplemented {
     /// Refused unless `{"type": "text"}`: structured (JSON) output is not implemented.
-    pub response_format: Option<Value>,
     /// Tool calling is not implemented: refused unless empty.
     pub tools: Option<Value>,
     /// Refused unless `"none"`.
@@ -39,8 +38,7 @@ pub struct Unimplemented {
 }
 
 /// The fields, each with the value that is neutral besides the empty ones (`also_neutral`).
-const FIELDS: [&str; 17] = [
-    "response_format",
+const FIELDS: [&str; 16] = [
     "tools",
     "tool_choice",
     "parallel_tool_calls",
@@ -61,7 +59,6 @@ const FIELDS: [&str; 17] = [
 
 fn also_neutral(name: &str) -> Option<Value> {
     match name {
-        "response_format" => Some(json!({"type": "text"})),
         "tool_choice" | "function_call" => Some(json!("none")),
         "top_logprobs" => Some(json!(0)),
         "modalities" => Some(json!(["text"])),
@@ -136,8 +133,7 @@ fn neutral(v: &Value) -> bool {
 impl Unimplemented {
     /// The first field set to something this server would not honour, as a 400.
     pub fn check(&self) -> Result<(), ApiError> {
-        let values: [&Option<Value>; 17] = [
-            &self.response_format,
+        let values: [&Option<Value>; 16] = [
             &self.tools,
             &self.tool_choice,
             &self.parallel_tool_calls,
