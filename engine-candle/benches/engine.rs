@@ -1,15 +1,18 @@
 //! Engine speed on the default model: single-stream prompt and decode tokens/s, and aggregate
 //! decode tokens/s with 1, 4 and 8 concurrent sequences (continuous batching), and with 8 drawing
 //! tokens (temperature 1, with and without top-p) against greedy in the same rounds.
+//! `--constrained`: the per-token cost of constrained decoding (a JSON Schema through
+//! llguidance) against unconstrained decoding of the same prompts, 1 and 8 streams, paired
+//! rounds.
 //!
 //! `cargo bench -p engine-candle --bench engine [-- --threads N --format auto|as-stored|q8_0
-//! --kv f32|f16] [--prompts 512,1024] [--draw]`
+//! --kv f32|f16] [--prompts 512,1024] [--draw] [--constrained]`
 //! `ci/bench-engine.sh` runs it beside llama.cpp on the same GGUF and thread count.
 
 use std::time::Instant;
 
 use engine_candle::{CandleEngine, EngineOptions, GenerateRequest, WeightFormat};
-use engine_port::{SamplingParams, SeqEvent};
+use engine_port::{OutputConstraint, SamplingParams, SeqEvent};
 use tokio_util::sync::CancellationToken;
 
 const ROUNDS: usize = 5;
@@ -27,7 +30,7 @@ struct Run {
 
 /// Starts `prompts.len()` sequences at once and waits for all.
 fn run_batch(e: &CandleEngine, prompts: &[Vec<u32>], max_tokens: usize) -> (Vec<Run>, f64) {
-    run_sampled(e, prompts, max_tokens, SamplingParams::default())
+    run_sampled(e, prompts, max_tokens, SamplingParams::default(), None)
 }
 
 /// As [`run_batch`], every sequence drawing with `sampling`.
@@ -36,6 +39,7 @@ fn run_sampled(
     prompts: &[Vec<u32>],
     max_tokens: usize,
     sampling: SamplingParams,
+    constraint: Option<&OutputConstraint>,
 ) -> (Vec<Run>, f64) {
     let t0 = Instant::now();
     let mut rxs = Vec::new();
@@ -47,7 +51,7 @@ fn run_sampled(
             sampling: sampling.clone(),
             max_tokens,
             stop: vec![],
-            constraint: None,
+            constraint: constraint.map(|c| e.constrain(c).expect("the schema compiles")),
             cancel: CancellationToken::new(),
             events: tx,
         })
@@ -110,6 +114,83 @@ fn draw_cost(vocab: usize) {
         us(drawn(1.0)),
         us(drawn(0.95))
     );
+}
+
+/// Decode seconds per token of a batch: from its first token to its last, over the tokens
+/// after each sequence's first.
+fn per_token_s(runs: &[Run]) -> f64 {
+    let first = runs
+        .iter()
+        .map(|r| r.first_token_s)
+        .fold(f64::MAX, f64::min);
+    let last = runs.iter().map(|r| r.end_s).fold(0.0, f64::max);
+    let tokens: usize = runs.iter().map(|r| r.tokens.saturating_sub(1)).sum();
+    (last - first) / tokens.max(1) as f64
+}
+
+/// Constrained decoding's cost per token against unconstrained, same prompts, same lengths:
+/// a schema of 40 three-digit numbers keeps every constrained sequence going for the whole
+/// budget. Paired rounds, 1 and 8 streams; medians.
+fn constrained_cost(e: &CandleEngine) {
+    let schema = serde_json::json!({"type": "object", "properties": {"readings": {
+        "type": "array", "minItems": 40, "maxItems": 40,
+        "items": {"type": "integer", "minimum": 100, "maximum": 999}}},
+        "required": ["readings"], "additionalProperties": false});
+    let c = OutputConstraint::JsonSchema(schema.to_string());
+    let t0 = Instant::now();
+    e.constrain(&c).expect("the schema compiles");
+    let first_compile = t0.elapsed().as_secs_f64() * 1e3;
+    let t0 = Instant::now();
+    e.constrain(&c).expect("the schema compiles");
+    let cached = t0.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "grammar: first compile (vocabulary walk included) {first_compile:.1} ms, again (remembered) {cached:.2} ms"
+    );
+    // the mask alone, step by step along an answer the schema allows
+    let nums: Vec<String> = (0..40).map(|i| (100 + 17 * i).to_string()).collect();
+    let answer = format!("{{\"readings\":[{}]}}", nums.join(","));
+    let ids = e.tokenizer().encode_plain(&answer).unwrap();
+    let mut held = e.constrain(&c).expect("the schema compiles");
+    let mut logits = vec![0.0f32; e.info().vocab];
+    let mut us = Vec::new();
+    for &id in &ids {
+        logits.iter_mut().for_each(|l| *l = 0.0);
+        let t0 = Instant::now();
+        held.mask(&mut logits).expect("a mask");
+        us.push(t0.elapsed().as_secs_f64() * 1e6);
+        held.consume(id).expect("the answer fits the schema");
+    }
+    println!(
+        "mask of one step over {} logits: median {:.0} us, max {:.0} us ({} steps)",
+        logits.len(),
+        median(us.clone()),
+        us.iter().cloned().fold(0.0, f64::max),
+        us.len()
+    );
+    let prompt = e
+        .tokenizer()
+        .encode("The history of the bicycle begins in the early nineteenth century. Readings:")
+        .unwrap();
+    for n in [1usize, 8] {
+        let prompts = vec![prompt.clone(); n];
+        let (mut plain, mut held, mut ratio) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            let (a, _) = run_sampled(e, &prompts, 64, SamplingParams::default(), None);
+            let (b, _) = run_sampled(e, &prompts, 64, SamplingParams::default(), Some(&c));
+            let (pa, pb) = (per_token_s(&a), per_token_s(&b));
+            let all = |r: &[Run]| r.iter().all(|r| r.tokens == 64);
+            assert!(all(&a) && all(&b), "every sequence runs its 64 tokens");
+            plain.push(pa * 1e3);
+            held.push(pb * 1e3);
+            ratio.push(pb / pa);
+        }
+        println!(
+            "{n} stream(s), 64 tokens: unconstrained {:.2} ms/token, constrained {:.2} ms/token, ratio {:.3} (medians of {ROUNDS} paired rounds)",
+            median(plain),
+            median(held),
+            median(ratio)
+        );
+    }
 }
 
 /// Prompt tokens/s of fresh prompts (nothing cached) of each length: medians of `ROUNDS`.
@@ -176,6 +257,10 @@ fn main() {
                                                            // `--draw`: only the cost of choosing a token
     if args.iter().any(|a| a == "--draw") {
         draw_cost(e.info().vocab);
+        return;
+    }
+    if args.iter().any(|a| a == "--constrained") {
+        constrained_cost(&e);
         return;
     }
     if let Some(lens) = sweep {
@@ -248,7 +333,7 @@ fn main() {
         for round in 0..3 {
             // fresh prompts for each run (no prefix cache), greedy first every other round
             let tps = |k: usize, s: SamplingParams| {
-                let (runs, wall) = run_sampled(&e, &chat(8, 100 + 2 * round + k), 64, s);
+                let (runs, wall) = run_sampled(&e, &chat(8, 100 + 2 * round + k), 64, s, None);
                 runs.iter().map(|r| r.tokens).sum::<usize>() as f64 / wall
             };
             let drawing = SamplingParams {
