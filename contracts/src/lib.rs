@@ -23,7 +23,9 @@ pub use pool::{
     DrainRequest, PoolHealth, PoolList, PoolMetrics, Readiness, ReloadRequest, ReloadResponse,
 };
 pub use session::SessionInfo;
-pub use sse::{SseEnd, SseError, SseEvent, SseMetrics, SseStarted, SseToken};
+pub use sse::{
+    SseEnd, SseError, SseEvent, SseLogprobs, SseMetrics, SseStarted, SseToken, SseTokenLogprob,
+};
 pub use task::{
     AdmissionResponse, ChatTurn, Priority, StopField, StreamLinks, TaskRecord, TaskRequest,
     TaskState, TaskStatus, TaskTimings, TerminalEvent, TranscriptEvent,

@@ -41,6 +41,31 @@ pub struct SseToken {
     pub t: String,
     /// Zero-based index of the token.
     pub i: u32,
+    /// With `logprobs`: the token's log-probability and the likeliest alternatives.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<SseLogprobs>,
+}
+
+/// A token and its log-probability (natural log).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"token": " Paris", "logprob": -0.31, "bytes": [32, 80, 97, 114, 105, 115]}))]
+pub struct SseTokenLogprob {
+    /// The token's text (its bytes as UTF-8, a broken character replaced).
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+/// A step's log-probabilities: of the sampler's distribution (the model's logits after
+/// penalties and any output constraint, before temperature and top-k/top-p/min-p).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"token": " Paris", "logprob": -0.31, "bytes": [32, 80, 97, 114, 105, 115], "top": [{"token": " Paris", "logprob": -0.31, "bytes": [32, 80, 97, 114, 105, 115]}, {"token": " the", "logprob": -1.9, "bytes": [32, 116, 104, 101]}]}))]
+pub struct SseLogprobs {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    /// The likeliest tokens, most likely first (`top_logprobs` of them).
+    pub top: Vec<SseTokenLogprob>,
 }
 
 /// Scheduling signals, at most once per configured interval. Additive only.

@@ -130,6 +130,13 @@ pub struct TaskRequest {
     /// (llguidance's Lark syntax, e.g. `start: "yes" | "no"`). Not with `json_schema`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grammar: Option<String>,
+    /// Each token's log-probability in its `token` event (`logprobs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    /// With `logprobs`: the likeliest tokens at each step, 0-20.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs: Option<u32>,
 }
 
 /// Where to read a task's events.

@@ -52,6 +52,7 @@ fn run_sampled(
             max_tokens,
             stop: vec![],
             constraint: constraint.map(|c| e.constrain(c).expect("the schema compiles")),
+            logprobs: None,
             cancel: CancellationToken::new(),
             events: tx,
         })

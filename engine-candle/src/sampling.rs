@@ -153,6 +153,37 @@ fn nucleus(
 /// The prefix [`nucleus`] sorts first.
 const NUCLEUS_FIRST: usize = 64;
 
+/// The log-softmax of `logits` at `chosen`, and the `n` likeliest ids with theirs (most likely
+/// first; ties: the lower id). Masked (non-finite) logits have probability 0 and are never
+/// among the likeliest. Summed in f64: 49k terms in f32 lose the small ones.
+pub fn log_probs(logits: &[f32], chosen: u32, n: usize) -> (f32, Vec<(u32, f32)>) {
+    let finite = || logits.iter().copied().filter(|l| l.is_finite());
+    let max = finite().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = finite().map(|l| f64::from(l - max).exp()).sum();
+    let lse = f64::from(max) + sum.ln();
+    let lp = |l: f32| (f64::from(l) - lse) as f32;
+    let chosen_lp = logits
+        .get(chosen as usize)
+        .map_or(f32::NEG_INFINITY, |&l| lp(l));
+    let mut cand: Vec<(u32, f32)> = logits
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.is_finite())
+        .map(|(i, &l)| (i as u32, l))
+        .collect();
+    let by_desc = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+    let n = n.min(cand.len());
+    if n > 0 && n < cand.len() {
+        cand.select_nth_unstable_by(n - 1, by_desc);
+    }
+    cand.truncate(n);
+    cand.sort_by(by_desc);
+    (
+        chosen_lp,
+        cand.into_iter().map(|(i, l)| (i, lp(l))).collect(),
+    )
+}
+
 /// Index of the largest logit; the lowest index wins a tie.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
@@ -169,6 +200,31 @@ pub fn argmax(logits: &[f32]) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Log-probabilities are the log-softmax of the logits (a reference in f64), the top ones
+    /// most likely first, masked logits never among them.
+    #[test]
+    fn log_probs_are_the_log_softmax_of_the_logits() {
+        let logits = [1.0f32, 3.0, f32::NEG_INFINITY, 2.0, 3.0];
+        let norm: f64 = logits
+            .iter()
+            .filter(|l| l.is_finite())
+            .map(|&l| f64::from(l).exp())
+            .sum();
+        let reference = |i: usize| (f64::from(logits[i]) - norm.ln()) as f32;
+        let (chosen, top) = log_probs(&logits, 3, 3);
+        assert!((chosen - reference(3)).abs() < 1e-6);
+        let ids: Vec<u32> = top.iter().map(|t| t.0).collect();
+        assert_eq!(ids, vec![1, 4, 3]);
+        for (id, lp) in &top {
+            assert!((lp - reference(*id as usize)).abs() < 1e-6);
+        }
+        let (_, all) = log_probs(&logits, 0, 20);
+        assert_eq!(all.len(), 4, "the masked logit is left out");
+        let total: f64 = all.iter().map(|t| f64::from(t.1).exp()).sum();
+        assert!((total - 1.0).abs() < 1e-6);
+        assert!(log_probs(&logits, 2, 0).0.is_infinite());
+    }
 
     /// ENG-SAMP-2: temperatures between 0 and a small epsilon are greedy; 1e-39 once gave
     /// the lowest-ranked token (1/t overflowed and the softmax was NaN).

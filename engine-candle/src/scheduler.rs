@@ -26,7 +26,10 @@ use crate::step_budget::StepBudget;
 use crate::sampling::Sampler;
 use crate::text_stream::TextStream;
 use crate::tokenizer::GgufTokenizer;
-use engine_port::{Finish, FinishReason, SamplingParams, SeqEvent, SlotPermit};
+use engine_port::{
+    Finish, FinishReason, SamplingParams, SeqEvent, SlotPermit, StepLogprobs, TokenLogprob,
+    MAX_TOP_LOGPROBS,
+};
 
 /// A generation request for one sequence.
 pub struct GenerateRequest {
@@ -40,6 +43,8 @@ pub struct GenerateRequest {
     /// The language the text must be in (structured output), from
     /// [`crate::CandleEngine::constrain`].
     pub constraint: Option<Constrained>,
+    /// `Some(n)`: each token's log-probability and the `n` likeliest (at most 20).
+    pub logprobs: Option<usize>,
     pub cancel: CancellationToken,
     pub events: Sender<SeqEvent>,
 }
@@ -65,19 +70,43 @@ struct Running {
     prefill_ms: u64,
     /// Why its constraint could not pick the token (the row then fails).
     failed: Option<String>,
+    /// The log-probabilities of the step that picked `next`, when asked for.
+    logprobs: Option<Box<StepLogprobs>>,
 }
 
-/// The next token of a sequence: its constraint masks the logits first, when it has one.
+/// A sequence's next token: its constraint masks the logits first, when it has one; with
+/// `logprobs`, the step's log-probabilities over what the sampler saw (penalties and mask
+/// applied).
 fn pick(
     sampler: &mut Sampler,
-    constraint: Option<&mut Constrained>,
+    req: &mut GenerateRequest,
     logits: &mut [f32],
     recent: &[u32],
-) -> Result<u32, String> {
-    if let Some(c) = constraint {
+    tokenizer: &GgufTokenizer,
+) -> Result<(u32, Option<Box<StepLogprobs>>), String> {
+    if let Some(c) = req.constraint.as_mut() {
         c.mask(logits)?;
     }
-    Ok(sampler.sample(logits, recent))
+    let token = sampler.sample(logits, recent);
+    let Some(n) = req.logprobs else {
+        return Ok((token, None));
+    };
+    let (lp, top) = crate::sampling::log_probs(logits, token, n.min(MAX_TOP_LOGPROBS));
+    let entry = |id: u32, logprob: f32| TokenLogprob {
+        id,
+        bytes: match tokenizer.token_bytes(id) {
+            [] => tokenizer.token_text(id).unwrap_or_default().into_bytes(),
+            b => b.to_vec(),
+        },
+        logprob,
+    };
+    Ok((
+        token,
+        Some(Box::new(StepLogprobs {
+            chosen: entry(token, lp),
+            top: top.into_iter().map(|(id, l)| entry(id, l)).collect(),
+        })),
+    ))
 }
 
 /// A sequence with a row whose prompt is still going through, a chunk per pass.
@@ -434,15 +463,18 @@ impl Scheduler {
     ) {
         let mut req = req;
         let mut sampler = Sampler::new(req.sampling.clone());
-        let (first, failed) = match pick(
+        let prompt = std::mem::take(&mut req.prompt_tokens);
+        let (first, logprobs, failed) = match pick(
             &mut sampler,
-            req.constraint.as_mut(),
+            &mut req,
             &mut logits,
-            &req.prompt_tokens,
+            &prompt,
+            &self.tokenizer,
         ) {
-            Ok(t) => (t, None),
-            Err(e) => (0, Some(e)),
+            Ok((t, lp)) => (t, lp, None),
+            Err(e) => (0, None, Some(e)),
         };
+        req.prompt_tokens = prompt;
         let pos = req.prompt_tokens.len();
         let mut tokens = Vec::with_capacity(pos + req.max_tokens);
         tokens.extend_from_slice(&req.prompt_tokens);
@@ -458,6 +490,7 @@ impl Scheduler {
             first_token: Instant::now(),
             prefill_ms: submitted.elapsed().as_millis() as u64,
             failed,
+            logprobs,
             req,
         });
     }
@@ -504,6 +537,7 @@ impl Scheduler {
                     text: tail,
                     index,
                     id: Some(tok),
+                    logprobs: seq.logprobs.take(),
                 });
             }
             let ev = Self::finish_event(seq, FinishReason::Stop, None);
@@ -551,6 +585,7 @@ impl Scheduler {
                 text,
                 index,
                 id: Some(tok),
+                logprobs: seq.logprobs.take(),
             },
         );
         if let Some(reason) = finish {
@@ -659,11 +694,15 @@ impl Scheduler {
             let mut row = row;
             match pick(
                 &mut seq.sampler,
-                seq.req.constraint.as_mut(),
+                &mut seq.req,
                 &mut row,
                 &seq.tokens,
+                &self.tokenizer,
             ) {
-                Ok(t) => seq.next = t,
+                Ok((t, lp)) => {
+                    seq.next = t;
+                    seq.logprobs = lp;
+                }
                 Err(e) => seq.failed = Some(e),
             }
         }

@@ -64,6 +64,7 @@ pub fn start(
             max_tokens,
             stop: stop.clone(),
             constraint: None,
+            logprobs: None,
             cancel: cancel.clone(),
             events: tx.clone(),
         };
@@ -79,7 +80,9 @@ pub fn collect(mut rx: tokio::sync::mpsc::Receiver<SeqEvent>) -> Output {
     let mut text = String::new();
     while let Some(ev) = rx.blocking_recv() {
         match ev {
-            SeqEvent::Token { id, text: t, index } => {
+            SeqEvent::Token {
+                id, text: t, index, ..
+            } => {
                 assert_eq!(index, ids.len(), "token indices are consecutive");
                 ids.push(id.expect("candle gives every token's id"));
                 text.push_str(&t);

@@ -88,6 +88,11 @@ pub trait Engine: Send + Sync + 'static {
             constraint.field()
         )))
     }
+    /// Whether its `Token` events carry log-probabilities when a job asks (an engine that takes
+    /// text — a remote worker — has no logits to give).
+    fn gives_logprobs(&self) -> bool {
+        false
+    }
     /// Starts a sequence; events arrive on the returned bounded channel, ending with exactly
     /// one `Done` or `Failed` unless the engine dies (the channel then closes early).
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError>;

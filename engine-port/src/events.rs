@@ -47,7 +47,33 @@ pub enum SeqEvent {
         text: String,
         index: usize,
         id: Option<u32>,
+        /// With the job's `logprobs`: the step's log-probabilities.
+        logprobs: Option<Box<StepLogprobs>>,
     },
     Done(Finish),
     Failed(String),
+}
+
+/// The most alternatives a step reports (OpenAI's limit for `top_logprobs`).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A token and its log-probability.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    /// The token's bytes (a control token's name).
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+/// A step's log-probabilities, from the distribution the sampler drew from: the model's logits
+/// after the repetition, presence and frequency penalties and any output constraint, before
+/// temperature and top-k/top-p/min-p (which change how a token is drawn, not the model's
+/// belief; greedy decoding has them too).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepLogprobs {
+    pub chosen: TokenLogprob,
+    /// The likeliest tokens, most likely first (as many as the job asked, at most
+    /// [`MAX_TOP_LOGPROBS`]).
+    pub top: Vec<TokenLogprob>,
 }

@@ -99,6 +99,9 @@ pub struct EngineJob {
     pub stop: Vec<String>,
     /// The language the text must be in, when constrained.
     pub constraint: Option<OutputConstraint>,
+    /// `Some(n)`: every token's log-probability and the `n` likeliest alternatives
+    /// (`n` ≤ [`crate::MAX_TOP_LOGPROBS`]); engines without logits report none.
+    pub logprobs: Option<usize>,
     pub cancel: CancellationToken,
     pub stop_cause: StopCause,
     /// The request's correlation id (empty when none), passed on to remote backends.
@@ -124,6 +127,7 @@ impl EngineJob {
             max_tokens,
             stop: Vec::new(),
             constraint: None,
+            logprobs: None,
             cancel: CancellationToken::new(),
             stop_cause: StopCause::default(),
             correlation_id: String::new(),

@@ -13,7 +13,7 @@ mod slots;
 
 pub use engine::{Engine, EngineDescriptor, ModelFacts, OnLoss, EVENT_CHANNEL_CAPACITY};
 pub use error::PortError;
-pub use events::{Finish, FinishReason, SeqEvent};
+pub use events::{Finish, FinishReason, SeqEvent, StepLogprobs, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use job::{ChatTurn, EngineJob, FailureNote, OutputConstraint, PromptInput, StopCause};
 pub use sampling::SamplingParams;
 pub use slots::{SlotPermit, Slots};

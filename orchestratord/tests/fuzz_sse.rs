@@ -41,6 +41,7 @@ fn task(id: usize) -> Arc<Task> {
             max_tokens: 64,
             stop: Vec::new(),
             constraint: None,
+            logprobs: None,
         },
         prompt_tokens: 1,
         prompt_ids: None,

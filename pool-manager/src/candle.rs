@@ -113,6 +113,10 @@ impl Engine for CandlePortEngine {
         Ok(Some(tokenizer.decode(ids)))
     }
 
+    fn gives_logprobs(&self) -> bool {
+        true
+    }
+
     fn prepare_constraint(&self, constraint: &OutputConstraint) -> Result<(), PortError> {
         self.inner
             .constrain(constraint)
@@ -157,6 +161,7 @@ impl Engine for CandlePortEngine {
                 max_tokens: job.max_tokens,
                 stop: job.stop,
                 constraint,
+                logprobs: job.logprobs,
                 cancel: job.cancel,
                 events: tx,
             })

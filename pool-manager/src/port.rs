@@ -6,7 +6,7 @@ use std::sync::Arc;
 pub use engine_port::{
     ChatTurn, Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason, ModelFacts,
     OnLoss, OutputConstraint, PortError, PromptInput, SamplingParams, SeqEvent, SlotPermit, Slots,
-    StopCause, EVENT_CHANNEL_CAPACITY,
+    StepLogprobs, StopCause, TokenLogprob, EVENT_CHANNEL_CAPACITY, MAX_TOP_LOGPROBS,
 };
 
 use crate::spec::PoolSpec;

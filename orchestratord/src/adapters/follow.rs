@@ -153,13 +153,24 @@ pub fn unix_now() -> u64 {
 
 /// Waits for the task's end: its whole text and the `end` event, or its error.
 pub async fn collect(sub: Subscription) -> Result<(String, contracts::SseEnd), ApiError> {
+    collect_scored(sub).await.map(|(text, _, end)| (text, end))
+}
+
+/// [`collect`] with the tokens' log-probabilities, when the task has them.
+pub async fn collect_scored(
+    sub: Subscription,
+) -> Result<(String, Vec<contracts::SseLogprobs>, contracts::SseEnd), ApiError> {
     use futures::StreamExt;
     let mut text = String::new();
+    let mut scores = Vec::new();
     let mut events = Box::pin(sub.events());
     while let Some(ev) = events.next().await {
         match ev {
-            TaskEvent::Token(t) => text.push_str(&t.t),
-            TaskEvent::End(end) => return Ok((text, end)),
+            TaskEvent::Token(t) => {
+                text.push_str(&t.t);
+                scores.extend(t.logprobs);
+            }
+            TaskEvent::End(end) => return Ok((text, scores, end)),
             TaskEvent::Error(e) => return Err(error_of(&e)),
             TaskEvent::Started(_) | TaskEvent::Metrics(_) => {}
         }

@@ -212,6 +212,26 @@ struct Validated {
     stop: Vec<String>,
     sampling: SamplingParams,
     constraint: Option<OutputConstraint>,
+    logprobs: Option<usize>,
+}
+
+/// `logprobs` and `top_logprobs` as the run's: `Some(n)` when asked for.
+fn logprobs_of(req: &TaskRequest) -> Result<Option<usize>, ApiError> {
+    let top = req.top_logprobs.unwrap_or(0) as usize;
+    if top > pool_manager::MAX_TOP_LOGPROBS {
+        return Err(ApiError::invalid(
+            "top_logprobs",
+            format!("top_logprobs must be 0-{}", pool_manager::MAX_TOP_LOGPROBS),
+        ));
+    }
+    match req.logprobs {
+        Some(true) => Ok(Some(top)),
+        _ if top > 0 => Err(ApiError::invalid(
+            "top_logprobs",
+            "top_logprobs needs logprobs: true",
+        )),
+        _ => Ok(None),
+    }
 }
 
 /// The longest JSON Schema or grammar a request may give, in bytes of its text.
@@ -333,6 +353,7 @@ fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiErro
         stop,
         sampling,
         constraint: constraint_of(req)?,
+        logprobs: logprobs_of(req)?,
     })
 }
 
@@ -507,6 +528,19 @@ pub async fn admit(
     if let Some(c) = &v.constraint {
         prepare_constraint(state, &pools, c).await?;
     }
+    let no_logprobs = pools
+        .iter()
+        .find_map(|p| p.engine())
+        .is_some_and(|e| !e.gives_logprobs());
+    if v.logprobs.is_some() && no_logprobs {
+        return Err(reject(
+            ErrorCode::InvalidParams,
+            ApiError::invalid(
+                "logprobs",
+                "this pool's engine does not report log-probabilities",
+            ),
+        ));
+    }
     let exact = prompt_ids.is_some();
     if n_prompt == 0 {
         return Err(reject(
@@ -574,6 +608,7 @@ pub async fn admit(
             max_tokens: v.max_tokens,
             stop: v.stop,
             constraint: v.constraint,
+            logprobs: v.logprobs,
         },
         prompt_tokens: n_prompt,
         prompt_ids,

@@ -106,6 +106,7 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
         max_tokens,
         stop: task.spec.stop.clone(),
         constraint: task.spec.constraint.clone(),
+        logprobs: task.spec.logprobs,
         cancel: task.cancel.clone(),
         stop_cause: task.stop_cause.clone(),
         correlation_id: task.correlation_id.clone(),
@@ -268,9 +269,9 @@ async fn pump(
                     return Outcome::Ended;
                 }
                 Ok(None) => return Outcome::Lost,
-                Ok(Some(SeqEvent::Token { text, .. })) => {
+                Ok(Some(SeqEvent::Token { text, logprobs, .. })) => {
                     waited_for_first = false;
-                    if !task.push_token(text) {
+                    if !task.push_scored_token(text, logprobs.map(|l| wire_logprobs(*l))) {
                         return Outcome::Ended;
                     }
                     task.maybe_push_metrics(interval, |tokens_out| {
@@ -314,5 +315,21 @@ async fn pump(
                 }
             }
         }
+    }
+}
+
+/// A step's log-probabilities as the task's `token` event carries them.
+fn wire_logprobs(l: pool_manager::StepLogprobs) -> contracts::SseLogprobs {
+    let one = |t: pool_manager::TokenLogprob| contracts::SseTokenLogprob {
+        token: String::from_utf8_lossy(&t.bytes).into_owned(),
+        logprob: t.logprob,
+        bytes: t.bytes,
+    };
+    let chosen = one(l.chosen);
+    contracts::SseLogprobs {
+        token: chosen.token,
+        logprob: chosen.logprob,
+        bytes: chosen.bytes,
+        top: l.top.into_iter().map(one).collect(),
     }
 }

@@ -4,8 +4,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use contracts::{
-    ErrorCode, Priority, SseEnd, SseError, SseMetrics, SseStarted, SseToken, TaskRecord, TaskState,
-    TaskTimings, TerminalEvent, TranscriptEvent,
+    ErrorCode, Priority, SseEnd, SseError, SseLogprobs, SseMetrics, SseStarted, SseToken,
+    TaskRecord, TaskState, TaskTimings, TerminalEvent, TranscriptEvent,
 };
 use pool_manager::{EngineDescriptor, OutputConstraint, PromptInput, SamplingParams, StopCause};
 
@@ -76,6 +76,8 @@ pub struct RunSpec {
     pub stop: Vec<String>,
     /// The language the answer must be in (structured output).
     pub constraint: Option<OutputConstraint>,
+    /// `Some(n)`: each token's log-probability and the `n` likeliest.
+    pub logprobs: Option<usize>,
 }
 
 /// The index of the token a task's own pace is read from: the gaps before it include the
@@ -358,6 +360,11 @@ impl Task {
     /// Appends a token unless the task already ended. Returns false when it has: the caller
     /// must stop the engine. This check under the lock is what keeps tokens out after cancel.
     pub fn push_token(&self, text: String) -> bool {
+        self.push_scored_token(text, None)
+    }
+
+    /// [`Self::push_token`] with the step's log-probabilities.
+    pub fn push_scored_token(&self, text: String, logprobs: Option<SseLogprobs>) -> bool {
         let mut g = self.lock();
         if g.is_terminal() {
             return false;
@@ -376,7 +383,11 @@ impl Task {
             g.pace_from_at = Some(now);
         }
         g.tokens_out += 1;
-        g.events.push(TaskEvent::Token(SseToken { t: text, i }));
+        g.events.push(TaskEvent::Token(SseToken {
+            t: text,
+            i,
+            logprobs,
+        }));
         crate::metrics::token_out();
         self.bump(&g);
         true
@@ -536,6 +547,7 @@ pub(crate) fn test_task(id: &str, rank: Option<Instant>) -> std::sync::Arc<Task>
             max_tokens: 1,
             stop: Vec::new(),
             constraint: None,
+            logprobs: None,
         },
         prompt_tokens: 1,
         prompt_ids: None,

@@ -149,6 +149,7 @@ impl Progress {
                         text,
                         index: self.tokens_out,
                         id: None,
+                        logprobs: None,
                     };
                     self.tokens_out += 1;
                     tx.send(ev).await.map_err(|_| Ended::ReceiverGone)?;

@@ -218,6 +218,7 @@ impl Engine for ScriptedEngine {
                         text: format!("tok{n} "),
                         index: n,
                         id: Some(100 + n as u32),
+                        logprobs: None,
                     })
                     .await
                     .is_err()

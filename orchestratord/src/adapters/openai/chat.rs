@@ -52,6 +52,8 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
         repetition_penalty: req.repetition_penalty,
         continue_final_message: req.continue_final_message,
         json_schema: schema_of(&req.response_format)?,
+        logprobs: req.logprobs,
+        top_logprobs: req.top_logprobs,
         ..Default::default()
     })
 }
@@ -92,8 +94,9 @@ pub async fn chat_completions(
     let created = follow::unix_now();
     let mut sub = follow::subscribe(&state, &task);
     let counted = task.clone();
+    let scored = req.logprobs == Some(true);
     if !req.stream {
-        let (text, end) = follow::collect(sub).await?;
+        let (text, scores, end) = follow::collect_scored(sub).await?;
         return Ok(Json(ChatResponse {
             id,
             object: "chat.completion",
@@ -108,6 +111,7 @@ pub async fn chat_completions(
                 },
                 finish_reason: end.finish_reason,
                 stop_reason: end.stop_sequence,
+                logprobs: scored.then(|| super::logprobs::chat(&scores)),
             }],
             usage: Usage::new(counted.prompt_tokens_used(), end.tokens_out),
         })
@@ -115,27 +119,31 @@ pub async fn chat_completions(
     }
     follow::until_answer_begins(std::slice::from_mut(&mut sub)).await?;
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let chunk =
-        move |delta: Delta, finish: Option<String>, stop: Option<String>, usage: Option<Usage>| {
-            follow::sse_data(&Chunk {
-                id: id.clone(),
-                object: "chat.completion.chunk",
-                created,
-                model: model.clone(),
-                system_fingerprint: FINGERPRINT.into(),
-                choices: if usage.is_some() {
-                    vec![]
-                } else {
-                    vec![ChunkChoice {
-                        index: 0,
-                        delta,
-                        finish_reason: finish,
-                        stop_reason: stop,
-                    }]
-                },
-                usage,
-            })
-        };
+    let chunk = move |delta: Delta,
+                      finish: Option<String>,
+                      stop: Option<String>,
+                      logprobs: Option<super::logprobs::ChatLogprobs>,
+                      usage: Option<Usage>| {
+        follow::sse_data(&Chunk {
+            id: id.clone(),
+            object: "chat.completion.chunk",
+            created,
+            model: model.clone(),
+            system_fingerprint: FINGERPRINT.into(),
+            choices: if usage.is_some() {
+                vec![]
+            } else {
+                vec![ChunkChoice {
+                    index: 0,
+                    delta,
+                    finish_reason: finish,
+                    stop_reason: stop,
+                    logprobs,
+                }]
+            },
+            usage,
+        })
+    };
     let stream = sub
         .into_stream(follow::keepalive(&state))
         .flat_map(move |f| {
@@ -155,16 +163,19 @@ pub async fn chat_completions(
                     None,
                     None,
                     None,
+                    None,
                 )],
-                TaskEvent::Token(t) => vec![chunk(
-                    Delta {
+                TaskEvent::Token(t) => {
+                    let logprobs = t
+                        .logprobs
+                        .filter(|_| scored)
+                        .map(|l| super::logprobs::chat(std::slice::from_ref(&l)));
+                    let delta = Delta {
                         role: None,
                         content: Some(t.t),
-                    },
-                    None,
-                    None,
-                    None,
-                )],
+                    };
+                    vec![chunk(delta, None, None, logprobs, None)]
+                }
                 TaskEvent::Metrics(_) => vec![],
                 TaskEvent::End(end) => {
                     let mut v = vec![chunk(
@@ -172,10 +183,12 @@ pub async fn chat_completions(
                         Some(end.finish_reason),
                         end.stop_sequence,
                         None,
+                        None,
                     )];
                     if include_usage {
                         v.push(chunk(
                             Delta::default(),
+                            None,
                             None,
                             None,
                             Some(Usage::new(counted.prompt_tokens_used(), end.tokens_out)),

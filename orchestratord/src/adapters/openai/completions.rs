@@ -77,6 +77,8 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
             json_schema: json_schema.clone(),
+            logprobs: req.logprobs.map(|_| true),
+            top_logprobs: req.logprobs,
             ..Default::default()
         })
         .collect())
@@ -113,7 +115,8 @@ pub async fn completions(
     };
     let tasks = follow::admit_all(&state, reqs, &caller, delivery)
         .await
-        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
+        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))
+        .map_err(|e| follow::renamed(e, "top_logprobs", "logprobs"))?;
     let model = follow::model_name(&state, req.model.as_deref(), &tasks[0]);
     let id = format!("cmpl-{}", tasks[0].id);
     let created = follow::unix_now();
@@ -125,14 +128,17 @@ pub async fn completions(
         let results = futures::future::try_join_all(
             tasks
                 .iter()
-                .map(|t| follow::collect(follow::subscribe(&state, t))),
+                .map(|t| follow::collect_scored(follow::subscribe(&state, t))),
         )
         .await?;
         let mut choices = Vec::with_capacity(results.len());
         let mut usage = Usage::new(0, 0);
-        for ((i, (text, end)), task) in results.into_iter().enumerate().zip(&tasks) {
+        for ((i, (text, scores, end)), task) in results.into_iter().enumerate().zip(&tasks) {
             usage = usage + Usage::new(task.prompt_tokens_used(), end.tokens_out);
-            let text = match echoed.as_ref().and_then(|p| p.get(i)) {
+            let prompt = echoed.as_ref().and_then(|p| p.get(i));
+            // offsets count from the choice's text, the echoed prompt included
+            let offset = prompt.map_or(0, String::len);
+            let text = match prompt {
                 Some(prompt) => format!("{prompt}{text}"),
                 None => text,
             };
@@ -140,6 +146,7 @@ pub async fn completions(
                 index: i as u32,
                 text,
                 finish_reason: Some(end.finish_reason),
+                logprobs: req.logprobs.map(|_| super::logprobs::text(&scores, offset)),
             });
         }
         return Ok(Json(frame.response(choices, Some(usage))).into_response());
@@ -148,6 +155,7 @@ pub async fn completions(
     let mut subs: Vec<_> = tasks.iter().map(|t| follow::subscribe(&state, t)).collect();
     // the response begins with the first choice that does; an error before is the answer
     follow::until_answer_begins(&mut subs).await?;
+    let n_tasks = tasks.len();
     let stream = stream_frames(
         tasks,
         subs,
@@ -155,6 +163,11 @@ pub async fn completions(
         Framing {
             frame,
             include_usage,
+            offsets: req.logprobs.map(|_| {
+                echoed
+                    .as_ref()
+                    .map_or_else(|| vec![0; n_tasks], |p| p.iter().map(String::len).collect())
+            }),
             echoed,
         },
     );
@@ -182,12 +195,19 @@ impl Framer {
         }
     }
 
-    fn choice(&self, index: usize, text: String, finish: Option<String>) -> Bytes {
+    fn choice(
+        &self,
+        index: usize,
+        text: String,
+        finish: Option<String>,
+        logprobs: Option<super::logprobs::TextLogprobs>,
+    ) -> Bytes {
         follow::sse_data(&self.response(
             vec![TextChoice {
                 index: index as u32,
                 text,
                 finish_reason: finish,
+                logprobs,
             }],
             None,
         ))
@@ -211,6 +231,8 @@ struct Framing {
     include_usage: bool,
     /// With `echo`: the prompts, each sent as its choice's first text when its task starts.
     echoed: Option<Vec<String>>,
+    /// With `logprobs`: each choice's text so far, in bytes (its tokens' `text_offset`).
+    offsets: Option<Vec<usize>>,
 }
 
 /// Every task's frames as they come, interleaved; `[DONE]` after the last end, or an error
@@ -252,12 +274,22 @@ fn stream_frames(
                 TaskEvent::Started(_) => {
                     let prompt = m.framing.echoed.as_mut().and_then(|p| p.get_mut(i));
                     if let Some(prompt) = prompt.map(std::mem::take) {
-                        return Some((m.framing.frame.choice(i, prompt, None), m));
+                        return Some((m.framing.frame.choice(i, prompt, None, None), m));
                     }
                 }
                 TaskEvent::Metrics(_) => {}
                 TaskEvent::Token(t) => {
-                    let b = m.framing.frame.choice(i, t.t, None);
+                    let scored = match (m.framing.offsets.as_mut(), t.logprobs) {
+                        (Some(offsets), Some(l)) => {
+                            let at = offsets.get(i).copied().unwrap_or(0);
+                            if let Some(o) = offsets.get_mut(i) {
+                                *o += l.bytes.len();
+                            }
+                            Some(super::logprobs::text(std::slice::from_ref(&l), at))
+                        }
+                        _ => None,
+                    };
+                    let b = m.framing.frame.choice(i, t.t, None, scored);
                     return Some((b, m));
                 }
                 TaskEvent::End(end) => {
@@ -266,7 +298,7 @@ fn stream_frames(
                     let mut b = m
                         .framing
                         .frame
-                        .choice(i, String::new(), Some(end.finish_reason))
+                        .choice(i, String::new(), Some(end.finish_reason), None)
                         .to_vec();
                     if m.open == 0 {
                         if m.framing.include_usage {

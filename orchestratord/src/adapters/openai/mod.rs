@@ -3,6 +3,7 @@
 
 mod chat;
 mod completions;
+pub mod logprobs;
 pub mod response_format;
 pub mod types;
 mod unimplemented;

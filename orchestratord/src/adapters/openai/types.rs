@@ -132,6 +132,11 @@ pub struct ChatRequest {
     pub continue_final_message: Option<bool>,
     /// With `continue_final_message`: false (the only value honoured then); otherwise true.
     pub add_generation_prompt: Option<bool>,
+    /// Each token's log-probability in the answer (`choices[].logprobs.content`).
+    pub logprobs: Option<bool>,
+    /// With `logprobs`: the likeliest tokens at each step, 0-20.
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs: Option<u32>,
     /// Structured output: JSON (any object, or valid under a schema), by constrained decoding.
     pub response_format: Option<super::response_format::ResponseFormat>,
     /// Fields of OpenAI's API not implemented here: refused unless neutral.
@@ -207,6 +212,9 @@ pub struct CompletionRequest {
     pub min_p: Option<f32>,
     #[schema(minimum = 1e-6, maximum = 10.0)]
     pub repetition_penalty: Option<f32>,
+    /// Each token's log-probability and this many likeliest tokens at each step (0-20).
+    #[schema(minimum = 0, maximum = 20)]
+    pub logprobs: Option<u32>,
     /// Structured output: JSON (any object, or valid under a schema), by constrained decoding.
     pub response_format: Option<super::response_format::ResponseFormat>,
     /// Fields of OpenAI's API not implemented here: refused unless neutral.
@@ -257,6 +265,8 @@ pub struct Choice {
     /// vLLM's: the stop sequence that ended the answer, when one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+    /// With `logprobs: true`: each token's log-probability (null otherwise).
+    pub logprobs: Option<super::logprobs::ChatLogprobs>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -287,6 +297,9 @@ pub struct ChunkChoice {
     /// vLLM's: the stop sequence that ended the answer (on the last chunk), when one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stop_reason: Option<String>,
+    /// With `logprobs: true`: the log-probabilities of this chunk's token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<super::logprobs::ChatLogprobs>,
 }
 
 /// One `data:` frame of a streamed chat completion.
@@ -309,6 +322,8 @@ pub struct TextChoice {
     pub text: String,
     /// `stop` | `length` | `cancelled`; null in streamed chunks before the last.
     pub finish_reason: Option<String>,
+    /// With `logprobs`: its tokens' log-probabilities (null otherwise).
+    pub logprobs: Option<super::logprobs::TextLogprobs>,
 }
 
 /// A text completion, or (with `object` `text_completion` too) one streamed frame of it.

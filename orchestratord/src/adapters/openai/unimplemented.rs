@@ -1,6 +1,6 @@
 //! OpenAI request fields this server does not implement. A request that sets one to anything
 //! but its neutral value is refused with a 400 naming the field: a client that asked for tools
-//! or log-probabilities must never get a 200 answered as if it had not asked.
+//! or audio must never get a 200 answered as if it had not asked.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -21,8 +21,6 @@ pub struct Unimplemented {
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
     /// Log-probabilities are not implemented: refused unless false/null.
-    pub logprobs: Option<Value>,
-    pub top_logprobs: Option<Value>,
     pub logit_bias: Option<Value>,
     /// Text only: refused unless `["text"]`.
     pub modalities: Option<Value>,
@@ -38,14 +36,12 @@ pub struct Unimplemented {
 }
 
 /// The fields, each with the value that is neutral besides the empty ones (`also_neutral`).
-const FIELDS: [&str; 16] = [
+const FIELDS: [&str; 14] = [
     "tools",
     "tool_choice",
     "parallel_tool_calls",
     "functions",
     "function_call",
-    "logprobs",
-    "top_logprobs",
     "logit_bias",
     "modalities",
     "audio",
@@ -60,7 +56,6 @@ const FIELDS: [&str; 16] = [
 fn also_neutral(name: &str) -> Option<Value> {
     match name {
         "tool_choice" | "function_call" => Some(json!("none")),
-        "top_logprobs" => Some(json!(0)),
         "modalities" => Some(json!(["text"])),
         _ => None,
     }
@@ -133,14 +128,12 @@ fn neutral(v: &Value) -> bool {
 impl Unimplemented {
     /// The first field set to something this server would not honour, as a 400.
     pub fn check(&self) -> Result<(), ApiError> {
-        let values: [&Option<Value>; 16] = [
+        let values: [&Option<Value>; 14] = [
             &self.tools,
             &self.tool_choice,
             &self.parallel_tool_calls,
             &self.functions,
             &self.function_call,
-            &self.logprobs,
-            &self.top_logprobs,
             &self.logit_bias,
             &self.modalities,
             &self.audio,
