@@ -116,7 +116,7 @@ fn logprobs_are_the_log_softmax_and_match_llama_cpp_margins() {
     );
     assert!(diffs.len() >= 50, "{}", diffs.len());
     assert!(
-        median < 0.1 && max < MAX_GAP_DIFF,
+        median < MEDIAN_GAP_DIFF && max < MAX_GAP_DIFF,
         "median {median}, max {max}"
     );
 }
