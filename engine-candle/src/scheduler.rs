@@ -74,6 +74,10 @@ struct Running {
     logprobs: Option<Box<StepLogprobs>>,
 }
 
+/// Shared prompt tokens worth waiting for another sequence's prefill (and copying its keys and
+/// values) rather than computing them alongside.
+const SHARE_AFTER_PREFILL: usize = 32;
+
 /// A sequence's next token: its constraint masks the logits first, when it has one; with
 /// `logprobs`, the step's log-probabilities over what the sampler saw (penalties and mask
 /// applied).
@@ -322,10 +326,51 @@ impl Scheduler {
                 }
             }
         }
+        // a running sequence's row may hold more of it (the same prompt, sent n times)
+        let running = self
+            .running
+            .iter()
+            .map(|s| {
+                (
+                    s.row,
+                    common_prefix(&s.tokens[..s.pos.min(s.tokens.len())], prompt),
+                )
+            })
+            .max_by_key(|&(_, lcp)| lcp);
+        if let Some((src, lcp)) = running {
+            let lcp = lcp.min(most);
+            if lcp > reuse {
+                let copied = self
+                    .cache
+                    .read_prefix(src, lcp)
+                    .and_then(|kv| self.cache.write_prefix(row, &kv, lcp));
+                match copied {
+                    Ok(()) => reuse = lcp,
+                    Err(e) => tracing::warn!(error = %e, "shared prefix copy failed"),
+                }
+            }
+        }
         self.shared
             .reused_tokens
             .fetch_add(reuse as u64, Ordering::Relaxed);
         (row, reuse)
+    }
+
+    /// Whether `prompt` shares at least `SHARE_AFTER_PREFILL` tokens with a prompt going
+    /// through now, beyond anything a free row or the prompt cache holds: it then waits for
+    /// that prefill and copies its keys and values (n answers to one prompt share its prefill).
+    fn better_after_a_prefill(&self, prompt: &[u32]) -> bool {
+        let shared = self
+            .prefilling
+            .iter()
+            .map(|p| common_prefix(&p.req.prompt_tokens, prompt))
+            .max()
+            .unwrap_or(0);
+        if shared < SHARE_AFTER_PREFILL {
+            return false;
+        }
+        let ready = self.choose_row(prompt).map_or(0, |(_, ready)| ready);
+        shared > ready + SHARE_AFTER_PREFILL / 2
     }
 
     /// Saves the keys and values of `tokens` (positions `0..len` of `row`) to the prompt
@@ -604,6 +649,12 @@ impl Scheduler {
             let Some((req, submitted)) = self.waiting.pop_front() else {
                 break;
             };
+            if self.better_after_a_prefill(&req.prompt_tokens) {
+                // the same prompt (or a long part of it) is going through now: wait for it
+                // and copy its keys and values rather than compute them again
+                self.waiting.push_front((req, submitted));
+                break;
+            }
             let Some((row, reuse)) = self.take_row(&req.prompt_tokens) else {
                 self.waiting.push_front((req, submitted));
                 break;

@@ -165,3 +165,55 @@ fn the_prompt_cache_stays_within_its_bytes() {
         "only the shared system prompt is left of it"
     );
 }
+
+/// ENG-BATCH-6: n answers to one prompt, sent at once, share its prefill: the first computes
+/// it, the others wait for it and copy its keys and values from the running row — with exactly
+/// the tokens a fresh prefill gives.
+#[test]
+fn n_answers_to_one_prompt_share_its_prefill() {
+    let mut opts = EngineOptions::new(model_path());
+    opts.slots = 4;
+    opts.ctx = 1024;
+    // rows only: what is shared comes from the running row, not the host prompt cache
+    opts.settings.prompt_cache_bytes = 0;
+    let e = CandleEngine::load(opts).expect("model loads");
+    let long = "Summarize the history of the bicycle, from the draisine to the safety bicycle, \
+                and the role of pneumatic tyres. "
+        .repeat(4);
+    let p = chat_tokens(&e, &long);
+    assert!(p.len() > 100, "{}", p.len());
+    let other = chat_tokens(&e, "Hello there.");
+    // a different prompt first: its row holds nothing of `p`
+    let _ = greedy(&e, other.clone(), 2);
+    let before = e.reused_prompt_tokens();
+    let streams: Vec<_> = (0..4)
+        .map(|_| start(&e, p.clone(), SamplingParams::default(), 16, vec![]))
+        .collect();
+    let outs: Vec<_> = streams
+        .into_iter()
+        .map(|(rx, _c)| collect(rx).ids)
+        .collect();
+    let shared = e.reused_prompt_tokens() - before;
+    // the three that waited start after all of the prompt but its last token
+    let template = p.iter().zip(&other).take_while(|(a, b)| a == b).count() as u64;
+    assert!(
+        shared >= 3 * (p.len() as u64 - 1),
+        "shared {shared} of {} prompt tokens (template prefix {template})",
+        p.len()
+    );
+    for o in &outs {
+        assert_eq!(
+            o, &outs[0],
+            "the same greedy answer from copied keys and values"
+        );
+    }
+    let mut opts = EngineOptions::new(model_path());
+    opts.slots = 1;
+    opts.ctx = 1024;
+    let fresh = CandleEngine::load(opts).expect("model loads");
+    assert_eq!(
+        greedy(&fresh, p, 16).ids,
+        outs[0],
+        "as a fresh prefill gives"
+    );
+}
