@@ -74,7 +74,7 @@ async fn errors_are_openai_shaped_and_full_queue_is_429_before_the_stream() {
     let mut cfg = config(vec![pool("p1", 1)]);
     cfg.queue.capacity = 1;
     let s = start(cfg, Duration::from_millis(50)).await;
-    let r = chat(&s, json!({"messages": msgs(), "n": 2})).await;
+    let r = chat(&s, json!({"messages": msgs(), "n": 0})).await;
     assert_eq!(r.status(), 400);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["type"], "invalid_request_error");
@@ -181,7 +181,7 @@ async fn every_openai_chat_field_is_honoured_or_refused_by_name() {
         ("max_tokens", json!(3), true),
         ("metadata", json!({"k": "v"}), true),
         ("modalities", json!(["text", "audio"]), false),
-        ("n", json!(2), false),
+        ("n", json!(2), true),
         ("parallel_tool_calls", json!(true), false),
         (
             "prediction",

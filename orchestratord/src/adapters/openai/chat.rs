@@ -21,10 +21,23 @@ use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::TaskEvent;
 
-fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
-    if req.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("n", "only n = 1 is supported"));
+/// The request's `n` choices as tasks: the same prompt (the engine shares its prefill), each
+/// its own sample — with a `seed`, choice `i` draws with `seed + i`, so each is reproducible.
+fn to_tasks(req: &ChatRequest, max_n: usize) -> Result<Vec<TaskRequest>, ApiError> {
+    let n = req.n.unwrap_or(1);
+    if n == 0 || n as usize > max_n {
+        return Err(ApiError::invalid("n", format!("n must be 1-{max_n}")));
     }
+    let task = to_task(req)?;
+    Ok((0..u64::from(n))
+        .map(|i| TaskRequest {
+            seed: task.seed.map(|s| s.wrapping_add(i)),
+            ..task.clone()
+        })
+        .collect())
+}
+
+fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
     req.unimplemented.check()?;
     let continuing = req.continue_final_message == Some(true);
     if req
@@ -86,25 +99,31 @@ pub async fn chat_completions(
     } else {
         Delivery::Whole
     };
-    let task = follow::admit(&state, to_task(&req)?, &caller, delivery)
+    let reqs = to_tasks(&req, state.cfg.admission.max_prompts_per_request)?;
+    let tasks = follow::admit_all(&state, reqs, &caller, delivery)
         .await
         .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
-    let model = follow::model_name(&state, req.model.as_deref(), &task);
-    let id = format!("chatcmpl-{}", task.id);
+    let model = follow::model_name(&state, req.model.as_deref(), &tasks[0]);
+    let id = format!("chatcmpl-{}", tasks[0].id);
     let created = follow::unix_now();
-    let mut sub = follow::subscribe(&state, &task);
-    let counted = task.clone();
     let scored = req.logprobs == Some(true);
+    // the prompt is counted once (its count may come with the first choice's end, from an
+    // engine that counts its own); each choice's tokens are counted
+    let counted = tasks[0].clone();
     if !req.stream {
-        let (text, scores, end) = follow::collect_scored(sub).await?;
-        return Ok(Json(ChatResponse {
-            id,
-            object: "chat.completion",
-            created,
-            model,
-            system_fingerprint: FINGERPRINT.into(),
-            choices: vec![Choice {
-                index: 0,
+        // the first failure answers at once; dropping the other subscriptions cancels them
+        let results = futures::future::try_join_all(
+            tasks
+                .iter()
+                .map(|t| follow::collect_scored(follow::subscribe(&state, t))),
+        )
+        .await?;
+        let mut completion_tokens = 0;
+        let mut choices = Vec::with_capacity(results.len());
+        for (i, (text, scores, end)) in results.into_iter().enumerate() {
+            completion_tokens += end.tokens_out;
+            choices.push(Choice {
+                index: i as u32,
                 message: AssistantMessage {
                     role: "assistant",
                     content: text,
@@ -112,14 +131,25 @@ pub async fn chat_completions(
                 finish_reason: end.finish_reason,
                 stop_reason: end.stop_sequence,
                 logprobs: scored.then(|| super::logprobs::chat(&scores)),
-            }],
-            usage: Usage::new(counted.prompt_tokens_used(), end.tokens_out),
+            });
+        }
+        return Ok(Json(ChatResponse {
+            id,
+            object: "chat.completion",
+            created,
+            model,
+            system_fingerprint: FINGERPRINT.into(),
+            choices,
+            usage: Usage::new(tasks[0].prompt_tokens_used(), completion_tokens),
         })
         .into_response());
     }
-    follow::until_answer_begins(std::slice::from_mut(&mut sub)).await?;
+    let mut subs: Vec<_> = tasks.iter().map(|t| follow::subscribe(&state, t)).collect();
+    // the response begins with the first choice that does; an error before is the answer
+    follow::until_answer_begins(&mut subs).await?;
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let chunk = move |delta: Delta,
+    let chunk = move |index: usize,
+                      delta: Delta,
                       finish: Option<String>,
                       stop: Option<String>,
                       logprobs: Option<super::logprobs::ChatLogprobs>,
@@ -134,7 +164,7 @@ pub async fn chat_completions(
                 vec![]
             } else {
                 vec![ChunkChoice {
-                    index: 0,
+                    index: index as u32,
                     delta,
                     finish_reason: finish,
                     stop_reason: stop,
@@ -144,69 +174,84 @@ pub async fn chat_completions(
             usage,
         })
     };
-    let stream = sub
-        .into_stream(follow::keepalive(&state))
-        .flat_map(move |f| {
-            let ev = match f {
-                Followed::Event(_, ev) => ev,
-                Followed::KeepAlive => {
-                    let frames = vec![Bytes::from_static(follow::SSE_KEEPALIVE)];
-                    return futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>));
+    let keepalive = follow::keepalive(&state);
+    let merged = futures::stream::select_all(subs.into_iter().enumerate().map(|(i, s)| {
+        // one keep-alive ticker is enough
+        s.into_stream(keepalive.filter(|_| i == 0))
+            .map(move |f| (i, f))
+            .boxed()
+    }));
+    // (choices still open, their completion tokens so far, the stream is over)
+    let stream = merged
+        .scan(
+            (tasks.len(), 0u32, false),
+            move |(open, out, over), (i, f)| {
+                if *over {
+                    return futures::future::ready(None);
                 }
-            };
-            let frames: Vec<Bytes> = match ev {
-                TaskEvent::Started(_) => vec![chunk(
-                    Delta {
-                        role: Some("assistant"),
-                        content: Some(String::new()),
-                    },
-                    None,
-                    None,
-                    None,
-                    None,
-                )],
-                TaskEvent::Token(t) => {
-                    let logprobs = t
-                        .logprobs
-                        .filter(|_| scored)
-                        .map(|l| super::logprobs::chat(std::slice::from_ref(&l)));
-                    let delta = Delta {
-                        role: None,
-                        content: Some(t.t),
-                    };
-                    vec![chunk(delta, None, None, logprobs, None)]
-                }
-                TaskEvent::Metrics(_) => vec![],
-                TaskEvent::End(end) => {
-                    let mut v = vec![chunk(
-                        Delta::default(),
-                        Some(end.finish_reason),
-                        end.stop_sequence,
-                        None,
-                        None,
-                    )];
-                    if include_usage {
-                        v.push(chunk(
-                            Delta::default(),
-                            None,
-                            None,
-                            None,
-                            Some(Usage::new(counted.prompt_tokens_used(), end.tokens_out)),
-                        ));
+                let ev = match f {
+                    Followed::Event(_, ev) => ev,
+                    Followed::KeepAlive => {
+                        return futures::future::ready(Some(vec![Bytes::from_static(
+                            follow::SSE_KEEPALIVE,
+                        )]))
                     }
-                    v.push(Bytes::from_static(DONE));
-                    v
-                }
-                TaskEvent::Error(e) => {
-                    let env = contracts::ErrorEnvelope::new(e.code, e.message, e.retriable);
-                    vec![
-                        follow::sse_data(&error_body(&env)),
-                        Bytes::from_static(DONE),
-                    ]
-                }
-            };
-            futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>))
-        });
+                };
+                let frames: Vec<Bytes> = match ev {
+                    TaskEvent::Started(_) => {
+                        let delta = Delta {
+                            role: Some("assistant"),
+                            content: Some(String::new()),
+                        };
+                        vec![chunk(i, delta, None, None, None, None)]
+                    }
+                    TaskEvent::Token(t) => {
+                        let logprobs = t
+                            .logprobs
+                            .filter(|_| scored)
+                            .map(|l| super::logprobs::chat(std::slice::from_ref(&l)));
+                        let delta = Delta {
+                            role: None,
+                            content: Some(t.t),
+                        };
+                        vec![chunk(i, delta, None, None, logprobs, None)]
+                    }
+                    TaskEvent::Metrics(_) => vec![],
+                    TaskEvent::End(end) => {
+                        *open -= 1;
+                        *out += end.tokens_out;
+                        let mut v = vec![chunk(
+                            i,
+                            Delta::default(),
+                            Some(end.finish_reason),
+                            end.stop_sequence,
+                            None,
+                            None,
+                        )];
+                        if *open == 0 {
+                            if include_usage {
+                                let usage = Usage::new(counted.prompt_tokens_used(), *out);
+                                v.push(chunk(0, Delta::default(), None, None, None, Some(usage)));
+                            }
+                            v.push(Bytes::from_static(DONE));
+                            *over = true;
+                        }
+                        v
+                    }
+                    TaskEvent::Error(e) => {
+                        // the other choices are cancelled when the stream ends
+                        *over = true;
+                        let env = contracts::ErrorEnvelope::new(e.code, e.message, e.retriable);
+                        vec![
+                            follow::sse_data(&error_body(&env)),
+                            Bytes::from_static(DONE),
+                        ]
+                    }
+                };
+                futures::future::ready(Some(frames))
+            },
+        )
+        .flat_map(|frames| futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>)));
     Ok(crate::lifecycle::sse::event_stream_response(
         Body::from_stream(stream),
     ))

@@ -117,8 +117,9 @@ pub struct ChatRequest {
     pub presence_penalty: Option<f32>,
     #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f32>,
-    /// Only 1 is supported.
-    #[schema(minimum = 1, maximum = 1)]
+    /// Choices to generate for the prompt (its prefill shared), at most
+    /// `admission.max_prompts_per_request`; with `seed`, choice `i` draws with `seed + i`.
+    #[schema(minimum = 1, maximum = 16)]
     pub n: Option<u32>,
     /// Used as the session id (budgets, accounting) when 1..=128 bytes.
     pub user: Option<String>,

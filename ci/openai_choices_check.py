@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""Log-probabilities through the official `openai` SDK on the real model (ADP-LP-1..2): chat and
-completions, streamed and not, with `top_logprobs`; greedy answers pick the likeliest token,
-alternatives come most likely first and never sum over 1, the tokens spell the answer, streamed
-and whole answers carry the same values; sampled answers too; and the refusals. Exits non-zero
-at the first failure.
+"""Log-probabilities and `n` choices through the official `openai` SDK on the real model
+(ADP-LP-1..2, ADP-OAI-6): chat and completions logprobs, streamed and not, with
+`top_logprobs`; greedy answers pick the likeliest token, alternatives come most likely first and
+never sum over 1, the tokens spell the answer, streamed and whole answers carry the same values;
+sampled answers too; `n` choices that share the prompt's prefill, reproducible with a seed,
+streamed by index; and the refusals. Exits non-zero at the first failure.
 
-    PYTHONPATH=.cache/pydeps python3 ci/logprobs_check.py --base-url http://127.0.0.1:PORT
+    PYTHONPATH=.cache/pydeps python3 ci/openai_choices_check.py --base-url http://127.0.0.1:PORT
 """
 import argparse
 import json
@@ -115,7 +116,49 @@ def main():
             check(False, f"{param} refused")
         except openai.BadRequestError as e:
             check(e.body["param"] == param, f"refused naming {param} ({e.body['message']})")
-    print("all logprobs checks passed")
+
+    # n choices: one prompt, its prefill computed once and shared
+    def reused():
+        with urllib.request.urlopen(f"{args.base_url}/metrics", timeout=10) as r:
+            return sum(float(line.rsplit(" ", 1)[1]) for line in r.read().decode().splitlines()
+                       if line.startswith("orchd_pool_prompt_tokens_reused_total{"))
+
+    story = [{"role": "user", "content": "Tell me about the history of bicycles in Europe. " * 6}]
+    before = reused()
+    a = c.chat.completions.create(model=model, messages=story, max_tokens=12, n=3,
+                                  temperature=1.0, seed=5)
+    shared = reused() - before
+    check([ch.index for ch in a.choices] == [0, 1, 2]
+          and len({ch.message.content for ch in a.choices}) > 1,
+          f"n=3: three choices, sampled apart ({[ch.message.content[:20] for ch in a.choices]})")
+    check(a.usage.completion_tokens == 36 and a.usage.prompt_tokens > 60,
+          f"n=3: the prompt counted once, every choice's tokens ({a.usage})")
+    check(shared >= 2 * (a.usage.prompt_tokens - 1),
+          f"n=3: the prompt's prefill shared ({shared:.0} tokens reused)")
+    b = c.chat.completions.create(model=model, messages=story, max_tokens=12, n=3,
+                                  temperature=1.0, seed=5)
+    check([x.message.content for x in a.choices] == [x.message.content for x in b.choices],
+          "n=3 with a seed: each choice reproducible")
+    s = c.chat.completions.create(model=model, messages=story, max_tokens=12, n=2,
+                                  temperature=0, stream=True,
+                                  stream_options={"include_usage": True})
+    texts, finishes, usage = {}, {}, None
+    for ch in s:
+        for x in ch.choices:
+            texts[x.index] = texts.get(x.index, "") + (x.delta.content or "")
+            if x.finish_reason:
+                finishes[x.index] = x.finish_reason
+        usage = ch.usage or usage
+    check(sorted(texts) == [0, 1] and texts[0] == texts[1] and finishes == {0: "length",
+                                                                           1: "length"}
+          and usage.completion_tokens == 24,
+          f"n=2 streamed: chunks by index, each finished, usage summed ({texts[0][:30]!r})")
+    try:
+        c.chat.completions.create(model=model, messages=story, max_tokens=2, n=0)
+        check(False, "n=0 refused")
+    except openai.BadRequestError as e:
+        check(e.body["param"] == "n", f"n=0 refused naming n ({e.body['message']})")
+    print("all logprobs and n checks passed")
 
 
 if __name__ == "__main__":
