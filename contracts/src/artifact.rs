@@ -118,6 +118,6 @@ pub struct ArtifactQuery {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(untagged)]
 pub enum StoredArtifact {
-    Artifact(Artifact),
-    TaskRecord(crate::task::TaskRecord),
+    Artifact(Box<Artifact>),
+    TaskRecord(Box<crate::task::TaskRecord>),
 }

@@ -106,4 +106,7 @@ pub struct SseError {
     pub retriable: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<u64>,
+    /// The request field at fault, when one is (a backend that refused it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
 }

@@ -6,6 +6,10 @@ pub enum PortError {
     /// The input cannot be run by this engine (bad template, bad params, context overflow).
     #[error("{0}")]
     InvalidInput(String),
+    /// The input was refused for one request field (a remote backend's 400 naming it): the
+    /// task's field name.
+    #[error("{field}: {message}")]
+    Refused { field: String, message: String },
     /// The engine's worker is gone.
     #[error("engine stopped: {0}")]
     Dead(String),

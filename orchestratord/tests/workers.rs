@@ -426,6 +426,45 @@ async fn worker_fronting_another_orchestratord() {
             .contains("Paris"),
         "{v}"
     );
+    // ADP-SO-4: structured output passes on to the backend, which constrains its decoding
+    let question = json!([{"role": "user", "content": "Name a city."}]);
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string",
+        "maxLength": 20}}, "required": ["city"], "additionalProperties": false});
+    let format = |schema: serde_json::Value| json!({"type": "json_schema", "json_schema": {"name": "c", "schema": schema}});
+    let body = json!({"model": MODEL, "max_tokens": 40, "messages": question,
+        "response_format": format(schema)});
+    let v: serde_json::Value = post(&base, "/v1/chat/completions", body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let answer: serde_json::Value =
+        serde_json::from_str(v["choices"][0]["message"]["content"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {v}"));
+    assert!(answer["city"].is_string(), "{answer}");
+    assert_eq!(answer.as_object().unwrap().len(), 1, "{answer}");
+    // what the backend refuses comes back a 400 naming the field, not a 500
+    let bad = json!({"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}});
+    let body = json!({"model": MODEL, "max_tokens": 8, "messages": question,
+        "response_format": format(bad)});
+    let r = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "response_format", "{v}");
+    // a Lark grammar has no common spelling across backends; logprobs are not passed on yet
+    for (extra, field) in [
+        (json!({"grammar": "start: \"a\""}), "grammar"),
+        (json!({"logprobs": true}), "logprobs"),
+    ] {
+        let mut body = json!({"model": MODEL, "prompt": "x", "max_tokens": 2});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = post(&base, "/v1/tasks", body).await;
+        assert_eq!(r.status(), 400, "{field}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["field"], field, "{v}");
+    }
     let r = post(
         &base,
         &format!("/v1/pools/{}/drain", pools[0]),

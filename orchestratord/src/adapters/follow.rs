@@ -140,6 +140,9 @@ pub fn error_of(e: &contracts::SseError) -> ApiError {
     if let Some(ms) = e.retry_after_ms {
         err = err.with_retry_after(ms);
     }
+    if let Some(f) = &e.field {
+        err = err.with_field(f.clone());
+    }
     err
 }
 

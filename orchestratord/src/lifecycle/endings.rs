@@ -69,7 +69,35 @@ impl AppState {
         retriable: bool,
         retry_after_ms: Option<u64>,
     ) -> bool {
-        let message = message.into();
+        self.end_with_error(
+            task,
+            SseError {
+                code,
+                message: message.into(),
+                retriable,
+                retry_after_ms,
+                field: None,
+            },
+        )
+    }
+
+    /// Ends a task with an `INVALID_PARAMS` error naming the request field at fault (a remote
+    /// backend refused it). False if it had already ended.
+    pub fn refuse_task(&self, task: &Task, field: String, message: String) -> bool {
+        self.end_with_error(
+            task,
+            SseError {
+                code: ErrorCode::InvalidParams,
+                message,
+                retriable: false,
+                retry_after_ms: None,
+                field: Some(field),
+            },
+        )
+    }
+
+    fn end_with_error(&self, task: &Task, error: SseError) -> bool {
+        let (code, message) = (error.code, error.message.clone());
         task.stop_cause.set(match code {
             ErrorCode::DecodeTimeout | ErrorCode::DeadlineUnmet | ErrorCode::QueueTimeout => {
                 WireCancel::Timeout
@@ -79,12 +107,7 @@ impl AppState {
             ErrorCode::ReplicaExhausted => WireCancel::RequeueExhausted,
             _ => WireCancel::ClientDisconnect,
         });
-        if !task.fail(SseError {
-            code,
-            message: message.clone(),
-            retriable,
-            retry_after_ms,
-        }) {
+        if !task.fail(error) {
             return false;
         }
         metrics::error(code);

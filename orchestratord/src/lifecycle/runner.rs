@@ -120,7 +120,9 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
         }
         Err(e) => {
             let (code, retriable) = match &e {
-                PortError::InvalidInput(_) => (ErrorCode::InvalidParams, false),
+                PortError::InvalidInput(_) | PortError::Refused { .. } => {
+                    (ErrorCode::InvalidParams, false)
+                }
                 PortError::Dead(_) | PortError::Load(_) | PortError::Unloadable(_) => {
                     (ErrorCode::WorkerReset, true)
                 }
@@ -306,7 +308,9 @@ async fn pump(
                     return Outcome::Finished(f.tokens_out);
                 }
                 Ok(Some(SeqEvent::Failed(m))) => {
-                    if let Some(PortError::InvalidInput(why)) = failure.get() {
+                    if let Some(PortError::Refused { field, message }) = failure.get() {
+                        state.refuse_task(task, field, message);
+                    } else if let Some(PortError::InvalidInput(why)) = failure.get() {
                         state.fail_task(task, ErrorCode::InvalidParams, why, false, None);
                     } else {
                         state.fail_task(task, ErrorCode::Internal, format!("engine error: {m}"), true, None);

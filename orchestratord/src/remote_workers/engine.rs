@@ -7,14 +7,17 @@ use std::sync::Arc;
 
 use contracts::worker::{CancelReason, ServerToWorker, TokenCounts};
 use pool_manager::{
-    Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason, OnLoss, PortError,
-    PromptInput, SeqEvent, SlotPermit, StopCause, EVENT_CHANNEL_CAPACITY,
+    Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason, OnLoss,
+    OutputConstraint, PortError, PromptInput, SeqEvent, SlotPermit, StopCause,
+    EVENT_CHANNEL_CAPACITY,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use super::link::{RequestEvent, WorkerLink};
-use super::openai_wire::{error_message, read_object, request_body, StreamItem, StreamReader};
+use super::openai_wire::{
+    error_message, read_object, refused_field, request_body, StreamItem, StreamReader,
+};
 use crate::correlation::HEADER as CORRELATION_HEADER;
 
 pub const ENGINE_NAME: &str = "remote-worker";
@@ -56,6 +59,19 @@ impl Engine for RemoteEngine {
 
     fn tokenize(&self, _: &PromptInput, _: &str) -> Result<Option<Vec<u32>>, PortError> {
         Ok(None)
+    }
+
+    /// A JSON Schema goes to the backend as `response_format` (vLLM, llama.cpp's server and
+    /// orchestratord take it; a backend that refuses it answers a 400 naming it); a Lark
+    /// grammar has no common spelling across backends.
+    fn prepare_constraint(&self, constraint: &OutputConstraint) -> Result<(), PortError> {
+        match constraint {
+            OutputConstraint::JsonSchema(_) => Ok(()),
+            OutputConstraint::Grammar(_) => Err(PortError::InvalidInput(
+                "grammar: a remote worker's backend takes JSON Schemas only (response_format)"
+                    .into(),
+            )),
+        }
     }
 
     fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
@@ -256,7 +272,14 @@ async fn relay(
                     let msg = format!("the worker's backend answered {status_code}: {msg}");
                     // a refused input (not a timeout or a rate limit) is the client's mistake
                     if (400..500).contains(&status_code) && ![408, 429].contains(&status_code) {
-                        failure.set(PortError::InvalidInput(msg.clone()));
+                        let field = body.as_deref().and_then(refused_field);
+                        failure.set(match field {
+                            Some(field) => PortError::Refused {
+                                field,
+                                message: msg.clone(),
+                            },
+                            None => PortError::InvalidInput(msg.clone()),
+                        });
                     }
                     let _ = tx.send(SeqEvent::Failed(msg)).await;
                     return;

@@ -3,7 +3,7 @@
 //! reason and the usage. The worker uses the reader too, for `token_counts`.
 
 use contracts::worker::TokenCounts;
-use pool_manager::{EngineJob, PromptInput};
+use pool_manager::{EngineJob, OutputConstraint, PromptInput};
 use serde_json::{json, Value};
 
 /// Longest line kept while waiting for its newline (a frame limit bounds it anyway).
@@ -37,6 +37,12 @@ pub fn request_body(model: &str, job: &EngineJob) -> (&'static str, Value) {
     }
     if !job.stop.is_empty() {
         body["stop"] = json!(job.stop);
+    }
+    // structured output, as vLLM, llama.cpp's server and orchestratord take it
+    if let Some(OutputConstraint::JsonSchema(text)) = &job.constraint {
+        let schema: Value = serde_json::from_str(text).unwrap_or(Value::Bool(true));
+        body["response_format"] = json!({"type": "json_schema", "json_schema": {
+            "name": "output", "schema": schema, "strict": true}});
     }
     match &job.prompt {
         PromptInput::Text(p) => {
@@ -145,6 +151,17 @@ pub fn read_object(v: &Value, out: &mut Vec<StreamItem>) {
 }
 
 /// The message of an error body (`{"error": {"message": …}}`, or the text itself).
+/// The task field a backend's refusal names (`error.param`, OpenAI's and vLLM's), as the task
+/// calls it: `response_format` is the task's `json_schema`.
+pub fn refused_field(body: &str) -> Option<String> {
+    let v: Value = serde_json::from_str(body).ok()?;
+    let param = v.pointer("/error/param").and_then(Value::as_str)?;
+    Some(match param {
+        "response_format" => "json_schema".to_string(),
+        other => other.chars().take(64).collect(),
+    })
+}
+
 pub fn error_message(body: &str) -> String {
     serde_json::from_str::<Value>(body)
         .ok()
@@ -248,5 +265,36 @@ mod tests {
             "too long"
         );
         assert_eq!(error_message("plain"), "plain");
+    }
+}
+
+#[cfg(test)]
+mod passing_on {
+    use super::*;
+    use pool_manager::{SamplingParams, Slots};
+
+    /// ADP-SO-4: a JSON Schema goes to the backend as `response_format`; a backend's refusal
+    /// naming `response_format` is the task's `json_schema`.
+    #[test]
+    fn a_schema_goes_as_response_format_and_its_refusal_is_named() {
+        let slots = Slots::new(1);
+        let permit = slots.try_acquire().unwrap();
+        let mut job = EngineJob::new(
+            permit,
+            PromptInput::Text("x".into()),
+            SamplingParams::default(),
+            4,
+        );
+        job.constraint = Some(OutputConstraint::JsonSchema(r#"{"type":"object"}"#.into()));
+        let (_, body) = request_body("m", &job);
+        assert_eq!(body["response_format"]["type"], "json_schema");
+        assert_eq!(
+            body["response_format"]["json_schema"]["schema"]["type"],
+            "object"
+        );
+        let refusal = r#"{"error":{"message":"bad","type":"invalid_request_error","param":"response_format"}}"#;
+        assert_eq!(refused_field(refusal).as_deref(), Some("json_schema"));
+        assert_eq!(refused_field(r#"{"error":{"message":"bad"}}"#), None);
+        assert_eq!(refused_field("not json"), None);
     }
 }

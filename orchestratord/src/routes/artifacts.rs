@@ -68,15 +68,15 @@ pub async fn get(
     let all = caller.principal.sees_all();
     if is_artifact_id(&id) {
         return match state.records.artifact(caller.tenant(), all, &id).await? {
-            Some(a) => Ok(Json(StoredArtifact::Artifact(a))),
+            Some(a) => Ok(Json(StoredArtifact::Artifact(Box::new(a)))),
             None => Err(ApiError::not_found("artifact", &id)),
         };
     }
     if let Some(t) = state.tasks.get(caller.tenant(), &id, all) {
-        return Ok(Json(StoredArtifact::TaskRecord(t.record())));
+        return Ok(Json(StoredArtifact::TaskRecord(Box::new(t.record()))));
     }
     match state.records.task_record(caller.tenant(), all, &id).await? {
-        Some(r) => Ok(Json(StoredArtifact::TaskRecord(r))),
+        Some(r) => Ok(Json(StoredArtifact::TaskRecord(Box::new(r)))),
         None => Err(ApiError::not_found("artifact", &id)),
     }
 }

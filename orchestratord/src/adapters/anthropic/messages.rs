@@ -85,7 +85,9 @@ pub async fn messages(
     let model = req.model.clone();
     let mut sub = follow::subscribe(&state, &task);
     if !req.stream {
-        let (text, end) = follow::collect(sub).await?;
+        let (text, end) = follow::collect(sub)
+            .await
+            .map_err(|e| follow::renamed(e, "json_schema", "output_config.format"))?;
         return Ok(Json(MessageResponse {
             id,
             kind: "message",
@@ -101,7 +103,9 @@ pub async fn messages(
         })
         .into_response());
     }
-    follow::until_answer_begins(std::slice::from_mut(&mut sub)).await?;
+    follow::until_answer_begins(std::slice::from_mut(&mut sub))
+        .await
+        .map_err(|e| follow::renamed(e, "json_schema", "output_config.format"))?;
     let start = MessageResponse {
         id,
         kind: "message",

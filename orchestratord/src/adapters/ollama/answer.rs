@@ -156,7 +156,7 @@ async fn answer(
         .map_err(in_options)?;
     let mut sub = follow::subscribe(&state, &task);
     if !stream {
-        let (text, end) = follow::collect(sub).await?;
+        let (text, end) = follow::collect(sub).await.map_err(in_options)?;
         let body = line(
             api,
             &model,
@@ -166,7 +166,9 @@ async fn answer(
         );
         return Ok(with_type(Body::from(body), "application/json"));
     }
-    follow::until_answer_begins(std::slice::from_mut(&mut sub)).await?;
+    follow::until_answer_begins(std::slice::from_mut(&mut sub))
+        .await
+        .map_err(in_options)?;
     let task: Arc<Task> = task.clone();
     // NDJSON has no comment lines: no keep-alives
     let lines = sub.into_stream(None).filter_map(move |f| {

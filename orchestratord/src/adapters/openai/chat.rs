@@ -117,7 +117,8 @@ pub async fn chat_completions(
                 .iter()
                 .map(|t| follow::collect_scored(follow::subscribe(&state, t))),
         )
-        .await?;
+        .await
+        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
         let mut completion_tokens = 0;
         let mut choices = Vec::with_capacity(results.len());
         for (i, (text, scores, end)) in results.into_iter().enumerate() {
@@ -146,7 +147,9 @@ pub async fn chat_completions(
     }
     let mut subs: Vec<_> = tasks.iter().map(|t| follow::subscribe(&state, t)).collect();
     // the response begins with the first choice that does; an error before is the answer
-    follow::until_answer_begins(&mut subs).await?;
+    follow::until_answer_begins(&mut subs)
+        .await
+        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let chunk = move |index: usize,
                       delta: Delta,

@@ -130,7 +130,8 @@ pub async fn completions(
                 .iter()
                 .map(|t| follow::collect_scored(follow::subscribe(&state, t))),
         )
-        .await?;
+        .await
+        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
         let mut choices = Vec::with_capacity(results.len());
         let mut usage = Usage::new(0, 0);
         for ((i, (text, scores, end)), task) in results.into_iter().enumerate().zip(&tasks) {
@@ -154,7 +155,9 @@ pub async fn completions(
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let mut subs: Vec<_> = tasks.iter().map(|t| follow::subscribe(&state, t)).collect();
     // the response begins with the first choice that does; an error before is the answer
-    follow::until_answer_begins(&mut subs).await?;
+    follow::until_answer_begins(&mut subs)
+        .await
+        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
     let n_tasks = tasks.len();
     let stream = stream_frames(
         tasks,
