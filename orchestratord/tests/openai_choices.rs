@@ -7,15 +7,11 @@
 
 mod support;
 
-use std::sync::Arc;
-
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_sdk_reads_log_probabilities_and_n_choices() {
-    let mut cfg = config(vec![real_pool("default", 2, 2048)]);
-    cfg.timeouts.idle_ms = 60_000;
-    let s = start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
+    let s = real_model_server(None).await;
     let stdout = run_sdk_script(
         "openai_choices_check.py",
         &["--base-url".into(), s.url("").into()],

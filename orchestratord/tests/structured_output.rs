@@ -7,15 +7,11 @@
 
 mod support;
 
-use std::sync::Arc;
-
 use support::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_schema_is_answered_with_json_that_validates() {
-    let mut cfg = config(vec![real_pool("default", 2, 2048)]);
-    cfg.timeouts.idle_ms = 60_000;
-    let s = start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
+    let s = real_model_server(None).await;
     let stdout = run_sdk_script(
         "structured_output_check.py",
         &["--base-url".into(), s.url("").into()],

@@ -183,6 +183,15 @@ pub async fn collect_scored(
     ))
 }
 
+/// Waits for the ends of all of a request's tasks: each one's text, log-probabilities and
+/// `end`; the first failure answers at once (dropping the other subscriptions cancels them).
+pub async fn collect_all(
+    state: &SharedState,
+    tasks: &[Arc<Task>],
+) -> Result<Vec<(String, Vec<contracts::SseLogprobs>, contracts::SseEnd)>, ApiError> {
+    futures::future::try_join_all(tasks.iter().map(|t| collect_scored(subscribe(state, t)))).await
+}
+
 /// `data: <json>\n\n`.
 pub fn sse_data<T: serde::Serialize>(v: &T) -> axum::body::Bytes {
     let mut out = b"data: ".to_vec();

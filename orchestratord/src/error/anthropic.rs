@@ -3,11 +3,10 @@
 //! `anthropic` SDK honours).
 
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::error::{backoff_headers, ApiError};
+use crate::error::{shaped_response, ApiError};
 
 /// An error answered in Anthropic's shape.
 pub struct AnthropicError(pub ApiError);
@@ -71,10 +70,6 @@ pub fn body(e: &contracts::ErrorEnvelope) -> ErrorBody {
 
 impl IntoResponse for AnthropicError {
     fn into_response(self) -> Response {
-        let env = &self.0.envelope;
-        crate::metrics::error(env.code);
-        let mut resp = (self.0.status(), Json(body(env))).into_response();
-        backoff_headers(resp.headers_mut(), env.retry_after_ms);
-        resp
+        shaped_response(&self.0, body(&self.0.envelope))
     }
 }

@@ -108,13 +108,17 @@ pub fn retry_after_secs(ms: u64) -> u64 {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        crate::metrics::error(self.envelope.code);
-        let status = self.status();
-        let retry = self.envelope.retry_after_ms;
-        let mut resp = (status, Json(self.envelope)).into_response();
-        backoff_headers(resp.headers_mut(), retry);
-        resp
+        shaped_response(&self, &self.envelope)
     }
+}
+
+/// `e` answered with `body` (its protocol's shape): its status, backoff headers, and the error
+/// counted.
+pub fn shaped_response<B: serde::Serialize>(e: &ApiError, body: B) -> Response {
+    crate::metrics::error(e.envelope.code);
+    let mut resp = (e.status(), Json(body)).into_response();
+    backoff_headers(resp.headers_mut(), e.envelope.retry_after_ms);
+    resp
 }
 
 /// `Retry-After` (whole seconds), `retry-after-ms` (what the `openai` and `anthropic` SDKs

@@ -2,11 +2,10 @@
 //! backoff headers (the `ollama` client raises it as `ResponseError(error, status_code)`).
 
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::error::{backoff_headers, ApiError};
+use crate::error::{shaped_response, ApiError};
 
 /// An error answered in Ollama's shape.
 pub struct OllamaError(pub ApiError);
@@ -36,10 +35,6 @@ pub fn body(e: &contracts::ErrorEnvelope) -> ErrorBody {
 
 impl IntoResponse for OllamaError {
     fn into_response(self) -> Response {
-        let env = &self.0.envelope;
-        crate::metrics::error(env.code);
-        let mut resp = (self.0.status(), Json(body(env))).into_response();
-        backoff_headers(resp.headers_mut(), env.retry_after_ms);
-        resp
+        shaped_response(&self.0, body(&self.0.envelope))
     }
 }

@@ -3,12 +3,11 @@
 //! headers.
 
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use contracts::ErrorCode;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::error::{backoff_headers, status_of, ApiError};
+use crate::error::{status_of, ApiError};
 
 /// An error answered in OpenAI's shape.
 pub struct OpenAiError(pub ApiError);
@@ -66,10 +65,6 @@ pub fn body(e: &contracts::ErrorEnvelope) -> ErrorBody {
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        let env = &self.0.envelope;
-        crate::metrics::error(env.code);
-        let mut resp = (status_of(env.code), Json(body(env))).into_response();
-        backoff_headers(resp.headers_mut(), env.retry_after_ms);
-        resp
+        crate::error::shaped_response(&self.0, body(&self.0.envelope))
     }
 }

@@ -578,6 +578,19 @@ pub async fn run_sdk_script(script: &str, args: &[std::ffi::OsString]) -> String
 
 /// The default model as `ci/fetch-model.sh` caches it.
 /// A pool of the real default model with `slots` slots of `ctx` tokens.
+/// A server on the real default model for the official clients' checks: one pool of 2 slots
+/// and a context of 2048; `queue` caps its queue (for an overload check, whose refusal must be
+/// the queue's capacity: a long queue wait allowed, so the deadline refusal never comes first).
+pub async fn real_model_server(queue: Option<usize>) -> TestServer {
+    let mut cfg = config(vec![real_pool("default", 2, 2048)]);
+    if let Some(n) = queue {
+        cfg.queue.capacity = n;
+        cfg.admission.max_queue_wait_ms = 600_000;
+    }
+    cfg.timeouts.idle_ms = 60_000;
+    start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await
+}
+
 pub fn real_pool(id: &str, slots: usize, ctx: usize) -> PoolConfig {
     let mut p = pool(id, slots);
     p.model = default_model_path();

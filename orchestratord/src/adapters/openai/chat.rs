@@ -112,13 +112,9 @@ pub async fn chat_completions(
     let counted = tasks[0].clone();
     if !req.stream {
         // the first failure answers at once; dropping the other subscriptions cancels them
-        let results = futures::future::try_join_all(
-            tasks
-                .iter()
-                .map(|t| follow::collect_scored(follow::subscribe(&state, t))),
-        )
-        .await
-        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
+        let results = follow::collect_all(&state, &tasks)
+            .await
+            .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
         let mut completion_tokens = 0;
         let mut choices = Vec::with_capacity(results.len());
         for (i, (text, scores, end)) in results.into_iter().enumerate() {

@@ -125,13 +125,9 @@ pub async fn completions(
     let echoed = req.echo.then(|| prompts_of(&req));
     if !req.stream {
         // the first failure answers at once; dropping the other subscriptions cancels them
-        let results = futures::future::try_join_all(
-            tasks
-                .iter()
-                .map(|t| follow::collect_scored(follow::subscribe(&state, t))),
-        )
-        .await
-        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
+        let results = follow::collect_all(&state, &tasks)
+            .await
+            .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
         let mut choices = Vec::with_capacity(results.len());
         let mut usage = Usage::new(0, 0);
         for ((i, (text, scores, end)), task) in results.into_iter().enumerate().zip(&tasks) {
