@@ -9,6 +9,7 @@ the first failure exits non-zero with the reason.
     PYTHONPATH=.cache/pydeps python3 ci/openai_sdk_check.py --base-url http://127.0.0.1:PORT/v1
 """
 import argparse
+import json
 import sys
 import threading
 import time
@@ -129,6 +130,50 @@ def main():
         ).choices[0].message.content
     a, b = sampled(1234), sampled(1234)
     check(a == b and a != "", f"same seed, same text: {a!r}")
+
+    # the Responses API (ADP-OAI-7), stateless: the same greedy answer as chat; streamed events
+    # in order; the SDK's stream helper; text.format; what a stateless server refuses
+    resp = client.responses.create(model=model, input=QUESTION, max_output_tokens=32,
+                                   temperature=0)
+    check(resp.object == "response" and resp.output_text == answer
+          and resp.output[0].role == "assistant" and resp.usage.output_tokens > 0
+          and resp.status in ("completed", "incomplete"),
+          f"responses.create: the chat answer, as a response ({resp.status})")
+    events = list(client.responses.create(model=model, input="What is the capital of France?",
+                                          max_output_tokens=8, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    check(kinds[:4] == ["response.created", "response.in_progress",
+                        "response.output_item.added", "response.content_part.added"]
+          and kinds[-4:] == ["response.output_text.done", "response.content_part.done",
+                             "response.output_item.done", "response.completed"]
+          and set(kinds[4:-4]) == {"response.output_text.delta"}
+          and [e.sequence_number for e in events] == list(range(len(events))),
+          f"responses stream: the event sequence, numbered ({len(events)} events)")
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    check(events[-1].response.output_text == deltas and events[-1].response.status == "incomplete"
+          and events[-1].response.incomplete_details.reason == "max_output_tokens",
+          "responses stream: the deltas make the final text; cut by max_output_tokens")
+    with client.responses.stream(model=model, input="Say hello.", max_output_tokens=16,
+                                 temperature=0) as st:
+        final = st.get_final_response()
+    check(len(final.output_text) > 0, f"responses.stream helper: {final.output_text!r}")
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"], "additionalProperties": False}
+    shaped = client.responses.create(model=model, input="Name a city.", max_output_tokens=40,
+                                     text={"format": {"type": "json_schema", "name": "c",
+                                                      "schema": city}})
+    check(list(json.loads(shaped.output_text)) == ["city"],
+          f"responses text.format: JSON under the schema ({shaped.output_text})")
+    for kw, param in [({"store": True}, "store"), ({"previous_response_id": "resp_1"},
+                                                   "previous_response_id"),
+                      ({"input": [{"type": "function_call_output", "call_id": "c",
+                                   "output": "x"}]}, "input[0]")]:
+        try:
+            client.responses.create(**{"model": model, "input": "x", "max_output_tokens": 2,
+                                       **kw})
+            check(False, f"{param} refused")
+        except openai.BadRequestError as e:
+            check(e.body["param"] == param, f"responses: {param} refused by name")
 
     # overload: 2 slots busy + 2 queued, the next request is a RateLimitError
     hold = threading.Event()

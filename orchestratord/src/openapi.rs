@@ -59,6 +59,7 @@ struct ControlApi;
     paths(
         adapters::openai::chat_completions,
         adapters::openai::completions,
+        adapters::openai::responses,
         adapters::openai::models,
         adapters::openai::model,
         adapters::tokenize::tokenize,
@@ -86,6 +87,8 @@ struct ControlApi;
         adapters::openai::types::Chunk, adapters::openai::types::CompletionRequest,
         adapters::openai::types::CompletionResponse, adapters::openai::types::ModelList,
         adapters::openai::types::Model,
+        adapters::openai::responses_types::ResponsesRequest,
+        adapters::openai::responses_types::ResponseObject,
         adapters::seed_chat::types::ChatRequest, adapters::seed_chat::types::ChatResponse,
         adapters::seed_chat::types::ChatChunk, adapters::seed_chat::types::StreamError,
         adapters::seed_chat::types::NdjsonError,

@@ -132,6 +132,7 @@ pub fn router(state: SharedState) -> Router {
             post(crate::adapters::seed_chat::completions),
         )
         .route("/chat/sse", post(crate::adapters::seed_chat::sse))
+        .route("/v1/responses", post(crate::adapters::openai::responses))
         .route("/v1/messages", post(crate::adapters::anthropic::messages))
         .route(
             "/v1/messages/count_tokens",

@@ -116,6 +116,7 @@ async fn every_route_needs_the_right_key() {
         assert!(challenge.starts_with("Bearer"), "{challenge}");
         let openai_shaped = path.starts_with("/v1/chat")
             || path.starts_with("/v1/completions")
+            || path == "/v1/responses"
             || path.starts_with("/v1/models")
             || path == "/tokenize"
             || path == "/detokenize"

@@ -49,6 +49,7 @@ pub fn classify(method: &Method, path: &str) -> (Access, Shape) {
         Shape::Anthropic
     } else if path.starts_with("/v1/chat/")
         || path.starts_with("/v1/completions")
+        || path == "/v1/responses"
         || path.starts_with("/v1/models")
         || path == "/tokenize"
         || path == "/detokenize"

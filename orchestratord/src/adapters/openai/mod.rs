@@ -5,6 +5,8 @@ mod chat;
 mod completions;
 pub mod logprobs;
 pub mod response_format;
+mod responses;
+pub mod responses_types;
 pub mod types;
 mod unimplemented;
 
@@ -12,6 +14,7 @@ pub use chat::{
     __path_chat_completions, __path_model, __path_models, chat_completions, model, models,
 };
 pub use completions::{__path_completions, completions};
+pub use responses::{__path_responses, responses};
 
 /// `system_fingerprint` of every response.
 pub const FINGERPRINT: &str = concat!("orchestratord-", env!("CARGO_PKG_VERSION"));
