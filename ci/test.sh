@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command: fetches the default model (cached), installs the official
-# OpenAI Python SDK the adapter test drives (cached in .cache/pydeps) and the Hyperswarm
+# openai, ollama and anthropic Python clients and jsonschema the adapter tests drive (cached in
+# .cache/pydeps) and the Hyperswarm
 # sidecar's npm packages (orchestratord/hyperswarm-sidecar/node_modules) headless Chromium and
 # promtool (Debian's packages; the EventSource and metrics tests drive them), and runs every test of the workspace, real
 # model included.
