@@ -1,5 +1,6 @@
 //! The SHA-256 of model files (Ollama's `digest`), computed off the async runtime once per
-//! file version and remembered for a bounded number of files.
+//! file version and remembered for a bounded number of files. One file is read at a time: a
+//! burst of model listings waits for the first reading instead of each reading gigabytes.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -15,6 +16,8 @@ type Version = (u64, SystemTime);
 #[derive(Default)]
 pub struct ModelDigests {
     known: Mutex<HashMap<PathBuf, (Version, String, SystemTime)>>,
+    /// Held while a file is read.
+    reading: tokio::sync::Mutex<()>,
 }
 
 fn version(path: &Path) -> Option<Version> {
@@ -41,10 +44,13 @@ impl ModelDigests {
         .await
         .ok()?;
         let ver = ver?;
-        if let Some((v, digest, _)) = self.lock().get(&path) {
-            if *v == ver {
-                return Some(digest.clone());
-            }
+        if let Some(d) = self.known_digest(&path, ver) {
+            return Some(d);
+        }
+        let _reading = self.reading.lock().await;
+        // read while this one waited
+        if let Some(d) = self.known_digest(&path, ver) {
+            return Some(d);
         }
         let hashed = path.clone();
         let digest = tokio::task::spawn_blocking(move || sha256_hex(&hashed))
@@ -62,6 +68,13 @@ impl ModelDigests {
         }
         known.insert(path, (ver, digest.clone(), SystemTime::now()));
         Some(digest)
+    }
+
+    fn known_digest(&self, path: &Path, ver: Version) -> Option<String> {
+        match self.lock().get(path) {
+            Some((v, digest, _)) if *v == ver => Some(digest.clone()),
+            _ => None,
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, (Version, String, SystemTime)>> {
@@ -91,6 +104,22 @@ mod tests {
             "88d4266fd4e6338d13b845fcf289579d209c897823b9217da3e161936f031589"
         );
         assert_eq!(d.of(&dir.join("absent")).await, None);
+        // a burst of askers (one reads, the others wait for it): every one gets the digest
+        let f2 = dir.join("n.gguf");
+        std::fs::write(&f2, b"abc").unwrap();
+        let d = std::sync::Arc::new(d);
+        let askers: Vec<_> = (0..8)
+            .map(|_| {
+                let (d, f2) = (d.clone(), f2.clone());
+                tokio::spawn(async move { d.of(&f2).await })
+            })
+            .collect();
+        for a in askers {
+            assert_eq!(
+                a.await.unwrap().unwrap(),
+                "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
+            );
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
