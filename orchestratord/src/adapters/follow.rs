@@ -192,6 +192,15 @@ pub async fn collect_all(
     futures::future::try_join_all(tasks.iter().map(|t| collect_scored(subscribe(state, t)))).await
 }
 
+/// `event: <name>\ndata: <json>\n\n`: a named SSE event (Anthropic's, the Responses API's).
+pub fn sse_event<T: serde::Serialize>(name: &str, v: &T) -> axum::body::Bytes {
+    let mut out = format!("event: {name}\ndata: ").into_bytes();
+    // serializing plain data into a Vec cannot fail
+    let _ = serde_json::to_writer(&mut out, v);
+    out.extend_from_slice(b"\n\n");
+    out.into()
+}
+
 /// `data: <json>\n\n`.
 pub fn sse_data<T: serde::Serialize>(v: &T) -> axum::body::Bytes {
     let mut out = b"data: ".to_vec();

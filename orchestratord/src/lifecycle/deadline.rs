@@ -32,6 +32,17 @@ pub enum Delivery {
     Whole,
 }
 
+impl Delivery {
+    /// `Streamed` when the request asked for a stream, else `Whole`.
+    pub fn of(stream: bool) -> Self {
+        if stream {
+            Self::Streamed
+        } else {
+            Self::Whole
+        }
+    }
+}
+
 /// Shortest wait a refusal advises: a client coming back sooner would meet the same line.
 const MIN_RETRY_MS: u64 = 500;
 

@@ -1,7 +1,7 @@
 //! `POST /v1/messages` (one message, or with `stream: true` Anthropic's event sequence) and
 //! `POST /v1/messages/count_tokens`.
 
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::Response;
 use axum::response::IntoResponse;
@@ -29,18 +29,6 @@ fn stop_reason(end: &contracts::SseEnd) -> String {
         ("length", _) => "max_tokens".into(),
         (other, _) => other.to_string(),
     }
-}
-
-/// `event: <name>` and its JSON `data`.
-fn event(name: &str, data: &serde_json::Value) -> Bytes {
-    let mut out = Vec::with_capacity(64 + name.len());
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(name.as_bytes());
-    out.extend_from_slice(b"\ndata: ");
-    // serializing a Value into a Vec cannot fail
-    let _ = serde_json::to_writer(&mut out, data);
-    out.extend_from_slice(b"\n\n");
-    out.into()
 }
 
 /// Anthropic's Messages API: the system prompt and the turns through the model's chat
@@ -73,11 +61,7 @@ pub async fn messages(
         let input_tokens = input_tokens(&state, &task_req, &req.model).await?;
         return Ok(nothing_generated(&req, input_tokens));
     }
-    let delivery = if req.stream {
-        Delivery::Streamed
-    } else {
-        Delivery::Whole
-    };
+    let delivery = Delivery::of(req.stream);
     let task = follow::admit(&state, task_req, &caller, delivery)
         .await
         .map_err(|e| follow::renamed(e, "json_schema", "output_config.format"))?;
@@ -120,39 +104,39 @@ pub async fn messages(
         },
     };
     let opening = vec![
-        event(
+        follow::sse_event(
             "message_start",
             &json!({"type": "message_start", "message": start}),
         ),
-        event(
+        follow::sse_event(
             "content_block_start",
             &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
         ),
-        event("ping", &json!({"type": "ping"})),
+        follow::sse_event("ping", &json!({"type": "ping"})),
     ];
     let rest = sub
         .into_stream(follow::keepalive(&state))
         .flat_map(move |f| {
             let frames = match f {
-                Followed::KeepAlive => vec![event("ping", &json!({"type": "ping"}))],
-                Followed::Event(_, TaskEvent::Token(t)) if !t.t.is_empty() => vec![event(
+                Followed::KeepAlive => vec![follow::sse_event("ping", &json!({"type": "ping"}))],
+                Followed::Event(_, TaskEvent::Token(t)) if !t.t.is_empty() => vec![follow::sse_event(
                     "content_block_delta",
                     &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t.t}}),
                 )],
                 Followed::Event(_, TaskEvent::End(end)) => vec![
-                    event(
+                    follow::sse_event(
                         "content_block_stop",
                         &json!({"type": "content_block_stop", "index": 0}),
                     ),
-                    event(
+                    follow::sse_event(
                         "message_delta",
                         &json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(&end), "stop_sequence": end.stop_sequence}, "usage": {"output_tokens": end.tokens_out}}),
                     ),
-                    event("message_stop", &json!({"type": "message_stop"})),
+                    follow::sse_event("message_stop", &json!({"type": "message_stop"})),
                 ],
                 Followed::Event(_, TaskEvent::Error(e)) => {
                     let env = contracts::ErrorEnvelope::new(e.code, e.message, e.retriable);
-                    vec![event("error", &json!(error_body(&env)))]
+                    vec![follow::sse_event("error", &json!(error_body(&env)))]
                 }
                 Followed::Event(..) => vec![],
             };
@@ -234,15 +218,15 @@ fn nothing_generated(req: &MessagesRequest, input_tokens: u32) -> Response<Body>
         ..message
     };
     let frames = [
-        event(
+        follow::sse_event(
             "message_start",
             &json!({"type": "message_start", "message": opening}),
         ),
-        event(
+        follow::sse_event(
             "message_delta",
             &json!({"type": "message_delta", "delta": {"stop_reason": "max_tokens", "stop_sequence": null}, "usage": {"output_tokens": 0}}),
         ),
-        event("message_stop", &json!({"type": "message_stop"})),
+        follow::sse_event("message_stop", &json!({"type": "message_stop"})),
     ];
     crate::lifecycle::sse::event_stream_response(Body::from(frames.concat()))
 }

@@ -146,11 +146,7 @@ async fn answer(
     let Some(task) = task else {
         return Ok(loaded(&state, api, &model, stream)?);
     };
-    let delivery = if stream {
-        Delivery::Streamed
-    } else {
-        Delivery::Whole
-    };
+    let delivery = Delivery::of(stream);
     let task = follow::admit(&state, task, &caller, delivery)
         .await
         .map_err(in_options)?;

@@ -94,11 +94,7 @@ pub async fn chat_completions(
     body: Result<JsonBody<ChatRequest>, ApiError>,
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
-    let delivery = if req.stream {
-        Delivery::Streamed
-    } else {
-        Delivery::Whole
-    };
+    let delivery = Delivery::of(req.stream);
     let reqs = to_tasks(&req, state.cfg.admission.max_prompts_per_request)?;
     let tasks = follow::admit_all(&state, reqs, &caller, delivery)
         .await

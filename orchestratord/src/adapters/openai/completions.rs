@@ -108,11 +108,7 @@ pub async fn completions(
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
     let reqs = to_tasks(&req, state.cfg.admission.max_prompts_per_request)?;
-    let delivery = if req.stream {
-        Delivery::Streamed
-    } else {
-        Delivery::Whole
-    };
+    let delivery = Delivery::of(req.stream);
     let tasks = follow::admit_all(&state, reqs, &caller, delivery)
         .await
         .map_err(|e| follow::renamed(e, "json_schema", "response_format"))

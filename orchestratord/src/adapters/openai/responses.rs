@@ -268,11 +268,7 @@ fn event(seq: &mut u64, kind: &str, mut data: Value) -> Bytes {
     data["type"] = json!(kind);
     data["sequence_number"] = json!(*seq);
     *seq += 1;
-    let mut out = format!("event: {kind}\ndata: ").into_bytes();
-    // serializing a Value into a Vec cannot fail
-    let _ = serde_json::to_writer(&mut out, &data);
-    out.extend_from_slice(b"\n\n");
-    out.into()
+    follow::sse_event(kind, &data)
 }
 
 /// OpenAI's Responses API, stateless: `input` (a string or messages) after `instructions`,
@@ -297,11 +293,7 @@ pub async fn responses(
     body: Result<JsonBody<ResponsesRequest>, ApiError>,
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
-    let delivery = if req.stream {
-        Delivery::Streamed
-    } else {
-        Delivery::Whole
-    };
+    let delivery = Delivery::of(req.stream);
     let rename = |e| follow::renamed(e, "json_schema", "text.format");
     let task = follow::admit(&state, to_task(&req)?, &caller, delivery)
         .await
