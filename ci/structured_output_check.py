@@ -179,7 +179,7 @@ def main():
     out = oc.chat(model=model, messages=question, format=person,
                   options={"num_predict": 200}).message.content
     jsonschema.validate(json.loads(out), person)
-    check(True, f"ollama format schema: valid ({out[:60]!r})")
+    check("\n" not in out, f"ollama format schema: valid and compact ({out[:60]!r})")
     out = oc.generate(model=model, prompt="Describe a person.", format="json",
                       options={"num_predict": 200})
     check(out.done_reason == "length" or isinstance(json.loads(out.response), dict),

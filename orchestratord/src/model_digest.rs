@@ -18,6 +18,8 @@ pub struct ModelDigests {
     known: Mutex<HashMap<PathBuf, (Version, String, SystemTime)>>,
     /// Held while a file is read.
     reading: tokio::sync::Mutex<()>,
+    /// Files read so far.
+    reads: std::sync::atomic::AtomicU64,
 }
 
 fn version(path: &Path) -> Option<Version> {
@@ -52,6 +54,8 @@ impl ModelDigests {
         if let Some(d) = self.known_digest(&path, ver) {
             return Some(d);
         }
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let hashed = path.clone();
         let digest = tokio::task::spawn_blocking(move || sha256_hex(&hashed))
             .await
@@ -68,6 +72,11 @@ impl ModelDigests {
         }
         known.insert(path, (ver, digest.clone(), SystemTime::now()));
         Some(digest)
+    }
+
+    /// How many times a file was read (for hashing) so far.
+    pub fn files_read(&self) -> u64 {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn known_digest(&self, path: &Path, ver: Version) -> Option<String> {
@@ -107,7 +116,7 @@ mod tests {
         // a burst of askers (one reads, the others wait for it): every one gets the digest
         let f2 = dir.join("n.gguf");
         std::fs::write(&f2, b"abc").unwrap();
-        let d = std::sync::Arc::new(d);
+        let d = std::sync::Arc::new(ModelDigests::default());
         let askers: Vec<_> = (0..8)
             .map(|_| {
                 let (d, f2) = (d.clone(), f2.clone());
@@ -120,6 +129,7 @@ mod tests {
                 "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
             );
         }
+        assert_eq!(d.files_read(), 1, "the others waited for the one reading");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
