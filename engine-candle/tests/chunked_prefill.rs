@@ -8,7 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use engine_candle::{CandleEngine, EngineOptions};
+use engine_candle::CandleEngine;
 use engine_port::{FinishReason, SamplingParams, SeqEvent};
 
 /// One test at a time: the cancellation test compares timings of this engine alone.
@@ -21,7 +21,7 @@ fn engine() -> CandleEngine {
 /// An engine whose passes beside a stream should take `step_ms` (0: exactly
 /// `step_prompt_tokens` prompt tokens a pass).
 fn engine_stepping(step_ms: u64) -> CandleEngine {
-    let mut opts = EngineOptions::new(model_path());
+    let mut opts = test_options();
     opts.slots = 2;
     opts.ctx = 2048;
     opts.settings.step_ms = step_ms;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use engine_candle::{CandleEngine, EngineOptions, GenerateRequest};
+use engine_candle::{CandleEngine, DeviceChoice, EngineOptions, GenerateRequest};
 use engine_port::{ChatTurn, Finish, SamplingParams, SeqEvent};
 use tokio_util::sync::CancellationToken;
 
@@ -23,10 +23,25 @@ pub fn model_path() -> PathBuf {
     p
 }
 
+/// The device the engine tests run on: `ORCHD_TEST_DEVICE` (`cpu`, `cuda:0`), else the CPU.
+/// `ci/gpu/on-device.sh` runs these same tests on a GPU with it.
+pub fn test_device() -> DeviceChoice {
+    std::env::var("ORCHD_TEST_DEVICE")
+        .map(|d| d.parse().expect("ORCHD_TEST_DEVICE: cpu | cuda | cuda:N"))
+        .unwrap_or(DeviceChoice::Cpu)
+}
+
+/// Options for the default model on the test device.
+pub fn test_options() -> EngineOptions {
+    let mut opts = EngineOptions::new(model_path());
+    opts.settings.device = test_device();
+    opts
+}
+
 pub fn engine() -> &'static CandleEngine {
     static ENGINE: OnceLock<CandleEngine> = OnceLock::new();
     ENGINE.get_or_init(|| {
-        let mut opts = EngineOptions::new(model_path());
+        let mut opts = test_options();
         opts.slots = 8;
         opts.ctx = 1024;
         if let Ok(f) = std::env::var("ORCHD_TEST_WEIGHT_FORMAT") {

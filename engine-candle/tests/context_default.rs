@@ -4,10 +4,10 @@
 
 mod common;
 
-use engine_candle::{CandleEngine, EngineError, EngineOptions};
+use engine_candle::{CandleEngine, EngineError};
 
 fn load(slots: usize, ctx: usize, kv_mib: usize) -> Result<CandleEngine, EngineError> {
-    let mut opts = EngineOptions::new(common::model_path());
+    let mut opts = common::test_options();
     opts.slots = slots;
     opts.ctx = ctx;
     opts.settings.kv_cache_max_bytes = kv_mib << 20;
@@ -47,7 +47,7 @@ fn the_trained_context_is_the_default_as_far_as_memory_allows() {
 #[test]
 fn an_f16_cache_holds_twice_the_context_in_the_same_memory() {
     let load_kv = |kv_type| {
-        let mut opts = EngineOptions::new(common::model_path());
+        let mut opts = common::test_options();
         opts.slots = 8;
         opts.ctx = 0;
         opts.settings.kv_cache_max_bytes = 1 << 30;

@@ -6,7 +6,7 @@ mod common;
 use std::sync::OnceLock;
 
 use common::*;
-use engine_candle::{CandleEngine, EngineOptions, KvType, WeightFormat};
+use engine_candle::{CandleEngine, KvType, WeightFormat};
 use serde::Deserialize;
 
 /// The reference numerics: weights as stored (Q4_1), as llama.cpp runs them. The default
@@ -23,7 +23,7 @@ fn parity_engine_f16() -> &'static CandleEngine {
 }
 
 fn load(kv_type: KvType) -> CandleEngine {
-    let mut opts = EngineOptions::new(model_path());
+    let mut opts = test_options();
     opts.slots = 2;
     opts.ctx = 512;
     opts.settings.weight_format = WeightFormat::Auto;

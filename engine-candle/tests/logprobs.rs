@@ -7,7 +7,7 @@
 mod common;
 
 use common::*;
-use engine_candle::{CandleEngine, EngineOptions, GenerateRequest, WeightFormat};
+use engine_candle::{CandleEngine, GenerateRequest, WeightFormat};
 use engine_port::{SamplingParams, SeqEvent, StepLogprobs};
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -70,7 +70,7 @@ fn steps(e: &CandleEngine, prompt: Vec<u32>, n: usize, top: usize) -> Vec<(u32, 
 
 #[test]
 fn logprobs_are_the_log_softmax_and_match_llama_cpp_margins() {
-    let mut opts = EngineOptions::new(model_path());
+    let mut opts = test_options();
     opts.slots = 1;
     opts.ctx = 512;
     opts.settings.weight_format = WeightFormat::Auto;

@@ -7,12 +7,12 @@
 mod common;
 
 use common::*;
-use engine_candle::{CandleEngine, EngineOptions, KvType};
+use engine_candle::{CandleEngine, KvType};
 use engine_port::SamplingParams;
 
 #[test]
 fn a_cached_prefix_gives_the_same_tokens_as_a_fresh_prefill() {
-    let mut opts = EngineOptions::new(model_path());
+    let mut opts = test_options();
     opts.slots = 1;
     opts.ctx = 512;
     // the row alone: no host prompt cache
@@ -72,7 +72,7 @@ fn with_an_f16_cache_a_prompt_comes_back_from_the_prompt_cache() {
 }
 
 fn comes_back_from_the_prompt_cache(kv_type: KvType) {
-    let mut opts = EngineOptions::new(model_path());
+    let mut opts = test_options();
     opts.slots = 1;
     opts.ctx = 512;
     opts.settings.kv_type = kv_type;
@@ -110,7 +110,7 @@ fn comes_back_from_the_prompt_cache(kv_type: KvType) {
     };
     let (rx, _c) = start(&e, p1.clone(), params.clone(), 16, vec![]);
     let restored = collect(rx).ids;
-    let mut opts = EngineOptions::new(model_path());
+    let mut opts = test_options();
     opts.slots = 1;
     opts.ctx = 512;
     opts.settings.kv_type = kv_type;
@@ -122,7 +122,7 @@ fn comes_back_from_the_prompt_cache(kv_type: KvType) {
 
 #[test]
 fn the_prompt_cache_stays_within_its_bytes() {
-    let mut opts = EngineOptions::new(model_path());
+    let mut opts = test_options();
     opts.slots = 1;
     opts.ctx = 512;
     let probe = CandleEngine::load(opts.clone()).expect("model loads");
@@ -171,7 +171,7 @@ fn the_prompt_cache_stays_within_its_bytes() {
 /// the tokens a fresh prefill gives.
 #[test]
 fn n_answers_to_one_prompt_share_its_prefill() {
-    let mut opts = EngineOptions::new(model_path());
+    let mut opts = test_options();
     opts.slots = 4;
     opts.ctx = 1024;
     // rows only: what is shared comes from the running row, not the host prompt cache
@@ -207,7 +207,7 @@ fn n_answers_to_one_prompt_share_its_prefill() {
             "the same greedy answer from copied keys and values"
         );
     }
-    let mut opts = EngineOptions::new(model_path());
+    let mut opts = test_options();
     opts.slots = 1;
     opts.ctx = 1024;
     let fresh = CandleEngine::load(opts).expect("model loads");

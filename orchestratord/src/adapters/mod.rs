@@ -9,3 +9,4 @@ pub mod ollama;
 pub mod openai;
 pub mod seed_chat;
 pub mod tokenize;
+pub mod tool_calls;
