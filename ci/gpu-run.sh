@@ -27,7 +27,7 @@ part=$((58 * 1024 * 1024)) # per call: 64 MiB less the working tree (~3 MB) and 
 rm -rf "$carry" && mkdir -p "$carry/payload/bin"
 
 # the executables: one build, the dev profile (engine, candle and gemm at opt-level 3)
-tests=(device_parity batching real_model llama_parity logprobs prefix_cache chunked_prefill prompt_integrity context_default)
+tests=(device_kernels device_parity batching real_model llama_parity logprobs prefix_cache chunked_prefill prompt_integrity context_default)
 json="$(mktemp)"
 cargo test -p engine-candle --features cuda --no-run --message-format=json-render-diagnostics >"$json"
 cargo bench -p engine-candle --features cuda --bench device_sweep --no-run --profile dev \
@@ -83,7 +83,7 @@ if [ "${1:-}" = --dry-run ]; then
   # them all already without the `cuda` feature)
   # the toolkit's cuBLAS/cuRAND/runtime load without a GPU; the driver is the stub
   export DEVICE=cpu STAGE="$(mktemp -d)" OUT="$(mktemp -d)" LD_LIBRARY_PATH="$cuda/lib"
-  export TESTS="device_parity batching" BENCH_ARGS="--concurrency 1,2 --prompts 64 --decode 8 --rounds 1"
+  export TESTS="device_kernels device_parity batching" BENCH_ARGS="--concurrency 1,2 --prompts 64 --decode 8 --rounds 1"
   for k in $(seq "$((n - 1))"); do ci/gpu/on-device.sh stage "$k"; done
   ci/gpu/on-device.sh run "$n"
   rm -rf "$STAGE" "$OUT"

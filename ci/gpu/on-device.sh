@@ -12,9 +12,11 @@
 #     2. speed: benches/device_sweep (decode at 1/8/32/64 sequences, prompt 512/2048, TTFT)
 #        and, where llama.cpp travelled, llama-bench and llama-batched-bench on the same GGUF;
 #     3. a summary last (the call's reply carries the end of the output).
-# TESTS picks the test executables (default: all that travelled). Logs go to $OUT (the device
-# tool brings them back) or ./gpu-out. Keeps going after a failure and says which steps
-# failed; exit status 1 if any did.
+# TESTS picks the test executables (default: all that travelled; a name with "+dmmv" runs with
+# candle's plain CUDA matmul kernels); NO_BENCH=1 and NO_LLAMA=1 leave out the device sweep
+# and llama.cpp's benchmarks, BENCH_DMMV=1 adds a sweep with candle's plain kernels. Logs go
+# to $OUT (the device tool brings them back) or ./gpu-out. Keeps going after a failure and
+# says which steps failed; exit status 1 if any did.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 phase="${1:-run}"
@@ -103,19 +105,25 @@ echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 
 # 1. correctness, the issue's points first
 tests_start=$SECONDS
-for t in ${TESTS:-device_parity batching real_model llama_parity logprobs prefix_cache chunked_prefill prompt_integrity context_default}; do
+# a name with "+dmmv": the same executable with candle's plain CUDA matmul kernels
+for name in ${TESTS:-device_kernels device_parity batching real_model llama_parity logprobs prefix_cache chunked_prefill prompt_integrity context_default}; do
+  t="${name%+dmmv}"
   [ -x "$STAGE/bin/$t" ] || { failed+=("$t(missing)"); continue; }
   left=$((TESTS_BUDGET - (SECONDS - tests_start)))
-  [ "$left" -gt 10 ] || { summary+=("test-$t: skipped, the tests' time is up"); continue; }
-  step "test-$t" timeout "$((left < TEST_TIMEOUT ? left : TEST_TIMEOUT))" "$STAGE/bin/$t" --nocapture
+  [ "$left" -gt 10 ] || { summary+=("test-$name: skipped, the tests' time is up"); continue; }
+  dmmv=()
+  [ "$name" = "$t" ] || dmmv=(env ORCHD_TEST_CUDA_DMMV=1)
+  step "test-$name" "${dmmv[@]}" timeout "$((left < TEST_TIMEOUT ? left : TEST_TIMEOUT))" "$STAGE/bin/$t" --nocapture
 done
 # 2. speed
-if [ -n "${BENCH_ARGS+x}" ] || [ "$DEVICE" != cpu ]; then
+if { [ -n "${BENCH_ARGS+x}" ] || [ "$DEVICE" != cpu ]; } && [ -z "${NO_BENCH:-}" ]; then
   # shellcheck disable=SC2086
   step bench-device-sweep timeout 150 "$STAGE/bin/device_sweep" --device "$DEVICE" ${BENCH_ARGS:-}
+  # shellcheck disable=SC2086
+  [ -z "${BENCH_DMMV:-}" ] || step bench-device-sweep-dmmv timeout 150 "$STAGE/bin/device_sweep" --device "$DEVICE" --dmmv ${BENCH_ARGS:-}
 fi
 llama="$STAGE/llama"
-if [ -x "$llama/llama-bench" ] && [ "$DEVICE" != cpu ]; then
+if [ -x "$llama/llama-bench" ] && [ "$DEVICE" != cpu ] && [ -z "${NO_LLAMA:-}" ]; then
   export LD_LIBRARY_PATH="$llama:$LD_LIBRARY_PATH"
   step llama-bench timeout 75 "$llama/llama-bench" -m "$model" -ngl 99 -p 512,2048 -n 128 -r 3 -o md
   step llama-batched-bench timeout 75 "$llama/llama-batched-bench" -m "$model" -ngl 99 -c 16384 -b 2048 -ub 512 -npp 128 -ntg 128 -npl 1,8,32,64
@@ -126,11 +134,13 @@ fi
   echo "## steps"
   printf '%s\n' "${summary[@]}"
   echo "## tests (result lines)"
-  grep -hE "^test result|panicked|vs CPU:|exact:|positions agree|steps: \|" "$OUT"/test-*.log 2>/dev/null | head -n 60
-  if [ -f "$OUT/bench-device-sweep.log" ]; then
-    echo "## engine-candle on $DEVICE"
-    grep -v '^{' "$OUT/bench-device-sweep.log" | tail -n 20
-  fi
+  grep -hE "^test result|panicked|answer:|vs CPU:|exact:|positions agree|steps: \|" "$OUT"/test-*.log 2>/dev/null | head -n 60
+  for f in "$OUT"/bench-device-sweep*.log; do
+    [ -f "$f" ] || continue
+    echo "## engine-candle on $DEVICE ($(basename "$f" .log))"
+    grep -v '^{' "$f" | tail -n 20
+  done
+  grep -h "^FAIL" "$OUT"/test-device_kernels*.log 2>/dev/null | head -n 40
   if [ -f "$OUT/llama-bench.log" ]; then
     echo "## llama.cpp"
     grep -E "^\|" "$OUT/llama-bench.log"

@@ -8,7 +8,8 @@
 //! `cargo bench -p engine-candle --bench device_sweep -- [--device cpu|cuda:0]
 //! [--concurrency 1,8,32,64] [--prompts 512,2048] [--decode 128] [--rounds 3] [--threads N]`
 //! Model: `ORCHD_TEST_MODEL`, else the default one. Prints one line per figure and a JSON
-//! object per figure (`{"bench": ...}`) for the run's report.
+//! object per figure (`{"bench": ...}`) for the run's report. With no arguments at all (as
+//! `cargo test --all-targets` runs it) it is a smoke run at small sizes.
 
 use std::time::Instant;
 
@@ -90,12 +91,25 @@ fn main() {
     let device: DeviceChoice = arg("--device")
         .map(|d| d.parse().expect("--device cpu | cuda:N"))
         .unwrap_or(DeviceChoice::Cpu);
+    // candle's plain dequantizing CUDA matmuls instead of MMVQ/MMQ (a GPU day's comparison)
+    #[cfg(feature = "cuda")]
+    if args.iter().any(|a| a == "--dmmv") {
+        candle_core::quantized::cuda::set_force_dmmv(true);
+    }
     let threads: usize = arg("--threads").map_or(0, |v| v.parse().expect("threads"));
     engine_candle::configure_process_threads(threads, 0);
-    let concurrency = list(arg("--concurrency"), &[1, 8, 32, 64]);
-    let prompt_lens = list(arg("--prompts"), &[512, 2048]);
-    let decode: usize = arg("--decode").map_or(128, |v| v.parse().expect("decode"));
-    let rounds: usize = arg("--rounds").map_or(3, |v| v.parse().expect("rounds"));
+    // run with no arguments at all (`cargo test --all-targets` runs benches so): a smoke run
+    // of every step at sizes the CPU finishes in seconds
+    let smoke = args.len() == 1;
+    let concurrency = list(
+        arg("--concurrency"),
+        if smoke { &[1, 2] } else { &[1, 8, 32, 64] },
+    );
+    let prompt_lens = list(arg("--prompts"), if smoke { &[64] } else { &[512, 2048] });
+    let decode: usize =
+        arg("--decode").map_or(if smoke { 8 } else { 128 }, |v| v.parse().expect("decode"));
+    let rounds: usize =
+        arg("--rounds").map_or(if smoke { 1 } else { 3 }, |v| v.parse().expect("rounds"));
     let model = std::env::var("ORCHD_TEST_MODEL").unwrap_or_else(|_| {
         format!(
             "{}/../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf",

@@ -70,7 +70,8 @@ impl DeviceChoice {
         cfg!(feature = "cuda")
     }
 
-    fn open(self) -> Result<Device> {
+    /// Opens the device (a CUDA one through candle: its own context stream).
+    pub fn open(self) -> Result<Device> {
         match self {
             Self::Cpu => Ok(Device::Cpu),
             Self::Cuda(n) => {

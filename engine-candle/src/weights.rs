@@ -34,6 +34,14 @@ pub enum WeightFormat {
 /// A matmul weight with the kernel that multiplies it.
 pub(crate) enum Linear {
     Candle(QMatMul),
+    /// On an accelerator: the weight as stored, dequantized to f32 `[n, k]` once, through the
+    /// BLAS matmul (cuBLAS) at every batch size. candle 0.11.1's CUDA MMQ kernel (its quantized
+    /// path above 8 rows) gave non-finite results on an H200 — Q4_1 weights of 192, 576 and
+    /// 1536 rows in `tests/device_kernels.rs` (which ones varied between runs), NaN logits for
+    /// whole prompts through the default model's Q8_0 weights — and one path for every batch
+    /// size keeps a sequence's numbers independent of how many rows share its pass
+    /// (ENG-BATCH-1). Four bytes a weight: 540 MB for the default model (ENG-CUDA-3).
+    Dense(Tensor),
     /// Q4_1 on the CPU with the eight-row-tile SIMD kernel.
     Q41(Q41Matrix),
     /// Q8_0 on the CPU with the llama.cpp-arithmetic SIMD kernel.
@@ -64,7 +72,7 @@ impl Linear {
     /// The own CPU kernel of this weight, if it has one.
     fn cpu_rows(&self) -> Option<&dyn QuantRows> {
         match self {
-            Self::Candle(_) => None,
+            Self::Candle(_) | Self::Dense(_) => None,
             Self::Q41(w) => Some(w),
             Self::Q80(w) => Some(w),
         }
@@ -75,6 +83,7 @@ impl Linear {
         match (self, self.cpu_rows()) {
             (_, Some(w)) => Ok(cpu_matmuls(x, &[w])?.remove(0)),
             (Self::Candle(q), None) => q.forward(x),
+            (Self::Dense(w), None) => x.broadcast_matmul(&w.t()?),
             _ => candle_core::bail!("matmul: weight without a kernel"),
         }
     }
@@ -172,6 +181,10 @@ impl GgufFile {
 
     fn matmul(&mut self, name: &str, device: &Device, format: WeightFormat) -> Result<Linear> {
         let q = self.qtensor(name, device)?;
+        if !device.is_cpu() && format == WeightFormat::Auto {
+            // the stored values exactly, whatever they were quantized to
+            return Ok(Linear::Dense(q.dequantize(device)?));
+        }
         if format == WeightFormat::Auto && device.is_cpu() {
             if let Some(m) = Q41Matrix::from_qtensor(&q) {
                 return Ok(Linear::Q41(m));

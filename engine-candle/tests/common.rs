@@ -5,7 +5,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use engine_candle::{CandleEngine, DeviceChoice, EngineOptions, GenerateRequest};
-use engine_port::{ChatTurn, Finish, SamplingParams, SeqEvent};
+use engine_port::{ChatTurn, Finish, SamplingParams, SeqEvent, StepLogprobs};
+use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 /// The default model: `ORCHD_TEST_MODEL`, else the cache that `ci/fetch-model.sh` fills.
@@ -31,8 +32,14 @@ pub fn test_device() -> DeviceChoice {
         .unwrap_or(DeviceChoice::Cpu)
 }
 
-/// Options for the default model on the test device.
+/// Options for the default model on the test device. `ORCHD_TEST_CUDA_DMMV` makes candle's
+/// CUDA quantized matmuls take their plain dequantizing kernels instead of MMVQ/MMQ (to tell
+/// a kernel's fault from ours on a GPU day).
 pub fn test_options() -> EngineOptions {
+    #[cfg(feature = "cuda")]
+    if std::env::var_os("ORCHD_TEST_CUDA_DMMV").is_some() {
+        candle_core::quantized::cuda::set_force_dmmv(true);
+    }
     let mut opts = EngineOptions::new(model_path());
     opts.settings.device = test_device();
     opts
@@ -125,4 +132,68 @@ pub fn chat_tokens(e: &CandleEngine, user: &str) -> Vec<u32> {
 pub fn greedy(e: &CandleEngine, tokens: Vec<u32>, max_tokens: usize) -> Output {
     let (rx, _c) = start(e, tokens, SamplingParams::default(), max_tokens, vec![]);
     collect(rx)
+}
+
+/// The llama.cpp reference fixture (`ci/llama_reference.py`): greedy continuations of the
+/// fixture prompts with llama.cpp's top-2 margins.
+#[derive(Deserialize)]
+pub struct Fixture {
+    pub n_tokens: usize,
+    pub cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+pub struct Case {
+    pub user_text: String,
+    pub prompt: String,
+    pub prompt_ids: Vec<u32>,
+    pub greedy_ids: Vec<u32>,
+    pub top2_margins: Vec<f64>,
+    pub second_ids: Vec<u32>,
+}
+
+pub fn fixture() -> Fixture {
+    serde_json::from_str(include_str!("fixtures/llama_cpp_greedy.json")).expect("fixture parses")
+}
+
+/// Greedy steps with the `top` likeliest log-probabilities at each.
+pub fn greedy_logprobs(
+    e: &CandleEngine,
+    prompt: Vec<u32>,
+    n: usize,
+    top: usize,
+) -> Vec<(u32, StepLogprobs)> {
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    let permit = loop {
+        if let Some(p) = e.try_acquire() {
+            break p;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    e.submit(GenerateRequest {
+        permit,
+        prompt_tokens: prompt,
+        sampling: SamplingParams::default(),
+        max_tokens: n,
+        stop: vec![],
+        constraint: None,
+        logprobs: Some(top),
+        cancel: CancellationToken::new(),
+        events: tx,
+    })
+    .expect("submit");
+    let mut out = Vec::new();
+    while let Some(ev) = rx.blocking_recv() {
+        match ev {
+            SeqEvent::Token { id, logprobs, .. } => {
+                out.push((
+                    id.expect("an id"),
+                    *logprobs.expect("logprobs were asked for"),
+                ));
+            }
+            SeqEvent::Done(_) => break,
+            SeqEvent::Failed(m) => panic!("{m}"),
+        }
+    }
+    out
 }

@@ -8,22 +8,8 @@
 mod common;
 
 use common::*;
-use engine_candle::{CandleEngine, DeviceChoice, GenerateRequest};
-use engine_port::{SamplingParams, SeqEvent, StepLogprobs};
-use serde::Deserialize;
-use tokio_util::sync::CancellationToken;
-
-#[derive(Deserialize)]
-struct Fixture {
-    n_tokens: usize,
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    user_text: String,
-    prompt_ids: Vec<u32>,
-}
+use engine_candle::{CandleEngine, DeviceChoice};
+use engine_port::StepLogprobs;
 
 /// Largest CPU top-2 gap (nats) at which the accelerator taking the CPU's runner-up is put
 /// down to rounding: the CPU path re-quantizes every matmul input to 8 bits its own way
@@ -41,35 +27,6 @@ fn load(device: DeviceChoice) -> CandleEngine {
     CandleEngine::load(opts).expect("default model loads")
 }
 
-/// Greedy steps with the best two log-probabilities at each.
-fn steps(e: &CandleEngine, prompt: Vec<u32>, n: usize) -> Vec<(u32, StepLogprobs)> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
-    let permit = e.try_acquire().expect("the one slot is free");
-    e.submit(GenerateRequest {
-        permit,
-        prompt_tokens: prompt,
-        sampling: SamplingParams::default(),
-        max_tokens: n,
-        stop: vec![],
-        constraint: None,
-        logprobs: Some(2),
-        cancel: CancellationToken::new(),
-        events: tx,
-    })
-    .expect("submit");
-    let mut out = Vec::new();
-    while let Some(ev) = rx.blocking_recv() {
-        match ev {
-            SeqEvent::Token { id, logprobs, .. } => {
-                out.push((id.expect("an id"), *logprobs.expect("logprobs asked for")));
-            }
-            SeqEvent::Done(_) => break,
-            SeqEvent::Failed(m) => panic!("{m}"),
-        }
-    }
-    out
-}
-
 fn gap(lp: &StepLogprobs) -> f32 {
     lp.top[0].logprob - lp.top[1].logprob
 }
@@ -79,12 +36,11 @@ fn accelerator_greedy_matches_the_cpu_engine() {
     let device = test_device();
     let cpu = load(DeviceChoice::Cpu);
     let acc = load(device);
-    let f: Fixture =
-        serde_json::from_str(include_str!("fixtures/llama_cpp_greedy.json")).expect("fixture");
+    let f = fixture();
     let (mut exact, mut flips, mut unexplained, mut diffs) = (0, Vec::new(), Vec::new(), vec![]);
     for c in &f.cases {
-        let a = steps(&cpu, c.prompt_ids.clone(), f.n_tokens);
-        let b = steps(&acc, c.prompt_ids.clone(), f.n_tokens);
+        let a = greedy_logprobs(&cpu, c.prompt_ids.clone(), f.n_tokens, 2);
+        let b = greedy_logprobs(&acc, c.prompt_ids.clone(), f.n_tokens, 2);
         let k = a.iter().zip(&b).position(|(x, y)| x.0 != y.0);
         for ((_, x), (_, y)) in a.iter().zip(&b).take(k.unwrap_or(usize::MAX)) {
             diffs.push((gap(x) - gap(y)).abs());

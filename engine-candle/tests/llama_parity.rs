@@ -7,7 +7,6 @@ use std::sync::OnceLock;
 
 use common::*;
 use engine_candle::{CandleEngine, KvType, WeightFormat};
-use serde::Deserialize;
 
 /// The reference numerics: weights as stored (Q4_1), as llama.cpp runs them. The default
 /// `Auto` format re-quantizes to Q8_0 for speed (see .specs/engine.md, ENG-WFMT-1).
@@ -29,27 +28,6 @@ fn load(kv_type: KvType) -> CandleEngine {
     opts.settings.weight_format = WeightFormat::Auto;
     opts.settings.kv_type = kv_type;
     CandleEngine::load(opts).expect("default model loads")
-}
-
-#[derive(Deserialize)]
-struct Fixture {
-    n_tokens: usize,
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    user_text: String,
-    prompt: String,
-    prompt_ids: Vec<u32>,
-    greedy_ids: Vec<u32>,
-    top2_margins: Vec<f64>,
-    second_ids: Vec<u32>,
-}
-
-fn fixture() -> Fixture {
-    let text = include_str!("fixtures/llama_cpp_greedy.json");
-    serde_json::from_str(text).expect("fixture parses")
 }
 
 #[test]

@@ -7,23 +7,7 @@
 mod common;
 
 use common::*;
-use engine_candle::{CandleEngine, GenerateRequest, WeightFormat};
-use engine_port::{SamplingParams, SeqEvent, StepLogprobs};
-use serde::Deserialize;
-use tokio_util::sync::CancellationToken;
-
-#[derive(Deserialize)]
-struct Fixture {
-    n_tokens: usize,
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    prompt_ids: Vec<u32>,
-    greedy_ids: Vec<u32>,
-    top2_margins: Vec<f64>,
-}
+use engine_candle::{CandleEngine, WeightFormat};
 
 /// Largest difference allowed between our top-2 gap and llama.cpp's margin, and the typical
 /// one: single roundings move a logit by up to ~0.3 (every matmul input re-quantized to 8
@@ -32,42 +16,6 @@ struct Case {
 const MAX_GAP_DIFF: f64 = 0.8;
 const MEDIAN_GAP_DIFF: f64 = 0.15;
 
-fn steps(e: &CandleEngine, prompt: Vec<u32>, n: usize, top: usize) -> Vec<(u32, StepLogprobs)> {
-    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
-    let permit = loop {
-        if let Some(p) = e.try_acquire() {
-            break p;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    };
-    e.submit(GenerateRequest {
-        permit,
-        prompt_tokens: prompt,
-        sampling: SamplingParams::default(),
-        max_tokens: n,
-        stop: vec![],
-        constraint: None,
-        logprobs: Some(top),
-        cancel: CancellationToken::new(),
-        events: tx,
-    })
-    .expect("submit");
-    let mut out = Vec::new();
-    while let Some(ev) = rx.blocking_recv() {
-        match ev {
-            SeqEvent::Token { id, logprobs, .. } => {
-                out.push((
-                    id.expect("an id"),
-                    *logprobs.expect("logprobs were asked for"),
-                ));
-            }
-            SeqEvent::Done(_) => break,
-            SeqEvent::Failed(m) => panic!("{m}"),
-        }
-    }
-    out
-}
-
 #[test]
 fn logprobs_are_the_log_softmax_and_match_llama_cpp_margins() {
     let mut opts = test_options();
@@ -75,17 +23,10 @@ fn logprobs_are_the_log_softmax_and_match_llama_cpp_margins() {
     opts.ctx = 512;
     opts.settings.weight_format = WeightFormat::Auto;
     let e = CandleEngine::load(opts).expect("default model loads");
-    let f: Fixture = serde_json::from_str(
-        &std::fs::read_to_string(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("tests/fixtures/llama_cpp_greedy.json"),
-        )
-        .expect("fixture"),
-    )
-    .expect("fixture parses");
+    let f = fixture();
     let mut diffs = Vec::new();
     for c in &f.cases {
-        let got = steps(&e, c.prompt_ids.clone(), f.n_tokens, 5);
+        let got = greedy_logprobs(&e, c.prompt_ids.clone(), f.n_tokens, 5);
         assert!(!got.is_empty());
         let mut on_path = true;
         for (k, (id, lp)) in got.iter().enumerate() {

@@ -540,7 +540,7 @@ mod tests {
             .unwrap();
         assert!(suffix.iter().any(|s| s["maxLength"] == 0));
         assert!(suffix.iter().all(|s| s.get("minLength").is_none()));
-        let choice = &schemas["Unimplemented"]["properties"]["tool_choice"]["anyOf"];
+        let choice = &schemas["Unimplemented"]["properties"]["function_call"]["anyOf"];
         assert!(choice
             .as_array()
             .unwrap()

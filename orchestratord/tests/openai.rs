@@ -182,7 +182,7 @@ async fn every_openai_chat_field_is_honoured_or_refused_by_name() {
         ("metadata", json!({"k": "v"}), true),
         ("modalities", json!(["text", "audio"]), false),
         ("n", json!(2), true),
-        ("parallel_tool_calls", json!(true), false),
+        ("parallel_tool_calls", json!(true), true),
         (
             "prediction",
             json!({"type": "content", "content": "x"}),

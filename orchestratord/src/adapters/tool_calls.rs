@@ -83,8 +83,9 @@ impl Toolbox {
                 ));
             }
             let object = t.parameters.as_object().is_some_and(|o| {
-                o.get("type")
-                    .is_none_or(|ty| ty == "object" || ty.as_array().is_some_and(|a| a.contains(&json!("object"))))
+                o.get("type").is_none_or(|ty| {
+                    ty == "object" || ty.as_array().is_some_and(|a| a.contains(&json!("object")))
+                })
             });
             if !object {
                 return Err(bad(
@@ -125,7 +126,7 @@ impl Toolbox {
         s.push_str(r#"{"tool_calls":[{"name":"<function name>","arguments":{...}}]}"#);
         match &self.choice {
             ToolChoice::Auto => s.push_str(
-                r#". To answer the user directly: {"content":"<your answer>"}. Call a function when it helps answer; the results come back in the next turn."#,
+                r#". To answer the user directly: {"content":"<your answer>"}. Call a function when it helps answer; its result comes back as {"tool_result":{...}}."#,
             ),
             ToolChoice::Required => s.push_str(". Call at least one function."),
             ToolChoice::Named(n) => s.push_str(&format!(". Call the function {n}.")),
@@ -208,6 +209,28 @@ pub fn parse(text: &str) -> Option<Answer> {
         })
         .collect::<Option<Vec<_>>>()?;
     Some(Answer::Calls(calls))
+}
+
+/// An earlier answer that made `calls`, as the model writes one (for the history).
+pub fn history_calls(calls: &[Call]) -> String {
+    let list: Vec<Value> = calls
+        .iter()
+        .map(|c| {
+            let arguments: Value = serde_json::from_str(&c.arguments).unwrap_or(Value::Null);
+            json!({"name": c.name, "arguments": arguments})
+        })
+        .collect();
+    json!({ "tool_calls": list }).to_string()
+}
+
+/// A tool's result, as the (user) turn that brings it back to the model.
+pub fn history_result(call_id: Option<&str>, content: &str) -> String {
+    let mut r = Map::new();
+    if let Some(id) = call_id {
+        r.insert("tool_call_id".into(), json!(id));
+    }
+    r.insert("content".into(), json!(content));
+    json!({ "tool_result": r }).to_string()
 }
 
 /// A piece of an answer, as the text arrives.
@@ -517,7 +540,10 @@ fn merge(pieces: Vec<Piece>) -> Vec<Piece> {
             (Some(Piece::Content(a)), Piece::Content(b)) => a.push_str(&b),
             (
                 Some(Piece::Arguments { index: i, fragment }),
-                Piece::Arguments { index: j, fragment: f },
+                Piece::Arguments {
+                    index: j,
+                    fragment: f,
+                },
             ) if *i == j => fragment.push_str(&f),
             (_, p) => out.push(p),
         }
@@ -553,7 +579,9 @@ mod tests {
             ..weather()
         };
         assert_eq!(
-            Toolbox::new(vec![named("a b")], ToolChoice::Auto, true).unwrap_err().field,
+            Toolbox::new(vec![named("a b")], ToolChoice::Auto, true)
+                .unwrap_err()
+                .field,
             "[0].name"
         );
         assert_eq!(
@@ -567,7 +595,9 @@ mod tests {
             ..weather()
         };
         assert_eq!(
-            Toolbox::new(vec![string_params], ToolChoice::Auto, true).unwrap_err().field,
+            Toolbox::new(vec![string_params], ToolChoice::Auto, true)
+                .unwrap_err()
+                .field,
             "[0].parameters"
         );
         assert_eq!(
@@ -665,6 +695,20 @@ mod tests {
         for pieces in streamed(text) {
             assert_eq!(pieces, vec![Piece::Content("a\"b\\c\nd é 😀 end".into())]);
         }
+    }
+
+    #[test]
+    fn history_turns_read_as_the_answers_do() {
+        let calls = vec![Call {
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Paris"}"#.into(),
+        }];
+        let text = history_calls(&calls);
+        assert_eq!(parse(&text), Some(Answer::Calls(calls)));
+        assert_eq!(
+            history_result(Some("call_1"), "18 C"),
+            r#"{"tool_result":{"tool_call_id":"call_1","content":"18 C"}}"#
+        );
     }
 
     #[test]

@@ -9,9 +9,11 @@ use contracts::TaskRequest;
 use futures::StreamExt;
 
 use super::response_format::schema_of;
+use super::tools;
 use super::types::*;
 use super::{DONE, FINGERPRINT};
 use crate::adapters::follow;
+use crate::adapters::tool_calls::{AnswerStream, Toolbox};
 use crate::auth::Caller;
 use crate::error::openai::{body as error_body, OpenAiError};
 use crate::error::ApiError;
@@ -23,12 +25,16 @@ use crate::lifecycle::task::TaskEvent;
 
 /// The request's `n` choices as tasks: the same prompt (the engine shares its prefill), each
 /// its own sample — with a `seed`, choice `i` draws with `seed + i`, so each is reproducible.
-fn to_tasks(req: &ChatRequest, max_n: usize) -> Result<Vec<TaskRequest>, ApiError> {
+fn to_tasks(
+    req: &ChatRequest,
+    max_n: usize,
+    tools: Option<&Toolbox>,
+) -> Result<Vec<TaskRequest>, ApiError> {
     let n = req.n.unwrap_or(1);
     if n == 0 || n as usize > max_n {
         return Err(ApiError::invalid("n", format!("n must be 1-{max_n}")));
     }
-    let task = to_task(req)?;
+    let task = to_task(req, tools)?;
     Ok((0..u64::from(n))
         .map(|i| TaskRequest {
             seed: task.seed.map(|s| s.wrapping_add(i)),
@@ -37,9 +43,27 @@ fn to_tasks(req: &ChatRequest, max_n: usize) -> Result<Vec<TaskRequest>, ApiErro
         .collect())
 }
 
-fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
+fn to_task(req: &ChatRequest, tools: Option<&Toolbox>) -> Result<TaskRequest, ApiError> {
     req.unimplemented.check()?;
     let continuing = req.continue_final_message == Some(true);
+    let mut messages = chat_turns(&req.messages)?;
+    let mut json_schema = schema_of(&req.response_format)?;
+    if let Some(t) = tools {
+        // the answer is decoded under the tools' schema: nothing else may shape it
+        let clash = [
+            ("response_format", json_schema.is_some()),
+            ("continue_final_message", continuing),
+            ("logprobs", req.logprobs == Some(true)),
+        ];
+        if let Some((field, _)) = clash.iter().find(|(_, set)| *set) {
+            return Err(ApiError::invalid(
+                *field,
+                format!("{field} cannot be combined with tools"),
+            ));
+        }
+        tools::instruct(&mut messages, t);
+        json_schema = Some(t.schema());
+    }
     if req
         .add_generation_prompt
         .is_some_and(|add| add == continuing)
@@ -50,7 +74,7 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
         ));
     }
     Ok(TaskRequest {
-        messages: Some(chat_turns(&req.messages)?),
+        messages: Some(messages),
         max_tokens: req.max_completion_tokens.or(req.max_tokens),
         model: req.model.clone(),
         seed: req.seed,
@@ -64,7 +88,7 @@ fn to_task(req: &ChatRequest) -> Result<TaskRequest, ApiError> {
         min_p: req.min_p,
         repetition_penalty: req.repetition_penalty,
         continue_final_message: req.continue_final_message,
-        json_schema: schema_of(&req.response_format)?,
+        json_schema,
         logprobs: req.logprobs,
         top_logprobs: req.top_logprobs,
         ..Default::default()
@@ -95,10 +119,25 @@ pub async fn chat_completions(
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
     let delivery = Delivery::of(req.stream);
-    let reqs = to_tasks(&req, state.cfg.admission.max_prompts_per_request)?;
+    let toolbox = tools::toolbox(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        req.parallel_tool_calls,
+    )?;
+    // the constraint's errors name the field the client used for it
+    let shaped_by = if toolbox.is_some() {
+        "tools"
+    } else {
+        "response_format"
+    };
+    let reqs = to_tasks(
+        &req,
+        state.cfg.admission.max_prompts_per_request,
+        toolbox.as_ref(),
+    )?;
     let tasks = follow::admit_all(&state, reqs, &caller, delivery)
         .await
-        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
+        .map_err(|e| follow::renamed(e, "json_schema", shaped_by))?;
     let model = follow::model_name(&state, req.model.as_deref(), &tasks[0]);
     let id = format!("chatcmpl-{}", tasks[0].id);
     let created = follow::unix_now();
@@ -110,18 +149,26 @@ pub async fn chat_completions(
         // the first failure answers at once; dropping the other subscriptions cancels them
         let results = follow::collect_all(&state, &tasks)
             .await
-            .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
+            .map_err(|e| follow::renamed(e, "json_schema", shaped_by))?;
         let mut completion_tokens = 0;
         let mut choices = Vec::with_capacity(results.len());
         for (i, (text, scores, end)) in results.into_iter().enumerate() {
             completion_tokens += end.tokens_out;
+            let (content, tool_calls, finish_reason) = match &toolbox {
+                Some(_) if end.finish_reason == "stop" => {
+                    tools::answer(text, end.finish_reason, &tasks[i].id.to_string())
+                }
+                // cut short or cancelled: the raw text, as far as it went
+                _ => (Some(text), None, end.finish_reason),
+            };
             choices.push(Choice {
                 index: i as u32,
                 message: AssistantMessage {
                     role: "assistant",
-                    content: text,
+                    content,
+                    tool_calls,
                 },
-                finish_reason: end.finish_reason,
+                finish_reason,
                 stop_reason: end.stop_sequence,
                 logprobs: scored.then(|| super::logprobs::chat(&scores)),
             });
@@ -141,7 +188,13 @@ pub async fn chat_completions(
     // the response begins with the first choice that does; an error before is the answer
     follow::until_answer_begins(&mut subs)
         .await
-        .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
+        .map_err(|e| follow::renamed(e, "json_schema", shaped_by))?;
+    // under tools: each choice's answer scanned as it streams, and whether it made a call
+    let mut answers: Vec<Option<(AnswerStream, bool)>> = tasks
+        .iter()
+        .map(|_| toolbox.as_ref().map(|_| (AnswerStream::new(), false)))
+        .collect();
+    let task_ids: Vec<String> = tasks.iter().map(|t| t.id.to_string()).collect();
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let chunk = move |index: usize,
                       delta: Delta,
@@ -197,28 +250,53 @@ pub async fn chat_completions(
                         let delta = Delta {
                             role: Some("assistant"),
                             content: Some(String::new()),
+                            tool_calls: None,
                         };
                         vec![chunk(i, delta, None, None, None, None)]
                     }
-                    TaskEvent::Token(t) => {
-                        let logprobs = t
-                            .logprobs
-                            .filter(|_| scored)
-                            .map(|l| super::logprobs::chat(std::slice::from_ref(&l)));
-                        let delta = Delta {
-                            role: None,
-                            content: Some(t.t),
-                        };
-                        vec![chunk(i, delta, None, None, logprobs, None)]
-                    }
+                    TaskEvent::Token(t) => match answers[i].as_mut() {
+                        // a tool answer: its pieces as they complete
+                        Some((scan, called)) => scan
+                            .push(&t.t)
+                            .into_iter()
+                            .map(|piece| {
+                                let (content, call) = tools::delta_of(piece, &task_ids[i]);
+                                *called |= call.is_some();
+                                let delta = Delta {
+                                    role: None,
+                                    content,
+                                    tool_calls: call.map(|c| vec![c]),
+                                };
+                                chunk(i, delta, None, None, None, None)
+                            })
+                            .collect(),
+                        None => {
+                            let logprobs = t
+                                .logprobs
+                                .filter(|_| scored)
+                                .map(|l| super::logprobs::chat(std::slice::from_ref(&l)));
+                            let delta = Delta {
+                                role: None,
+                                content: Some(t.t),
+                                tool_calls: None,
+                            };
+                            vec![chunk(i, delta, None, None, logprobs, None)]
+                        }
+                    },
                     TaskEvent::Metrics(_) => vec![],
                     TaskEvent::End(end) => {
                         *open -= 1;
                         *out += end.tokens_out;
+                        let called = answers[i].as_ref().is_some_and(|(_, c)| *c);
+                        let finish = if called && end.finish_reason == "stop" {
+                            "tool_calls".to_string()
+                        } else {
+                            end.finish_reason
+                        };
                         let mut v = vec![chunk(
                             i,
                             Delta::default(),
-                            Some(end.finish_reason),
+                            Some(finish),
                             end.stop_sequence,
                             None,
                             None,

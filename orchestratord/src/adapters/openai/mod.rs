@@ -7,6 +7,7 @@ pub mod logprobs;
 pub mod response_format;
 mod responses;
 pub mod responses_types;
+pub mod tools;
 pub mod types;
 mod unimplemented;
 

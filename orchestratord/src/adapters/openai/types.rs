@@ -7,10 +7,16 @@ use utoipa::ToSchema;
 /// One message. Unknown fields are ignored, as OpenAI clients send many.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct Message {
-    /// `system` | `user` | `assistant`
-    #[schema(pattern = "^(system|user|assistant)$")]
+    /// `system` | `user` | `assistant` | `tool`
+    #[schema(pattern = "^(system|user|assistant|tool)$")]
     pub role: String,
-    pub content: Content,
+    /// Null or absent only on an assistant turn with `tool_calls`.
+    #[serde(default)]
+    pub content: Option<Content>,
+    /// An assistant turn's calls (the model reads them as the answer it gave).
+    pub tool_calls: Option<Vec<super::tools::ToolCallIn>>,
+    /// A `tool` turn: the id of the call it answers.
+    pub tool_call_id: Option<String>,
 }
 
 /// A message's content: a string, or an array of parts (what LangChain and Open WebUI send).
@@ -41,9 +47,34 @@ pub fn chat_turns(
         .iter()
         .enumerate()
         .map(|(i, m)| {
-            Ok(contracts::ChatTurn {
-                role: m.role.clone(),
-                content: m.content.text(i)?,
+            let text = match &m.content {
+                Some(c) => c.text(i)?,
+                None => String::new(),
+            };
+            let calls = m.tool_calls.as_deref().filter(|c| !c.is_empty());
+            Ok(match (m.role.as_str(), calls) {
+                ("assistant", Some(calls)) => contracts::ChatTurn {
+                    role: m.role.clone(),
+                    content: super::tools::history_calls(i, calls)?,
+                },
+                // a tool's result reaches the model as a user turn (any chat template has one)
+                ("tool", _) => contracts::ChatTurn {
+                    role: "user".into(),
+                    content: crate::adapters::tool_calls::history_result(
+                        m.tool_call_id.as_deref(),
+                        &text,
+                    ),
+                },
+                _ if m.content.is_none() => {
+                    return Err(crate::error::ApiError::invalid(
+                        format!("messages[{i}].content"),
+                        "a message needs its content (null only beside tool_calls)",
+                    ))
+                }
+                _ => contracts::ChatTurn {
+                    role: m.role.clone(),
+                    content: text,
+                },
             })
         })
         .collect()
@@ -140,6 +171,14 @@ pub struct ChatRequest {
     pub top_logprobs: Option<u32>,
     /// Structured output: JSON (any object, or valid under a schema), by constrained decoding.
     pub response_format: Option<super::response_format::ResponseFormat>,
+    /// Functions the model may call; each call's arguments are decoded under the function's
+    /// `parameters` schema, so they always parse and validate.
+    #[schema(max_items = 128)]
+    pub tools: Option<Vec<super::tools::ToolDef>>,
+    /// `auto` (the default with tools), `none`, `required`, or a named function.
+    pub tool_choice: Option<super::tools::ToolChoiceField>,
+    /// More than one call in an answer (default true).
+    pub parallel_tool_calls: Option<bool>,
     /// Fields of OpenAI's API not implemented here: refused unless neutral.
     #[serde(flatten)]
     pub unimplemented: super::unimplemented::Unimplemented,
@@ -254,14 +293,17 @@ impl std::ops::Add for Usage {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// Null when the answer is tool calls.
+    pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<super::tools::ToolCallOut>>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Choice {
     pub index: u32,
     pub message: AssistantMessage,
-    /// `stop` | `length` | `cancelled`
+    /// `stop` | `length` | `tool_calls` | `cancelled`
     pub finish_reason: String,
     /// vLLM's: the stop sequence that ended the answer, when one did.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -288,6 +330,8 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<super::tools::ToolCallDelta>>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

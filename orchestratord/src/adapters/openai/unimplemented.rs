@@ -1,6 +1,6 @@
 //! OpenAI request fields this server does not implement. A request that sets one to anything
-//! but its neutral value is refused with a 400 naming the field: a client that asked for tools
-//! or audio must never get a 200 answered as if it had not asked.
+//! but its neutral value is refused with a 400 naming the field: a client that asked for audio
+//! or a web search must never get a 200 answered as if it had not asked.
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -11,13 +11,7 @@ use crate::error::ApiError;
 /// Fields refused unless neutral (absent, null, false, empty, or the value named).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct Unimplemented {
-    /// Refused unless `{"type": "text"}`: structured (JSON) output is not implemented.
-    /// Tool calling is not implemented: refused unless empty.
-    pub tools: Option<Value>,
-    /// Refused unless `"none"`.
-    pub tool_choice: Option<Value>,
-    pub parallel_tool_calls: Option<Value>,
-    /// Deprecated function calling: refused unless empty.
+    /// Deprecated function calling (`tools` replaced it): refused unless empty.
     pub functions: Option<Value>,
     pub function_call: Option<Value>,
     /// Log-probabilities are not implemented: refused unless false/null.
@@ -36,10 +30,7 @@ pub struct Unimplemented {
 }
 
 /// The fields, each with the value that is neutral besides the empty ones (`also_neutral`).
-const FIELDS: [&str; 14] = [
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
+const FIELDS: [&str; 11] = [
     "functions",
     "function_call",
     "logit_bias",
@@ -55,7 +46,7 @@ const FIELDS: [&str; 14] = [
 
 fn also_neutral(name: &str) -> Option<Value> {
     match name {
-        "tool_choice" | "function_call" => Some(json!("none")),
+        "function_call" => Some(json!("none")),
         "modalities" => Some(json!(["text"])),
         _ => None,
     }
@@ -128,10 +119,7 @@ fn neutral(v: &Value) -> bool {
 impl Unimplemented {
     /// The first field set to something this server would not honour, as a 400.
     pub fn check(&self) -> Result<(), ApiError> {
-        let values: [&Option<Value>; 14] = [
-            &self.tools,
-            &self.tool_choice,
-            &self.parallel_tool_calls,
+        let values: [&Option<Value>; 11] = [
             &self.functions,
             &self.function_call,
             &self.logit_bias,

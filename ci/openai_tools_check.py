@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Tool calling through the official `openai` SDK on the real model (ADP-TOOL-1): a two-turn
+round trip — `tool_choice: required` gives a call whose arguments parse and validate against
+the function's schema (`finish_reason: tool_calls`, `content: null`), the tool's result goes back
+as a `tool` message beside the assistant's `tool_calls`, and the second turn answers; a named
+choice calls that function; `none` answers in text; streamed calls arrive as `tool_calls` deltas
+(index, id, name, then argument fragments) that add up to the non-streamed call; and the
+refusals name their field. Exits non-zero at the first failure.
+
+    PYTHONPATH=.cache/pydeps python3 ci/openai_tools_check.py --base-url http://127.0.0.1:PORT
+"""
+import argparse
+import json
+import sys
+
+import jsonschema
+import openai
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "minLength": 1, "maxLength": 40},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "The current weather in a city",
+        "parameters": WEATHER}},
+    {"type": "function", "function": {
+        "name": "get_time", "description": "The current time in a time zone",
+        "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 40}},
+                       "required": ["zone"], "additionalProperties": False}}},
+]
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def check(cond, what):
+    if not cond:
+        print(f"FAIL: {what}", file=sys.stderr)
+        sys.exit(1)
+    print(f"ok: {what.splitlines()[0][:140]}")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    args = ap.parse_args()
+    client = openai.OpenAI(base_url=args.base_url + "/v1", api_key="none", max_retries=0)
+    model = client.models.list().data[0].id
+    common = dict(model=model, temperature=0, max_tokens=96)
+
+    # turn 1: a call is required
+    r = client.chat.completions.create(messages=QUESTION, tools=TOOLS, tool_choice="required", **common)
+    c = r.choices[0]
+    check(c.finish_reason == "tool_calls", f"finish_reason tool_calls: {c.finish_reason}")
+    check(c.message.content is None and c.message.tool_calls, f"a call, no content: {c.message}")
+    call = c.message.tool_calls[0]
+    check(call.type == "function" and call.id.startswith("call_"), f"call id and type: {call}")
+    check(call.function.name in ("get_weather", "get_time"), f"a known function: {call.function.name}")
+    arguments = json.loads(call.function.arguments)
+    schema = WEATHER if call.function.name == "get_weather" else TOOLS[1]["function"]["parameters"]
+    jsonschema.validate(arguments, schema)
+    check(True, f"the arguments validate against {call.function.name}'s schema: {arguments}")
+
+    # a named choice calls that function
+    named = client.chat.completions.create(
+        messages=QUESTION, tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, **common)
+    wcall = named.choices[0].message.tool_calls[0]
+    check(wcall.function.name == "get_weather", f"the named function is called: {wcall.function.name}")
+    jsonschema.validate(json.loads(wcall.function.arguments), WEATHER)
+    check(True, "the named call's arguments validate")
+    check(len(named.choices[0].message.tool_calls) >= 1, "at least one call")
+
+    # parallel_tool_calls false: exactly one call
+    single = client.chat.completions.create(
+        messages=QUESTION, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, **common)
+    check(len(single.choices[0].message.tool_calls) == 1, "parallel_tool_calls false: one call")
+
+    # turn 2: the result goes back; the model answers (auto may call again or answer in text)
+    history = QUESTION + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": wcall.id, "type": "function",
+             "function": {"name": wcall.function.name, "arguments": wcall.function.arguments}}]},
+        {"role": "tool", "tool_call_id": wcall.id, "content": "18 degrees celsius, light rain"},
+    ]
+    r2 = client.chat.completions.create(messages=history, tools=TOOLS, tool_choice="auto", **common)
+    m2 = r2.choices[0].message
+    check((m2.content or "") != "" or m2.tool_calls, f"the second turn answers: {m2}")
+    if m2.tool_calls:
+        for tc in m2.tool_calls:
+            json.loads(tc.function.arguments)
+        check(r2.choices[0].finish_reason == "tool_calls", "a second call ends with tool_calls")
+    else:
+        check(r2.choices[0].finish_reason in ("stop", "length"), f"text answer: {r2.choices[0].finish_reason}")
+    # with tool_choice none, the same history gets text
+    r3 = client.chat.completions.create(messages=history, tools=TOOLS, tool_choice="none", **common)
+    check(r3.choices[0].message.content and not r3.choices[0].message.tool_calls,
+          f"tool_choice none answers in text: {r3.choices[0].message.content!r}")
+
+    # streamed: the deltas add up to the same call (greedy)
+    stream = client.chat.completions.create(
+        messages=QUESTION, tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, stream=True, **common)
+    calls, finish = {}, None
+    for chunk in stream:
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or []:
+                entry = calls.setdefault(d.index, {"id": None, "name": None, "arguments": ""})
+                if d.id:
+                    check(entry["id"] is None, "a call's id comes once")
+                    entry["id"] = d.id
+                if d.function and d.function.name:
+                    entry["name"] = d.function.name
+                if d.function and d.function.arguments:
+                    entry["arguments"] += d.function.arguments
+            if ch.finish_reason:
+                finish = ch.finish_reason
+    check(finish == "tool_calls", f"streamed finish_reason: {finish}")
+    check(calls[0]["name"] == "get_weather" and calls[0]["id"].startswith("call_"), f"streamed call: {calls}")
+    check(calls[0]["arguments"] == wcall.function.arguments,
+          f"streamed arguments equal the whole answer's: {calls[0]['arguments']!r}")
+
+    # refusals name their field
+    def refused(field, **kw):
+        try:
+            client.chat.completions.create(messages=QUESTION, **{**common, **kw})
+        except openai.BadRequestError as e:
+            param = e.body.get("param") if isinstance(e.body, dict) else None
+            check(param == field, f"{field} refused: {e.body}")
+            return
+        check(False, f"{field} was not refused")
+
+    refused("tool_choice", tool_choice="required")
+    refused("tool_choice", tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
+    refused("tools[0].function.name", tools=[{"type": "function", "function": {"name": "bad name"}}])
+    refused("response_format", tools=TOOLS, response_format={"type": "json_object"})
+    print("all tools checks passed")
+
+
+if __name__ == "__main__":
+    main()
