@@ -25,6 +25,18 @@ model="$(ci/fetch-model.sh)"
 carry=.gpu-carry
 part=$((58 * 1024 * 1024)) # per call: 64 MiB less the working tree (~3 MB) and headroom
 rm -rf "$carry" && mkdir -p "$carry/payload/bin"
+# xz with a large window (the executables share most of their bytes); Python's lzma where a
+# machine has no xz binary
+xzc() { # window MiB: stdin to stdout
+  if command -v xz >/dev/null; then
+    xz -T1 --lzma2=preset=1,dict="$1"MiB
+  else
+    python3 -c 'import lzma, shutil, sys
+f = [{"id": lzma.FILTER_LZMA2, "preset": 1, "dict_size": int(sys.argv[1]) << 20}]
+with lzma.open(sys.stdout.buffer, "wb", format=lzma.FORMAT_XZ, filters=f) as out:
+    shutil.copyfileobj(sys.stdin.buffer, out, 1 << 20)' "$1"
+  fi
+}
 
 # the executables: one build, the dev profile (engine, candle and gemm at opt-level 3)
 tests=(device_kernels device_parity batching real_model llama_parity logprobs prefix_cache chunked_prefill prompt_integrity context_default)
@@ -50,7 +62,7 @@ for name, exe in found.items():
 PY
 rm -f "$json"
 strip "$carry"/payload/bin/*
-tar -C "$carry/payload/bin" -cf - . | xz -T1 --lzma2=preset=1,dict=512MiB >"$carry/payload/bins.tar.xz"
+tar -C "$carry/payload/bin" -cf - . | xzc 512 >"$carry/payload/bins.tar.xz"
 rm -rf "$carry/payload/bin"
 pwd >"$carry/payload/build-root"
 cp "$model" "$carry/payload/model.gguf"
@@ -58,7 +70,7 @@ if [ -n "${LLAMA_CUDA_BUILD:-}" ]; then
   b="$LLAMA_CUDA_BUILD/bin"
   # shellcheck disable=SC2046
   tar -C "$b" -cf - $(cd "$b" && ls llama-bench llama-batched-bench llama-server lib*.so* 2>/dev/null) |
-    xz -T1 --lzma2=preset=1,dict=256MiB >"$carry/payload/llama.tar.xz"
+    xzc 256 >"$carry/payload/llama.tar.xz"
 fi
 tar -C "$carry/payload" -cf "$carry/payload.tar" .
 rm -rf "$carry/payload"
