@@ -15,6 +15,7 @@ import sys
 import threading
 import urllib.request
 
+import jsonschema
 import ollama
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -163,6 +164,50 @@ def main():
     ]:
         ok, why = refused(call, status, words)
         check(ok, f"{what}: {status} naming it ({why})")
+
+    # tools (ADP-TOOL-2): a call whose arguments validate, its result sent back, the next turn;
+    # streamed, the call comes whole in one line before the last
+    # (the client's Tool model keeps a schema's type, properties and required only)
+    weather = {"type": "object", "properties": {"city": {"type": "string"}},
+               "required": ["city"]}
+    tools = [{"type": "function", "function": {"name": "get_weather",
+              "description": "The current weather in a city", "parameters": weather}}]
+    ask = [{"role": "user", "content": "What is the weather in Paris? Use the tool."}]
+    r = c.chat(model=name, messages=ask, tools=tools, options={"temperature": 0, "num_predict": 256})
+    calls = r.message.tool_calls or []
+    if calls:
+        call = calls[0]
+        check(call.function.name == "get_weather", f"tools: the function called ({call.function.name})")
+        jsonschema.validate(dict(call.function.arguments), weather)
+        check(r.message.content == "" and r.done_reason == "stop",
+              f"tools: arguments {dict(call.function.arguments)} validate, content empty")
+        history = ask + [{"role": "assistant", "content": "", "tool_calls": [
+            {"function": {"name": "get_weather", "arguments": dict(call.function.arguments)}}]},
+            {"role": "tool", "tool_name": "get_weather", "content": "18 degrees, light rain"}]
+        r2 = c.chat(model=name, messages=history, tools=tools,
+                    options={"temperature": 0, "num_predict": 256})
+        check(r2.message.content != "" or r2.message.tool_calls,
+              f"tools: the turn after the result answers ({r2.message})")
+    else:
+        # auto: the model may answer in text (then it is the content, not the answer's JSON)
+        check(r.done_reason == "stop" and r.message.content
+              and not r.message.content.startswith('{'),
+              f"tools: a text answer is its content ({r.message.content!r})")
+    streamed_calls, streamed_text = [], ""
+    for part in c.chat(model=name, messages=ask, tools=tools, stream=True,
+                       options={"temperature": 0, "num_predict": 256}):
+        streamed_calls += part.message.tool_calls or []
+        streamed_text += part.message.content or ""
+    check([(t.function.name, dict(t.function.arguments)) for t in streamed_calls]
+          == [(t.function.name, dict(t.function.arguments)) for t in calls]
+          and streamed_text == r.message.content,
+          "tools: streamed, the same calls and text as the whole answer")
+    ok, why = refused(lambda: c.chat(model=name, messages=ask, tools=tools, format="json"), 400,
+                      ["format"])
+    check(ok, f"tools with format: 400 naming format ({why})")
+    ok, why = refused(lambda: c.chat(model=name, messages=ask, tools=[
+        {"type": "function", "function": {"name": "bad name"}}]), 400, ["tools[0].name"])
+    check(ok, f"a bad tool name: 400 naming it ({why})")
 
     # overload: with 2 slots busy and 2 queued, the next call is a 429 the client raises
     long = {"num_predict": 400, "temperature": 0}

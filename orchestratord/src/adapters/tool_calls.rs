@@ -12,6 +12,9 @@ use serde_json::{json, Map, Value};
 
 /// Most tools one request may describe (each one is prompt text and a grammar branch).
 pub const MAX_TOOLS: usize = 128;
+/// Most calls in one answer (a small model, free to go on, repeats its call until the token
+/// budget ends it).
+pub const MAX_CALLS: usize = 8;
 
 /// One function the model may call.
 #[derive(Debug, Clone, PartialEq)]
@@ -148,7 +151,7 @@ impl Toolbox {
             })
             .map(|t| {
                 json!({"type": "object",
-                    "properties": {"name": {"const": t.name}, "arguments": t.parameters},
+                    "properties": {"name": {"const": t.name}, "arguments": closed(&t.parameters)},
                     "required": ["name", "arguments"], "additionalProperties": false})
             })
             .collect();
@@ -161,9 +164,10 @@ impl Toolbox {
         list.insert("type".into(), json!("array"));
         list.insert("items".into(), call);
         list.insert("minItems".into(), json!(1));
-        if !self.parallel {
-            list.insert("maxItems".into(), json!(1));
-        }
+        list.insert(
+            "maxItems".into(),
+            json!(if self.parallel { MAX_CALLS } else { 1 }),
+        );
         let with_calls = json!({"type": "object", "properties": {"tool_calls": list},
             "required": ["tool_calls"], "additionalProperties": false});
         match self.choice {
@@ -173,6 +177,37 @@ impl Toolbox {
             _ => with_calls,
         }
     }
+}
+
+/// Adds the tools' instructions to the system turn (a first one if there is none).
+pub fn instruct(turns: &mut Vec<contracts::ChatTurn>, toolbox: &Toolbox) {
+    let text = toolbox.instructions();
+    match turns.first_mut() {
+        Some(t) if t.role == "system" => {
+            t.content.push_str("\n\n");
+            t.content.push_str(&text);
+        }
+        _ => turns.insert(
+            0,
+            contracts::ChatTurn {
+                role: "system".into(),
+                content: text,
+            },
+        ),
+    }
+}
+
+/// The arguments' schema with its top level closed to the properties it declares, unless it
+/// says otherwise (`additionalProperties` given): JSON Schema lets any other key through, and
+/// a small model decoding under it invents keys (seen: `{"city":"Paris","city_type":…}`).
+fn closed(parameters: &Value) -> Value {
+    let mut p = parameters.clone();
+    if let Some(o) = p.as_object_mut() {
+        if o.contains_key("properties") && !o.contains_key("additionalProperties") {
+            o.insert("additionalProperties".into(), json!(false));
+        }
+    }
+    p
 }
 
 /// One call the model made: its arguments as the compact JSON text it wrote.
@@ -625,6 +660,12 @@ mod tests {
         let list = &s["properties"]["tool_calls"];
         assert_eq!(list["maxItems"], 1);
         assert_eq!(list["items"]["properties"]["name"]["const"], "get_time");
+        // declared properties only, unless the schema says otherwise
+        let weather = &auto.schema()["anyOf"][0]["properties"]["tool_calls"]["items"]["anyOf"][0];
+        assert_eq!(
+            weather["properties"]["arguments"]["additionalProperties"],
+            false
+        );
         let text = auto.instructions();
         assert!(text.contains("get_weather: The weather in a city"));
         assert!(text.contains(r#"{"content":"#));

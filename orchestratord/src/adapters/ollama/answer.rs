@@ -11,8 +11,10 @@ use contracts::TaskRequest;
 use futures::StreamExt;
 
 use super::request::{chat_task, generate_task, option_name};
+use super::tools::ToolCall;
 use super::types::*;
 use crate::adapters::follow;
+use crate::adapters::tool_calls::{AnswerStream, Piece};
 use crate::auth::Caller;
 use crate::error::ollama::{body as error_body, OllamaError};
 use crate::error::ApiError;
@@ -58,6 +60,7 @@ fn line(
     api: Api,
     model: &str,
     text: String,
+    calls: Option<Vec<ToolCall>>,
     done_reason: Option<String>,
     stats: Option<Stats>,
 ) -> Vec<u8> {
@@ -73,6 +76,7 @@ fn line(
                 message: AnswerMessage {
                     role: "assistant",
                     content: text,
+                    tool_calls: calls,
                 },
                 done,
                 done_reason,
@@ -115,7 +119,7 @@ fn loaded(
     if !state.pools.all().iter().any(|p| p.serves(model)) {
         return Err(ApiError::not_found("model", model).with_field("model"));
     }
-    let mut out = line(api, model, String::new(), Some("load".into()), None);
+    let mut out = line(api, model, String::new(), None, Some("load".into()), None);
     if stream {
         out.push(b'\n');
         return Ok(with_type(Body::from(out), NDJSON));
@@ -135,6 +139,9 @@ fn in_options(e: ApiError) -> ApiError {
     e
 }
 
+/// `tools`: the answer is decoded under the request's tools (a chat with `tools`): its calls
+/// come as `message.tool_calls` — streamed, in one line before the last, once complete — and a
+/// text answer's content as text.
 async fn answer(
     state: SharedState,
     caller: Caller,
@@ -142,21 +149,35 @@ async fn answer(
     model: String,
     task: Option<TaskRequest>,
     stream: bool,
+    tools: bool,
 ) -> Result<Response<Body>, OllamaError> {
     let Some(task) = task else {
         return Ok(loaded(&state, api, &model, stream)?);
     };
+    let named = move |e: ApiError| {
+        if tools {
+            follow::renamed(e, "json_schema", "tools")
+        } else {
+            in_options(e)
+        }
+    };
     let delivery = Delivery::of(stream);
     let task = follow::admit(&state, task, &caller, delivery)
         .await
-        .map_err(in_options)?;
+        .map_err(named)?;
     let mut sub = follow::subscribe(&state, &task);
     if !stream {
-        let (text, end) = follow::collect(sub).await.map_err(in_options)?;
+        let (text, end) = follow::collect(sub).await.map_err(named)?;
+        let (text, calls) = if tools && end.finish_reason == "stop" {
+            super::tools::answer(text)
+        } else {
+            (text, None)
+        };
         let body = line(
             api,
             &model,
             text,
+            calls,
             Some(end.finish_reason),
             Some(stats(&task, end.tokens_out)),
         );
@@ -164,21 +185,47 @@ async fn answer(
     }
     follow::until_answer_begins(std::slice::from_mut(&mut sub))
         .await
-        .map_err(in_options)?;
+        .map_err(named)?;
     let task: Arc<Task> = task.clone();
+    // under tools: the answer so far, and its text pieces as they complete
+    let mut whole = String::new();
+    let mut scan = AnswerStream::new();
     // NDJSON has no comment lines: no keep-alives
     let lines = sub.into_stream(None).filter_map(move |f| {
         let out = match f {
-            Followed::Event(_, TaskEvent::Token(t)) if !t.t.is_empty() => {
-                Some(line(api, &model, t.t, None, None))
+            Followed::Event(_, TaskEvent::Token(t)) if tools => {
+                whole.push_str(&t.t);
+                let text: String = scan
+                    .push(&t.t)
+                    .into_iter()
+                    .filter_map(|p| match p {
+                        Piece::Content(s) => Some(s),
+                        _ => None,
+                    })
+                    .collect();
+                (!text.is_empty()).then(|| line(api, &model, text, None, None, None))
             }
-            Followed::Event(_, TaskEvent::End(end)) => Some(line(
-                api,
-                &model,
-                String::new(),
-                Some(end.finish_reason),
-                Some(stats(&task, end.tokens_out)),
-            )),
+            Followed::Event(_, TaskEvent::Token(t)) if !t.t.is_empty() => {
+                Some(line(api, &model, t.t, None, None, None))
+            }
+            Followed::Event(_, TaskEvent::End(end)) => {
+                let mut out = Vec::new();
+                if tools && end.finish_reason == "stop" {
+                    if let (_, Some(calls)) = super::tools::answer(std::mem::take(&mut whole)) {
+                        out = line(api, &model, String::new(), Some(calls), None, None);
+                        out.push(b'\n');
+                    }
+                }
+                out.extend(line(
+                    api,
+                    &model,
+                    String::new(),
+                    None,
+                    Some(end.finish_reason),
+                    Some(stats(&task, end.tokens_out)),
+                ));
+                Some(out)
+            }
             Followed::Event(_, TaskEvent::Error(e)) => {
                 let env = contracts::ErrorEnvelope::new(e.code, e.message, e.retriable);
                 serde_json::to_vec(&error_body(&env)).ok()
@@ -214,7 +261,7 @@ pub async fn chat(
     body: Result<JsonBody<ChatRequest>, ApiError>,
 ) -> Result<Response<Body>, OllamaError> {
     let JsonBody(req) = body?;
-    let task = chat_task(&state, &req)?;
+    let (task, tools) = chat_task(&state, &req)?;
     answer(
         state,
         caller,
@@ -222,6 +269,7 @@ pub async fn chat(
         req.model,
         task,
         req.stream != Some(false),
+        tools,
     )
     .await
 }
@@ -256,6 +304,7 @@ pub async fn generate(
         req.model,
         task,
         req.stream != Some(false),
+        false,
     )
     .await
 }

@@ -4,6 +4,7 @@
 mod answer;
 mod models;
 mod request;
+mod tools;
 pub mod types;
 
 pub use answer::{__path_chat, __path_generate, chat, generate};

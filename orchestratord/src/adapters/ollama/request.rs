@@ -4,6 +4,7 @@
 use contracts::{ChatTurn, TaskRequest};
 
 use super::types::{ChatRequest, GenerateRequest, Message, Options};
+use crate::adapters::tool_calls;
 use crate::error::ApiError;
 use crate::lifecycle::state::SharedState;
 
@@ -121,17 +122,6 @@ fn format_schema(
     }
 }
 
-fn check_tools(tools: &Option<serde_json::Value>) -> Result<(), ApiError> {
-    match tools {
-        None | Some(serde_json::Value::Null) => Ok(()),
-        Some(serde_json::Value::Array(a)) if a.is_empty() => Ok(()),
-        Some(_) => Err(refuse(
-            "tools",
-            "tools are not supported by this server yet",
-        )),
-    }
-}
-
 fn turn(i: usize, m: &Message) -> Result<ChatTurn, ApiError> {
     let at = |f: &str| format!("messages[{i}].{f}");
     if m.images.as_ref().is_some_and(|v| !v.is_empty()) {
@@ -140,14 +130,24 @@ fn turn(i: usize, m: &Message) -> Result<ChatTurn, ApiError> {
             "images are not supported: the models served here read text only",
         ));
     }
-    if m.tool_calls.as_ref().is_some_and(|v| !v.is_null())
-        || m.tool_name.is_some()
-        || m.role == "tool"
-    {
-        return Err(refuse(
-            &at("role"),
-            "tool messages are not supported by this server yet",
-        ));
+    if let Some(calls) = m.tool_calls.as_ref().filter(|v| !v.is_null()) {
+        if m.role != "assistant" {
+            return Err(refuse(
+                &at("tool_calls"),
+                "only an assistant turn has tool_calls",
+            ));
+        }
+        return Ok(ChatTurn {
+            role: m.role.clone(),
+            content: super::tools::history_calls(i, calls)?,
+        });
+    }
+    if m.role == "tool" {
+        // a tool's result reaches the model as a user turn (any chat template has one)
+        return Ok(ChatTurn {
+            role: "user".into(),
+            content: tool_calls::history_result(m.tool_name.as_deref(), &m.content),
+        });
     }
     Ok(ChatTurn {
         role: m.role.clone(),
@@ -173,10 +173,14 @@ pub fn option_name(task_field: &str) -> Option<&'static str> {
     })
 }
 
-/// `/api/chat` as a task. `None`: no messages (the "load" request).
-pub fn chat_task(state: &SharedState, req: &ChatRequest) -> Result<Option<TaskRequest>, ApiError> {
+/// `/api/chat` as a task (`None`: no messages, the "load" request), and whether its answer is
+/// decoded under the request's tools.
+pub fn chat_task(
+    state: &SharedState,
+    req: &ChatRequest,
+) -> Result<(Option<TaskRequest>, bool), ApiError> {
     no_thinking(&req.think, &req.model)?;
-    check_tools(&req.tools)?;
+    let toolbox = super::tools::toolbox(&req.tools)?;
     let mut task = TaskRequest {
         model: Some(req.model.clone()),
         json_schema: format_schema(&req.format)?,
@@ -184,16 +188,23 @@ pub fn chat_task(state: &SharedState, req: &ChatRequest) -> Result<Option<TaskRe
     };
     apply_options(state, &req.model, &req.options, &mut task)?;
     if req.messages.is_empty() {
-        return Ok(None);
+        return Ok((None, false));
     }
-    let turns = req
+    let mut turns = req
         .messages
         .iter()
         .enumerate()
         .map(|(i, m)| turn(i, m))
         .collect::<Result<Vec<_>, _>>()?;
+    if let Some(t) = &toolbox {
+        if task.json_schema.is_some() {
+            return Err(refuse("format", "format cannot be combined with tools"));
+        }
+        tool_calls::instruct(&mut turns, t);
+        task.json_schema = Some(t.schema());
+    }
     task.messages = Some(turns);
-    Ok(Some(task))
+    Ok((Some(task), toolbox.is_some()))
 }
 
 /// `/api/generate` as a task. `None`: no prompt (the "load" request).

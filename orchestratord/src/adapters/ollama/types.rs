@@ -12,14 +12,15 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 #[schema(as = OllamaMessage)]
 pub struct Message {
-    /// `system` | `user` | `assistant`
+    /// `system` | `user` | `assistant` | `tool`
     pub role: String,
     #[serde(default)]
     pub content: String,
     /// Images (base64): refused, the models served here read text only.
     pub images: Option<Vec<String>>,
-    /// Tool calls of an earlier assistant turn: refused until tools are served.
+    /// Tool calls of an earlier assistant turn (`[{"function": {"name", "arguments"}}]`).
     pub tool_calls: Option<serde_json::Value>,
+    /// A `tool` turn: the function whose result it carries.
     pub tool_name: Option<String>,
     /// An earlier turn's reasoning: accepted and left out of the prompt.
     pub thinking: Option<String>,
@@ -89,6 +90,7 @@ pub struct ChatRequest {
     pub options: Option<Options>,
     /// Accepted: pools stay loaded as the server's configuration says.
     pub keep_alive: Option<serde_json::Value>,
+    /// Functions the model may call (the OpenAI shape): calls come as `message.tool_calls`.
     pub tools: Option<serde_json::Value>,
     /// Thinking: refused when `true` (no model served here thinks).
     pub think: Option<serde_json::Value>,
@@ -130,6 +132,9 @@ pub struct GenerateRequest {
 pub struct AnswerMessage {
     pub role: &'static str,
     pub content: String,
+    /// The calls of an answer to a request with `tools` (then `content` is empty).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<super::tools::ToolCall>>,
 }
 
 /// The counts and durations (nanoseconds) of the last line of an answer.

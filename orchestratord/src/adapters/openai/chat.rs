@@ -61,7 +61,7 @@ fn to_task(req: &ChatRequest, tools: Option<&Toolbox>) -> Result<TaskRequest, Ap
                 format!("{field} cannot be combined with tools"),
             ));
         }
-        tools::instruct(&mut messages, t);
+        crate::adapters::tool_calls::instruct(&mut messages, t);
         json_schema = Some(t.schema());
     }
     if req

@@ -3,7 +3,6 @@
 //! assistant's calls and the tools' results in the history into turns the model reads, and the
 //! model's answer into `message.tool_calls` or, streamed, `delta.tool_calls`.
 
-use contracts::ChatTurn;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -205,24 +204,6 @@ pub fn history_calls(index: usize, calls: &[ToolCallIn]) -> Result<String, ApiEr
         })
         .collect::<Result<Vec<_>, _>>()?;
     Ok(tool_calls::history_calls(&calls))
-}
-
-/// Adds the tools' instructions to the system turn (a first one if there is none).
-pub fn instruct(turns: &mut Vec<ChatTurn>, toolbox: &Toolbox) {
-    let text = toolbox.instructions();
-    match turns.first_mut() {
-        Some(t) if t.role == "system" => {
-            t.content.push_str("\n\n");
-            t.content.push_str(&text);
-        }
-        _ => turns.insert(
-            0,
-            ChatTurn {
-                role: "system".into(),
-                content: text,
-            },
-        ),
-    }
 }
 
 /// The call ids of one choice: its task's id and the call's place.
