@@ -165,6 +165,28 @@ def main():
         ok, why = refused(call, status, words)
         check(ok, f"{what}: {status} naming it ({why})")
 
+    # log-probabilities (ADP-LP-3): one entry per answer token, greedy picks the likeliest,
+    # alternatives sorted, the tokens spell the answer; streamed, the same entries
+    greedy = {"temperature": 0, "num_predict": 12}
+    r = c.chat(model=name, messages=QUESTION, logprobs=True, top_logprobs=3, options=greedy)
+    lps = r.logprobs or []
+    check(len(lps) == r.eval_count and lps, f"chat logprobs: one per token ({len(lps)}, {r.eval_count})")
+    check(all(len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token
+              and e.top_logprobs[0].logprob == e.logprob
+              and all(a.logprob >= b.logprob for a, b in zip(e.top_logprobs, e.top_logprobs[1:]))
+              and e.logprob <= 0 for e in lps),
+          "chat logprobs: greedy takes the likeliest, alternatives sorted, at most 0")
+    check("".join(e.token for e in lps) == r.message.content, "chat logprobs: the tokens spell the answer")
+    streamed = [e for part in c.chat(model=name, messages=QUESTION, logprobs=True, top_logprobs=3,
+                                     options=greedy, stream=True) for e in (part.logprobs or [])]
+    check([(e.token, e.logprob) for e in streamed] == [(e.token, e.logprob) for e in lps],
+          "chat logprobs: streamed, the same entries")
+    g = c.generate(model=name, prompt="The capital of France is", logprobs=True, options=greedy)
+    check(len(g.logprobs or []) == g.eval_count and all(not e.top_logprobs for e in g.logprobs),
+          "generate logprobs: one per token, no alternatives without top_logprobs")
+    plain = c.chat(model=name, messages=QUESTION, options=greedy)
+    check(plain.logprobs is None, "no logprobs unless asked")
+
     # tools (ADP-TOOL-2): a call whose arguments validate, its result sent back, the next turn;
     # streamed, the call comes whole in one line before the last
     # (the client's Tool model keeps a schema's type, properties and required only)

@@ -2,8 +2,9 @@
 //! default model (`ci/ollama_client_check.py`): list, ps and show (the file's digest, the GGUF's
 //! details and chat template), chat and generate streamed and not (the same greedy text as the
 //! OpenAI route, counts and durations that add up), stop, seed, raw prompts, the "load"
-//! request, tools (ADP-TOOL-2: a call, its result sent back, streamed = whole), errors in
-//! Ollama's shape naming the field, and an overload raised as a 429.
+//! request, log-probabilities (ADP-LP-3), tools (ADP-TOOL-2: a call, its result sent back,
+//! streamed = whole), errors in Ollama's shape naming the field, and an overload raised as a
+//! 429.
 //! `ci/test.sh` installs the client into `.cache/pydeps`.
 
 mod support;

@@ -61,6 +61,7 @@ fn line(
     model: &str,
     text: String,
     calls: Option<Vec<ToolCall>>,
+    logprobs: Option<Vec<Logprob>>,
     done_reason: Option<String>,
     stats: Option<Stats>,
 ) -> Vec<u8> {
@@ -80,6 +81,7 @@ fn line(
                 },
                 done,
                 done_reason,
+                logprobs,
                 stats,
             },
         ),
@@ -91,6 +93,7 @@ fn line(
                 response: text,
                 done,
                 done_reason,
+                logprobs,
                 stats,
             },
         ),
@@ -119,7 +122,15 @@ fn loaded(
     if !state.pools.all().iter().any(|p| p.serves(model)) {
         return Err(ApiError::not_found("model", model).with_field("model"));
     }
-    let mut out = line(api, model, String::new(), None, Some("load".into()), None);
+    let mut out = line(
+        api,
+        model,
+        String::new(),
+        None,
+        None,
+        Some("load".into()),
+        None,
+    );
     if stream {
         out.push(b'\n');
         return Ok(with_type(Body::from(out), NDJSON));
@@ -161,13 +172,14 @@ async fn answer(
             in_options(e)
         }
     };
+    let scored = task.logprobs == Some(true);
     let delivery = Delivery::of(stream);
     let task = follow::admit(&state, task, &caller, delivery)
         .await
         .map_err(named)?;
     let mut sub = follow::subscribe(&state, &task);
     if !stream {
-        let (text, end) = follow::collect(sub).await.map_err(named)?;
+        let (text, scores, end) = follow::collect_scored(sub).await.map_err(named)?;
         let (text, calls) = if tools && end.finish_reason == "stop" {
             super::tools::answer(text)
         } else {
@@ -178,6 +190,7 @@ async fn answer(
             &model,
             text,
             calls,
+            scored.then(|| scores.iter().map(Logprob::from).collect()),
             Some(end.finish_reason),
             Some(stats(&task, end.tokens_out)),
         );
@@ -203,16 +216,21 @@ async fn answer(
                         _ => None,
                     })
                     .collect();
-                (!text.is_empty()).then(|| line(api, &model, text, None, None, None))
+                (!text.is_empty()).then(|| line(api, &model, text, None, None, None, None))
             }
-            Followed::Event(_, TaskEvent::Token(t)) if !t.t.is_empty() => {
-                Some(line(api, &model, t.t, None, None, None))
+            Followed::Event(_, TaskEvent::Token(t)) if !t.t.is_empty() || t.logprobs.is_some() => {
+                let scores = t
+                    .logprobs
+                    .as_ref()
+                    .filter(|_| scored)
+                    .map(|l| vec![Logprob::from(l)]);
+                Some(line(api, &model, t.t, None, scores, None, None))
             }
             Followed::Event(_, TaskEvent::End(end)) => {
                 let mut out = Vec::new();
                 if tools && end.finish_reason == "stop" {
                     if let (_, Some(calls)) = super::tools::answer(std::mem::take(&mut whole)) {
-                        out = line(api, &model, String::new(), Some(calls), None, None);
+                        out = line(api, &model, String::new(), Some(calls), None, None, None);
                         out.push(b'\n');
                     }
                 }
@@ -220,6 +238,7 @@ async fn answer(
                     api,
                     &model,
                     String::new(),
+                    None,
                     None,
                     Some(end.finish_reason),
                     Some(stats(&task, end.tokens_out)),

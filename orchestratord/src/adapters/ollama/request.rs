@@ -184,6 +184,8 @@ pub fn chat_task(
     let mut task = TaskRequest {
         model: Some(req.model.clone()),
         json_schema: format_schema(&req.format)?,
+        logprobs: req.logprobs,
+        top_logprobs: req.top_logprobs,
         ..Default::default()
     };
     apply_options(state, &req.model, &req.options, &mut task)?;
@@ -199,6 +201,9 @@ pub fn chat_task(
     if let Some(t) = &toolbox {
         if task.json_schema.is_some() {
             return Err(refuse("format", "format cannot be combined with tools"));
+        }
+        if req.logprobs == Some(true) {
+            return Err(refuse("logprobs", "logprobs cannot be combined with tools"));
         }
         tool_calls::instruct(&mut turns, t);
         task.json_schema = Some(t.schema());
@@ -240,6 +245,8 @@ pub fn generate_task(
     let mut task = TaskRequest {
         model: Some(req.model.clone()),
         json_schema: format_schema(&req.format)?,
+        logprobs: req.logprobs,
+        top_logprobs: req.top_logprobs,
         ..Default::default()
     };
     apply_options(state, &req.model, &req.options, &mut task)?;

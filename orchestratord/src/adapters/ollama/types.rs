@@ -94,6 +94,11 @@ pub struct ChatRequest {
     pub tools: Option<serde_json::Value>,
     /// Thinking: refused when `true` (no model served here thinks).
     pub think: Option<serde_json::Value>,
+    /// Each answer token's log-probability (`logprobs` on every line).
+    pub logprobs: Option<bool>,
+    /// With `logprobs`: the likeliest tokens at each step, 0-20.
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs: Option<u32>,
 }
 
 /// `POST /api/generate`.
@@ -124,6 +129,11 @@ pub struct GenerateRequest {
     /// Refused: the token context of an earlier answer (deprecated by Ollama).
     pub context: Option<Vec<i64>>,
     pub think: Option<serde_json::Value>,
+    /// Each answer token's log-probability (`logprobs` on every line).
+    pub logprobs: Option<bool>,
+    /// With `logprobs`: the likeliest tokens at each step, 0-20.
+    #[schema(minimum = 0, maximum = 20)]
+    pub top_logprobs: Option<u32>,
 }
 
 /// An answer's message.
@@ -166,6 +176,9 @@ pub struct ChatLine {
     /// prompt.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub done_reason: Option<String>,
+    /// With `logprobs`: this line's tokens' log-probabilities.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<Logprob>>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub stats: Option<Stats>,
 }
@@ -183,6 +196,9 @@ pub struct GenerateLine {
     /// prompt.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub done_reason: Option<String>,
+    /// With `logprobs`: this line's tokens' log-probabilities.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Vec<Logprob>>,
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub stats: Option<Stats>,
 }
@@ -271,4 +287,38 @@ pub struct ShowResponse {
 #[schema(as = OllamaVersion)]
 pub struct Version {
     pub version: String,
+}
+
+/// A token's log-probability, and the likeliest tokens at its step (`top_logprobs` of them,
+/// most likely first).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = OllamaLogprob)]
+pub struct Logprob {
+    pub token: String,
+    pub logprob: f32,
+    pub top_logprobs: Vec<TokenLogprob>,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[schema(as = OllamaTokenLogprob)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+}
+
+impl From<&contracts::SseLogprobs> for Logprob {
+    fn from(s: &contracts::SseLogprobs) -> Self {
+        Self {
+            token: s.token.clone(),
+            logprob: s.logprob,
+            top_logprobs: s
+                .top
+                .iter()
+                .map(|t| TokenLogprob {
+                    token: t.token.clone(),
+                    logprob: t.logprob,
+                })
+                .collect(),
+        }
+    }
 }
