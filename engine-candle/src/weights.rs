@@ -34,8 +34,9 @@ pub enum WeightFormat {
 /// A matmul weight with the kernel that multiplies it.
 pub(crate) enum Linear {
     Candle(QMatMul),
-    /// On an accelerator: the weight as stored, dequantized to f32 `[n, k]` once, through the
-    /// BLAS matmul (cuBLAS) at every batch size. candle 0.11.1's CUDA MMQ kernel (its quantized
+    /// On an accelerator, whatever the weight format: the weight (as stored for `Auto`, else
+    /// in the format's type) dequantized to f32 `[n, k]` once, through the BLAS matmul (cuBLAS)
+    /// at every batch size. candle 0.11.1's CUDA MMQ kernel (its quantized
     /// path above 8 rows) gave non-finite results on an H200 — Q4_1 weights of 192, 576 and
     /// 1536 rows in `tests/device_kernels.rs` (which ones varied between runs), NaN logits for
     /// whole prompts through the default model's Q8_0 weights — and one path for every batch
@@ -214,6 +215,10 @@ impl GgufFile {
             }
             _ => q,
         };
+        if !device.is_cpu() {
+            // the format's values, through the one kernel that is right on an accelerator
+            return Ok(Linear::Dense(q.dequantize(device)?));
+        }
         Ok(Linear::Candle(QMatMul::from_qtensor(q)?))
     }
 
