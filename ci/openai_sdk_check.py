@@ -166,8 +166,8 @@ def main():
           f"responses text.format: JSON under the schema ({shaped.output_text})")
     for kw, param in [({"store": True}, "store"), ({"previous_response_id": "resp_1"},
                                                    "previous_response_id"),
-                      ({"input": [{"type": "function_call_output", "call_id": "c",
-                                   "output": "x"}]}, "input[0]")]:
+                      ({"input": [{"type": "reasoning", "id": "rs_1", "summary": []}]},
+                       "input[0]")]:
         try:
             client.responses.create(**{"model": model, "input": "x", "max_output_tokens": 2,
                                        **kw})

@@ -5,7 +5,10 @@ the function's schema (`finish_reason: tool_calls`, `content: null`), the tool's
 as a `tool` message beside the assistant's `tool_calls`, and the second turn answers; a named
 choice calls that function; `none` answers in text; streamed calls arrive as `tool_calls` deltas
 (index, id, name, then argument fragments) that add up to the non-streamed call; and the
-refusals name their field. Exits non-zero at the first failure.
+refusals name their field. The same through the Responses API (ADP-TOOL-4): `function_call`
+output items whose arguments validate, the call and its `function_call_output` sent back as input
+items, a named choice, and the streamed `function_call_arguments` events adding up to the call.
+Exits non-zero at the first failure.
 
     PYTHONPATH=.cache/pydeps python3 ci/openai_tools_check.py --base-url http://127.0.0.1:PORT
 """
@@ -138,7 +141,75 @@ def main():
     refused("tool_choice", tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
     refused("tools[0].function.name", tools=[{"type": "function", "function": {"name": "bad name"}}])
     refused("response_format", tools=TOOLS, response_format={"type": "json_object"})
+    responses(client, model)
     print("all tools checks passed")
+
+
+def responses(client, model):
+    """Function tools on /v1/responses, with the SDK's types and stream helper."""
+    tools = [{"type": "function", "name": t["function"]["name"],
+              "description": t["function"]["description"],
+              "parameters": t["function"]["parameters"], "strict": True} for t in TOOLS]
+    common = dict(model=model, temperature=0, max_output_tokens=96)
+    question = "What is the weather in Paris?"
+    r = client.responses.create(input=question, tools=tools, tool_choice="required", **common)
+    calls = [o for o in r.output if o.type == "function_call"]
+    check(r.status == "completed" and calls and len(calls) == len(r.output),
+          f"responses: function_call items only ({r.status}): {r.output}")
+    call = calls[0]
+    check(call.call_id.startswith("call_") and call.id.startswith("fc_"),
+          f"responses: call ids: {call.id} {call.call_id}")
+    schema = WEATHER if call.name == "get_weather" else TOOLS[1]["function"]["parameters"]
+    jsonschema.validate(json.loads(call.arguments), schema)
+    check(True, f"responses: the arguments validate against {call.name}'s schema")
+    check(r.tool_choice == "required" and len(r.tools) == 2, "responses: tools and choice echoed")
+
+    named = client.responses.create(input=question, tools=tools,
+                                    tool_choice={"type": "function", "name": "get_weather"},
+                                    parallel_tool_calls=False, **common)
+    check(len(named.output) == 1 and named.output[0].name == "get_weather",
+          f"responses: the named function, once: {named.output}")
+    wcall = named.output[0]
+    jsonschema.validate(json.loads(wcall.arguments), WEATHER)
+
+    # the second turn: the SDK's own call item goes back beside its output
+    second = client.responses.create(input=[
+        {"role": "user", "content": question}, wcall,
+        {"type": "function_call_output", "call_id": wcall.call_id,
+         "output": "18 degrees celsius, light rain"},
+    ], tools=tools, tool_choice="none", **common)
+    check(second.output[0].type == "message" and second.output_text,
+          f"responses: the second turn answers in text: {second.output_text!r}")
+
+    # streamed: the helper assembles the same call from the argument deltas
+    kinds = []
+    with client.responses.stream(input=question, tools=tools,
+                                 tool_choice={"type": "function", "name": "get_weather"},
+                                 parallel_tool_calls=False, **common) as s:
+        for event in s:
+            kinds.append(event.type)
+        final = s.get_final_response()
+    check("response.function_call_arguments.delta" in kinds
+          and "response.function_call_arguments.done" in kinds
+          and kinds[-1] == "response.completed",
+          f"responses stream: argument events ({sorted(set(kinds))})")
+    check(final.output[0].type == "function_call"
+          and final.output[0].arguments == wcall.arguments,
+          f"responses stream: the same call: {final.output[0].arguments!r}")
+
+    def refused(field, **kw):
+        try:
+            client.responses.create(input=question, **{**common, **kw})
+        except openai.BadRequestError as e:
+            param = e.body.get("param") if isinstance(e.body, dict) else None
+            check(param == field, f"responses: {field} refused: {e.body}")
+            return
+        check(False, f"responses: {field} was not refused")
+
+    refused("tools[0].type", tools=[{"type": "web_search"}])
+    refused("tool_choice.name", tools=tools, tool_choice={"type": "function", "name": "nope"})
+    refused("text.format", tools=tools,
+            text={"format": {"type": "json_schema", "name": "x", "schema": {"type": "object"}}})
 
 
 if __name__ == "__main__":

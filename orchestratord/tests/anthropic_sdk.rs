@@ -3,7 +3,12 @@
 //! same greedy text as the OpenAI route), count_tokens equal to the input tokens charged,
 //! stop sequences, end_turn, system and content blocks, prefill, `max_tokens: 0`, errors as
 //! the SDK's exception classes naming the field, and an overload raised as RateLimitError
-//! with `retry-after`. `ci/test.sh` installs the SDK into `.cache/pydeps`.
+//! with `retry-after`. ADP-TOOL-3: tool use through the same SDK
+//! (`ci/anthropic_tools_check.py`): a two-turn round trip (`tool_use` blocks whose input
+//! validates against the tool's `input_schema`, `stop_reason: tool_use`, the `tool_result`
+//! sent back), named choice, `disable_parallel_tool_use`, `none`, the stream helper assembling
+//! the call from `input_json_delta`s, count_tokens counting the tools, refusals naming their
+//! field. `ci/test.sh` installs the SDK into `.cache/pydeps`.
 
 mod support;
 
@@ -18,4 +23,10 @@ async fn the_official_anthropic_sdk_works_against_the_real_model() {
     )
     .await;
     assert!(stdout.contains("all anthropic SDK checks passed"));
+    let stdout = run_sdk_script(
+        "anthropic_tools_check.py",
+        &["--base-url".into(), s.url("").into()],
+    )
+    .await;
+    assert!(stdout.contains("all anthropic tools checks passed"), "{stdout}");
 }

@@ -3,7 +3,9 @@
 //! arguments validate against the function's schema, its result sent back as a `tool` message,
 //! the next answer), a named choice, `parallel_tool_calls: false`, `none`, streamed
 //! `tool_calls` deltas adding up to the whole answer's call, and the refusals naming their
-//! field. The answer's shape and its streaming scanner: `src/adapters/tool_calls.rs`.
+//! field. ADP-TOOL-4: the same on `/v1/responses` (`function_call` items, the call and its
+//! `function_call_output` sent back as input items, the streamed argument events). The
+//! answer's shape and its streaming scanner: `src/adapters/tool_calls/`.
 
 mod support;
 

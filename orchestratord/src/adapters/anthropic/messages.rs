@@ -1,7 +1,7 @@
 //! `POST /v1/messages` (one message, or with `stream: true` Anthropic's event sequence) and
 //! `POST /v1/messages/count_tokens`.
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::Response;
 use axum::response::IntoResponse;
@@ -12,6 +12,7 @@ use serde_json::json;
 use super::request::{count_task, messages_task};
 use super::types::*;
 use crate::adapters::follow;
+use crate::adapters::tool_calls::{BlockStream, Step};
 use crate::auth::Caller;
 use crate::error::anthropic::{body as error_body, AnthropicError};
 use crate::error::ApiError;
@@ -21,9 +22,10 @@ use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::TaskEvent;
 
-/// Anthropic's `stop_reason` for a task's end.
-fn stop_reason(end: &contracts::SseEnd) -> String {
+/// Anthropic's `stop_reason` for a task's end (`called`: the answer made tool calls).
+fn stop_reason(end: &contracts::SseEnd, called: bool) -> String {
     match (end.finish_reason.as_str(), &end.stop_sequence) {
+        ("stop", None) if called => "tool_use".into(),
         ("stop", Some(_)) => "stop_sequence".into(),
         ("stop", None) => "end_turn".into(),
         ("length", _) => "max_tokens".into(),
@@ -55,30 +57,41 @@ pub async fn messages(
     body: Result<JsonBody<MessagesRequest>, ApiError>,
 ) -> Result<Response<Body>, AnthropicError> {
     let JsonBody(req) = body?;
-    let task_req = messages_task(&req)?;
+    let (task_req, toolbox) = messages_task(&req)?;
     if task_req.max_tokens == Some(0) {
         // Anthropic's cache pre-warm: nothing generated, the prompt counted
         let input_tokens = input_tokens(&state, &task_req, &req.model).await?;
         return Ok(nothing_generated(&req, input_tokens));
     }
+    let tools = toolbox.is_some();
+    let shaped_by = if tools {
+        "tools"
+    } else {
+        "output_config.format"
+    };
+    let rename = |e| follow::renamed(e, "json_schema", shaped_by);
     let delivery = Delivery::of(req.stream);
     let task = follow::admit(&state, task_req, &caller, delivery)
         .await
-        .map_err(|e| follow::renamed(e, "json_schema", "output_config.format"))?;
+        .map_err(rename)?;
+    let task_id = task.id.to_string();
     let id = format!("msg_{}", task.id);
     let model = req.model.clone();
     let mut sub = follow::subscribe(&state, &task);
     if !req.stream {
-        let (text, end) = follow::collect(sub)
-            .await
-            .map_err(|e| follow::renamed(e, "json_schema", "output_config.format"))?;
+        let (text, end) = follow::collect(sub).await.map_err(rename)?;
+        let (content, called) = if tools {
+            super::tools::content(text, &task_id)
+        } else {
+            (vec![ContentBlock::Text { text }], false)
+        };
         return Ok(Json(MessageResponse {
             id,
             kind: "message",
             role: "assistant",
             model,
-            content: vec![TextBlock { kind: "text", text }],
-            stop_reason: Some(stop_reason(&end)),
+            content,
+            stop_reason: Some(stop_reason(&end, called)),
             stop_sequence: end.stop_sequence.clone(),
             usage: Usage {
                 input_tokens: task.prompt_tokens_used(),
@@ -89,7 +102,7 @@ pub async fn messages(
     }
     follow::until_answer_begins(std::slice::from_mut(&mut sub))
         .await
-        .map_err(|e| follow::renamed(e, "json_schema", "output_config.format"))?;
+        .map_err(rename)?;
     let start = MessageResponse {
         id,
         kind: "message",
@@ -103,50 +116,110 @@ pub async fn messages(
             output_tokens: 0,
         },
     };
-    let opening = vec![
-        follow::sse_event(
-            "message_start",
-            &json!({"type": "message_start", "message": start}),
-        ),
-        follow::sse_event(
+    let mut opening = vec![follow::sse_event(
+        "message_start",
+        &json!({"type": "message_start", "message": start}),
+    )];
+    if !tools {
+        // a plain answer is one text block, open from the start
+        opening.push(follow::sse_event(
             "content_block_start",
             &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-        ),
-        follow::sse_event("ping", &json!({"type": "ping"})),
-    ];
+        ));
+    }
+    opening.push(follow::sse_event("ping", &json!({"type": "ping"})));
+    // under tools: the answer followed block by block (and whether the open one is a call)
+    let blocks = tools.then(|| (BlockStream::new(), false));
     let rest = sub
         .into_stream(follow::keepalive(&state))
-        .flat_map(move |f| {
-            let frames = match f {
-                Followed::KeepAlive => vec![follow::sse_event("ping", &json!({"type": "ping"}))],
-                Followed::Event(_, TaskEvent::Token(t)) if !t.t.is_empty() => vec![follow::sse_event(
-                    "content_block_delta",
-                    &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t.t}}),
-                )],
-                Followed::Event(_, TaskEvent::End(end)) => vec![
-                    follow::sse_event(
-                        "content_block_stop",
-                        &json!({"type": "content_block_stop", "index": 0}),
-                    ),
-                    follow::sse_event(
+        .scan(blocks, move |blocks, f| {
+            let frames = match (f, blocks.as_mut()) {
+                (Followed::KeepAlive, _) => {
+                    vec![follow::sse_event("ping", &json!({"type": "ping"}))]
+                }
+                (Followed::Event(_, TaskEvent::Token(t)), Some((scan, in_call))) => scan
+                    .push(&t.t)
+                    .into_iter()
+                    .map(|step| block_frame(step, in_call, scan.calls(), &task_id))
+                    .collect(),
+                (Followed::Event(_, TaskEvent::Token(t)), None) if !t.t.is_empty() => {
+                    vec![follow::sse_event(
+                        "content_block_delta",
+                        &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": t.t}}),
+                    )]
+                }
+                (Followed::Event(_, TaskEvent::End(end)), blocks) => {
+                    let mut v = match blocks {
+                        Some((scan, in_call)) => {
+                            let calls = scan.calls();
+                            scan.finish()
+                                .into_iter()
+                                .map(|step| block_frame(step, in_call, calls, &task_id))
+                                .collect()
+                        }
+                        None => vec![follow::sse_event(
+                            "content_block_stop",
+                            &json!({"type": "content_block_stop", "index": 0}),
+                        )],
+                    };
+                    let called = blocks.as_ref().is_some_and(|(scan, _)| scan.calls() > 0);
+                    v.push(follow::sse_event(
                         "message_delta",
-                        &json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(&end), "stop_sequence": end.stop_sequence}, "usage": {"output_tokens": end.tokens_out}}),
-                    ),
-                    follow::sse_event("message_stop", &json!({"type": "message_stop"})),
-                ],
-                Followed::Event(_, TaskEvent::Error(e)) => {
+                        &json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(&end, called), "stop_sequence": end.stop_sequence}, "usage": {"output_tokens": end.tokens_out}}),
+                    ));
+                    v.push(follow::sse_event("message_stop", &json!({"type": "message_stop"})));
+                    v
+                }
+                (Followed::Event(_, TaskEvent::Error(e)), _) => {
                     let env = contracts::ErrorEnvelope::new(e.code, e.message, e.retriable);
                     vec![follow::sse_event("error", &json!(error_body(&env)))]
                 }
-                Followed::Event(..) => vec![],
+                (Followed::Event(..), _) => vec![],
             };
-            futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>))
-        });
+            futures::future::ready(Some(frames))
+        })
+        .flat_map(|frames| futures::stream::iter(frames.into_iter().map(Ok::<_, std::io::Error>)));
     let stream =
         futures::stream::iter(opening.into_iter().map(Ok::<_, std::io::Error>)).chain(rest);
     Ok(crate::lifecycle::sse::event_stream_response(
         Body::from_stream(stream),
     ))
+}
+
+/// A step of an answer under tools as its event: a block opens (`tool_use` with its id and
+/// name, `input` empty), grows (`text_delta`, or `input_json_delta` fragments of the input's
+/// JSON) or stops. `calls`: calls begun so far (the open call is the last).
+fn block_frame(step: Step, in_call: &mut bool, calls: usize, task_id: &str) -> Bytes {
+    match step {
+        Step::Open { index, call } => {
+            *in_call = call.is_some();
+            let block = match call {
+                Some(name) => {
+                    json!({"type": "tool_use", "id": super::tools::tool_use_id(task_id, calls.saturating_sub(1)), "name": name, "input": {}})
+                }
+                None => json!({"type": "text", "text": ""}),
+            };
+            follow::sse_event(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": index, "content_block": block}),
+            )
+        }
+        Step::Delta { index, text } => {
+            let delta = if *in_call {
+                json!({"type": "input_json_delta", "partial_json": text})
+            } else {
+                json!({"type": "text_delta", "text": text})
+            };
+            follow::sse_event(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            )
+        }
+        Step::Close { index, .. } => follow::sse_event(
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": index}),
+        ),
+    }
 }
 
 /// The input tokens a message request would be charged: the system prompt and turns through

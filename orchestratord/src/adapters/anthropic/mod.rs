@@ -3,6 +3,7 @@
 
 mod messages;
 mod request;
+mod tools;
 pub mod types;
 
 pub use messages::{__path_count_tokens, __path_messages, count_tokens, messages};

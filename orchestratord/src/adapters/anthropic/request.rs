@@ -1,9 +1,13 @@
-//! Anthropic's requests as tasks: `system` and the turns' text blocks as chat turns, a final
-//! assistant turn continued (prefill), the fields this server does not serve refused by name.
+//! Anthropic's requests as tasks: `system` and the turns' blocks as chat turns (text; an
+//! assistant's `tool_use` blocks as the calls the model made, a user's `tool_result` blocks as
+//! the results it reads), a final assistant turn continued (prefill), the tools as the answer's
+//! constraint, the fields this server does not serve refused by name.
 
 use contracts::{ChatTurn, StopField, TaskRequest};
 
+use super::tools;
 use super::types::{Block, Content, CountRequest, Message, MessagesRequest};
+use crate::adapters::tool_calls::{self, Toolbox};
 use crate::error::ApiError;
 
 fn refuse(field: impl Into<String>, why: impl Into<String>) -> ApiError {
@@ -15,8 +19,9 @@ fn block_text(b: &Block, field: &str) -> Result<String, ApiError> {
     if b.kind != "text" {
         let shown: String = b.kind.escape_debug().take(40).collect();
         let why = match b.kind.as_str() {
-            "tool_use" | "tool_result" | "server_tool_use" => {
-                format!("{shown} blocks are not supported by this server yet")
+            "server_tool_use" | "web_search_tool_result" | "web_fetch_tool_result"
+            | "code_execution_tool_result" | "mcp_tool_use" | "mcp_tool_result" => {
+                format!("{shown} blocks are not served here: only custom tools")
             }
             "thinking" | "redacted_thinking" => {
                 format!("{shown} blocks are not supported: no model served here thinks")
@@ -55,30 +60,43 @@ fn content_text(c: &Content, field: &str) -> Result<String, ApiError> {
     }
 }
 
-/// Tools, a tool choice or thinking: refused until served (empty or disabled accepted).
-fn unserved(
-    tools: &Option<serde_json::Value>,
-    tool_choice: &Option<serde_json::Value>,
-    thinking: &Option<serde_json::Value>,
-) -> Result<(), ApiError> {
+/// A message's content as the text of its turn: its text blocks; an assistant's `tool_use`
+/// blocks as the answer that made those calls (text beside them is not shown to the model,
+/// whose answer is either text or calls); a user's `tool_result` blocks as the results, before
+/// its text.
+fn message_text(role: &str, c: &Content, field: &str) -> Result<String, ApiError> {
+    let Content::Blocks(blocks) = c else {
+        return content_text(c, field);
+    };
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    let mut results = Vec::new();
+    for (j, b) in blocks.iter().enumerate() {
+        let f = format!("{field}[{j}]");
+        match (b.kind.as_str(), role) {
+            ("tool_use", "assistant") => calls.push(tools::history_call(b, &f)?),
+            ("tool_result", "user") => results.push(tools::history_result(b, &f)?),
+            ("tool_use", _) => {
+                return Err(refuse(f, "tool_use blocks belong in assistant turns"));
+            }
+            ("tool_result", _) => {
+                return Err(refuse(f, "tool_result blocks belong in user turns"));
+            }
+            _ => text.push_str(&block_text(b, &f)?),
+        }
+    }
+    if !calls.is_empty() {
+        return Ok(tool_calls::history_calls(&calls));
+    }
+    if !text.is_empty() {
+        results.push(text);
+    }
+    Ok(results.join("\n"))
+}
+
+/// Thinking: refused unless disabled (no model served here thinks).
+fn no_thinking(thinking: &Option<serde_json::Value>) -> Result<(), ApiError> {
     use serde_json::Value;
-    if tools
-        .as_ref()
-        .is_some_and(|t| !(t.is_null() || t.as_array().is_some_and(|a| a.is_empty())))
-    {
-        return Err(refuse(
-            "tools",
-            "tools are not supported by this server yet",
-        ));
-    }
-    let none_choice =
-        |v: &Value| v.is_null() || v.get("type").and_then(Value::as_str) == Some("none");
-    if tool_choice.as_ref().is_some_and(|c| !none_choice(c)) {
-        return Err(refuse(
-            "tool_choice",
-            "tool_choice is not supported by this server yet (only {\"type\": \"none\"})",
-        ));
-    }
     let disabled =
         |v: &Value| v.is_null() || v.get("type").and_then(Value::as_str) == Some("disabled");
     if thinking.as_ref().is_some_and(|t| !disabled(t)) {
@@ -121,10 +139,20 @@ fn turns(
         }
         out.push(ChatTurn {
             role: m.role.clone(),
-            content: content_text(&m.content, &format!("messages[{i}].content"))?,
+            content: message_text(&m.role, &m.content, &format!("messages[{i}].content"))?,
         });
     }
     let prefill = messages.last().is_some_and(|m| m.role == "assistant");
+    let calls_last = messages.last().is_some_and(|m| match &m.content {
+        Content::Blocks(b) => b.iter().any(|b| b.kind == "tool_use"),
+        Content::Text(_) => false,
+    });
+    if prefill && calls_last {
+        return Err(refuse(
+            format!("messages[{}].content", messages.len() - 1),
+            "a final assistant turn with tool_use blocks cannot be continued: send the tool_result in a user turn",
+        ));
+    }
     if prefill
         && out
             .last()
@@ -138,12 +166,34 @@ fn turns(
     Ok((out, prefill))
 }
 
-/// `/v1/messages` as a task.
-pub fn messages_task(req: &MessagesRequest) -> Result<TaskRequest, ApiError> {
+/// The turns, whether the last is continued, and the tools (their instructions added to the
+/// system turn).
+fn chat(
+    system: &Option<Content>,
+    messages: &[Message],
+    tools: &Option<serde_json::Value>,
+    tool_choice: &Option<serde_json::Value>,
+) -> Result<(Vec<ChatTurn>, bool, Option<Toolbox>), ApiError> {
+    let toolbox = tools::toolbox(tools, tool_choice)?;
+    let (mut turns, prefill) = turns(system, messages)?;
+    if let Some(t) = &toolbox {
+        if prefill {
+            return Err(refuse(
+                format!("messages[{}]", messages.len() - 1),
+                "a final assistant turn (prefill) cannot be combined with tools",
+            ));
+        }
+        tool_calls::instruct(&mut turns, t);
+    }
+    Ok((turns, prefill, toolbox))
+}
+
+/// `/v1/messages` as a task, and its tools (the answer is then decoded under them).
+pub fn messages_task(req: &MessagesRequest) -> Result<(TaskRequest, Option<Toolbox>), ApiError> {
     let max_tokens = req
         .max_tokens
         .ok_or_else(|| refuse("max_tokens", "max_tokens: field required"))?;
-    unserved(&req.tools, &req.tool_choice, &req.thinking)?;
+    no_thinking(&req.thinking)?;
     if let Some(t) = req.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
         return Err(refuse(
             "temperature",
@@ -180,10 +230,19 @@ pub fn messages_task(req: &MessagesRequest) -> Result<TaskRequest, ApiError> {
             format!("service_tier \"{shown}\" is not one of auto, standard_only"),
         ));
     }
-    let (turns, prefill) = turns(&req.system, &req.messages)?;
+    let (turns, prefill, toolbox) = chat(&req.system, &req.messages, &req.tools, &req.tool_choice)?;
     let user = req.metadata.as_ref().and_then(|m| m.user_id.as_deref());
-    let json_schema = output_schema(&req.output_config)?;
-    Ok(TaskRequest {
+    let mut json_schema = output_schema(&req.output_config)?;
+    if let Some(t) = &toolbox {
+        if json_schema.is_some() {
+            return Err(refuse(
+                "output_config.format",
+                "output_config.format cannot be combined with tools",
+            ));
+        }
+        json_schema = Some(t.schema());
+    }
+    let task = TaskRequest {
         model: Some(req.model.clone()),
         messages: Some(turns),
         max_tokens: Some(max_tokens),
@@ -199,7 +258,8 @@ pub fn messages_task(req: &MessagesRequest) -> Result<TaskRequest, ApiError> {
         continue_final_message: prefill.then_some(true),
         json_schema,
         ..Default::default()
-    })
+    };
+    Ok((task, toolbox))
 }
 
 /// `output_config.format` (`{"type": "json_schema", "schema": {…}}`) as the task's schema;
@@ -239,10 +299,11 @@ fn output_schema(
     }
 }
 
-/// `/v1/messages/count_tokens` as the task it would be (its prompt and continuation).
+/// `/v1/messages/count_tokens` as the task it would be (its prompt with the tools'
+/// instructions, and its continuation).
 pub fn count_task(req: &CountRequest) -> Result<TaskRequest, ApiError> {
-    unserved(&req.tools, &req.tool_choice, &req.thinking)?;
-    let (turns, prefill) = turns(&req.system, &req.messages)?;
+    no_thinking(&req.thinking)?;
+    let (turns, prefill, _) = chat(&req.system, &req.messages, &req.tools, &req.tool_choice)?;
     Ok(TaskRequest {
         model: Some(req.model.clone()),
         messages: Some(turns),

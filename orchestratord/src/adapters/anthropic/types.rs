@@ -4,8 +4,9 @@
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-/// A content block of a message or of `system`. Text is read; the other kinds are refused
-/// with a 400 naming the block.
+/// A content block of a message or of `system`: `text`; `tool_use` (`id`, `name`, `input`) in
+/// assistant turns and `tool_result` (`tool_use_id`, `content`, `is_error`) in user turns. The
+/// other kinds are refused with a 400 naming the block.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[schema(as = AnthropicContentBlock)]
 pub struct Block {
@@ -75,9 +76,12 @@ pub struct MessagesRequest {
     pub metadata: Option<Metadata>,
     /// `auto` | `standard_only`: accepted (one tier here).
     pub service_tier: Option<String>,
-    /// Refused until tools are served (an empty list is accepted).
+    /// Custom tools (`name`, `description`, `input_schema`); the model's calls are decoded
+    /// under their schemas, so each `tool_use` input validates. Server tools (web search,
+    /// bash, …) are refused by type.
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<serde_json::Value>,
+    /// `{"type": "auto" | "any" | "tool" (+ `name`) | "none", "disable_parallel_tool_use"}`.
     #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<serde_json::Value>,
     /// `{"type": "disabled"}` only: no model served here thinks.
@@ -130,13 +134,22 @@ pub struct TokenCount {
     pub input_tokens: u32,
 }
 
-/// A text block of an answer.
+/// A block of an answer: text, or a call of one of the request's tools.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-#[schema(as = AnthropicTextBlock)]
-pub struct TextBlock {
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    pub text: String,
+#[serde(tag = "type", rename_all = "snake_case")]
+#[schema(as = AnthropicContentBlockOut)]
+pub enum ContentBlock {
+    Text {
+        text: String,
+    },
+    /// A call: `input` is valid against the tool's `input_schema` (constrained decoding).
+    ToolUse {
+        /// `toolu_<task>_<i>`: send it back as the `tool_use_id` of the `tool_result`.
+        id: String,
+        name: String,
+        #[schema(value_type = Object)]
+        input: serde_json::Value,
+    },
 }
 
 /// Token counts.
@@ -157,9 +170,9 @@ pub struct MessageResponse {
     pub kind: &'static str,
     pub role: &'static str,
     pub model: String,
-    pub content: Vec<TextBlock>,
-    /// `end_turn` | `max_tokens` | `stop_sequence` (`cancelled` when the task was cancelled);
-    /// null while streaming.
+    pub content: Vec<ContentBlock>,
+    /// `end_turn` | `max_tokens` | `stop_sequence` | `tool_use` (`cancelled` when the task
+    /// was cancelled); null while streaming.
     pub stop_reason: Option<String>,
     pub stop_sequence: Option<String>,
     pub usage: Usage,

@@ -146,7 +146,7 @@ fn turn(i: usize, m: &Message) -> Result<ChatTurn, ApiError> {
         // a tool's result reaches the model as a user turn (any chat template has one)
         return Ok(ChatTurn {
             role: "user".into(),
-            content: tool_calls::history_result(m.tool_name.as_deref(), &m.content),
+            content: tool_calls::history_result(m.tool_name.as_deref(), &m.content, false),
         });
     }
     Ok(ChatTurn {

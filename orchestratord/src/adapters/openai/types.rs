@@ -63,6 +63,7 @@ pub fn chat_turns(
                     content: crate::adapters::tool_calls::history_result(
                         m.tool_call_id.as_deref(),
                         &text,
+                        false,
                     ),
                 },
                 _ if m.content.is_none() => {

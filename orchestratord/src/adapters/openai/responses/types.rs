@@ -21,8 +21,10 @@ pub enum InputContent {
     Parts(Vec<InputPart>),
 }
 
-/// One input item: a message (`type` absent or `message`); other item kinds (function call
-/// outputs, reasoning, …) are refused with a 400 naming them.
+/// One input item: a message (`type` absent or `message`), an earlier answer's call
+/// (`function_call`: `call_id`, `name`, `arguments`) or a call's result
+/// (`function_call_output`: `call_id`, `output`); other item kinds (reasoning, …) are refused
+/// with a 400 naming them.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 pub struct InputItem {
     #[serde(rename = "type")]
@@ -30,6 +32,15 @@ pub struct InputItem {
     /// `user` | `assistant` | `system` | `developer`
     pub role: Option<String>,
     pub content: Option<InputContent>,
+    /// A call's id (function_call, function_call_output).
+    pub call_id: Option<String>,
+    /// The function a function_call called.
+    pub name: Option<String>,
+    /// A function_call's arguments as JSON text.
+    pub arguments: Option<String>,
+    /// A function_call_output's result: a string or text parts.
+    #[schema(value_type = Option<Object>)]
+    pub output: Option<Value>,
 }
 
 /// `input`: a string (one user message) or items.
@@ -94,9 +105,12 @@ pub struct ResponsesRequest {
     pub store: Option<bool>,
     /// Refused: nothing is stored to continue from.
     pub previous_response_id: Option<String>,
-    /// Refused until tools are served (an empty list is accepted).
+    /// Function tools (`{"type": "function", "name", "description", "parameters"}`): the
+    /// model's calls are decoded under their schemas, so each call's arguments validate.
+    /// Built-in tools (web search, file search, …) are refused by type.
     #[schema(value_type = Option<Vec<Object>>)]
     pub tools: Option<Value>,
+    /// `none` | `auto` | `required` | `{"type": "function", "name": …}`.
     #[schema(value_type = Option<Object>)]
     pub tool_choice: Option<Value>,
     pub parallel_tool_calls: Option<bool>,
@@ -133,6 +147,31 @@ pub struct OutputMessage {
     pub content: Vec<OutputText>,
 }
 
+/// A call of one of the request's functions.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct FunctionCallItem {
+    /// `function_call`
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// `fc_<task>_<i>`
+    pub id: String,
+    /// `call_<task>_<i>`: send it back as the `call_id` of the `function_call_output`.
+    pub call_id: String,
+    pub name: String,
+    /// JSON text, valid against the function's `parameters` (constrained decoding).
+    pub arguments: String,
+    /// `in_progress` | `completed` | `incomplete`
+    pub status: &'static str,
+}
+
+/// An output item: the answer's text, or a call.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum OutputItem {
+    Message(OutputMessage),
+    FunctionCall(FunctionCallItem),
+}
+
 /// Token counts.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ResponseUsage {
@@ -158,7 +197,7 @@ pub struct ResponseObject {
     /// `in_progress` | `completed` | `incomplete`
     pub status: &'static str,
     pub model: String,
-    pub output: Vec<OutputMessage>,
+    pub output: Vec<OutputItem>,
     pub usage: Option<ResponseUsage>,
     pub incomplete_details: Option<IncompleteDetails>,
     #[schema(value_type = Option<Object>)]
@@ -168,7 +207,10 @@ pub struct ResponseObject {
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub parallel_tool_calls: bool,
-    pub tool_choice: &'static str,
+    /// As the request gave it (`auto` by default).
+    #[schema(value_type = Object)]
+    pub tool_choice: Value,
+    /// The request's tools, as given.
     pub tools: Vec<Value>,
     #[schema(value_type = Object)]
     pub text: Value,
