@@ -97,7 +97,7 @@ fn pick(
     };
     let (lp, top) = crate::sampling::log_probs(logits, token, n.min(MAX_TOP_LOGPROBS));
     let entry = |id: u32, logprob: f32| TokenLogprob {
-        id,
+        id: Some(id),
         bytes: match tokenizer.token_bytes(id) {
             [] => tokenizer.token_text(id).unwrap_or_default().into_bytes(),
             b => b.to_vec(),

@@ -60,7 +60,9 @@ pub const MAX_TOP_LOGPROBS: usize = 20;
 /// A token and its log-probability.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TokenLogprob {
-    pub id: u32,
+    /// The token's id; None from an engine that takes and gives text (a remote worker's
+    /// backend names its tokens by their text).
+    pub id: Option<u32>,
     /// The token's bytes (a control token's name).
     pub bytes: Vec<u8>,
     pub logprob: f32,

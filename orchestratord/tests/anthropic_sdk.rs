@@ -28,5 +28,8 @@ async fn the_official_anthropic_sdk_works_against_the_real_model() {
         &["--base-url".into(), s.url("").into()],
     )
     .await;
-    assert!(stdout.contains("all anthropic tools checks passed"), "{stdout}");
+    assert!(
+        stdout.contains("all anthropic tools checks passed"),
+        "{stdout}"
+    );
 }

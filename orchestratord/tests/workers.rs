@@ -391,7 +391,8 @@ async fn client_disconnect_stops_the_worker_engine() {
 }
 
 /// WRK-E2E-4: a worker fronting another orchestratord through --backend-url serves chats end
-/// to end; its drain ends the worker process once idle.
+/// to end — structured output, log-probabilities and tools passed on to the backend
+/// (ADP-SO-4, ADP-LP-4); its drain ends the worker process once idle.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_fronting_another_orchestratord() {
     let backend_cfg = format!(
@@ -451,20 +452,73 @@ async fn worker_fronting_another_orchestratord() {
     assert_eq!(r.status(), 400);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["param"], "response_format", "{v}");
-    // a Lark grammar has no common spelling across backends; logprobs are not passed on yet
-    for (extra, field) in [
-        (json!({"grammar": "start: \"a\""}), "grammar"),
-        (json!({"logprobs": true}), "logprobs"),
-    ] {
-        let mut body = json!({"model": MODEL, "prompt": "x", "max_tokens": 2});
-        body.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        let r = post(&base, "/v1/tasks", body).await;
-        assert_eq!(r.status(), 400, "{field}");
-        let v: serde_json::Value = r.json().await.unwrap();
-        assert_eq!(v["field"], field, "{v}");
+    // a Lark grammar has no common spelling across backends
+    let body = json!({"model": MODEL, "prompt": "x", "max_tokens": 2, "grammar": "start: \"a\""});
+    let r = post(&base, "/v1/tasks", body).await;
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["field"], "grammar", "{v}");
+    // ADP-LP-4: logprobs pass on and come back: the backend's own values, token by token
+    let body = json!({"model": MODEL, "max_tokens": 8, "temperature": 0, "logprobs": true,
+        "top_logprobs": 3, "messages": question});
+    let read = |v: &serde_json::Value| -> Vec<(String, f64, Vec<String>)> {
+        v["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no logprobs: {v}"))
+            .iter()
+            .map(|e| {
+                let top = e["top_logprobs"].as_array().unwrap();
+                (
+                    e["token"].as_str().unwrap().to_string(),
+                    e["logprob"].as_f64().unwrap(),
+                    top.iter()
+                        .map(|t| t["token"].as_str().unwrap().to_string())
+                        .collect(),
+                )
+            })
+            .collect()
+    };
+    let direct: serde_json::Value = post(&bbase, "/v1/chat/completions", body.clone())
+        .await
+        .json()
+        .await
+        .unwrap();
+    let relayed: serde_json::Value = post(&base, "/v1/chat/completions", body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let (d, r) = (read(&direct), read(&relayed));
+    assert_eq!(d.len(), 8, "{direct}");
+    assert_eq!(r.len(), d.len(), "one entry per token: {relayed}");
+    for (a, b) in d.iter().zip(&r) {
+        assert_eq!((&a.0, &a.2), (&b.0, &b.2), "same tokens and alternatives");
+        assert!((a.1 - b.1).abs() < 1e-3, "{} vs {}", a.1, b.1);
     }
+    let text: String = r.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(
+        text,
+        relayed["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap(),
+        "the tokens spell the answer"
+    );
+    // tools pass on as the answer's schema: the backend's call validates
+    let body = json!({"model": MODEL, "max_tokens": 48, "temperature": 0, "messages": question,
+        "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "find_city",
+        "parameters": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}},
+        "required": ["name"]}}}]});
+    let v: serde_json::Value = post(&base, "/v1/chat/completions", body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let call = &v["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "find_city", "{v}");
+    let args: serde_json::Value =
+        serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["name"].is_string(), "{args}");
+    assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
     let r = post(
         &base,
         &format!("/v1/pools/{}/drain", pools[0]),

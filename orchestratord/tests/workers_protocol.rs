@@ -269,6 +269,33 @@ async fn backend_refusals_keep_their_class() {
     }
 }
 
+/// ADP-LP-4: logprobs go to the backend (`logprobs`, `top_logprobs`); a backend that answers
+/// without them is the client's 400 naming `logprobs`, not text without the values asked.
+#[tokio::test]
+async fn a_backend_ignoring_logprobs_is_a_400_naming_them() {
+    let s = server(|_| {}).await;
+    let mut w = worker(&s, "w", &["m"], 1).await;
+    let mut body = chat("m", false);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(2);
+    let call = tokio::spawn(
+        s.client
+            .post(s.url("/v1/chat/completions"))
+            .json(&body)
+            .send(),
+    );
+    let (id, _, sent, _) = w.request().await;
+    assert_eq!(
+        (sent["logprobs"].clone(), sent["top_logprobs"].clone()),
+        (json!(true), json!(2))
+    );
+    w.answer(&id, &["Hel", "lo"]).await;
+    let r = call.await.unwrap().unwrap();
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["param"], "logprobs", "{v}");
+}
+
 /// WRK-PLACE-1: placement reads `current_load`: a worker reporting itself full gets nothing
 /// while another has room.
 #[tokio::test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use contracts::worker::{CancelReason, ServerToWorker, TokenCounts};
 use pool_manager::{
     Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason, OnLoss,
-    OutputConstraint, PortError, PromptInput, SeqEvent, SlotPermit, StopCause,
+    OutputConstraint, PortError, PromptInput, SeqEvent, SlotPermit, StepLogprobs, StopCause,
     EVENT_CHANNEL_CAPACITY,
 };
 use tokio::sync::mpsc;
@@ -61,6 +61,13 @@ impl Engine for RemoteEngine {
         Ok(None)
     }
 
+    /// Asked of the backend (`logprobs`/`top_logprobs`, which vLLM, llama.cpp's server and
+    /// orchestratord serve) and read back from its chunks; a backend that answers without
+    /// them ends the task with a 400 naming `logprobs`.
+    fn gives_logprobs(&self) -> bool {
+        true
+    }
+
     /// A JSON Schema goes to the backend as `response_format` (vLLM, llama.cpp's server and
     /// orchestratord take it; a backend that refuses it answers a 400 naming it); a Lark
     /// grammar has no common spelling across backends.
@@ -108,9 +115,14 @@ impl Engine for RemoteEngine {
             ));
         }
         let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
+        let progress = Progress {
+            scored: job.logprobs.is_some(),
+            ..Progress::default()
+        };
         tokio::spawn(relay(
             self.link.clone(),
             request_id,
+            progress,
             Ends {
                 cancel: job.cancel,
                 cause: job.stop_cause,
@@ -143,6 +155,8 @@ impl Engine for RemoteEngine {
 /// What a relay has seen of its request so far.
 #[derive(Default)]
 struct Progress {
+    /// The job asked for log-probabilities: text without them is the backend ignoring it.
+    scored: bool,
     reader: StreamReader,
     tokens_out: usize,
     finish: Option<String>,
@@ -159,16 +173,27 @@ impl Progress {
     ) -> Result<(), Ended> {
         for item in items {
             match item {
-                StreamItem::Text(text) => {
-                    // a worker streams text: it has no token id to give
-                    let ev = SeqEvent::Token {
-                        text,
-                        index: self.tokens_out,
-                        id: None,
-                        logprobs: None,
-                    };
-                    self.tokens_out += 1;
-                    tx.send(ev).await.map_err(|_| Ended::ReceiverGone)?;
+                StreamItem::Text(_) if self.scored => {
+                    return Err(Ended::Refused {
+                        field: "logprobs".into(),
+                        message: "the worker's backend gave no log-probabilities".into(),
+                    })
+                }
+                StreamItem::Text(text) => self.token(text, None, tx).await?,
+                StreamItem::Scored(text, steps) => {
+                    // one token event per scored token when they spell the text, else the
+                    // text with its first token's (a token split inside a character)
+                    let pieces: Vec<String> = steps
+                        .iter()
+                        .map(|s| String::from_utf8_lossy(&s.chosen.bytes).into_owned())
+                        .collect();
+                    if steps.len() > 1 && pieces.concat() == text {
+                        for (piece, step) in pieces.into_iter().zip(steps) {
+                            self.token(piece, Some(step), tx).await?;
+                        }
+                    } else {
+                        self.token(text, steps.into_iter().next(), tx).await?;
+                    }
                 }
                 StreamItem::Finish(f) => self.finish = Some(f),
                 StreamItem::StopSequence(s) => self.stop_sequence = Some(s),
@@ -177,6 +202,23 @@ impl Progress {
             }
         }
         Ok(())
+    }
+
+    /// One token event (a worker streams text: it has no token id to give).
+    async fn token(
+        &mut self,
+        text: String,
+        logprobs: Option<StepLogprobs>,
+        tx: &mpsc::Sender<SeqEvent>,
+    ) -> Result<(), Ended> {
+        let ev = SeqEvent::Token {
+            text,
+            index: self.tokens_out,
+            id: None,
+            logprobs: logprobs.map(Box::new),
+        };
+        self.tokens_out += 1;
+        tx.send(ev).await.map_err(|_| Ended::ReceiverGone)
     }
 
     fn done(&self, counts: Option<TokenCounts>) -> SeqEvent {
@@ -202,6 +244,11 @@ impl Progress {
 enum Ended {
     ReceiverGone,
     Failed(String),
+    /// The backend did not honour a field of the request: the client's 400 names it.
+    Refused {
+        field: String,
+        message: String,
+    },
 }
 
 /// How a job can end early, and how its failure is read.
@@ -219,6 +266,7 @@ struct Ends {
 async fn relay(
     link: Arc<WorkerLink>,
     request_id: String,
+    mut progress: Progress,
     ends: Ends,
     mut events: mpsc::Receiver<RequestEvent>,
     tx: mpsc::Sender<SeqEvent>,
@@ -229,7 +277,6 @@ async fn relay(
         failure,
         permit: _slot,
     } = ends;
-    let mut progress = Progress::default();
     let stop = |reason: CancelReason| {
         link.close_request(&request_id);
         link.send(ServerToWorker::Cancel {
@@ -295,6 +342,13 @@ async fn relay(
                     Err(Ended::Failed(m)) => {
                         let _ = tx.send(SeqEvent::Failed(m)).await;
                     }
+                    Err(Ended::Refused { field, message }) => {
+                        failure.set(PortError::Refused {
+                            field,
+                            message: message.clone(),
+                        });
+                        let _ = tx.send(SeqEvent::Failed(message)).await;
+                    }
                     Err(Ended::ReceiverGone) => {}
                 }
                 return;
@@ -316,6 +370,15 @@ async fn relay(
             Err(Ended::Failed(m)) => {
                 stop(CancelReason::ClientDisconnect);
                 let _ = tx.send(SeqEvent::Failed(m)).await;
+                return;
+            }
+            Err(Ended::Refused { field, message }) => {
+                stop(CancelReason::ClientDisconnect);
+                failure.set(PortError::Refused {
+                    field,
+                    message: message.clone(),
+                });
+                let _ = tx.send(SeqEvent::Failed(message)).await;
                 return;
             }
         }

@@ -3,7 +3,9 @@
 //! reason and the usage. The worker uses the reader too, for `token_counts`.
 
 use contracts::worker::TokenCounts;
-use pool_manager::{EngineJob, OutputConstraint, PromptInput};
+use pool_manager::{
+    EngineJob, OutputConstraint, PromptInput, StepLogprobs, TokenLogprob, MAX_TOP_LOGPROBS,
+};
 use serde_json::{json, Value};
 
 /// Longest line kept while waiting for its newline (a frame limit bounds it anyway).
@@ -44,9 +46,14 @@ pub fn request_body(model: &str, job: &EngineJob) -> (&'static str, Value) {
         body["response_format"] = json!({"type": "json_schema", "json_schema": {
             "name": "output", "schema": schema, "strict": true}});
     }
+    let top = job.logprobs.map(|n| n.min(MAX_TOP_LOGPROBS));
     match &job.prompt {
         PromptInput::Text(p) => {
             body["prompt"] = json!(format!("{p}{}", job.continuation));
+            if let Some(n) = top {
+                // the completions spelling: how many alternatives (the chosen one always)
+                body["logprobs"] = json!(n);
+            }
             ("/v1/completions", body)
         }
         PromptInput::Chat(turns) => {
@@ -60,6 +67,10 @@ pub fn request_body(model: &str, job: &EngineJob) -> (&'static str, Value) {
                 body["add_generation_prompt"] = json!(false);
             }
             body["messages"] = json!(messages);
+            if let Some(n) = top {
+                body["logprobs"] = json!(true);
+                body["top_logprobs"] = json!(n);
+            }
             ("/v1/chat/completions", body)
         }
     }
@@ -69,6 +80,8 @@ pub fn request_body(model: &str, job: &EngineJob) -> (&'static str, Value) {
 #[derive(Debug, Clone, PartialEq)]
 pub enum StreamItem {
     Text(String),
+    /// Text with the log-probabilities of the tokens that make it (one per token, in order).
+    Scored(String, Vec<StepLogprobs>),
     Finish(String),
     /// vLLM's `stop_reason` (and ours): the stop sequence that ended the choice.
     StopSequence(String),
@@ -131,7 +144,15 @@ pub fn read_object(v: &Value, out: &mut Vec<StreamItem>) {
             .or_else(|| choice.get("text"))
             .and_then(Value::as_str);
         if let Some(t) = text.filter(|t| !t.is_empty()) {
-            out.push(StreamItem::Text(t.to_string()));
+            let steps = choice
+                .get("logprobs")
+                .map(read_logprobs)
+                .unwrap_or_default();
+            out.push(if steps.is_empty() {
+                StreamItem::Text(t.to_string())
+            } else {
+                StreamItem::Scored(t.to_string(), steps)
+            });
         }
         if let Some(f) = choice.get("finish_reason").and_then(Value::as_str) {
             out.push(StreamItem::Finish(f.to_string()));
@@ -150,7 +171,86 @@ pub fn read_object(v: &Value, out: &mut Vec<StreamItem>) {
     }
 }
 
-/// The message of an error body (`{"error": {"message": …}}`, or the text itself).
+/// A choice's `logprobs`: the chat spelling (`content: [{token, logprob, bytes,
+/// top_logprobs: [{token, logprob, bytes}]}]`) or the completions one (`tokens`,
+/// `token_logprobs`, `top_logprobs: [{token: logprob}]`). Entries it cannot read are left out.
+fn read_logprobs(v: &Value) -> Vec<StepLogprobs> {
+    let one = |e: &Value| -> Option<TokenLogprob> {
+        let token = e.get("token")?.as_str()?;
+        let bytes = e
+            .get("bytes")
+            .and_then(Value::as_array)
+            .and_then(|b| {
+                b.iter()
+                    .map(|x| x.as_u64().and_then(|x| u8::try_from(x).ok()))
+                    .collect::<Option<Vec<u8>>>()
+            })
+            .unwrap_or_else(|| token.as_bytes().to_vec());
+        Some(TokenLogprob {
+            id: None,
+            bytes,
+            logprob: e.get("logprob")?.as_f64()? as f32,
+        })
+    };
+    if let Some(content) = v.get("content").and_then(Value::as_array) {
+        return content
+            .iter()
+            .filter_map(|e| {
+                let mut top: Vec<TokenLogprob> = e
+                    .get("top_logprobs")
+                    .and_then(Value::as_array)
+                    .map(|t| t.iter().filter_map(one).collect())
+                    .unwrap_or_default();
+                top.truncate(MAX_TOP_LOGPROBS);
+                Some(StepLogprobs {
+                    chosen: one(e)?,
+                    top,
+                })
+            })
+            .collect();
+    }
+    let (Some(tokens), Some(lps)) = (
+        v.get("tokens").and_then(Value::as_array),
+        v.get("token_logprobs").and_then(Value::as_array),
+    ) else {
+        return Vec::new();
+    };
+    let tops = v.get("top_logprobs").and_then(Value::as_array);
+    tokens
+        .iter()
+        .zip(lps)
+        .enumerate()
+        .filter_map(|(k, (t, lp))| {
+            let token = t.as_str()?;
+            let mut top: Vec<TokenLogprob> = tops
+                .and_then(|a| a.get(k))
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(tok, lp)| {
+                            Some(TokenLogprob {
+                                id: None,
+                                bytes: tok.as_bytes().to_vec(),
+                                logprob: lp.as_f64()? as f32,
+                            })
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            top.sort_by(|a, b| b.logprob.total_cmp(&a.logprob));
+            top.truncate(MAX_TOP_LOGPROBS);
+            Some(StepLogprobs {
+                chosen: TokenLogprob {
+                    id: None,
+                    bytes: token.as_bytes().to_vec(),
+                    logprob: lp.as_f64()? as f32,
+                },
+                top,
+            })
+        })
+        .collect()
+}
+
 /// The task field a backend's refusal names (`error.param`, OpenAI's and vLLM's), as the task
 /// calls it: `response_format` is the task's `json_schema`.
 pub fn refused_field(body: &str) -> Option<String> {
@@ -162,6 +262,7 @@ pub fn refused_field(body: &str) -> Option<String> {
     })
 }
 
+/// The message of an error body (`{"error": {"message": …}}`, or the text itself).
 pub fn error_message(body: &str) -> String {
     serde_json::from_str::<Value>(body)
         .ok()
@@ -296,5 +397,72 @@ mod passing_on {
         assert_eq!(refused_field(refusal).as_deref(), Some("json_schema"));
         assert_eq!(refused_field(r#"{"error":{"message":"bad"}}"#), None);
         assert_eq!(refused_field("not json"), None);
+    }
+
+    /// ADP-LP-4: logprobs are asked in each endpoint's spelling and read back from both.
+    #[test]
+    fn logprobs_are_asked_and_read_back_in_both_spellings() {
+        let slots = Slots::new(1);
+        let job = |prompt: PromptInput| {
+            let mut j = EngineJob::new(
+                slots.try_acquire().unwrap(),
+                prompt,
+                SamplingParams::default(),
+                4,
+            );
+            j.logprobs = Some(3);
+            j
+        };
+        let (path, body) = request_body("m", &job(PromptInput::Text("x".into())));
+        assert_eq!(
+            (path, body["logprobs"].clone()),
+            ("/v1/completions", json!(3))
+        );
+        let chat = PromptInput::Chat(vec![pool_manager::ChatTurn {
+            role: "user".into(),
+            content: "hi".into(),
+        }]);
+        let (_, body) = request_body("m", &job(chat));
+        assert_eq!(
+            (body["logprobs"].clone(), body["top_logprobs"].clone()),
+            (json!(true), json!(3))
+        );
+
+        let mut items = Vec::new();
+        read_object(
+            &json!({"choices": [{"delta": {"content": "Hi!"}, "logprobs": {"content": [
+                {"token": "Hi", "logprob": -0.5, "bytes": [72, 105],
+                 "top_logprobs": [{"token": "Hi", "logprob": -0.5}, {"token": "Hey", "logprob": -1.5}]},
+                {"token": "!", "logprob": -0.25, "top_logprobs": []}]}}]}),
+            &mut items,
+        );
+        let StreamItem::Scored(text, steps) = &items[0] else {
+            panic!("{items:?}")
+        };
+        assert_eq!(text, "Hi!");
+        assert_eq!(steps.len(), 2);
+        assert_eq!(steps[0].chosen.bytes, b"Hi");
+        assert_eq!(steps[0].top[1].bytes, b"Hey");
+        assert_eq!(steps[1].chosen.logprob, -0.25);
+
+        let mut items = Vec::new();
+        read_object(
+            &json!({"choices": [{"text": " Paris", "logprobs": {"tokens": [" Paris"],
+                "token_logprobs": [-0.1], "top_logprobs": [{" London": -3.0, " Paris": -0.1}]}}]}),
+            &mut items,
+        );
+        let StreamItem::Scored(_, steps) = &items[0] else {
+            panic!("{items:?}")
+        };
+        assert_eq!(steps[0].chosen.bytes, b" Paris");
+        assert_eq!(steps[0].top[0].bytes, b" Paris", "likeliest first");
+        assert_eq!(steps[0].top[1].logprob, -3.0);
+
+        let mut items = Vec::new();
+        read_object(
+            &json!({"choices": [{"delta": {"content": "x"}, "logprobs": null}]}),
+            &mut items,
+        );
+        assert_eq!(items, vec![StreamItem::Text("x".into())]);
     }
 }
