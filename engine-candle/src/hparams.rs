@@ -1,4 +1,5 @@
-//! Hyperparameters of a llama-family model, read from GGUF metadata.
+//! Hyperparameters of a llama-family model (llama, mistral, qwen2) or a Gemma 3, read from
+//! GGUF metadata with the defaults llama.cpp gives missing keys.
 
 use std::collections::HashMap;
 
@@ -13,6 +14,26 @@ pub enum RopeStyle {
     Interleaved,
     /// First half against second half (llama.cpp "neox" mode, used by Qwen2).
     Halves,
+}
+
+/// The feed-forward's gate activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (llama, qwen2).
+    Silu,
+    /// GeGLU with the tanh approximation (Gemma).
+    GeluTanh,
+}
+
+/// Local attention layers (Gemma 3): a window of recent positions, their own RoPE base.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlidingWindow {
+    /// A query at position p sees keys at positions > p − window.
+    pub window: usize,
+    /// Layer `i` is local unless `i % period == period − 1` (llama.cpp's pattern).
+    pub period: usize,
+    /// RoPE frequency base of the local layers.
+    pub rope_base: f32,
 }
 
 /// The model shape and numerics the forward pass needs.
@@ -31,6 +52,14 @@ pub struct Hparams {
     pub rope_linear_factor: f32,
     pub rope_style: RopeStyle,
     pub ctx_train: usize,
+    /// Input embeddings are multiplied by this (Gemma: √n_embd).
+    pub embed_scale: Option<f32>,
+    pub activation: Activation,
+    /// Scale of `q·k` (1/√head_dim; Gemma 3 27B: 1/√(n_embd/n_head)).
+    pub attn_scale: f32,
+    pub sliding_window: Option<SlidingWindow>,
+    /// `c·tanh(logit/c)` on the output (`final_logit_softcapping`).
+    pub logit_softcap: Option<f32>,
 }
 
 pub(crate) fn md_u32(md: &HashMap<String, Value>, key: &str) -> Result<u32> {
@@ -74,12 +103,13 @@ impl Hparams {
         let arch = md_str(md, "general.architecture")
             .ok_or_else(|| EngineError::BadModel("general.architecture is missing".into()))?
             .to_string();
+        let gemma3 = arch == "gemma3";
         let rope_style = match arch.as_str() {
             "llama" | "mistral" => RopeStyle::Interleaved,
-            "qwen2" => RopeStyle::Halves,
+            "qwen2" | "gemma3" => RopeStyle::Halves,
             other => {
                 return Err(EngineError::Unsupported(format!(
-                    "architecture {other:?} (supported: llama, mistral, qwen2)"
+                    "architecture {other:?} (supported: llama, mistral, qwen2, gemma3)"
                 )))
             }
         };
@@ -87,22 +117,39 @@ impl Hparams {
         let n_head = md_u32(md, &k("attention.head_count"))? as usize;
         let n_head_kv = md_u32(md, &k("attention.head_count_kv")).unwrap_or(n_head as u32) as usize;
         let n_embd = md_u32(md, &k("embedding_length"))? as usize;
-        if n_head == 0
-            || n_head_kv == 0
-            || !n_head.is_multiple_of(n_head_kv)
-            || !n_embd.is_multiple_of(n_head)
-        {
+        if n_head == 0 || n_head_kv == 0 || !n_head.is_multiple_of(n_head_kv) {
             return Err(EngineError::BadModel(format!(
-                "inconsistent head counts: {n_head} heads, {n_head_kv} kv heads, embedding {n_embd}"
+                "inconsistent head counts: {n_head} heads, {n_head_kv} kv heads"
             )));
         }
-        let head_dim = md_u32(md, &k("rope.dimension_count"))
-            .map(|d| d as usize)
-            .unwrap_or(n_embd / n_head);
-        if head_dim != n_embd / n_head {
+        // a head's width: `attention.key_length` where given (Gemma 3: 256 with 640 wide
+        // embeddings over 4 heads), else the embedding shared out
+        let key_length = md_u32(md, &k("attention.key_length"))
+            .ok()
+            .map(|d| d as usize);
+        let value_length = md_u32(md, &k("attention.value_length"))
+            .ok()
+            .map(|d| d as usize);
+        let head_dim = match key_length {
+            Some(d) => d,
+            None if n_embd.is_multiple_of(n_head) => n_embd / n_head,
+            None => {
+                return Err(EngineError::BadModel(format!(
+                    "embedding {n_embd} is not a whole number of {n_head} heads"
+                )))
+            }
+        };
+        if value_length.is_some_and(|v| v != head_dim) || head_dim == 0 || head_dim % 2 != 0 {
             return Err(EngineError::Unsupported(format!(
-                "partial rotary embeddings (rope dims {head_dim}, head dim {})",
-                n_embd / n_head
+                "heads of {head_dim} key and {value_length:?} value dimensions"
+            )));
+        }
+        let rope_dims = md_u32(md, &k("rope.dimension_count"))
+            .map(|d| d as usize)
+            .unwrap_or(head_dim);
+        if rope_dims != head_dim {
+            return Err(EngineError::Unsupported(format!(
+                "partial rotary embeddings (rope dims {rope_dims}, head dim {head_dim})"
             )));
         }
         let rope_linear_factor = match md_str(md, &k("rope.scaling.type")) {
@@ -114,8 +161,25 @@ impl Hparams {
                 )))
             }
         };
+        let n_layer = md_u32(md, &k("block_count"))? as usize;
+        let sliding_window = match md_u32(md, &k("attention.sliding_window")) {
+            Ok(w) if gemma3 && w > 0 => Some(SlidingWindow {
+                window: w as usize,
+                period: md_u32(md, &k("attention.sliding_window_pattern"))
+                    .map_or(6, |p| p as usize),
+                rope_base: md_f32(md, &k("rope.freq_base_swa")).unwrap_or(10_000.0),
+            }),
+            _ => None,
+        };
+        // Gemma 3 27B (62 layers) scales by the embedding's share per head, the others by the
+        // head width (llama.cpp, after gemma_pytorch)
+        let attn_scale = if gemma3 && n_layer == 62 {
+            1.0 / ((n_embd / n_head) as f32).sqrt()
+        } else {
+            1.0 / (head_dim as f32).sqrt()
+        };
         Ok(Self {
-            n_layer: md_u32(md, &k("block_count"))? as usize,
+            n_layer,
             n_ff: md_u32(md, &k("feed_forward_length"))? as usize,
             n_head,
             n_head_kv,
@@ -126,8 +190,23 @@ impl Hparams {
             rope_linear_factor,
             rope_style,
             ctx_train: md_u32(md, &k("context_length")).unwrap_or(2048) as usize,
+            embed_scale: gemma3.then(|| (n_embd as f32).sqrt()),
+            activation: if gemma3 {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            attn_scale,
+            sliding_window,
+            logit_softcap: md_f32(md, &k("final_logit_softcapping")).filter(|c| *c > 0.0),
             architecture: arch,
         })
+    }
+
+    /// Whether layer `layer` attends through the sliding window (and its RoPE base).
+    pub fn is_local(&self, layer: usize) -> bool {
+        self.sliding_window
+            .is_some_and(|w| w.period == 0 || layer % w.period < w.period - 1)
     }
 
     /// Query heads per KV head (grouped-query attention).

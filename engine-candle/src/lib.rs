@@ -22,12 +22,13 @@ mod q4_1_cpu;
 mod q8_0_cpu;
 mod sampling;
 mod scheduler;
+mod spm_vocab;
 mod step_budget;
 mod text_stream;
 mod tokenizer;
 mod weights;
 
-pub use chat_template::{ChatTemplate, Piece, TemplateSource, CHATML_FALLBACK};
+pub use chat_template::{ChatTemplate, Piece, TemplateSource, CHATML_FALLBACK, GEMMA_FALLBACK};
 pub use compute_priority::MAX_NICE;
 pub use constrained::Constrained;
 pub use cpu_parallel::fault;
@@ -37,7 +38,7 @@ pub use engine::{
     DEFAULT_STEP_PROMPT_TOKENS, ENGINE_NAME, ENGINE_VERSION,
 };
 pub use error::{EngineError, Result};
-pub use hparams::{Hparams, RopeStyle};
+pub use hparams::{Activation, Hparams, RopeStyle, SlidingWindow};
 pub use kv_type::KvType;
 pub use sampling::{argmax, Sampler, REPEAT_WINDOW};
 pub use scheduler::GenerateRequest;

@@ -16,7 +16,7 @@ use crate::attention::{
 };
 use crate::cpu_parallel::par_chunks_mut;
 use crate::error::{EngineError, Result};
-use crate::hparams::{Hparams, RopeStyle};
+use crate::hparams::{Activation, Hparams, RopeStyle};
 use crate::kv_type::KvType;
 use crate::weights::{Linear, Weights};
 
@@ -40,12 +40,54 @@ pub(crate) struct Model {
     pub hp: Hparams,
     w: Weights,
     pub device: Device,
-    /// `[ctx, head_dim/2]` cos and sin of the rotary angles (the CPU path's rotation).
+    /// The rotary angles of the global layers, and of the local ones where their base differs.
+    rope: RopeTables,
+    rope_local: Option<RopeTables>,
+    ctx: usize,
+}
+
+/// `[ctx, head_dim/2]` cos and sin of one RoPE base's angles: as vectors (the CPU path's
+/// rotation) and as tensors (the accelerator path's).
+struct RopeTables {
     cos_table: Vec<f32>,
     sin_table: Vec<f32>,
     cos: Tensor,
     sin: Tensor,
-    ctx: usize,
+}
+
+impl RopeTables {
+    /// The angles as ggml's rope cache computes them: θ starts at the position and is
+    /// multiplied by base^(-2/d) once per pair, in f32 (the rounding of that running product
+    /// is part of llama.cpp's numerics).
+    fn new(
+        hp: &Hparams,
+        base: f32,
+        freq_factors: Option<&Vec<f32>>,
+        ctx: usize,
+        device: &Device,
+    ) -> Result<Self> {
+        let half = hp.head_dim / 2;
+        let theta_scale = base.powf(-2.0 / hp.head_dim as f32);
+        let freq_scale = 1.0 / hp.rope_linear_factor;
+        let mut angles = Vec::with_capacity(ctx * half);
+        for p in 0..ctx {
+            let mut theta = p as f32;
+            for i in 0..half {
+                let ff = freq_factors.map_or(1.0, |f| f[i]);
+                angles.push(freq_scale * (theta / ff));
+                theta *= theta_scale;
+            }
+        }
+        let cos_table: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
+        let sin_table: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
+        let angles = Tensor::from_vec(angles, (ctx, half), device)?;
+        Ok(Self {
+            cos_table,
+            sin_table,
+            cos: angles.cos()?,
+            sin: angles.sin()?,
+        })
+    }
 }
 
 /// Preallocated key/value storage for `slots` sequences of up to `ctx` tokens.
@@ -197,33 +239,33 @@ impl Model {
                 )));
             }
         }
-        // angles as ggml's rope cache computes them: θ starts at the position and is
-        // multiplied by base^(-2/d) once per pair, in f32 (the rounding of that running
-        // product is part of llama.cpp's numerics)
-        let theta_scale = hp.rope_base.powf(-2.0 / hp.head_dim as f32);
-        let freq_scale = 1.0 / hp.rope_linear_factor;
-        let mut angles = Vec::with_capacity(ctx * half);
-        for p in 0..ctx {
-            let mut theta = p as f32;
-            for i in 0..half {
-                let ff = freq_factors.map_or(1.0, |f| f[i]);
-                angles.push(freq_scale * (theta / ff));
-                theta *= theta_scale;
-            }
-        }
-        let cos_table: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
-        let sin_table: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
-        let angles = Tensor::from_vec(angles, (ctx, half), &device)?;
+        let rope = RopeTables::new(&hp, hp.rope_base, freq_factors, ctx, &device)?;
+        let rope_local = match hp.sliding_window {
+            Some(w) if w.rope_base != hp.rope_base => Some(RopeTables::new(
+                &hp,
+                w.rope_base,
+                freq_factors,
+                ctx,
+                &device,
+            )?),
+            _ => None,
+        };
         Ok(Self {
-            cos_table,
-            sin_table,
-            cos: angles.cos()?,
-            sin: angles.sin()?,
+            rope,
+            rope_local,
             hp,
             w,
             device,
             ctx,
         })
+    }
+
+    /// The rotary angles of layer `li`.
+    fn rope_of(&self, li: usize) -> &RopeTables {
+        match &self.rope_local {
+            Some(local) if self.hp.is_local(li) => local,
+            _ => &self.rope,
+        }
     }
 
     pub fn ctx(&self) -> usize {
@@ -233,12 +275,12 @@ impl Model {
     /// Rotary embedding on the CPU with ggml's arithmetic: `x0·c − x1·s` and `x0·s + x1·c`
     /// with the first product fused (what GCC contracts `rotate_pairs` to). `x` is
     /// `[1, heads, n, head_dim]` contiguous; `positions` has the n positions.
-    fn rope_cpu(&self, x: &Tensor, positions: &[u32]) -> Result<Tensor> {
+    fn rope_cpu(&self, x: &Tensor, positions: &[u32], tables: &RopeTables) -> Result<Tensor> {
         let (_, heads, n, hd) = x.dims4()?;
         let mut v = x.flatten_all()?.to_vec1::<f32>()?;
         let r = Rotary {
-            cos: &self.cos_table,
-            sin: &self.sin_table,
+            cos: &tables.cos_table,
+            sin: &tables.sin_table,
             interleaved: matches!(self.hp.rope_style, RopeStyle::Interleaved),
         };
         #[cfg(target_arch = "x86_64")]
@@ -258,35 +300,71 @@ impl Model {
         })
     }
 
+    /// Queries, keys and values of `h` (`[n, width]` each), with their biases and the
+    /// per-head norms of queries and keys where the model has them.
     fn qkv(&self, li: usize, h: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let l = &self.w.layers[li];
+        let hd = self.hp.head_dim;
         let add = |t: Tensor, b: &Option<Tensor>| -> Result<Tensor> {
             Ok(match b {
                 Some(b) => t.broadcast_add(b)?,
                 None => t,
             })
         };
+        let head_norm = |t: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
+            Ok(match w {
+                Some(w) => {
+                    let (n, width) = t.dims2()?;
+                    candle_nn::ops::rms_norm(&t.reshape((n, width / hd, hd))?, w, self.hp.rms_eps)?
+                        .reshape((n, width))?
+                }
+                None => t,
+            })
+        };
         let [q, k, v] = Linear::forward_all([&l.wq, &l.wk, &l.wv], h)?;
-        Ok((add(q, &l.bq)?, add(k, &l.bk)?, add(v, &l.bv)?))
+        Ok((
+            head_norm(add(q, &l.bq)?, &l.q_norm)?,
+            head_norm(add(k, &l.bk)?, &l.k_norm)?,
+            add(v, &l.bv)?,
+        ))
     }
 
     fn mlp_and_output(&self, li: usize, x: &Tensor, attn: &Tensor) -> Result<Tensor> {
         let l = &self.w.layers[li];
-        let x = (x + l.wo.forward(attn)?)?;
-        let h = candle_nn::ops::rms_norm(&x, &l.ffn_norm, self.hp.rms_eps)?;
+        let eps = self.hp.rms_eps;
+        let post = |t: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
+            Ok(match w {
+                Some(w) => candle_nn::ops::rms_norm(&t, w, eps)?,
+                None => t,
+            })
+        };
+        let x = (x + post(l.wo.forward(attn)?, &l.post_attn_norm)?)?;
+        let h = candle_nn::ops::rms_norm(&x, &l.ffn_norm, eps)?;
         let [gate, up] = Linear::forward_all([&l.w_gate, &l.w_up], &h)?;
-        let gate = candle_nn::ops::silu(&gate)?;
-        Ok((&x + l.w_down.forward(&(gate * up)?)?)?)
+        let gate = match self.hp.activation {
+            Activation::Silu => candle_nn::ops::silu(&gate)?,
+            Activation::GeluTanh => gate.gelu()?,
+        };
+        let out = post(l.w_down.forward(&(gate * up)?)?, &l.post_ffw_norm)?;
+        Ok((&x + out)?)
     }
 
     fn logits(&self, x: &Tensor) -> Result<Tensor> {
         let x = candle_nn::ops::rms_norm(x, &self.w.out_norm, self.hp.rms_eps)?;
-        Ok(self.w.output.forward(&x)?)
+        let logits = self.w.output.forward(&x)?;
+        Ok(match self.hp.logit_softcap {
+            Some(c) => ((logits / f64::from(c))?.tanh()? * f64::from(c))?,
+            None => logits,
+        })
     }
 
     fn embed(&self, tokens: &[u32]) -> Result<Tensor> {
         let ids = Tensor::new(tokens, &self.device)?;
-        Ok(self.w.tok_embd.embedding(&ids)?)
+        let x = self.w.tok_embd.embedding(&ids)?;
+        Ok(match self.hp.embed_scale {
+            Some(s) => (x * f64::from(s))?,
+            None => x,
+        })
     }
 
     /// One forward pass over several sequences at once: each segment feeds its tokens at its
@@ -317,13 +395,25 @@ impl Model {
             positions.extend((s.start..s.start + s.tokens.len()).map(|p| p as u32));
         }
         let cpu = self.device.is_cpu();
-        // the tensor path (accelerators) needs explicit causal masks
-        let masks = if cpu {
-            Vec::new()
-        } else {
+        // the tensor path (accelerators) needs explicit causal masks: for the global layers,
+        // and for the local ones where a window hides some positions
+        let window = hp.sliding_window.map(|w| w.window);
+        let masks_of = |window: Option<usize>| -> Result<Vec<Option<Tensor>>> {
             segs.iter()
-                .map(|s| causal_mask(s, g, &self.device))
-                .collect::<Result<Vec<_>>>()?
+                .map(|s| causal_mask(s, g, window, &self.device))
+                .collect()
+        };
+        let (masks, local_masks) = if cpu {
+            (Vec::new(), Vec::new())
+        } else {
+            (
+                masks_of(None)?,
+                if window.is_some() {
+                    masks_of(window)?
+                } else {
+                    Vec::new()
+                },
+            )
         };
         let spans: Vec<Span> = segs
             .iter()
@@ -336,17 +426,32 @@ impl Model {
                 prompt: s.prompt,
             })
             .collect();
-        let scale = 1.0 / (hd as f64).sqrt();
-        let dims = Dims {
+        let scale = f64::from(hp.attn_scale);
+        let dims_of = |window: Option<usize>| Dims {
             n_head: nh,
             n_head_kv: nkv,
             head_dim: hd,
             ctx: self.ctx,
-            scale: scale as f32,
+            scale: hp.attn_scale,
+            window,
         };
         let pos_t = Tensor::new(positions.as_slice(), &self.device)?;
-        let cos = self.cos.index_select(&pos_t, 0)?;
-        let sin = self.sin.index_select(&pos_t, 0)?;
+        let angles = |t: &RopeTables| -> Result<(Tensor, Tensor)> {
+            Ok((
+                t.cos.index_select(&pos_t, 0)?,
+                t.sin.index_select(&pos_t, 0)?,
+            ))
+        };
+        let (cos, sin) = if cpu {
+            (None, None)
+        } else {
+            let (c, s) = angles(&self.rope)?;
+            (Some(c), Some(s))
+        };
+        let local_angles = match (&self.rope_local, cpu) {
+            (Some(t), false) => Some(angles(t)?),
+            _ => None,
+        };
         // the kept transpositions of the rows this pass writes (a failed pass drops them)
         let mut kept = if cpu {
             let uses: Vec<SegmentUse> = segs
@@ -365,18 +470,28 @@ impl Model {
         let mut x = self.embed(&tokens)?;
         for li in 0..hp.n_layer {
             let l = &self.w.layers[li];
+            let local = hp.is_local(li);
+            let dims = dims_of(window.filter(|_| local));
             let h = candle_nn::ops::rms_norm(&x, &l.attn_norm, hp.rms_eps)?;
             let (q, k, v) = self.qkv(li, &h)?;
             let q = q.reshape((1, n, nh, hd))?.transpose(1, 2)?.contiguous()?;
             // the CPU path scales scores inside its softmax, as llama.cpp does
             let k = k.reshape((1, n, nkv, hd))?.transpose(1, 2)?.contiguous()?;
-            let (q, k) = if cpu {
-                (
-                    self.rope_cpu(&q, &positions)?,
-                    self.rope_cpu(&k, &positions)?,
-                )
-            } else {
-                (self.rope(&q, &cos, &sin)?, self.rope(&k, &cos, &sin)?)
+            let (q, k) = match (&cos, &sin) {
+                (Some(cos), Some(sin)) => {
+                    let (cos, sin) = match &local_angles {
+                        Some((c, s)) if local => (c, s),
+                        _ => (cos, sin),
+                    };
+                    (self.rope(&q, cos, sin)?, self.rope(&k, cos, sin)?)
+                }
+                _ => {
+                    let tables = self.rope_of(li);
+                    (
+                        self.rope_cpu(&q, &positions, tables)?,
+                        self.rope_cpu(&k, &positions, tables)?,
+                    )
+                }
             };
             let v = v.reshape((1, n, nkv, hd))?.transpose(1, 2)?.contiguous()?;
             for (s, &o) in segs.iter().zip(&offsets) {
@@ -407,7 +522,12 @@ impl Model {
                 };
                 Tensor::from_vec(y, (n, nh * hd), &self.device)?
             } else {
-                self.attend_tensors(cache, li, segs, &offsets, &masks, &(q * scale)?)?
+                let masks = if local && !local_masks.is_empty() {
+                    &local_masks
+                } else {
+                    &masks
+                };
+                self.attend_tensors(cache, li, segs, &offsets, masks, &(q * scale)?)?
             };
             x = self.mlp_and_output(li, &x, &attn)?;
         }
@@ -483,18 +603,25 @@ impl Model {
     }
 }
 
-/// The causal mask of a multi-token segment over `[g·t, start + t]` (row gi·t + ti sees
-/// columns ≤ start + ti); none for a single token.
-fn causal_mask(s: &Segment<'_>, g: usize, device: &Device) -> Result<Option<Tensor>> {
+/// The causal mask of a segment over `[g·t, start + t]` (row gi·t + ti sees columns
+/// ≤ start + ti, and with a window only those > start + ti − window); none where it would
+/// hide nothing (a single token that sees its whole history).
+fn causal_mask(
+    s: &Segment<'_>,
+    g: usize,
+    window: Option<usize>,
+    device: &Device,
+) -> Result<Option<Tensor>> {
     let (t, total) = (s.tokens.len(), s.start + s.tokens.len());
-    if t == 1 {
+    if t == 1 && window.is_none_or(|w| total <= w) {
         return Ok(None);
     }
     let mut m = Vec::with_capacity(g * t * total);
     for _ in 0..g {
         for ti in 0..t {
+            let p = s.start + ti;
             m.extend((0..total).map(|c| {
-                if c <= s.start + ti {
+                if c <= p && window.is_none_or(|w| c + w > p) {
                     0f32
                 } else {
                     f32::NEG_INFINITY

@@ -20,26 +20,51 @@ pub(crate) struct Q80Matrix {
 }
 
 impl Q80Matrix {
-    /// Takes the raw blocks of a 2-D Q8_0 tensor; `None` for any other tensor.
+    /// Takes the raw blocks of a 2-D Q8_0 tensor, or of a Q4_0 / Q5_0 one — whose values are
+    /// whole multiples of their block's scale (−8..7 and −16..15 of it), so they are Q8_0
+    /// blocks exactly, and their products with Q8_0-quantized activations are llama.cpp's
+    /// (the integer sums are exact either way). `None` for any other tensor.
     pub fn from_qtensor(q: &QTensor) -> Option<Self> {
-        if q.dtype() != GgmlDType::Q8_0 {
-            return None;
-        }
+        let block = match q.dtype() {
+            GgmlDType::Q8_0 => 34,
+            GgmlDType::Q4_0 => 18,
+            GgmlDType::Q5_0 => 22,
+            _ => return None,
+        };
         let (n, k) = q.shape().dims2().ok()?;
         if k % QK != 0 {
             return None;
         }
         let data = q.data().ok()?;
-        if data.len() != n * k / QK * 34 {
+        if data.len() != n * k / QK * block {
             return None;
         }
         let mut qs = Vec::with_capacity(n * k / QK);
         let mut d = Vec::with_capacity(n * k / QK);
-        for c in data.chunks_exact(34) {
+        for c in data.chunks_exact(block) {
             d.push(f16::from_le_bytes([c[0], c[1]]).to_f32());
             let mut b = [0i8; 32];
-            for (o, v) in b.iter_mut().zip(&c[2..]) {
-                *o = *v as i8;
+            match q.dtype() {
+                GgmlDType::Q4_0 => {
+                    for (j, v) in c[2..18].iter().enumerate() {
+                        b[j] = (v & 0x0f) as i8 - 8;
+                        b[j + 16] = (v >> 4) as i8 - 8;
+                    }
+                }
+                GgmlDType::Q5_0 => {
+                    let qh = u32::from_le_bytes([c[2], c[3], c[4], c[5]]);
+                    for (j, v) in c[6..22].iter().enumerate() {
+                        let lo = (v & 0x0f) | (((qh >> j) & 1) << 4) as u8;
+                        let hi = (v >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8;
+                        b[j] = lo as i8 - 16;
+                        b[j + 16] = hi as i8 - 16;
+                    }
+                }
+                _ => {
+                    for (o, v) in b.iter_mut().zip(&c[2..]) {
+                        *o = *v as i8;
+                    }
+                }
             }
             qs.push(b);
         }
@@ -227,6 +252,32 @@ mod tests {
                     assert!(four.iter().all(|f| f.to_bits() == p.to_bits()), "{level:?}");
                 }
             }
+        }
+    }
+
+    /// ENG-KQ-2: Q4_0 and Q5_0 blocks become Q8_0 blocks without changing a value.
+    #[test]
+    fn q4_0_and_q5_0_are_taken_exactly() {
+        for dtype in [GgmlDType::Q4_0, GgmlDType::Q5_0] {
+            let (n, k) = (6, 96);
+            let w: Vec<f32> = (0..n * k).map(|i| ((i as f32) * 0.37).sin()).collect();
+            let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+            let q = QTensor::quantize(&t, dtype).unwrap();
+            let want: Vec<f32> = q
+                .dequantize(&Device::Cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let mat = Q80Matrix::from_qtensor(&q).unwrap();
+            let got: Vec<f32> = mat
+                .qs
+                .iter()
+                .zip(&mat.d)
+                .flat_map(|(b, d)| b.iter().map(move |v| f32::from(*v) * d))
+                .collect();
+            assert_eq!(got, want, "{dtype:?}");
         }
     }
 }

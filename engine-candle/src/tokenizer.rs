@@ -1,10 +1,12 @@
-//! A byte-level BPE tokenizer built from GGUF metadata (`tokenizer.ggml.*`), no hub access.
+//! The tokenizer of a GGUF (`tokenizer.ggml.*`), no hub access: byte-level BPE (`gpt2`:
+//! SmolLM, Llama 3, Qwen) or SentencePiece (`llama`: Gemma, see `spm_vocab.rs`).
 
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::BPE;
+use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as Normalizers};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -14,9 +16,9 @@ use tokenizers::{AddedToken, SplitDelimiterBehavior, Tokenizer};
 
 use crate::error::{EngineError, Result};
 use crate::hparams::{md_str, md_u32};
+use crate::spm_vocab::{self, TOKEN_TYPE_CONTROL};
 
 /// GGUF token types (llama.cpp `llama_token_type`).
-const TOKEN_TYPE_CONTROL: i32 = 3;
 const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 
 /// The split regex of Llama 3 style tokenizers (`pre = llama-bpe`).
@@ -127,57 +129,106 @@ fn pre_tokenizer(pre: &str) -> Result<PreTokenizerWrapper> {
     })
 }
 
+/// A byte-level BPE (`tokenizer.ggml.model = "gpt2"`) and the bytes of each token.
+fn byte_level(
+    md: &HashMap<String, Value>,
+    tokens: &[&str],
+    pre: &str,
+) -> Result<(Tokenizer, Vec<Vec<u8>>)> {
+    let merges = str_array(md, "tokenizer.ggml.merges")?;
+    let vocab: tokenizers::models::bpe::Vocab = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.to_string(), i as u32))
+        .collect();
+    let merges: Vec<(String, String)> = merges
+        .iter()
+        .map(|m| {
+            m.split_once(' ')
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .ok_or_else(|| EngineError::Tokenizer(format!("malformed merge {m:?}")))
+        })
+        .collect::<Result<_>>()?;
+    let bpe = BPE::builder()
+        .vocab_and_merges(vocab, merges)
+        .build()
+        .map_err(|e| EngineError::Tokenizer(format!("BPE: {e}")))?;
+    let mut inner = Tokenizer::new(bpe);
+    inner.with_pre_tokenizer(Some(pre_tokenizer(pre)?));
+    inner.with_decoder(Some(ByteLevelDecoder::default()));
+    let alphabet = byte_level_alphabet();
+    let bytes = tokens
+        .iter()
+        .map(|tok| {
+            let b: Option<Vec<u8>> = tok.chars().map(|c| alphabet.get(&c).copied()).collect();
+            b.unwrap_or_else(|| tok.as_bytes().to_vec())
+        })
+        .collect();
+    Ok((inner, bytes))
+}
+
+/// A SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`) and the bytes of each token:
+/// spaces become `▁`, with one before the text when `add_space_prefix` (llama.cpp's default).
+fn sentencepiece(
+    md: &HashMap<String, Value>,
+    tokens: &[&str],
+    types: &[i32],
+) -> Result<(Tokenizer, Vec<Vec<u8>>)> {
+    let scores = spm_vocab::f32_array(md, "tokenizer.ggml.scores")
+        .ok_or_else(|| EngineError::Tokenizer("tokenizer.ggml.scores is missing".into()))?;
+    let mut inner = Tokenizer::new(spm_vocab::model(tokens, &scores, types)?);
+    let space = Replace::new(" ", spm_vocab::SPACE.to_string())
+        .map_err(|e| EngineError::Tokenizer(format!("normalizer: {e}")))?;
+    let prefix = !matches!(
+        md.get("tokenizer.ggml.add_space_prefix"),
+        Some(Value::Bool(false))
+    );
+    let normalizer = if prefix {
+        NormalizerWrapper::Sequence(Normalizers::new(vec![
+            NormalizerWrapper::Prepend(Prepend::new(spm_vocab::SPACE.to_string())),
+            NormalizerWrapper::Replace(space),
+        ]))
+    } else {
+        NormalizerWrapper::Replace(space)
+    };
+    inner.with_normalizer(Some(normalizer));
+    let bytes = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| spm_vocab::token_bytes(t, types.get(i).copied().unwrap_or(1)))
+        .collect();
+    Ok((inner, bytes))
+}
+
 impl GgufTokenizer {
     pub fn from_metadata(md: &HashMap<String, Value>) -> Result<Self> {
         let model = md_str(md, "tokenizer.ggml.model").unwrap_or("");
-        if model != "gpt2" {
-            return Err(EngineError::Unsupported(format!(
-                "tokenizer model {model:?} (only byte-level BPE, \"gpt2\", is implemented)"
-            )));
-        }
-        let pre = md_str(md, "tokenizer.ggml.pre")
-            .unwrap_or("default")
-            .to_string();
         let tokens = str_array(md, "tokenizer.ggml.tokens")?;
-        let merges = str_array(md, "tokenizer.ggml.merges")?;
         let types = i32_array(md, "tokenizer.ggml.token_type").unwrap_or_default();
-
-        let vocab: tokenizers::models::bpe::Vocab = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (t.to_string(), i as u32))
-            .collect();
-        let merges: Vec<(String, String)> = merges
-            .iter()
-            .map(|m| {
-                m.split_once(' ')
-                    .map(|(a, b)| (a.to_string(), b.to_string()))
-                    .ok_or_else(|| EngineError::Tokenizer(format!("malformed merge {m:?}")))
-            })
-            .collect::<Result<_>>()?;
-        let bpe = BPE::builder()
-            .vocab_and_merges(vocab, merges)
-            .build()
-            .map_err(|e| EngineError::Tokenizer(format!("BPE: {e}")))?;
-        let mut inner = Tokenizer::new(bpe);
-        inner.with_pre_tokenizer(Some(pre_tokenizer(&pre)?));
-        inner.with_decoder(Some(ByteLevelDecoder::default()));
-
-        let alphabet = byte_level_alphabet();
+        let (pre, (mut inner, bytes)) = match model {
+            "gpt2" => {
+                let pre = md_str(md, "tokenizer.ggml.pre").unwrap_or("default");
+                (pre.to_string(), byte_level(md, &tokens, pre)?)
+            }
+            "llama" => ("spm".to_string(), sentencepiece(md, &tokens, &types)?),
+            other => {
+                return Err(EngineError::Unsupported(format!(
+                "tokenizer model {other:?} (supported: gpt2 byte-level BPE, llama SentencePiece)"
+            )))
+            }
+        };
         let mut special = Vec::new();
         let mut token_bytes = Vec::with_capacity(tokens.len());
-        for (i, tok) in tokens.iter().enumerate() {
+        for ((i, tok), b) in tokens.iter().enumerate().zip(bytes) {
             let ty = types.get(i).copied().unwrap_or(1);
             if ty == TOKEN_TYPE_CONTROL {
                 special.push(AddedToken::from(tok.to_string(), true));
                 token_bytes.push(Vec::new());
             } else if ty == TOKEN_TYPE_USER_DEFINED {
                 special.push(AddedToken::from(tok.to_string(), false));
-                token_bytes.push(tok.as_bytes().to_vec());
+                token_bytes.push(b);
             } else {
-                let bytes: Option<Vec<u8>> =
-                    tok.chars().map(|c| alphabet.get(&c).copied()).collect();
-                token_bytes.push(bytes.unwrap_or_else(|| tok.as_bytes().to_vec()));
+                token_bytes.push(b);
             }
         }
         inner.add_special_tokens(&special);
@@ -196,6 +247,7 @@ impl GgufTokenizer {
             "<|im_end|>",
             "<|eot_id|>",
             "<|end_of_text|>",
+            "<end_of_turn>",
         ] {
             if let Some(i) = tokens.iter().position(|t| *t == name) {
                 stop_ids.push(i as u32);

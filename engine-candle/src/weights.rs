@@ -132,6 +132,13 @@ pub(crate) struct Layer {
     pub bk: Option<Tensor>,
     pub bv: Option<Tensor>,
     pub wo: Linear,
+    /// Per-head RMS norms of queries and keys (`attn_q_norm`, `attn_k_norm`: Gemma 3).
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
+    /// RMS norms of the attention's and the feed-forward's outputs before each residual add
+    /// (`post_attention_norm`, `post_ffw_norm`: Gemma 3).
+    pub post_attn_norm: Option<Tensor>,
+    pub post_ffw_norm: Option<Tensor>,
     pub ffn_norm: Tensor,
     pub w_gate: Linear,
     pub w_up: Linear,
@@ -232,17 +239,20 @@ impl GgufFile {
         let mut layers = Vec::with_capacity(hp.n_layer);
         for i in 0..hp.n_layer {
             let p = format!("blk.{i}");
-            let bias = |this: &mut Self, n: &str| -> Result<Option<Tensor>> {
-                let name = format!("{p}.{n}.bias");
+            let optional = |this: &mut Self, name: String| -> Result<Option<Tensor>> {
                 if this.has(&name) {
                     Ok(Some(this.dense(&name, device)?))
                 } else {
                     Ok(None)
                 }
             };
-            let bq = bias(self, "attn_q")?;
-            let bk = bias(self, "attn_k")?;
-            let bv = bias(self, "attn_v")?;
+            let bq = optional(self, format!("{p}.attn_q.bias"))?;
+            let bk = optional(self, format!("{p}.attn_k.bias"))?;
+            let bv = optional(self, format!("{p}.attn_v.bias"))?;
+            let q_norm = optional(self, format!("{p}.attn_q_norm.weight"))?;
+            let k_norm = optional(self, format!("{p}.attn_k_norm.weight"))?;
+            let post_attn_norm = optional(self, format!("{p}.post_attention_norm.weight"))?;
+            let post_ffw_norm = optional(self, format!("{p}.post_ffw_norm.weight"))?;
             layers.push(Layer {
                 attn_norm: self.dense(&format!("{p}.attn_norm.weight"), device)?,
                 wq: self.matmul(&format!("{p}.attn_q.weight"), device, format)?,
@@ -252,6 +262,10 @@ impl GgufFile {
                 bk,
                 bv,
                 wo: self.matmul(&format!("{p}.attn_output.weight"), device, format)?,
+                q_norm,
+                k_norm,
+                post_attn_norm,
+                post_ffw_norm,
                 ffn_norm: self.dense(&format!("{p}.ffn_norm.weight"), device)?,
                 w_gate: self.matmul(&format!("{p}.ffn_gate.weight"), device, format)?,
                 w_up: self.matmul(&format!("{p}.ffn_up.weight"), device, format)?,

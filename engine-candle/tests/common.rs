@@ -156,6 +156,140 @@ pub fn fixture() -> Fixture {
     serde_json::from_str(include_str!("fixtures/llama_cpp_greedy.json")).expect("fixture parses")
 }
 
+/// The second real model, Gemma 3 270M Q4_K_M: `ORCHD_TEST_GEMMA`, else the cache that
+/// `ci/fetch-gemma.sh` fills.
+pub fn gemma_path() -> PathBuf {
+    if let Ok(p) = std::env::var("ORCHD_TEST_GEMMA") {
+        return PathBuf::from(p);
+    }
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/models/gemma-3-270m-q4_k_m.gguf");
+    assert!(
+        p.exists(),
+        "Gemma 3 model missing at {}: run ci/fetch-gemma.sh first",
+        p.display()
+    );
+    p
+}
+
+/// A free-running comparison with llama.cpp: each prompt's greedy continuation, to its first
+/// difference.
+pub struct FreeRunning {
+    /// Prompts whose every fixture token matches.
+    pub exact: usize,
+    /// First differences where llama.cpp itself was close and we took its runner-up.
+    pub flips: Vec<String>,
+    pub unexplained: Vec<String>,
+}
+
+/// Runs every fixture prompt greedily; a first difference is explained when llama.cpp's
+/// top-2 margin there was below `max_margin` and we chose its runner-up.
+pub fn free_running(e: &CandleEngine, f: &Fixture, max_margin: f64) -> FreeRunning {
+    let mut exact = 0;
+    let mut flips = Vec::new();
+    let mut unexplained = Vec::new();
+    for c in &f.cases {
+        let out = greedy(e, c.prompt_ids.clone(), f.n_tokens);
+        // the engine does not emit the end-of-sequence token; llama.cpp's list may end with it
+        let want: Vec<u32> = c
+            .greedy_ids
+            .iter()
+            .copied()
+            .filter(|t| !e.tokenizer().is_stop(*t))
+            .collect();
+        match want.iter().zip(&out.ids).position(|(a, b)| a != b) {
+            None if out.ids.len() == want.len() => exact += 1,
+            None => unexplained.push(format!(
+                "{:?}: length {} vs {}",
+                c.user_text,
+                out.ids.len(),
+                want.len()
+            )),
+            Some(k) => {
+                let line = format!(
+                    "{:?}: token {k}: llama.cpp {} (margin {:.4} over {}), ours {}",
+                    c.user_text, want[k], c.top2_margins[k], c.second_ids[k], out.ids[k]
+                );
+                if c.top2_margins[k] < max_margin && out.ids[k] == c.second_ids[k] {
+                    flips.push(line);
+                } else {
+                    unexplained.push(line);
+                }
+            }
+        }
+    }
+    eprintln!(
+        "exact: {exact}/{}; runner-up flips:\n{}",
+        f.cases.len(),
+        flips.join("\n")
+    );
+    FreeRunning {
+        exact,
+        flips,
+        unexplained,
+    }
+}
+
+pub struct TeacherForced {
+    pub positions: usize,
+    pub agree: usize,
+    pub unexplained: Vec<String>,
+}
+
+/// Teacher-forced: with llama.cpp's own tokens as context, at every fixture position we pick
+/// llama.cpp's token, or differ where its margin was below `near_tie` (a flip) or
+/// `max_margin` (a close call); anything else is unexplained.
+pub fn teacher_forced(
+    e: &CandleEngine,
+    f: &Fixture,
+    near_tie: f64,
+    max_margin: f64,
+) -> TeacherForced {
+    let mut positions = 0;
+    let mut flips = Vec::new();
+    let mut close = Vec::new();
+    let mut unexplained = Vec::new();
+    for c in &f.cases {
+        for k in 0..c.greedy_ids.len() {
+            let mut ctx = c.prompt_ids.clone();
+            ctx.extend_from_slice(&c.greedy_ids[..k]);
+            let out = greedy(e, ctx, 1);
+            let ours = out.ids.first().copied().unwrap_or_else(|| {
+                // the engine stopped: it chose an end-of-sequence token
+                e.tokenizer().stop_ids()[0]
+            });
+            let want = c.greedy_ids[k];
+            positions += 1;
+            if ours == want || (e.tokenizer().is_stop(ours) && e.tokenizer().is_stop(want)) {
+                continue;
+            }
+            let line = format!(
+                "{:?} @{k}: llama.cpp {want} (margin {:.4} over {}), ours {ours}",
+                c.user_text, c.top2_margins[k], c.second_ids[k]
+            );
+            if c.top2_margins[k] < near_tie {
+                flips.push(line);
+            } else if c.top2_margins[k] < max_margin {
+                close.push(line);
+            } else {
+                unexplained.push(line);
+            }
+        }
+    }
+    let agree = positions - flips.len() - close.len() - unexplained.len();
+    eprintln!(
+        "{:?} cache: {agree}/{positions} positions agree; near ties (<{near_tie}):\n{}\nclose calls (<{max_margin}):\n{}",
+        e.info().kv_type,
+        flips.join("\n"),
+        close.join("\n")
+    );
+    TeacherForced {
+        positions,
+        agree,
+        unexplained,
+    }
+}
+
 /// Greedy steps with the `top` likeliest log-probabilities at each.
 pub fn greedy_logprobs(
     e: &CandleEngine,

@@ -60,55 +60,17 @@ const MIN_EXACT: usize = 2;
 
 #[test]
 fn greedy_continuations_match_llama_cpp() {
-    let e = parity_engine();
     let f = fixture();
-    let mut exact = 0;
-    let mut report = Vec::new();
-    let mut unexplained = Vec::new();
-    for c in &f.cases {
-        let out = greedy(e, c.prompt_ids.clone(), f.n_tokens);
-        // the engine does not emit the end-of-sequence token; llama.cpp's list may end with it
-        let want: Vec<u32> = c
-            .greedy_ids
-            .iter()
-            .copied()
-            .filter(|t| !e.tokenizer().is_stop(*t))
-            .collect();
-        match want.iter().zip(&out.ids).position(|(a, b)| a != b) {
-            None if out.ids.len() == want.len() => exact += 1,
-            None => unexplained.push(format!(
-                "{:?}: length {} vs {}",
-                c.user_text,
-                out.ids.len(),
-                want.len()
-            )),
-            Some(k) => {
-                let line = format!(
-                    "{:?}: token {k}: llama.cpp {} (margin {:.4} over {}), ours {}",
-                    c.user_text, want[k], c.top2_margins[k], c.second_ids[k], out.ids[k]
-                );
-                // llama.cpp itself was close there and we took its runner-up
-                if c.top2_margins[k] < MAX_DISAGREEMENT_MARGIN && out.ids[k] == c.second_ids[k] {
-                    report.push(line);
-                } else {
-                    unexplained.push(line);
-                }
-            }
-        }
-    }
-    eprintln!(
-        "exact: {exact}/{}; runner-up flips:\n{}",
-        f.cases.len(),
-        report.join("\n")
-    );
+    let r = free_running(parity_engine(), &f, MAX_DISAGREEMENT_MARGIN);
     assert!(
-        unexplained.is_empty(),
+        r.unexplained.is_empty(),
         "unexplained divergences:\n{}",
-        unexplained.join("\n")
+        r.unexplained.join("\n")
     );
     assert!(
-        exact >= MIN_EXACT,
-        "only {exact} prompts match llama.cpp exactly for {} tokens",
+        r.exact >= MIN_EXACT,
+        "only {} prompts match llama.cpp exactly for {} tokens",
+        r.exact,
         f.n_tokens
     );
 }
@@ -138,7 +100,7 @@ fn an_f16_cache_keeps_teacher_forced_agreement_with_llama_cpp() {
 /// Every disagreement is where llama.cpp's own margin was small, and at least `min_agreement`
 /// of the positions agree.
 fn assert_teacher_forced(e: &CandleEngine, min_agreement: f64) {
-    let t = teacher_forced(e);
+    let t = teacher_forced(e, &fixture(), NEAR_TIE, MAX_DISAGREEMENT_MARGIN);
     assert!(
         t.unexplained.is_empty(),
         "disagreements at a clear margin:\n{}",
@@ -150,57 +112,4 @@ fn assert_teacher_forced(e: &CandleEngine, min_agreement: f64) {
         t.agree,
         t.positions
     );
-}
-
-struct TeacherForced {
-    positions: usize,
-    agree: usize,
-    unexplained: Vec<String>,
-}
-
-fn teacher_forced(e: &CandleEngine) -> TeacherForced {
-    let f = fixture();
-    let mut positions = 0;
-    let mut flips = Vec::new();
-    let mut close = Vec::new();
-    let mut unexplained = Vec::new();
-    for c in &f.cases {
-        for k in 0..c.greedy_ids.len() {
-            let mut ctx = c.prompt_ids.clone();
-            ctx.extend_from_slice(&c.greedy_ids[..k]);
-            let out = greedy(e, ctx, 1);
-            let ours = out.ids.first().copied().unwrap_or_else(|| {
-                // the engine stopped: it chose an end-of-sequence token
-                e.tokenizer().stop_ids()[0]
-            });
-            let want = c.greedy_ids[k];
-            positions += 1;
-            if ours == want || (e.tokenizer().is_stop(ours) && e.tokenizer().is_stop(want)) {
-                continue;
-            }
-            let line = format!(
-                "{:?} @{k}: llama.cpp {want} (margin {:.4} over {}), ours {ours}",
-                c.user_text, c.top2_margins[k], c.second_ids[k]
-            );
-            if c.top2_margins[k] < NEAR_TIE {
-                flips.push(line);
-            } else if c.top2_margins[k] < MAX_DISAGREEMENT_MARGIN {
-                close.push(line);
-            } else {
-                unexplained.push(line);
-            }
-        }
-    }
-    let agree = positions - flips.len() - close.len() - unexplained.len();
-    eprintln!(
-        "{:?} cache: {agree}/{positions} positions agree; near ties (<{NEAR_TIE}):\n{}\nclose calls (<{MAX_DISAGREEMENT_MARGIN}):\n{}",
-        e.info().kv_type,
-        flips.join("\n"),
-        close.join("\n")
-    );
-    TeacherForced {
-        positions,
-        agree,
-        unexplained,
-    }
 }
