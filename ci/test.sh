@@ -11,6 +11,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ci/fetch-model.sh >/dev/null
 ci/fetch-gemma.sh >/dev/null
 ci/install-pydeps.sh >/dev/null
+# tiny random-weight GGUFs of each architecture (deterministic; engine-candle/tests/tiny_archs.rs)
+PYTHONPATH=.cache/pydeps python3 ci/tiny_models.py write .cache/models/tiny >/dev/null
 ci/install-sidecar.sh >/dev/null
 ci/install-debs.sh >/dev/null
 # the overload bench's reading of packet captures (built in the test: no tcpdump needed)

@@ -106,10 +106,10 @@ impl Hparams {
         let gemma3 = arch == "gemma3";
         let rope_style = match arch.as_str() {
             "llama" | "mistral" => RopeStyle::Interleaved,
-            "qwen2" | "gemma3" => RopeStyle::Halves,
+            "qwen2" | "qwen3" | "gemma3" => RopeStyle::Halves,
             other => {
                 return Err(EngineError::Unsupported(format!(
-                    "architecture {other:?} (supported: llama, mistral, qwen2, gemma3)"
+                    "architecture {other:?} (supported: llama, mistral, qwen2, qwen3, gemma3)"
                 )))
             }
         };
