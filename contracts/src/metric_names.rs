@@ -42,6 +42,9 @@ pub const RECORDS_DROPPED: &str = "orchd_records_dropped_total";
 pub const RECORDS_PRUNED: &str = "orchd_records_pruned_total";
 pub const RECORDS_BYTES: &str = "orchd_records_bytes";
 pub const RECORDS_AVAILABLE: &str = "orchd_records_store_available";
+pub const MODEL_LOADS: &str = "orchd_model_loads_total";
+pub const MODEL_UNLOADS: &str = "orchd_model_unloads_total";
+pub const MODELS_RESIDENT_BYTES: &str = "orchd_models_resident_bytes";
 /// The process collector's standard names (what dashboards for any server read).
 pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
 pub const PROCESS_CPU: &str = "process_cpu_seconds_total";

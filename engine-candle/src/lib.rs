@@ -16,7 +16,7 @@ pub mod fresh_pages;
 mod hparams;
 mod kv_type;
 mod model;
-mod model_facts;
+pub mod model_facts;
 mod prompt_cache;
 mod q4_1_cpu;
 mod q8_0_cpu;

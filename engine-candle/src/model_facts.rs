@@ -81,3 +81,54 @@ pub fn quantization(md: &HashMap<String, Value>, content: &Content) -> String {
         .map(|(name, _)| name.to_string())
         .unwrap_or_else(|| "F32".to_string())
 }
+
+/// What a GGUF file's header says, read without loading its weights (a model folder's
+/// listing).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FileFacts {
+    /// `general.architecture` (`llama`, `gemma3`, …).
+    pub architecture: String,
+    /// As [`quantization`] names it.
+    pub quantization: String,
+    pub parameters: u64,
+    /// `<architecture>.context_length`, the trained context.
+    pub context_length: Option<u64>,
+    /// `general.name`.
+    pub name: Option<String>,
+}
+
+/// Reads the header (metadata and tensor table) of the GGUF at `path`.
+pub fn inspect(path: &std::path::Path) -> crate::Result<FileFacts> {
+    let mut f = std::fs::File::open(path).map_err(|source| crate::EngineError::ModelFile {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let content = Content::read(&mut std::io::BufReader::new(&mut f)).map_err(|e| {
+        crate::EngineError::BadModel(format!(
+            "{}: {}",
+            path.display(),
+            crate::error::message_of(&e)
+        ))
+    })?;
+    let md = &content.metadata;
+    let text = |k: &str| match md.get(k) {
+        Some(Value::String(s)) => Some(s.clone()),
+        _ => None,
+    };
+    let architecture = text("general.architecture").ok_or_else(|| {
+        crate::EngineError::BadModel(format!("{}: no general.architecture", path.display()))
+    })?;
+    let context_length = match md.get(&format!("{architecture}.context_length")) {
+        Some(Value::U32(v)) => Some(u64::from(*v)),
+        Some(Value::U64(v)) => Some(*v),
+        Some(Value::I32(v)) => u64::try_from(*v).ok(),
+        _ => None,
+    };
+    Ok(FileFacts {
+        quantization: quantization(md, &content),
+        parameters: parameters(&content),
+        context_length,
+        name: text("general.name"),
+        architecture,
+    })
+}

@@ -451,13 +451,43 @@ impl Default for HttpConfig {
     }
 }
 
-/// Where models may be loaded from.
-#[derive(Debug, Clone, Deserialize, Default)]
+/// Where models may be loaded from, and the model folder served on demand.
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelsConfig {
     /// Directories whose GGUF files `POST /engines` and reloads may load (besides the model
-    /// cache and the directories of the configured pools' models).
+    /// cache and the directories of the configured pools' models). Their GGUFs are listed by
+    /// `/v1/models` loaded or not, and with `on_demand` a request for one loads it.
     pub dirs: Vec<String>,
+    /// A request for a model of `dirs` that no pool serves loads it into a pool of its own.
+    pub on_demand: bool,
+    /// Seconds an on-demand pool stays loaded with nothing to do (0 = until the budget needs
+    /// its memory).
+    pub keep_alive_s: u64,
+    /// The most the on-demand pools may hold together (weights and KV caches, MiB; 0 = no
+    /// bound): loading one past it first unloads the least recently used idle ones.
+    pub memory_budget_mib: u64,
+    /// Slots of an on-demand pool.
+    pub slots: usize,
+    /// Context of an on-demand pool (0 = the model's trained context, as far as its KV cache
+    /// budget holds).
+    pub ctx: usize,
+    /// KV cache budget of an on-demand pool when `ctx` is 0 (MiB).
+    pub kv_cache_mib: u64,
+}
+
+impl Default for ModelsConfig {
+    fn default() -> Self {
+        Self {
+            dirs: Vec::new(),
+            on_demand: true,
+            keep_alive_s: 300,
+            memory_budget_mib: 0,
+            slots: 2,
+            ctx: 0,
+            kv_cache_mib: 512,
+        }
+    }
 }
 
 /// One pool of the server.
@@ -824,10 +854,14 @@ impl Config {
             }
             p.spec()?;
         }
-        if self.pools.is_empty() && self.workers.active_secret().is_none() {
+        let folder = self.models.on_demand && !self.models.dirs.is_empty();
+        if self.pools.is_empty() && self.workers.active_secret().is_none() && !folder {
             return bad(
-                "at least one pool is required (or remote workers: [workers] secret)".into(),
+                "at least one pool is required (or remote workers: [workers] secret, or a model folder: [models] dirs)".into(),
             );
+        }
+        if folder && self.models.slots == 0 {
+            return bad("models: slots must be at least 1".into());
         }
         let w = &self.workers;
         if w.heartbeat_interval_ms == 0 || w.pong_timeout_ms < w.heartbeat_interval_ms {

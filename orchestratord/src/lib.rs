@@ -19,6 +19,7 @@ pub mod logging;
 pub mod metrics;
 pub mod model_digest;
 pub mod model_paths;
+pub mod models_folder;
 pub mod openapi;
 pub mod patience;
 pub mod process_stats;

@@ -193,6 +193,18 @@ fn describe() {
         RECORDS_BYTES,
         "Stored JSON of the task records and artifacts kept, in bytes"
     );
+    describe_counter!(
+        MODEL_LOADS,
+        "Models of the model folder loaded on demand, by model and outcome (ok, failed)"
+    );
+    describe_counter!(
+        MODEL_UNLOADS,
+        "On-demand pools unloaded, by model and reason (idle, budget)"
+    );
+    describe_gauge!(
+        MODELS_RESIDENT_BYTES,
+        "Memory the on-demand pools hold (weights and KV caches; estimated while loading)"
+    );
 }
 
 /// Reasons of `orchd_worker_disconnects_total`.
@@ -320,6 +332,21 @@ pub fn records_store_available(ok: bool) {
 
 pub fn records_bytes(total: u64) {
     gauge!(RECORDS_BYTES).set(total as f64);
+}
+
+/// A model of the folder loaded on demand (`outcome`: ok, failed). Model names are the
+/// folder's files: as many as the operator put there.
+pub fn model_loaded(model: &str, outcome: &'static str) {
+    counter!(MODEL_LOADS, L_MODEL_NAME => model.to_string(), L_OUTCOME => outcome).increment(1);
+}
+
+/// An on-demand pool unloaded (`reason`: idle, budget).
+pub fn model_unloaded(model: &str, reason: &'static str) {
+    counter!(MODEL_UNLOADS, L_MODEL_NAME => model.to_string(), L_REASON => reason).increment(1);
+}
+
+pub fn models_resident(bytes: u64) {
+    gauge!(MODELS_RESIDENT_BYTES).set(bytes as f64);
 }
 
 pub fn requeued() {

@@ -57,6 +57,7 @@ pub fn build_state(
         workers: crate::remote_workers::WorkerRegistry::new(&cfg.workers),
         auth,
         model_dirs: model_dirs(&cfg),
+        models_folder: crate::models_folder::ModelsFolder::new(&cfg.models),
         model_digests: Default::default(),
         records,
         started_at: Instant::now(),
@@ -223,6 +224,7 @@ pub struct Background {
 pub async fn start_background(state: &SharedState) -> Background {
     tokio::spawn(crate::lifecycle::dispatcher::run(state.clone()));
     tokio::spawn(state.clone().metrics_upkeep_loop());
+    crate::models_folder::ModelsFolder::spawn_upkeep(state.clone());
     state.pools.load_all().await;
     let mut bg = Background::default();
     if state.cfg.hyperswarm.enabled {

@@ -18,6 +18,7 @@ use crate::spec::{EngineConfig, PoolSpec};
 #[cfg(feature = "fault-injection")]
 pub use engine_candle::fault;
 pub use engine_candle::fresh_pages::FreshPages;
+pub use engine_candle::model_facts::{inspect, FileFacts};
 pub use engine_candle::{
     configure_process_threads, DeviceChoice, EngineSettings as Settings, KvType, WeightFormat,
     DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS,

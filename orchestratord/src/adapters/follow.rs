@@ -30,7 +30,8 @@ pub fn keepalive(state: &SharedState) -> Option<std::time::Duration> {
 pub const SSE_KEEPALIVE: &[u8] = b": keep-alive\n\n";
 
 /// Admits a task for an API that addresses models by name: a `model` no pool serves, or one a
-/// pinned pool does not serve, is 404 (`NOT_FOUND`, param `model`).
+/// pinned pool does not serve, is 404 (`NOT_FOUND`, param `model`); a model of the folder
+/// that cannot be loaded stays a 400 naming `model`.
 pub async fn admit(
     state: &SharedState,
     req: TaskRequest,
@@ -41,7 +42,9 @@ pub async fn admit(
         .await
         .map(|(_, task, _)| task)
         .map_err(|e| {
-            if e.code() == ErrorCode::InvalidParams && e.envelope.field.as_deref() == Some("model")
+            if e.code() == ErrorCode::InvalidParams
+                && e.envelope.field.as_deref() == Some("model")
+                && e.envelope.pool_id.is_some()
             {
                 let mut nf = ApiError::new(ErrorCode::NotFound, e.envelope.message.clone(), false);
                 nf.envelope.field = Some("model".into());

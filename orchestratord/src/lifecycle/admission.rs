@@ -154,7 +154,8 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
                 return Err(ApiError::invalid(
                     "model",
                     format!("pool {pin:?} does not serve model {m:?}"),
-                ));
+                )
+                .with_pool(pin));
             }
         }
         if !pool.accepts_work() {
@@ -193,7 +194,14 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
         )
         .with_field("model"));
     }
+    // a model of the folder loading on demand: the task waits in the queue for its pool
+    let loading = serving
+        .iter()
+        .any(|p| p.state() == pool_manager::PoolState::Loading && state.models_folder.owns(p.id()));
     let ready: Vec<Arc<Pool>> = serving.into_iter().filter(|p| p.accepts_work()).collect();
+    if ready.is_empty() && loading {
+        return Ok(Vec::new());
+    }
     if ready.is_empty() && !from_workers {
         return Err(ApiError::new(
             ErrorCode::PoolUnavailable,
@@ -501,6 +509,25 @@ pub async fn admit(
         }
     }
     let v = validate(state, &req).map_err(|e| reject(e.code(), e))?;
+    // a model of the folder no pool serves starts loading; the task waits for it, unless the
+    // client's deadline comes before the load is predicted to end (503 with that wait)
+    let load_wait_ms = match req.model.as_deref().filter(|_| req.pool_id.is_none()) {
+        Some(model) => crate::models_folder::ModelsFolder::ensure(state, model)
+            .await
+            .map_err(|e| reject(e.code(), e))?,
+        None => 0,
+    };
+    if req.deadline_ms.is_some_and(|d| d < load_wait_ms) {
+        return Err(reject(
+            ErrorCode::PoolUnavailable,
+            ApiError::new(
+                ErrorCode::PoolUnavailable,
+                format!("the model is loading: about {load_wait_ms} ms, past the task's deadline"),
+                true,
+            )
+            .with_retry_after(load_wait_ms),
+        ));
+    }
     let pools = resolve_pools(state, &req).map_err(|e| reject(e.code(), e))?;
     let snapshots: Vec<_> = pools.iter().map(|p| p.snapshot()).collect();
     let typical = state.cfg.admission.default_max_tokens as usize;
@@ -665,7 +692,7 @@ pub async fn admit(
         }
     };
     let est = eta::estimate(position, &snapshots, typical);
-    let predicted_start_ms = plan.predicted_start.as_millis() as u64;
+    let predicted_start_ms = plan.predicted_start.as_millis() as u64 + load_wait_ms;
     task.push_started(contracts::SseStarted {
         queue_position: position as u32,
         predicted_start_ms,

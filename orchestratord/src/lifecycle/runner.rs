@@ -52,6 +52,7 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
         .prompt_ids
         .as_ref()
         .filter(|p| produced == 0 && p.model_ref == desc.model_ref);
+    let recounted = counted.is_none() && produced == 0;
     let tokens = match counted {
         Some(p) => Some(p.ids.as_ref().clone()),
         None => match state
@@ -66,6 +67,11 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
             }
         },
     };
+    if let Some(n) = tokens.as_ref().map(Vec::len).filter(|_| recounted) {
+        // admitted before its pool's engine could count it (a model loading on demand):
+        // the usage reports this count, not admission's estimate
+        task.set_counted_prompt_tokens(n as u32);
+    }
     if let Some(n) = tokens.as_ref().map(Vec::len) {
         if n + max_tokens > desc.ctx_max {
             state.fail_task(

@@ -39,6 +39,8 @@ pub struct AppState {
     pub auth: Arc<crate::auth::Auth>,
     /// Where models may be loaded from (`POST /engines`, reloads).
     pub model_dirs: crate::model_paths::ModelDirs,
+    /// The model folder: its models listed, loaded on demand, unloaded when idle.
+    pub models_folder: crate::models_folder::ModelsFolder,
     /// SHA-256 of model files, remembered per file version (Ollama's `digest`).
     pub model_digests: crate::model_digest::ModelDigests,
     /// Task records and artifacts that outlive the process.

@@ -299,8 +299,10 @@ pub fn config(pools: Vec<PoolConfig>) -> Config {
     c.stream.metrics_interval_ms = 50;
     c.stream.keepalive_ms = 0;
     c.timeouts.idle_ms = 2_000;
-    // fake model files live in the temp dir
+    // fake model files live in the temp dir (a folder allowed for loads, not served on demand:
+    // the model folder's own tests turn that on with a folder of their own)
     c.models.dirs = vec![std::env::temp_dir().display().to_string()];
+    c.models.on_demand = false;
     // records in memory; the tests of the store itself give each server a file
     c.records.path = orchestratord::config::RecordsConfig::IN_MEMORY.into();
     c

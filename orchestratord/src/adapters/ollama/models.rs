@@ -103,6 +103,31 @@ pub async fn tags(State(state): State<SharedState>) -> Json<ModelList> {
         }
         models.push(entry(&state, p, false).await);
     }
+    // the model folder's models no pool serves yet (a request loads them)
+    for e in crate::models_folder::ModelsFolder::entries(&state).await {
+        let Ok(facts) = &e.facts else { continue };
+        if models.iter().any(|m| m.name == e.name) {
+            continue;
+        }
+        let meta = std::fs::metadata(&e.path).ok();
+        models.push(ModelEntry {
+            name: e.name.clone(),
+            model: e.name.clone(),
+            modified_at: meta.as_ref().and_then(modified),
+            size: e.bytes,
+            digest: state.model_digests.of(&e.path).await,
+            details: Details {
+                parent_model: String::new(),
+                format: "gguf".into(),
+                family: Some(facts.architecture.clone()),
+                families: Some(vec![facts.architecture.clone()]),
+                parameter_size: Some(parameter_size(facts.parameters)),
+                quantization_level: Some(facts.quantization.clone()),
+            },
+            size_vram: None,
+            context_length: None,
+        });
+    }
     Json(ModelList { models })
 }
 

@@ -341,6 +341,38 @@ fn model_of(pool: &pool_manager::Pool) -> Model {
             .worker_id()
             .map_or_else(|| "orchestratord".to_string(), |w| format!("worker:{w}")),
         max_model_len: pool.engine().map_or(spec.ctx, |e| e.descriptor().ctx_max),
+        loaded: pool.engine().is_some(),
+        architecture: None,
+        quantization: None,
+        size_bytes: None,
+    }
+}
+
+/// A model of the folder (`models.dirs`), as its file's header describes it.
+fn folder_model(e: &crate::models_folder::Entry) -> Option<Model> {
+    let facts = e.facts.as_ref().ok()?;
+    Some(Model {
+        id: e.name.clone(),
+        object: "model",
+        created: 0,
+        owned_by: "orchestratord".into(),
+        max_model_len: facts.context_length.unwrap_or(0) as usize,
+        loaded: false,
+        architecture: Some(facts.architecture.clone()),
+        quantization: Some(facts.quantization.clone()),
+        size_bytes: Some(e.bytes),
+    })
+}
+
+/// Adds the folder's facts to a served model of the same name, or the folder model itself.
+fn merge_folder(data: &mut Vec<Model>, m: Model) {
+    match data.iter_mut().find(|d| d.id == m.id) {
+        Some(d) => {
+            d.architecture = m.architecture;
+            d.quantization = m.quantization;
+            d.size_bytes = m.size_bytes;
+        }
+        None => data.push(m),
     }
 }
 
@@ -352,15 +384,21 @@ fn merge(data: &mut Vec<Model>, m: Model) {
     }
 }
 
-/// The models the Ready pools serve.
+/// The models the Ready pools serve, then every model of the model folder (`models.dirs`),
+/// loaded or not (`loaded`), with its architecture, quantization and size.
 #[utoipa::path(
     get, operation_id = "openaiListModels", path = "/v1/models", tag = "openai",
-    responses((status = 200, description = "Models of the pools that take work", body = ModelList))
+    responses((status = 200, description = "Models of the pools that take work, and of the model folder", body = ModelList))
 )]
 pub async fn models(State(state): State<SharedState>) -> Json<ModelList> {
     let mut data: Vec<Model> = Vec::new();
     for p in state.pools.all().iter().filter(|p| p.accepts_work()) {
         merge(&mut data, model_of(p));
+    }
+    for e in crate::models_folder::ModelsFolder::entries(&state).await {
+        if let Some(m) = folder_model(&e) {
+            merge_folder(&mut data, m);
+        }
     }
     Json(ModelList {
         object: "list",
@@ -385,6 +423,11 @@ pub async fn model(
     let mut found: Vec<Model> = Vec::new();
     for p in state.pools.all().iter().filter(|p| p.serves(&name)) {
         merge(&mut found, model_of(p));
+    }
+    for e in crate::models_folder::ModelsFolder::entries(&state).await {
+        if let Some(m) = folder_model(&e).filter(|m| m.id == name) {
+            merge_folder(&mut found, m);
+        }
     }
     let mut m = found
         .into_iter()

@@ -386,9 +386,9 @@ pub struct CompletionResponse {
     pub usage: Option<Usage>,
 }
 
-/// A model a pool serves.
+/// A model a pool serves, or a model of the model folder (`models.dirs`) loaded on demand.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-#[schema(example = json!({"id": "SmolLM2-135M-Instruct.Q4_1", "object": "model", "created": 0, "owned_by": "orchestratord", "max_model_len": 8192}))]
+#[schema(example = json!({"id": "SmolLM2-135M-Instruct.Q4_1", "object": "model", "created": 0, "owned_by": "orchestratord", "max_model_len": 8192, "loaded": true}))]
 pub struct Model {
     pub id: String,
     pub object: &'static str,
@@ -396,8 +396,20 @@ pub struct Model {
     /// `orchestratord` for a model of this server, `worker:<worker id>` for a remote worker's.
     pub owned_by: String,
     /// Tokens of context a request may use, prompt and output together (vLLM's name); the
-    /// smallest over the pools that serve the model.
+    /// smallest over the pools that serve the model (a folder model not loaded: its trained
+    /// context).
     pub max_model_len: usize,
+    /// A pool serving it has it in memory (a folder model not loaded: a request loads it).
+    pub loaded: bool,
+    /// Of a folder model: `general.architecture` of its file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
+    /// Of a folder model: its quantization (`Q4_K_M`, …).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub quantization: Option<String>,
+    /// Of a folder model: its file's size.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]

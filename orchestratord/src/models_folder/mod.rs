@@ -1,0 +1,376 @@
+//! The model folder (`models.dirs`): every GGUF there is listed, loaded or not
+//! (`catalog.rs`), and with `models.on_demand` a request that names one no pool serves loads
+//! it into a pool of its own — the request and those that follow wait in the queue meanwhile,
+//! none lost. An on-demand pool is unloaded when it has been idle for `models.keep_alive_s`,
+//! or when a load needs its memory under `models.memory_budget_mib` (least recently used idle
+//! pool first). Configured pools are never unloaded (they are the pinned-resident ones).
+
+mod catalog;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use catalog::{Catalog, Entry, MAX_FILES};
+use contracts::ErrorCode;
+use pool_manager::{candle, Pool, PoolSpec, PoolState};
+
+use crate::config::ModelsConfig;
+use crate::error::ApiError;
+use crate::lifecycle::state::SharedState;
+use crate::metrics;
+
+/// How long a failed load is remembered: requests for that model meanwhile get its error at
+/// once instead of loading it again (no retry loop).
+const FAILED_FOR: Duration = Duration::from_secs(60);
+/// The upkeep's period (idle unloads, the resident-bytes gauge).
+const UPKEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Load speed assumed before any load was timed here (file bytes a millisecond: 100 MB/s).
+const DEFAULT_LOAD_BYTES_PER_MS: f64 = 100_000.0;
+
+/// An on-demand pool.
+struct Owned {
+    model: String,
+    last_used: Instant,
+    /// What it was expected to hold before its engine said (file size + KV budget).
+    estimate: u64,
+    /// Its file's size and when its load began (for the predicted wait).
+    file_bytes: u64,
+    loading_since: Instant,
+}
+
+pub struct ModelsFolder {
+    cfg: ModelsConfig,
+    pub catalog: Catalog,
+    /// On-demand pools by pool id. Held across no await.
+    owned: Mutex<HashMap<String, Owned>>,
+    failed: Mutex<HashMap<String, (Instant, String)>>,
+    /// File bytes a millisecond of the last load timed here.
+    load_rate: Mutex<Option<f64>>,
+}
+
+/// The pool id of an on-demand model: `auto-` and its name, other characters as `-`.
+pub fn pool_id(model: &str) -> String {
+    let clean: String = model
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '_' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .take(96)
+        .collect();
+    format!("auto-{clean}")
+}
+
+impl ModelsFolder {
+    pub fn new(cfg: &ModelsConfig) -> Self {
+        Self {
+            catalog: Catalog::new(&cfg.dirs),
+            cfg: cfg.clone(),
+            owned: Mutex::new(HashMap::new()),
+            failed: Mutex::new(HashMap::new()),
+            load_rate: Mutex::new(None),
+        }
+    }
+
+    /// How long loading `bytes` of model file is expected to take, from the last load timed.
+    fn load_ms(&self, bytes: u64) -> u64 {
+        let rate = self
+            .load_rate
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or(DEFAULT_LOAD_BYTES_PER_MS);
+        (bytes as f64 / rate.max(1.0)).ceil() as u64
+    }
+
+    /// What is left of the predicted load of the pools serving `model` that are loading (0
+    /// when one is ready).
+    fn wait_ms(&self, serving: &[Arc<Pool>]) -> u64 {
+        if serving.iter().any(|p| p.state() == PoolState::Ready) {
+            return 0;
+        }
+        let owned = self.owned();
+        serving
+            .iter()
+            .filter(|p| p.state() == PoolState::Loading)
+            .filter_map(|p| owned.get(p.id()))
+            .map(|o| {
+                let spent = o.loading_since.elapsed().as_millis() as u64;
+                self.load_ms(o.file_bytes).saturating_sub(spent).max(1)
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
+    fn owned(&self) -> std::sync::MutexGuard<'_, HashMap<String, Owned>> {
+        self.owned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `pool_id` is an on-demand pool.
+    pub fn owns(&self, pool_id: &str) -> bool {
+        self.owned().contains_key(pool_id)
+    }
+
+    /// The folder's models (none unless `on_demand`: a model that is listed can be asked
+    /// for), blocking reads off the runtime.
+    pub async fn entries(state: &SharedState) -> Vec<Entry> {
+        if !state.models_folder.cfg.on_demand {
+            return Vec::new();
+        }
+        let s = state.clone();
+        tokio::task::spawn_blocking(move || s.models_folder.catalog.entries())
+            .await
+            .unwrap_or_default()
+    }
+
+    /// Makes sure a request for `model` has a pool to wait for: when no pool serves it and the
+    /// folder has it, an on-demand pool starts loading (room made under the budget first).
+    /// Returns the predicted wait for its load (0: a pool serving it is ready, or none is
+    /// ours). Errors: the model failed to load a moment ago (400 naming `model`, its reason);
+    /// the budget cannot make room because the other models are busy (503, retriable).
+    pub async fn ensure(state: &SharedState, model: &str) -> Result<u64, ApiError> {
+        let me = &state.models_folder;
+        if !me.cfg.on_demand || me.catalog.is_empty() {
+            return Ok(0);
+        }
+        let serving: Vec<Arc<Pool>> = state
+            .pools
+            .all()
+            .into_iter()
+            .filter(|p| p.serves(model))
+            .collect();
+        if !serving.is_empty() {
+            let mut owned = me.owned();
+            for p in &serving {
+                if let Some(o) = owned.get_mut(p.id()) {
+                    o.last_used = Instant::now();
+                }
+            }
+            drop(owned);
+            return Ok(me.wait_ms(&serving));
+        }
+        if let Some((at, why)) = me
+            .failed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(model)
+            .cloned()
+        {
+            if at.elapsed() < FAILED_FOR {
+                return Err(ApiError::invalid(
+                    "model",
+                    format!("model {model:?} cannot be loaded: {why}"),
+                ));
+            }
+        }
+        let s = state.clone();
+        let name = model.to_string();
+        let Some(entry) = tokio::task::spawn_blocking(move || s.models_folder.catalog.find(&name))
+            .await
+            .ok()
+            .flatten()
+        else {
+            return Ok(0);
+        };
+        if let Err(why) = &entry.facts {
+            return Err(ApiError::invalid(
+                "model",
+                format!("model {model:?} cannot be loaded: {why}"),
+            ));
+        }
+        let estimate = entry.bytes + (me.cfg.kv_cache_mib << 20);
+        me.make_room(state, estimate, model)?;
+        let id = pool_id(model);
+        let settings = candle::Settings {
+            kv_cache_max_bytes: (me.cfg.kv_cache_mib << 20) as usize,
+            ..Default::default()
+        };
+        let spec = PoolSpec::local(
+            &id,
+            &entry.path.display().to_string(),
+            Some(model),
+            me.cfg.slots.max(1),
+            me.cfg.ctx,
+            settings,
+        );
+        let pool = match state.pools.add(spec) {
+            Ok(p) => p,
+            // another request for it got here first
+            Err(_) => return Ok(me.load_ms(entry.bytes)),
+        };
+        me.owned().insert(
+            id.clone(),
+            Owned {
+                model: model.to_string(),
+                last_used: Instant::now(),
+                estimate,
+                file_bytes: entry.bytes,
+                loading_since: Instant::now(),
+            },
+        );
+        let wait = me.load_ms(entry.bytes);
+        let file_bytes = entry.bytes;
+        tracing::info!(model, pool = %id, path = %entry.path.display(), "loading a model of the folder on demand");
+        let (s, model) = (state.clone(), model.to_string());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            match pool.load_once().await {
+                Ok(()) => {
+                    let ms = started.elapsed().as_millis().max(1) as f64;
+                    *s.models_folder
+                        .load_rate
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = Some(file_bytes as f64 / ms);
+                    metrics::model_loaded(&model, "ok");
+                    tracing::info!(
+                        model,
+                        ms = started.elapsed().as_millis() as u64,
+                        "model loaded on demand"
+                    );
+                }
+                Err(why) => {
+                    metrics::model_loaded(&model, "failed");
+                    tracing::warn!(model, %why, "a model of the folder failed to load");
+                    s.models_folder
+                        .failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(model, (Instant::now(), why.to_string()));
+                    // its waiting tasks end: no pool serves the model any more
+                    s.pools.remove(&id);
+                    s.models_folder.owned().remove(&id);
+                }
+            }
+            s.wake.notify_one();
+        });
+        Ok(wait)
+    }
+
+    /// What an on-demand pool holds: its engine's weights and KV cache, or the estimate while
+    /// it loads.
+    fn resident(pool: &Pool, estimate: u64) -> u64 {
+        match pool.engine() {
+            Some(e) => {
+                let d = e.descriptor();
+                d.weights_bytes + d.kv_cache_bytes
+            }
+            None => estimate,
+        }
+    }
+
+    /// Unloads idle on-demand pools, least recently used first, until `need` more bytes fit
+    /// the budget.
+    fn make_room(&self, state: &SharedState, need: u64, for_model: &str) -> Result<(), ApiError> {
+        let budget = self.cfg.memory_budget_mib << 20;
+        if budget == 0 {
+            return Ok(());
+        }
+        if need > budget {
+            return Err(ApiError::invalid(
+                "model",
+                format!(
+                    "model {for_model:?} needs about {} MiB, more than models.memory_budget_mib ({} MiB)",
+                    need >> 20,
+                    budget >> 20
+                ),
+            ));
+        }
+        loop {
+            let pools = state.pools.all();
+            let (used, victim) = {
+                let owned = self.owned();
+                let mut used = 0u64;
+                let mut victim: Option<(Instant, Arc<Pool>)> = None;
+                for p in &pools {
+                    let Some(o) = owned.get(p.id()) else { continue };
+                    used += Self::resident(p, o.estimate);
+                    let idle = p.state() == PoolState::Ready && p.slots_busy() == 0;
+                    if idle
+                        && o.model != for_model
+                        && victim.as_ref().is_none_or(|(t, _)| o.last_used < *t)
+                    {
+                        victim = Some((o.last_used, p.clone()));
+                    }
+                }
+                (used, victim)
+            };
+            if used + need <= budget {
+                return Ok(());
+            }
+            let Some((_, pool)) = victim else {
+                return Err(ApiError::new(
+                    ErrorCode::PoolUnavailable,
+                    format!(
+                        "loading {for_model:?} needs about {} MiB; the models busy now hold {} of the {} MiB budget",
+                        need >> 20,
+                        used >> 20,
+                        budget >> 20
+                    ),
+                    true,
+                )
+                .with_retry_after(1000));
+            };
+            self.unload(state, &pool, "budget");
+        }
+    }
+
+    /// Stops an idle on-demand pool taking work and removes it (its engine is dropped with it).
+    fn unload(&self, state: &SharedState, pool: &Arc<Pool>, reason: &'static str) {
+        let _ = pool.drain(Duration::ZERO);
+        state.pools.remove(pool.id());
+        if let Some(o) = self.owned().remove(pool.id()) {
+            metrics::model_unloaded(&o.model, reason);
+            tracing::info!(model = %o.model, pool = %pool.id(), reason, "model unloaded");
+        }
+        state.wake.notify_one();
+    }
+
+    /// Every second until shutdown: on-demand pools in use count as used now; idle ones past
+    /// `keep_alive_s` are unloaded; the resident-bytes gauge is refreshed.
+    pub fn spawn_upkeep(state: SharedState) {
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(UPKEEP_EVERY);
+            loop {
+                tokio::select! {
+                    _ = state.shutdown.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                state.models_folder.upkeep(&state);
+            }
+        });
+    }
+
+    fn upkeep(&self, state: &SharedState) {
+        let pools = state.pools.all();
+        let keep_alive = Duration::from_secs(self.cfg.keep_alive_s);
+        let mut idle = Vec::new();
+        let mut resident = 0u64;
+        {
+            let mut owned = self.owned();
+            // pools removed by other means (the engines API) are forgotten
+            owned.retain(|id, _| pools.iter().any(|p| p.id() == id));
+            for p in &pools {
+                let Some(o) = owned.get_mut(p.id()) else {
+                    continue;
+                };
+                resident += Self::resident(p, o.estimate);
+                if p.slots_busy() > 0 {
+                    o.last_used = Instant::now();
+                } else if self.cfg.keep_alive_s > 0
+                    && p.state() == PoolState::Ready
+                    && o.last_used.elapsed() >= keep_alive
+                {
+                    idle.push(p.clone());
+                }
+            }
+        }
+        for p in idle {
+            self.unload(state, &p, "idle");
+        }
+        metrics::models_resident(resident);
+    }
+}

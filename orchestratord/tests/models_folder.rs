@@ -1,0 +1,305 @@
+//! MOD-FOLDER-1..4 (issue 35): the model folder (`models.dirs`) with the real models — SmolLM2
+//! and Gemma 3 in one folder, a memory budget that holds one of them: both listed before either
+//! is loaded (`/v1/models`, Ollama's `/api/tags`), requests that alternate each answered by their model while the other is
+//! unloaded, a burst for an unloaded model loading it once, idle models unloaded after
+//! `keep_alive_s`, a file removed while listed, and a model that cannot load failing once
+//! (no retry loop).
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orchestratord::config::Config;
+use serde_json::json;
+use support::procs::eventually;
+use support::*;
+
+/// A folder of its own with `models` (name → file) linked into it.
+fn folder(tag: &str, models: &[(&str, PathBuf)]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("orchd-folder-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (name, file) in models {
+        std::os::unix::fs::symlink(file, dir.join(format!("{name}.gguf"))).unwrap();
+    }
+    dir
+}
+
+fn gemma_path() -> PathBuf {
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/models/gemma-3-270m-q4_k_m.gguf");
+    assert!(p.exists(), "run ci/fetch-gemma.sh first ({})", p.display());
+    std::fs::canonicalize(p).unwrap()
+}
+
+fn folder_config(dir: &std::path::Path, budget_mib: u64, keep_alive_s: u64) -> Config {
+    let mut cfg = config(vec![]);
+    cfg.models.dirs = vec![dir.display().to_string()];
+    cfg.models.on_demand = true;
+    cfg.models.memory_budget_mib = budget_mib;
+    cfg.models.kv_cache_mib = 64;
+    cfg.models.keep_alive_s = keep_alive_s;
+    cfg.timeouts.idle_ms = 60_000;
+    cfg
+}
+
+async fn chat(s: &TestServer, model: &str, text: &str) -> reqwest::Response {
+    s.post(
+        "/v1/chat/completions",
+        &json!({"model": model, "max_tokens": 8, "temperature": 0,
+                "messages": [{"role": "user", "content": text}]}),
+    )
+    .await
+}
+
+/// The value of `name`'s series whose labels include every one of `labels` (0 when none).
+fn series(metrics: &str, name: &str, labels: &[&str]) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && labels.iter().all(|x| l.contains(x)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+async fn pool_ids(s: &TestServer) -> Vec<String> {
+    s.get_json("/v1/pools").await["pools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["pool_id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// MOD-FOLDER-1, -2: listed loaded or not; alternate requests each answered, the budget
+/// holding one; a burst loads once; a file removed while listed is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_folder_of_two_models_under_a_budget_that_holds_one() {
+    let smol = std::fs::canonicalize(default_model_path()).unwrap();
+    let dir = folder("two", &[("fm-smol", smol), ("fm-gemma", gemma_path())]);
+    // SmolLM2 (94 MiB) + Gemma 3 (241 MiB), each with a 64 MiB KV budget: one fits in 400
+    let s = start_with(
+        folder_config(&dir, 400, 0),
+        Arc::new(pool_manager::candle::CandleFactory),
+    )
+    .await;
+    let listed = s.get_json("/v1/models").await;
+    let find = |v: &serde_json::Value, id: &str| {
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["id"] == id)
+            .cloned()
+    };
+    let g = find(&listed, "fm-gemma").unwrap_or_else(|| panic!("{listed}"));
+    assert_eq!(
+        (
+            &g["loaded"],
+            &g["architecture"],
+            &g["quantization"],
+            &g["size_bytes"]
+        ),
+        (
+            &json!(false),
+            &json!("gemma3"),
+            &json!("Q4_K_M"),
+            &json!(253113024)
+        ),
+        "{g}"
+    );
+    let m = find(&listed, "fm-smol").unwrap();
+    assert_eq!(
+        (&m["architecture"], &m["quantization"], &m["max_model_len"]),
+        (&json!("llama"), &json!("Q4_1"), &json!(8192))
+    );
+    assert!(
+        pool_ids(&s).await.is_empty(),
+        "nothing loaded before it is asked for"
+    );
+    // Ollama's listing names them too
+    let tags = s.get_json("/api/tags").await;
+    let t = tags["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "fm-gemma")
+        .cloned();
+    let t = t.unwrap_or_else(|| panic!("{tags}"));
+    assert_eq!(
+        (
+            &t["details"]["family"],
+            &t["details"]["quantization_level"],
+            &t["size"]
+        ),
+        (&json!("gemma3"), &json!("Q4_K_M"), &json!(253113024))
+    );
+
+    // alternate: each answers with its own model; the other is unloaded to fit the budget
+    let gemma_raw = |r: serde_json::Value| {
+        r["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    for round in 0..2 {
+        let r = chat(&s, "fm-smol", "What is the capital of France?").await;
+        assert_eq!(r.status(), 200, "round {round}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["model"], "fm-smol");
+        assert!(!gemma_raw(v.clone()).is_empty(), "{v}");
+        assert!(
+            v["usage"]["prompt_tokens"].as_u64().unwrap() > 20,
+            "counted by the engine: {v}"
+        );
+        assert_eq!(pool_ids(&s).await, vec!["auto-fm-smol"]);
+        let r = s
+            .post(
+                "/v1/completions",
+                &json!({"model": "fm-gemma", "prompt": "1, 2, 3, 4, 5,",
+                "max_tokens": 8, "temperature": 0}),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        let v: serde_json::Value = r.json().await.unwrap();
+        // Gemma 3's own greedy continuation (llama.cpp's too, ENG-ARCH-1)
+        assert!(
+            v["choices"][0]["text"]
+                .as_str()
+                .unwrap()
+                .starts_with(" 6, 7, 8"),
+            "{v}"
+        );
+        assert_eq!(pool_ids(&s).await, vec!["auto-fm-gemma"]);
+    }
+    let m = s.metrics().await;
+    assert_eq!(
+        series(&m, "orchd_model_loads_total", &["\"fm-smol\"", "\"ok\""]),
+        2.0,
+        "{m}"
+    );
+    assert!(
+        series(
+            &m,
+            "orchd_model_unloads_total",
+            &["\"fm-smol\"", "\"budget\""]
+        ) >= 2.0
+    );
+
+    // a burst for the unloaded model: every request answered, the model loaded once
+    let calls: Vec<_> = (0..4)
+        .map(|i| {
+            let (c, url) = (s.client.clone(), s.url("/v1/chat/completions"));
+            tokio::spawn(async move {
+                c.post(url)
+                    .json(&json!({"model": "fm-smol", "max_tokens": 4,
+                        "messages": [{"role": "user", "content": format!("Count to {i}.")}]}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+            })
+        })
+        .collect();
+    for c in calls {
+        assert_eq!(c.await.unwrap(), 200);
+    }
+    let m = s.metrics().await;
+    assert_eq!(
+        series(&m, "orchd_model_loads_total", &["\"fm-smol\"", "\"ok\""]),
+        3.0,
+        "one load for the burst"
+    );
+
+    // a file removed while listed: no longer listed, and asked for it is a 404
+    std::fs::remove_file(dir.join("fm-gemma.gguf")).unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert!(find(&s.get_json("/v1/models").await, "fm-gemma").is_none());
+    let r = chat(&s, "fm-gemma", "Hi").await;
+    assert_eq!(r.status(), 404);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// MOD-FOLDER-3: an on-demand model idle for `keep_alive_s` is unloaded; asked again by a
+/// client whose deadline is shorter than the predicted load, it is a 503 with the wait; then it
+/// loads again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_models_unload_after_keep_alive() {
+    let smol = std::fs::canonicalize(default_model_path()).unwrap();
+    let dir = folder("idle", &[("ka-smol", smol)]);
+    let s = start_with(
+        folder_config(&dir, 0, 1),
+        Arc::new(pool_manager::candle::CandleFactory),
+    )
+    .await;
+    assert_eq!(chat(&s, "ka-smol", "Hi").await.status(), 200);
+    assert_eq!(pool_ids(&s).await, vec!["auto-ka-smol"]);
+    let gone = eventually(Duration::from_secs(5), || async {
+        pool_ids(&s).await.is_empty()
+    })
+    .await;
+    assert!(gone, "still loaded: {:?}", pool_ids(&s).await);
+    let m = s.metrics().await;
+    assert_eq!(
+        series(
+            &m,
+            "orchd_model_unloads_total",
+            &["\"ka-smol\"", "\"idle\""]
+        ),
+        1.0
+    );
+    assert_eq!(
+        chat(&s, "ka-smol", "Hi").await.status(),
+        200,
+        "loaded again"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// MOD-FOLDER-4: a model of the folder the engine cannot load (an architecture it does not
+/// have) fails its waiting request, and the next request gets the reason at once — a 400
+/// naming `model` — with no second load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_cannot_load_fails_once() {
+    let mut bytes = std::fs::read(default_model_path()).unwrap();
+    let key = b"general.architecture";
+    let at = bytes.windows(key.len()).position(|w| w == key).unwrap();
+    let value = at + bytes[at..].windows(5).position(|w| w == b"llama").unwrap();
+    bytes[value..value + 5].copy_from_slice(b"gemmo");
+    let dir = folder("bad", &[]);
+    std::fs::write(dir.join("bad-arch.gguf"), bytes).unwrap();
+    let s = start_with(
+        folder_config(&dir, 0, 0),
+        Arc::new(pool_manager::candle::CandleFactory),
+    )
+    .await;
+    let first = chat(&s, "bad-arch", "Hi").await;
+    let status = first.status();
+    let body = first.text().await.unwrap();
+    assert!(!status.is_success(), "{status} {body}");
+    let r = chat(&s, "bad-arch", "Hi").await;
+    let status = r.status();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(status, 400, "{v} (first: {body})");
+    assert_eq!(v["error"]["param"], "model", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("architecture \"gemmo\""),
+        "{v}"
+    );
+    let m = s.metrics().await;
+    assert_eq!(
+        series(
+            &m,
+            "orchd_model_loads_total",
+            &["\"bad-arch\"", "\"failed\""]
+        ),
+        1.0,
+        "{m}"
+    );
+    assert!(pool_ids(&s).await.is_empty());
+    let _ = std::fs::remove_dir_all(dir);
+}
