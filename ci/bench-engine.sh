@@ -5,11 +5,17 @@
 #  3. streaming chat load (orchd-load, concurrency 1 4 8) against orchestratord (8 slots) and
 #     then llama-server -np 8 -cb [with LLAMA_CPP_BIN], one server at a time, same requests
 # LLAMA_CPP_BIN: a folder with llama-bench and llama-server (e.g. built from the sdist of
-# llama-cpp-python 0.3.36: vendor/llama.cpp, with its CMake). THREADS (default 2). Run on a
-# quiet machine; compare medians of paired runs.
+# llama-cpp-python 0.3.36: vendor/llama.cpp, with its CMake). THREADS (default 2). MODEL: a
+# GGUF (default: the default model; `MODEL=gemma` the Gemma 3 270M Q4_K_M of ci/fetch-gemma.sh).
+# Run on a quiet machine; compare medians of paired runs.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-model="$(ci/fetch-model.sh)"
+case "${MODEL:-}" in
+  "") model="$(ci/fetch-model.sh)" ;;
+  gemma) model="$(ci/fetch-gemma.sh)" ;;
+  *) model="$(realpath "$MODEL")" ;;
+esac
+export ORCHD_TEST_MODEL="$model"
 threads="${THREADS:-2}"
 cargo bench -q -p engine-candle --bench engine -- --threads "$threads"
 cargo build -q --release -p orchestratord --bin orchestratord -p orchd-tools --bin orchd-load
@@ -18,7 +24,7 @@ trap '[ -n "$pid" ] && kill $pid 2>/dev/null' EXIT
 load() { # name, base URL, readiness path
   for _ in $(seq 300); do curl -sf "$2$3" >/dev/null && break; sleep 0.2; done
   echo "## $1"
-  target/release/orchd-load --base-url "$2" --concurrency 1 4 8 -n 16 --max-tokens 64
+  target/release/orchd-load --base-url "$2" --model "$(basename "$model" .gguf)" --concurrency 1 4 8 -n 16 --max-tokens 64
 }
 port=18081
 cfg="$(mktemp)"

@@ -36,6 +36,8 @@ pub(crate) struct Dims {
     pub scale: f32,
     /// A local layer's window: a query at position p sees keys at positions > p − window.
     pub window: Option<usize>,
+    /// `c·tanh(score/c)` on the scaled scores before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
 }
 
 /// One segment: `t` query tokens at pass offset `offset`, positions `start..start + t` of
@@ -196,6 +198,7 @@ fn attend_with(
             && (sp.t >= TRANSPOSE_MIN_QUERIES || kept)
             && transposed::supports(hd)
             && d.window.is_none_or(|w| sp.start + sp.t <= w)
+            && d.softcap.is_none()
     };
     // the transposed heads, per span that uses them (`first[s]` indexes its first kv head):
     // kept ones need only the span's new positions from the cache, the others all of them
@@ -342,6 +345,7 @@ fn head(q: &[f32], keys: &[f32], vals: &[f32], sp: &Span, d: &Dims) -> Vec<f32> 
             &vals[..total * hd],
             d.window.map_or(0, |w| total.saturating_sub(w)),
             d.scale,
+            d.softcap,
             sp.prompt,
             &mut scratch,
             &mut out[ti * hd..(ti + 1) * hd],
@@ -372,6 +376,7 @@ fn attend_one(
     vals: &[f32],
     hidden: usize,
     scale: f32,
+    softcap: Option<f32>,
     prompt: bool,
     s: &mut Scratch,
     out: &mut [f32],
@@ -385,7 +390,10 @@ fn attend_one(
     // it inlines into the FMA-enabled caller
     let mut max = f32::NEG_INFINITY;
     for i in hidden.min(npos)..npos {
-        let x = vec_dot_f32(q, &keys[i * hd..(i + 1) * hd]) * scale;
+        let mut x = vec_dot_f32(q, &keys[i * hd..(i + 1) * hd]) * scale;
+        if let Some(c) = softcap {
+            x = c * (x / c).tanh();
+        }
         p[i] = x;
         max = max.max(x);
     }
@@ -591,6 +599,7 @@ mod tests {
             ctx: 12,
             scale: 1.0,
             window: None,
+            softcap: None,
         };
         let f = |i: usize| ((i * 2654435761) % 1000) as f32 / 500.0 - 1.0;
         let k: Vec<f32> = (0..2 * 2 * 12 * 16).map(f).collect();
@@ -699,6 +708,7 @@ mod tests {
                 ctx,
                 scale: 1.0 / (hd as f32).sqrt(),
                 window: None,
+                softcap: None,
             };
             let cache = slots * n_head_kv * ctx * hd;
             // keys large enough that the softmax is far from uniform and some probabilities
@@ -769,6 +779,7 @@ mod tests {
             ctx: 200,
             scale: 0.125,
             window: None,
+            softcap: None,
         };
         let len = 2 * 3 * 200 * 64;
         let k: Vec<f32> = (0..len).map(|i| 6.0 * f(i + 11)).collect();
@@ -839,6 +850,7 @@ mod tests {
             ctx: 80,
             scale: 0.125,
             window: None,
+            softcap: None,
         };
         let f = |i: usize| ((i * 2654435761) % 1000) as f32 / 500.0 - 1.0;
         let len = 3 * 2 * 80 * 64;

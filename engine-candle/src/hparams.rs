@@ -60,6 +60,8 @@ pub struct Hparams {
     pub sliding_window: Option<SlidingWindow>,
     /// `c·tanh(logit/c)` on the output (`final_logit_softcapping`).
     pub logit_softcap: Option<f32>,
+    /// `c·tanh(score/c)` on attention scores (`attn_logit_softcapping`: Gemma 2).
+    pub attn_softcap: Option<f32>,
 }
 
 pub(crate) fn md_u32(md: &HashMap<String, Value>, key: &str) -> Result<u32> {
@@ -104,12 +106,13 @@ impl Hparams {
             .ok_or_else(|| EngineError::BadModel("general.architecture is missing".into()))?
             .to_string();
         let gemma3 = arch == "gemma3";
+        let gemma2 = arch == "gemma2";
         let rope_style = match arch.as_str() {
             "llama" | "mistral" => RopeStyle::Interleaved,
-            "qwen2" | "qwen3" | "gemma3" => RopeStyle::Halves,
+            "qwen2" | "qwen3" | "gemma2" | "gemma3" | "phi3" => RopeStyle::Halves,
             other => {
                 return Err(EngineError::Unsupported(format!(
-                    "architecture {other:?} (supported: llama, mistral, qwen2, qwen3, gemma3)"
+                    "architecture {other:?} (supported: llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3)"
                 )))
             }
         };
@@ -162,18 +165,28 @@ impl Hparams {
             }
         };
         let n_layer = md_u32(md, &k("block_count"))? as usize;
+        let rope_base = md_f32(md, &k("rope.freq_base")).unwrap_or(10_000.0);
+        let pattern = |default: usize| {
+            md_u32(md, &k("attention.sliding_window_pattern")).map_or(default, |p| p as usize)
+        };
         let sliding_window = match md_u32(md, &k("attention.sliding_window")) {
             Ok(w) if gemma3 && w > 0 => Some(SlidingWindow {
                 window: w as usize,
-                period: md_u32(md, &k("attention.sliding_window_pattern"))
-                    .map_or(6, |p| p as usize),
+                period: pattern(6),
                 rope_base: md_f32(md, &k("rope.freq_base_swa")).unwrap_or(10_000.0),
+            }),
+            // Gemma 2: every other layer local, 4,096 positions, one RoPE base (llama.cpp's
+            // defaults)
+            w if gemma2 => Some(SlidingWindow {
+                window: w.map_or(4096, |w| w as usize),
+                period: pattern(2),
+                rope_base: md_f32(md, &k("rope.freq_base_swa")).unwrap_or(rope_base),
             }),
             _ => None,
         };
-        // Gemma 3 27B (62 layers) scales by the embedding's share per head, the others by the
-        // head width (llama.cpp, after gemma_pytorch)
-        let attn_scale = if gemma3 && n_layer == 62 {
+        // Gemma 2 27B (46 layers) and 3 27B (62) scale by the embedding's share per head, the
+        // others by the head width (llama.cpp, after gemma_pytorch)
+        let attn_scale = if (gemma3 && n_layer == 62) || (gemma2 && n_layer == 46) {
             1.0 / ((n_embd / n_head) as f32).sqrt()
         } else {
             1.0 / (head_dim as f32).sqrt()
@@ -186,19 +199,25 @@ impl Hparams {
             n_embd,
             head_dim,
             rms_eps: md_f32(md, &k("attention.layer_norm_rms_epsilon")).unwrap_or(1e-5),
-            rope_base: md_f32(md, &k("rope.freq_base")).unwrap_or(10_000.0),
+            rope_base,
             rope_linear_factor,
             rope_style,
             ctx_train: md_u32(md, &k("context_length")).unwrap_or(2048) as usize,
-            embed_scale: gemma3.then(|| (n_embd as f32).sqrt()),
-            activation: if gemma3 {
+            embed_scale: (gemma2 || gemma3).then(|| (n_embd as f32).sqrt()),
+            activation: if gemma2 || gemma3 {
                 Activation::GeluTanh
             } else {
                 Activation::Silu
             },
             attn_scale,
             sliding_window,
-            logit_softcap: md_f32(md, &k("final_logit_softcapping")).filter(|c| *c > 0.0),
+            // Gemma 2 caps both, 30 and 50 unless the file says (llama.cpp's defaults)
+            logit_softcap: md_f32(md, &k("final_logit_softcapping"))
+                .or(gemma2.then_some(30.0))
+                .filter(|c| *c > 0.0),
+            attn_softcap: md_f32(md, &k("attn_logit_softcapping"))
+                .or(Some(50.0))
+                .filter(|c| gemma2 && *c > 0.0),
             architecture: arch,
         })
     }

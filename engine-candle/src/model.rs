@@ -434,6 +434,7 @@ impl Model {
             ctx: self.ctx,
             scale: hp.attn_scale,
             window,
+            softcap: hp.attn_softcap,
         };
         let pos_t = Tensor::new(positions.as_slice(), &self.device)?;
         let angles = |t: &RopeTables| -> Result<(Tensor, Tensor)> {
@@ -578,6 +579,9 @@ impl Model {
                 .contiguous()?
                 .reshape((1, nkv, g * t, hd))?;
             let mut att = qs.matmul(&keys.t()?)?;
+            if let Some(c) = self.hp.attn_softcap {
+                att = ((att / f64::from(c))?.tanh()? * f64::from(c))?;
+            }
             if let Some(m) = mask {
                 att = att.broadcast_add(m)?;
             }

@@ -5,6 +5,10 @@ use rand_chacha::ChaCha8Rng;
 
 pub use engine_port::SamplingParams;
 
+/// Tokens whose temperature-scaled logit is more than this below the largest are not drawn:
+/// their weight is under e^-30 (9e-14) of the likeliest token's.
+const DROP_BELOW: f32 = 30.0;
+
 /// Temperatures below this are greedy (vLLM's epsilon): `1/t` of a tinier one overflows f32
 /// once it scales a logit, and the softmax turns to NaN.
 pub const GREEDY_BELOW: f32 = 1e-5;
@@ -74,6 +78,17 @@ impl Sampler {
             return argmax(logits);
         }
         let inv_t = 1.0 / p.temperature;
+        // only the tokens whose weight is within e^-DROP_BELOW of the likeliest one's: the
+        // rest of a 262,144-token vocabulary weighs less than 3e-8 of the whole together, and
+        // taking their exp was most of a draw's cost (ENG-SAMP-3)
+        let top = logits
+            .iter()
+            .filter(|l| l.is_finite())
+            .fold(f32::NEG_INFINITY, |m, &l| m.max(l * inv_t));
+        if !top.is_finite() {
+            return argmax(logits);
+        }
+        let floor = top - DROP_BELOW;
         let cand = &mut self.scratch;
         cand.clear();
         cand.extend(
@@ -81,7 +96,8 @@ impl Sampler {
                 .iter()
                 .enumerate()
                 .filter(|(_, l)| l.is_finite())
-                .map(|(i, &l)| (i as u32, l * inv_t)),
+                .map(|(i, &l)| (i as u32, l * inv_t))
+                .filter(|c| c.1 >= floor),
         );
         if cand.is_empty() || cand.iter().any(|c| !c.1.is_finite()) {
             return argmax(logits);

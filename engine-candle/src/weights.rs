@@ -18,8 +18,9 @@ use crate::q8_0_cpu::Q80Matrix;
 /// candle's CPU kernel for Q4_1 is scalar, several times slower than its SIMD Q8_0 kernel;
 /// re-quantizing to Q8_0 is fast but moves results away from llama.cpp's. `Auto` keeps Q4_1
 /// weights as stored and multiplies them on the CPU with this crate's SIMD Q4_1×Q8_1 kernel
-/// (eight-row tiles, see `q4_1_cpu.rs`); Q5_0/Q5_1 (scalar in candle too) are re-quantized
-/// to Q8_0; the rest use candle's kernels. Figures in `.specs/engine.md` (ENG-WFMT-1).
+/// (eight-row tiles, see `q4_1_cpu.rs`); Q8_0, and Q4_0/Q5_0 (whose values are Q8_0 blocks
+/// exactly), go through the Q8_0 kernel (`q8_0_cpu.rs`); Q5_1 (scalar in candle) is
+/// re-quantized to Q8_0; the rest (the K-quants) use candle's kernels. Figures in `.specs/engine.md` (ENG-WFMT-1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightFormat {
     /// The fastest kernel that keeps the stored values (see above).
@@ -189,52 +190,102 @@ impl GgufFile {
 
     fn matmul(&mut self, name: &str, device: &Device, format: WeightFormat) -> Result<Linear> {
         let q = self.qtensor(name, device)?;
-        if !device.is_cpu() && format == WeightFormat::Auto {
-            // the stored values exactly, whatever they were quantized to
-            return Ok(Linear::Dense(q.dequantize(device)?));
-        }
-        if format == WeightFormat::Auto && device.is_cpu() {
-            if let Some(m) = Q41Matrix::from_qtensor(&q) {
-                return Ok(Linear::Q41(m));
-            }
-            if let Some(m) = Q80Matrix::from_qtensor(&q) {
-                return Ok(Linear::Q80(m));
-            }
-        }
-        let target = match (format, q.dtype()) {
-            (WeightFormat::AsStored, _) => None,
-            (WeightFormat::Q8_0, GgmlDType::Q8_0) => None,
-            (WeightFormat::Q8_0, _) => Some(GgmlDType::Q8_0),
-            (WeightFormat::Auto, GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1) => {
-                Some(GgmlDType::Q8_0)
-            }
-            (WeightFormat::Auto, _) => None,
-        };
-        let q = match target {
-            Some(dtype)
-                if q.shape()
-                    .dims()
-                    .last()
-                    .is_some_and(|k| k.is_multiple_of(dtype.block_size())) =>
-            {
-                let dense = q.dequantize(device)?;
-                QTensor::quantize(&dense, dtype)?
-            }
-            _ => q,
-        };
-        if !device.is_cpu() {
-            // the format's values, through the one kernel that is right on an accelerator
-            return Ok(Linear::Dense(q.dequantize(device)?));
-        }
-        Ok(Linear::Candle(QMatMul::from_qtensor(q)?))
+        linear(q, device, format)
     }
 
+    /// A fused weight (`attn_qkv`, Phi-3's `ffn_up` holding gate and up) cut into its parts of
+    /// `rows` rows each, in order.
+    fn split(
+        &mut self,
+        name: &str,
+        rows: &[usize],
+        device: &Device,
+        format: WeightFormat,
+    ) -> Result<Vec<Linear>> {
+        let q = self.qtensor(name, &Device::Cpu)?;
+        let (n, k) = q.shape().dims2()?;
+        if rows.iter().sum::<usize>() != n {
+            return Err(EngineError::BadModel(format!(
+                "tensor {name}: {n} rows, expected {} ({rows:?})",
+                rows.iter().sum::<usize>()
+            )));
+        }
+        let dtype = q.dtype();
+        let row_bytes = k / dtype.block_size() * dtype.type_size();
+        let data = q.data()?;
+        let mut at = 0;
+        let mut out = Vec::with_capacity(rows.len());
+        for &r in rows {
+            let part = candle_core::quantized::ggml_file::qtensor_from_ggml(
+                dtype,
+                &data[at * row_bytes..(at + r) * row_bytes],
+                vec![r, k],
+                device,
+            )?;
+            out.push(linear(part, device, format)?);
+            at += r;
+        }
+        Ok(out)
+    }
+}
+
+/// A matmul weight with the kernel `format` picks for it on `device`.
+fn linear(q: QTensor, device: &Device, format: WeightFormat) -> Result<Linear> {
+    if !device.is_cpu() && format == WeightFormat::Auto {
+        // the stored values exactly, whatever they were quantized to
+        return Ok(Linear::Dense(q.dequantize(device)?));
+    }
+    if format == WeightFormat::Auto && device.is_cpu() {
+        if let Some(m) = Q41Matrix::from_qtensor(&q) {
+            return Ok(Linear::Q41(m));
+        }
+        if let Some(m) = Q80Matrix::from_qtensor(&q) {
+            return Ok(Linear::Q80(m));
+        }
+    }
+    let target = match (format, q.dtype()) {
+        (WeightFormat::AsStored, _) => None,
+        (WeightFormat::Q8_0, GgmlDType::Q8_0) => None,
+        (WeightFormat::Q8_0, _) => Some(GgmlDType::Q8_0),
+        (WeightFormat::Auto, GgmlDType::Q4_1 | GgmlDType::Q5_0 | GgmlDType::Q5_1) => {
+            Some(GgmlDType::Q8_0)
+        }
+        (WeightFormat::Auto, _) => None,
+    };
+    let q = match target {
+        Some(dtype)
+            if q.shape()
+                .dims()
+                .last()
+                .is_some_and(|k| k.is_multiple_of(dtype.block_size())) =>
+        {
+            let dense = q.dequantize(device)?;
+            QTensor::quantize(&dense, dtype)?
+        }
+        _ => q,
+    };
+    if !device.is_cpu() {
+        // the format's values, through the one kernel that is right on an accelerator
+        return Ok(Linear::Dense(q.dequantize(device)?));
+    }
+    Ok(Linear::Candle(QMatMul::from_qtensor(q)?))
+}
+
+impl GgufFile {
     pub fn load_weights(
         &mut self,
         hp: &Hparams,
         device: &Device,
         format: WeightFormat,
     ) -> Result<Weights> {
+        if let Some(name) = ["rope_factors_long.weight", "blk.0.rope_factors_long.weight"]
+            .into_iter()
+            .find(|n| self.has(n))
+        {
+            return Err(EngineError::Unsupported(format!(
+                "LongRoPE ({name}: Phi-3's 128k context models)"
+            )));
+        }
         let tok_embd = self.qtensor("token_embd.weight", device)?;
         let mut layers = Vec::with_capacity(hp.n_layer);
         for i in 0..hp.n_layer {
@@ -253,11 +304,38 @@ impl GgufFile {
             let k_norm = optional(self, format!("{p}.attn_k_norm.weight"))?;
             let post_attn_norm = optional(self, format!("{p}.post_attention_norm.weight"))?;
             let post_ffw_norm = optional(self, format!("{p}.post_ffw_norm.weight"))?;
+            let qkv = format!("{p}.attn_qkv.weight");
+            let [wq, wk, wv] = if self.has(&qkv) {
+                // fused (Phi-3): queries, keys, values by rows
+                let kv = hp.n_head_kv * hp.head_dim;
+                let parts = self.split(&qkv, &[hp.n_head * hp.head_dim, kv, kv], device, format)?;
+                <[Linear; 3]>::try_from(parts)
+                    .map_err(|_| EngineError::BadModel(format!("{qkv}: three parts")))?
+            } else {
+                [
+                    self.matmul(&format!("{p}.attn_q.weight"), device, format)?,
+                    self.matmul(&format!("{p}.attn_k.weight"), device, format)?,
+                    self.matmul(&format!("{p}.attn_v.weight"), device, format)?,
+                ]
+            };
+            let gate = format!("{p}.ffn_gate.weight");
+            let up = format!("{p}.ffn_up.weight");
+            let [w_gate, w_up] = if self.has(&gate) {
+                [
+                    self.matmul(&gate, device, format)?,
+                    self.matmul(&up, device, format)?,
+                ]
+            } else {
+                // fused (Phi-3): the gate's rows, then the up projection's
+                let parts = self.split(&up, &[hp.n_ff, hp.n_ff], device, format)?;
+                <[Linear; 2]>::try_from(parts)
+                    .map_err(|_| EngineError::BadModel(format!("{up}: two parts")))?
+            };
             layers.push(Layer {
                 attn_norm: self.dense(&format!("{p}.attn_norm.weight"), device)?,
-                wq: self.matmul(&format!("{p}.attn_q.weight"), device, format)?,
-                wk: self.matmul(&format!("{p}.attn_k.weight"), device, format)?,
-                wv: self.matmul(&format!("{p}.attn_v.weight"), device, format)?,
+                wq,
+                wk,
+                wv,
                 bq,
                 bk,
                 bv,
@@ -267,8 +345,8 @@ impl GgufFile {
                 post_attn_norm,
                 post_ffw_norm,
                 ffn_norm: self.dense(&format!("{p}.ffn_norm.weight"), device)?,
-                w_gate: self.matmul(&format!("{p}.ffn_gate.weight"), device, format)?,
-                w_up: self.matmul(&format!("{p}.ffn_up.weight"), device, format)?,
+                w_gate,
+                w_up,
                 w_down: self.matmul(&format!("{p}.ffn_down.weight"), device, format)?,
             });
         }
