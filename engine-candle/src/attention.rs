@@ -532,7 +532,7 @@ fn reduce16_rows(rows: &mut [f32], hd: usize, out: &mut [f32]) {
 
 /// ggml's `ggml_v_expf` (AVX-512) for one lane.
 #[inline(always)]
-fn v_expf(x: f32) -> f32 {
+pub(crate) fn v_expf(x: f32) -> f32 {
     let r = f32::from_bits(0x4b40_0000); // 0x1.8p23
     let z = x.mul_add(f32::from_bits(0x3fb8_aa3b), r); // 0x1.715476p+0
     let n = z - r;

@@ -5,10 +5,6 @@ use rand_chacha::ChaCha8Rng;
 
 pub use engine_port::SamplingParams;
 
-/// Tokens whose temperature-scaled logit is more than this below the largest are not drawn:
-/// their weight is under e^-30 (9e-14) of the likeliest token's.
-const DROP_BELOW: f32 = 30.0;
-
 /// Temperatures below this are greedy (vLLM's epsilon): `1/t` of a tinier one overflows f32
 /// once it scales a logit, and the softmax turns to NaN.
 pub const GREEDY_BELOW: f32 = 1e-5;
@@ -24,6 +20,8 @@ pub struct Sampler {
     counts: Vec<(u32, u32)>,
     /// Scratch buffer of (id, value) candidates, reused every step.
     scratch: Vec<(u32, f32)>,
+    /// The softmax weights of the vocabulary, reused every step.
+    weights: Vec<f32>,
 }
 
 impl Sampler {
@@ -33,6 +31,7 @@ impl Sampler {
             params,
             counts: Vec::new(),
             scratch: Vec::new(),
+            weights: Vec::new(),
         }
     }
 
@@ -78,28 +77,61 @@ impl Sampler {
             return argmax(logits);
         }
         let inv_t = 1.0 / p.temperature;
-        // only the tokens whose weight is within e^-DROP_BELOW of the likeliest one's: the
-        // rest of a 262,144-token vocabulary weighs less than 3e-8 of the whole together, and
-        // taking their exp was most of a draw's cost (ENG-SAMP-3)
-        let top = logits
-            .iter()
-            .filter(|l| l.is_finite())
-            .fold(f32::NEG_INFINITY, |m, &l| m.max(l * inv_t));
-        if !top.is_finite() {
+        // the softmax weights exp(l/t − max) of the whole vocabulary in one vectorised pass
+        // (a masked, non-finite logit weighs 0): a libm exp a token was most of a draw's cost
+        // over Gemma's 262,144 tokens (ENG-SAMP-3)
+        let w = &mut self.weights;
+        w.clear();
+        w.extend(logits.iter().map(|&l| {
+            if l.is_finite() {
+                l * inv_t
+            } else {
+                f32::NEG_INFINITY
+            }
+        }));
+        let max = w.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        if !max.is_finite() {
             return argmax(logits);
         }
-        let floor = top - DROP_BELOW;
+        exp_shifted(w, max);
+        if p.top_k == 0 && p.top_p >= 1.0 && p.min_p <= 0.0 {
+            // the plain softmax: one draw along the weights
+            let total: f32 = w.iter().sum();
+            let mut r = self.rng.random::<f32>() * total;
+            let mut last = 0;
+            for (i, &x) in w.iter().enumerate() {
+                if x > 0.0 {
+                    last = i;
+                    r -= x;
+                    if r <= 0.0 {
+                        return i as u32;
+                    }
+                }
+            }
+            return last as u32;
+        }
+        let total: f32 = w.iter().sum();
+        // top-p alone: only the weights of the exponents the nucleus reaches are candidates
+        let lowest = if p.top_k == 0 && p.min_p <= 0.0 && p.top_p < 1.0 {
+            let mut sums = [0f32; 128];
+            for &x in w.iter() {
+                sums[bucket(x)] += x;
+            }
+            edge(&sums, p.top_p * total).map_or(0, |(e, _)| e)
+        } else {
+            0
+        };
+        // the candidates that weigh anything (under 1e-13 of the likeliest one's, the tail of
+        // a 262,144-token vocabulary weighs less than 3e-8 of the whole together)
         let cand = &mut self.scratch;
         cand.clear();
         cand.extend(
-            logits
-                .iter()
+            w.iter()
                 .enumerate()
-                .filter(|(_, l)| l.is_finite())
-                .map(|(i, &l)| (i as u32, l * inv_t))
-                .filter(|c| c.1 >= floor),
+                .filter(|(_, &x)| x >= NEGLIGIBLE && bucket(x) >= lowest)
+                .map(|(i, &x)| (i as u32, x)),
         );
-        if cand.is_empty() || cand.iter().any(|c| !c.1.is_finite()) {
+        if cand.is_empty() {
             return argmax(logits);
         }
         let by_value_desc =
@@ -108,14 +140,13 @@ impl Sampler {
             cand.select_nth_unstable_by(p.top_k - 1, by_value_desc);
             cand.truncate(p.top_k);
         }
-        // softmax weights, in whatever order the candidates are: nothing below needs the whole
+        // weights in whatever order the candidates are: nothing below needs the whole
         // vocabulary sorted (a sort of 49k candidates was ~3 ms a token, on the step's path)
-        let max = cand.iter().fold(f32::NEG_INFINITY, |m, c| m.max(c.1));
-        let mut sum = 0.0f32;
-        for c in cand.iter_mut() {
-            c.1 = (c.1 - max).exp();
-            sum += c.1;
-        }
+        let sum: f32 = if p.top_k > 0 {
+            cand.iter().map(|c| c.1).sum()
+        } else {
+            total
+        };
         if p.min_p > 0.0 {
             // a floor relative to the likeliest token, whose weight is exp(0) = 1
             cand.retain(|c| c.1 >= p.min_p);
@@ -135,39 +166,86 @@ impl Sampler {
     }
 }
 
-/// Keeps the likeliest candidates whose weights first reach `mass`, in descending order
-/// (ties: the lower id first). Sorts only as large a prefix as the mass needs: the top 64
-/// first, then eight times more until the mass is reached (a nucleus of a chat model's
-/// distribution is usually a few dozen tokens of a vocabulary of tens of thousands).
+/// `w[i] = exp(w[i] − max)` with ggml's exp polynomial (`attention::v_expf`, within 4e-7 of
+/// exp), vectorised where AVX2 and FMA are there (−∞ gives 0).
+fn exp_shifted(w: &mut [f32], max: f32) {
+    #[inline(always)]
+    fn each(w: &mut [f32], max: f32) {
+        for x in w.iter_mut() {
+            *x = crate::attention::v_expf(*x - max);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn each_avx2(w: &mut [f32], max: f32) {
+            each(w, max)
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: AVX2 and FMA were detected.
+            return unsafe { each_avx2(w, max) };
+        }
+    }
+    each(w, max)
+}
+
+/// A weight's binary exponent (weights are in (0, 1]: 0..=127).
+fn bucket(w: f32) -> usize {
+    ((w.to_bits() >> 23) & 0xff).min(127) as usize
+}
+
+/// The exponent bucket in which the mass of the buckets from the top first reaches `mass`, and
+/// the mass of those above it.
+fn edge(sums: &[f32; 128], mass: f32) -> Option<(usize, f32)> {
+    let mut acc = 0f32;
+    for e in (0..128).rev() {
+        if acc + sums[e] >= mass {
+            return Some((e, acc));
+        }
+        acc += sums[e];
+    }
+    None
+}
+
+/// Candidates weighing less than this (relative to the likeliest token's 1) are left out of
+/// top-k, top-p and min-p.
+const NEGLIGIBLE: f32 = 1e-13;
+
+/// Keeps the likeliest candidates whose weights first reach `mass` (ties: the lower id first),
+/// in no particular order. One pass buckets the weights by their binary exponent; the buckets
+/// above the one where the mass is reached are kept whole, and only that bucket is sorted —
+/// a wide nucleus over a 262,144-token vocabulary no longer sorts tens of thousands.
 fn nucleus(
     cand: &mut Vec<(u32, f32)>,
     mass: f32,
     by_value_desc: impl Fn(&(u32, f32), &(u32, f32)) -> std::cmp::Ordering + Copy,
 ) {
-    let mut k = NUCLEUS_FIRST.min(cand.len());
-    loop {
-        if k < cand.len() {
-            cand.select_nth_unstable_by(k - 1, by_value_desc);
-        }
-        cand[..k].sort_unstable_by(by_value_desc);
-        let mut acc = 0.0f32;
-        for (i, c) in cand[..k].iter().enumerate() {
-            acc += c.1;
-            if acc >= mass {
-                cand.truncate(i + 1);
-                return;
-            }
-        }
-        if k == cand.len() {
-            // rounding left the mass a hair out of reach: every candidate stays
-            return;
-        }
-        k = (k * 8).min(cand.len());
+    let mut sums = [0f32; 128];
+    for c in cand.iter() {
+        sums[bucket(c.1)] += c.1;
     }
+    // rounding left the mass a hair out of reach: every candidate stays
+    let Some((edge, mut acc)) = edge(&sums, mass) else {
+        return;
+    };
+    let mut border: Vec<(u32, f32)> = cand
+        .iter()
+        .copied()
+        .filter(|c| bucket(c.1) == edge)
+        .collect();
+    border.sort_unstable_by(by_value_desc);
+    let mut keep = border.len();
+    for (i, c) in border.iter().enumerate() {
+        acc += c.1;
+        if acc >= mass {
+            keep = i + 1;
+            break;
+        }
+    }
+    border.truncate(keep);
+    cand.retain(|c| bucket(c.1) > edge);
+    cand.extend(border);
 }
-
-/// The prefix [`nucleus`] sorts first.
-const NUCLEUS_FIRST: usize = 64;
 
 /// The log-softmax of `logits` at `chosen`, and the `n` likeliest ids with theirs (most likely
 /// first; ties: the lower id). Masked (non-finite) logits have probability 0 and are never
@@ -366,9 +444,41 @@ mod tests {
         }
     }
 
-    /// ENG-SAMP-3: top-p keeps the likeliest tokens until their mass reaches p, in order of
-    /// likelihood (ties: the lower id), also when the nucleus is larger than the prefix sorted
-    /// first; what it keeps is drawn in proportion.
+    /// ENG-SAMP-3: the bucketed nucleus is the smallest prefix of the weights sorted
+    /// descending (ties: the lower id) that reaches the mass.
+    #[test]
+    fn the_nucleus_is_the_sorted_prefix_reaching_the_mass() {
+        let by = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for round in 0..200 {
+            let n = 1 + round * 37 % 3000;
+            let cand: Vec<(u32, f32)> = (0..n as u32)
+                .map(|i| (i, (-rng.random::<f32>() * 30.0).exp()))
+                .collect();
+            let total: f32 = cand.iter().map(|c| c.1).sum();
+            let mass = total * rng.random::<f32>();
+            let mut sorted = cand.clone();
+            sorted.sort_by(by);
+            let mut acc = 0f32;
+            let k = sorted
+                .iter()
+                .position(|c| {
+                    acc += c.1;
+                    acc >= mass
+                })
+                .map_or(sorted.len(), |i| i + 1);
+            let mut want: Vec<u32> = sorted[..k].iter().map(|c| c.0).collect();
+            let mut got = cand.clone();
+            nucleus(&mut got, mass, by);
+            let mut got: Vec<u32> = got.iter().map(|c| c.0).collect();
+            want.sort_unstable();
+            got.sort_unstable();
+            assert_eq!(got, want, "round {round}: {n} candidates");
+        }
+    }
+
+    /// ENG-SAMP-3: top-p keeps the likeliest tokens until their mass reaches p (ties: the
+    /// lower id), also when the nucleus is large; what it keeps is drawn in proportion.
     #[test]
     fn top_p_keeps_the_nucleus_however_large() {
         // 1000 equally likely tokens: half the mass is the 500 lowest ids
