@@ -345,6 +345,17 @@ pub fn model_unloaded(model: &str, reason: &'static str) {
     counter!(MODEL_UNLOADS, L_MODEL_NAME => model.to_string(), L_REASON => reason).increment(1);
 }
 
+/// The load and unload series of a folder model, at 0 until something happens (dashboards
+/// find every model of the folder).
+pub fn model_listed(model: &str) {
+    for outcome in ["ok", "failed"] {
+        counter!(MODEL_LOADS, L_MODEL_NAME => model.to_string(), L_OUTCOME => outcome).increment(0);
+    }
+    for reason in ["idle", "budget"] {
+        counter!(MODEL_UNLOADS, L_MODEL_NAME => model.to_string(), L_REASON => reason).increment(0);
+    }
+}
+
 pub fn models_resident(bytes: u64) {
     gauge!(MODELS_RESIDENT_BYTES).set(bytes as f64);
 }

@@ -62,7 +62,15 @@ fn promtool() -> String {
 /// dashboard and the alert rules name is in `/metrics`; every dashboard query names one of ours.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dashboard_and_alerts_name_only_served_metrics() {
-    let s = start(config(vec![pool("p1", 2)]), Duration::from_millis(2)).await;
+    // with a model folder (its metrics are on the dashboard too)
+    let folder = std::env::temp_dir().join(format!("orchd-dash-folder-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&folder);
+    std::fs::create_dir_all(&folder).unwrap();
+    std::os::unix::fs::symlink(default_model_path(), folder.join("listed.gguf")).unwrap();
+    let mut cfg = config(vec![pool("p1", 2)]);
+    cfg.models.dirs.push(folder.display().to_string());
+    cfg.models.on_demand = true;
+    let s = start(cfg, Duration::from_millis(2)).await;
     let id = s.submit_ok(json!({"prompt": "x", "max_tokens": 4})).await;
     s.stream_all(&id).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -113,9 +121,13 @@ async fn dashboard_and_alerts_name_only_served_metrics() {
         "orchd_errors_total",
         "orchd_pool_prompt_tokens_reused_total",
         "process_resident_memory_bytes",
+        "orchd_model_loads_total",
+        "orchd_model_unloads_total",
+        "orchd_models_resident_bytes",
     ] {
         assert!(names_in(&dashboard_text).contains(needed), "{needed}");
     }
+    let _ = std::fs::remove_dir_all(folder);
 }
 
 /// OPS-ALERT-1: `promtool check rules` and the rules' unit tests pass.

@@ -340,6 +340,9 @@ impl ModelsFolder {
                     _ = tick.tick() => {}
                 }
                 state.models_folder.upkeep(&state);
+                for e in Self::entries(&state).await {
+                    metrics::model_listed(&e.name);
+                }
             }
         });
     }
