@@ -199,7 +199,7 @@ fn describe() {
     );
     describe_counter!(
         MODEL_UNLOADS,
-        "On-demand pools unloaded, by model and reason (idle, budget)"
+        "On-demand pools unloaded, by model and reason (idle, budget, drained)"
     );
     describe_gauge!(
         MODELS_RESIDENT_BYTES,
@@ -340,7 +340,7 @@ pub fn model_loaded(model: &str, outcome: &'static str) {
     counter!(MODEL_LOADS, L_MODEL_NAME => model.to_string(), L_OUTCOME => outcome).increment(1);
 }
 
-/// An on-demand pool unloaded (`reason`: idle, budget).
+/// An on-demand pool unloaded (`reason`: idle, budget, drained).
 pub fn model_unloaded(model: &str, reason: &'static str) {
     counter!(MODEL_UNLOADS, L_MODEL_NAME => model.to_string(), L_REASON => reason).increment(1);
 }
@@ -351,7 +351,7 @@ pub fn model_listed(model: &str) {
     for outcome in ["ok", "failed"] {
         counter!(MODEL_LOADS, L_MODEL_NAME => model.to_string(), L_OUTCOME => outcome).increment(0);
     }
-    for reason in ["idle", "budget"] {
+    for reason in ["idle", "budget", "drained"] {
         counter!(MODEL_UNLOADS, L_MODEL_NAME => model.to_string(), L_REASON => reason).increment(0);
     }
 }

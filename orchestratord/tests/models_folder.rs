@@ -303,3 +303,68 @@ async fn a_model_that_cannot_load_fails_once() {
     assert!(pool_ids(&s).await.is_empty());
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// MOD-FOLDER-5: an operator's drain of an on-demand pool: while it loads, a 409 that says
+/// so (the request waiting for it is answered once it loads); once it serves, the drain
+/// unloads it, and the next request loads the model again and is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_unloads_an_on_demand_model_and_the_next_request_loads_it_again() {
+    let dir = folder("drain", &[("dr-gemma", gemma_path())]);
+    let s = start_with(
+        folder_config(&dir, 0, 0),
+        Arc::new(pool_manager::candle::CandleFactory),
+    )
+    .await;
+    let (c, url) = (s.client.clone(), s.url("/v1/completions"));
+    let waiting = tokio::spawn(async move {
+        c.post(url)
+            .json(&json!({"model": "dr-gemma", "prompt": "1, 2, 3,", "max_tokens": 4}))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    let loading = eventually(Duration::from_secs(5), || async {
+        pool_ids(&s).await == vec!["auto-dr-gemma"]
+    })
+    .await;
+    assert!(loading);
+    let body = json!({"deadline_ms": 1000});
+    let drain = || s.post("/v1/pools/auto-dr-gemma/drain", &body);
+    let r = drain().await;
+    if r.status() == 409 {
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert!(v["message"].as_str().unwrap().contains("loading"), "{v}");
+    }
+    assert_eq!(waiting.await.unwrap(), 200, "answered once loaded");
+    // serving now: the drain unloads it
+    let r = drain().await;
+    assert!(
+        r.status().is_success() || r.status() == 409,
+        "{}",
+        r.status()
+    );
+    let gone = eventually(Duration::from_secs(10), || async {
+        pool_ids(&s).await.is_empty()
+    })
+    .await;
+    assert!(gone, "still there: {:?}", pool_ids(&s).await);
+    let r = s
+        .post(
+            "/v1/completions",
+            &json!({"model": "dr-gemma", "prompt": "1, 2, 3, 4, 5,", "max_tokens": 4, "temperature": 0}),
+        )
+        .await;
+    assert_eq!(r.status(), 200, "loaded again");
+    let m = s.metrics().await;
+    assert_eq!(
+        series(
+            &m,
+            "orchd_model_unloads_total",
+            &["\"dr-gemma\"", "\"drained\""]
+        ),
+        1.0,
+        "{m}"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

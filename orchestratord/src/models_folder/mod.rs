@@ -330,7 +330,8 @@ impl ModelsFolder {
     }
 
     /// Every second until shutdown: on-demand pools in use count as used now; idle ones past
-    /// `keep_alive_s` are unloaded; the resident-bytes gauge is refreshed.
+    /// `keep_alive_s`, and those an operator drained, are unloaded; the resident-bytes gauge
+    /// is refreshed.
     pub fn spawn_upkeep(state: SharedState) {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(UPKEEP_EVERY);
@@ -351,6 +352,7 @@ impl ModelsFolder {
         let pools = state.pools.all();
         let keep_alive = Duration::from_secs(self.cfg.keep_alive_s);
         let mut idle = Vec::new();
+        let mut drained = Vec::new();
         let mut resident = 0u64;
         {
             let mut owned = self.owned();
@@ -361,7 +363,10 @@ impl ModelsFolder {
                     continue;
                 };
                 resident += Self::resident(p, o.estimate);
-                if p.slots_busy() > 0 {
+                if p.state() == PoolState::Drained {
+                    // an operator drained it: it is unloaded, and the next request loads it
+                    drained.push(p.clone());
+                } else if p.slots_busy() > 0 {
                     o.last_used = Instant::now();
                 } else if self.cfg.keep_alive_s > 0
                     && p.state() == PoolState::Ready
@@ -373,6 +378,9 @@ impl ModelsFolder {
         }
         for p in idle {
             self.unload(state, &p, "idle");
+        }
+        for p in drained {
+            self.unload(state, &p, "drained");
         }
         metrics::models_resident(resident);
     }
