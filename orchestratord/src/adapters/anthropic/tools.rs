@@ -223,35 +223,16 @@ pub fn history_result(b: &Block, field: &str) -> Result<String, ApiError> {
                 "a tool_result block needs the tool_use_id it answers",
             )
         })?;
-    let content = match b.rest.get("content") {
-        None | Some(Value::Null) => String::new(),
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            let mut texts = Vec::with_capacity(parts.len());
-            for (k, p) in parts.iter().enumerate() {
-                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
-                match (kind, p.get("text").and_then(Value::as_str)) {
-                    ("text", Some(t)) => texts.push(t),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            format!("{field}.content[{k}]"),
-                            format!(
-                                "content blocks of type \"{}\" are not supported: the models served here read text only",
-                                shown(kind)
-                            ),
-                        ))
-                    }
-                }
-            }
-            texts.join("\n")
-        }
-        Some(_) => {
-            return Err(ApiError::invalid(
-                format!("{field}.content"),
-                "a tool_result's content is a string or a list of text blocks",
-            ))
-        }
-    };
+    let content = tool_calls::result_text(b.rest.get("content"), &["text"], true).map_err(|e| match e {
+        Some((k, kind)) => ApiError::invalid(
+            format!("{field}.content[{k}]"),
+            format!("content blocks of type \"{kind}\" are not supported: the models served here read text only"),
+        ),
+        None => ApiError::invalid(
+            format!("{field}.content"),
+            "a tool_result's content is a string or a list of text blocks",
+        ),
+    })?;
     let is_error = match b.rest.get("is_error") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(e)) => *e,

@@ -258,6 +258,33 @@ pub fn history_calls(calls: &[Call]) -> String {
     json!({ "tool_calls": list }).to_string()
 }
 
+/// A tool result's content from a client as the text the model reads: a string, or a list of
+/// text parts (`{"type": <one of kinds>, "text": …}`, joined by newlines); absent or null is
+/// empty where `absent_ok`. Errors: `Some(i)`, part `i` is not text (with its kind); `None`,
+/// the content is neither a string nor a list.
+pub fn result_text(
+    content: Option<&Value>,
+    kinds: &[&str],
+    absent_ok: bool,
+) -> Result<String, Option<(usize, String)>> {
+    match content {
+        None | Some(Value::Null) if absent_ok => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Array(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (k, p) in parts.iter().enumerate() {
+                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
+                match p.get("text").and_then(Value::as_str) {
+                    Some(t) if kinds.contains(&kind) => texts.push(t),
+                    _ => return Err(Some((k, kind.escape_debug().take(40).collect()))),
+                }
+            }
+            Ok(texts.join("\n"))
+        }
+        _ => Err(None),
+    }
+}
+
 /// A tool's result, as the (user) turn that brings it back to the model; `is_error` when the
 /// tool failed (Anthropic's `is_error`).
 pub fn history_result(call_id: Option<&str>, content: &str, is_error: bool) -> String {

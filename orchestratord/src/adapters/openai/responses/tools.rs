@@ -159,34 +159,23 @@ pub fn history_result(item: &InputItem, field: &str) -> Result<String, ApiError>
             "a function_call_output needs the call_id it answers",
         )
     })?;
-    let output = match &item.output {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(parts)) => {
-            let mut texts = Vec::with_capacity(parts.len());
-            for (k, p) in parts.iter().enumerate() {
-                let kind = p.get("type").and_then(Value::as_str).unwrap_or("");
-                match (kind, p.get("text").and_then(Value::as_str)) {
-                    ("input_text" | "output_text" | "text", Some(t)) => texts.push(t),
-                    _ => {
-                        return Err(ApiError::invalid(
-                            format!("{field}.output[{k}]"),
-                            format!(
-                                "parts of type \"{}\" are not supported: the models served here read text only",
-                                shown(kind)
-                            ),
-                        ))
-                    }
-                }
-            }
-            texts.join("\n")
-        }
-        _ => {
-            return Err(ApiError::invalid(
-                format!("{field}.output"),
-                "a function_call_output's output is a string or text parts",
-            ))
-        }
-    };
+    let output = tool_calls::result_text(
+        item.output.as_ref(),
+        &["input_text", "output_text", "text"],
+        false,
+    )
+    .map_err(|e| match e {
+        Some((k, kind)) => ApiError::invalid(
+            format!("{field}.output[{k}]"),
+            format!(
+                "parts of type \"{kind}\" are not supported: the models served here read text only"
+            ),
+        ),
+        None => ApiError::invalid(
+            format!("{field}.output"),
+            "a function_call_output's output is a string or text parts",
+        ),
+    })?;
     Ok(tool_calls::history_result(Some(call_id), &output, false))
 }
 
