@@ -724,7 +724,43 @@ where
     }
 }
 
+/// Command-line settings of the first pool (`--model`, `--slots`, `--ctx`, `--threads`).
+#[derive(Debug, Clone, Default)]
+pub struct FirstPool {
+    pub model: Option<String>,
+    pub slots: Option<usize>,
+    pub ctx: Option<usize>,
+    pub threads: Option<usize>,
+}
+
 impl Config {
+    /// Sets the first pool's model, slots, context and threads where given (over the config
+    /// file and the environment), and validates again.
+    pub fn apply_first_pool(&mut self, o: FirstPool) -> Result<(), ConfigError> {
+        if o.model.is_none() && o.slots.is_none() && o.ctx.is_none() && o.threads.is_none() {
+            return Ok(());
+        }
+        let Some(first) = self.pools.first_mut() else {
+            return Err(ConfigError::Invalid(
+                "--model, --slots, --ctx and --threads set the first pool, and there is none"
+                    .into(),
+            ));
+        };
+        if let Some(m) = o.model {
+            first.model = m;
+        }
+        if let Some(v) = o.slots {
+            first.slots = v;
+        }
+        if let Some(v) = o.ctx {
+            first.ctx = v;
+        }
+        if let Some(v) = o.threads {
+            first.threads = v;
+        }
+        self.validate()
+    }
+
     /// Reads `path` (or the defaults), then applies environment overrides and validates.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
         let mut cfg = match path {

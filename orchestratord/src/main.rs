@@ -26,6 +26,20 @@ struct Args {
     /// line.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// The first pool's model file (a GGUF), as llama-server's `-m` (beside ORCHD_MODEL and
+    /// the config file; this wins).
+    #[arg(long, short = 'm')]
+    model: Option<String>,
+    /// The first pool's slots: sequences decoded together.
+    #[arg(long)]
+    slots: Option<usize>,
+    /// The first pool's context per slot in tokens (0 = the model's trained context as far as
+    /// the KV cache budget holds it).
+    #[arg(long)]
+    ctx: Option<usize>,
+    /// The first pool's compute threads (0 = the whole compute pool).
+    #[arg(long)]
+    threads: Option<usize>,
     /// Log lines as text (colour only on a terminal) or one JSON object per line.
     #[arg(
         long,
@@ -108,6 +122,12 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     logging::init(args.log_format);
     let mut cfg = Config::load(args.config.as_deref())?;
+    cfg.apply_first_pool(orchestratord::config::FirstPool {
+        model: args.model.clone(),
+        slots: args.slots,
+        ctx: args.ctx,
+        threads: args.threads,
+    })?;
     if let Some(b) = &args.bind {
         cfg.bind = b.clone();
     }
