@@ -236,6 +236,39 @@ pub struct TeacherForced {
     pub unexplained: Vec<String>,
 }
 
+impl TeacherForced {
+    /// No disagreement at a clear margin, and at least `min_agreement` of the positions agree.
+    pub fn assert_agrees(&self, min_agreement: f64, what: &str) {
+        assert!(
+            self.unexplained.is_empty(),
+            "{what}: disagreements at a clear margin:\n{}",
+            self.unexplained.join("\n")
+        );
+        assert!(
+            self.agree as f64 >= min_agreement * self.positions as f64,
+            "{what}: only {} of {} positions agree",
+            self.agree,
+            self.positions
+        );
+    }
+}
+
+impl FreeRunning {
+    /// Every first difference explained, and at least `min_exact` prompts equal throughout.
+    pub fn assert_matches(&self, min_exact: usize, what: &str) {
+        assert!(
+            self.unexplained.is_empty(),
+            "{what}: unexplained divergences:\n{}",
+            self.unexplained.join("\n")
+        );
+        assert!(
+            self.exact >= min_exact,
+            "{what}: only {} prompts match llama.cpp exactly",
+            self.exact
+        );
+    }
+}
+
 /// Teacher-forced: with llama.cpp's own tokens as context, at every fixture position we pick
 /// llama.cpp's token, or differ where its margin was below `near_tie` (a flip) or
 /// `max_margin` (a close call); anything else is unexplained.

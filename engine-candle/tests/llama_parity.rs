@@ -61,18 +61,7 @@ const MIN_EXACT: usize = 2;
 #[test]
 fn greedy_continuations_match_llama_cpp() {
     let f = fixture();
-    let r = free_running(parity_engine(), &f, MAX_DISAGREEMENT_MARGIN);
-    assert!(
-        r.unexplained.is_empty(),
-        "unexplained divergences:\n{}",
-        r.unexplained.join("\n")
-    );
-    assert!(
-        r.exact >= MIN_EXACT,
-        "only {} prompts match llama.cpp exactly for {} tokens",
-        r.exact,
-        f.n_tokens
-    );
+    free_running(parity_engine(), &f, MAX_DISAGREEMENT_MARGIN).assert_matches(MIN_EXACT, "SmolLM2");
 }
 
 /// Teacher-forced: with llama.cpp's own tokens as context, at every one of the fixture
@@ -100,16 +89,6 @@ fn an_f16_cache_keeps_teacher_forced_agreement_with_llama_cpp() {
 /// Every disagreement is where llama.cpp's own margin was small, and at least `min_agreement`
 /// of the positions agree.
 fn assert_teacher_forced(e: &CandleEngine, min_agreement: f64) {
-    let t = teacher_forced(e, &fixture(), NEAR_TIE, MAX_DISAGREEMENT_MARGIN);
-    assert!(
-        t.unexplained.is_empty(),
-        "disagreements at a clear margin:\n{}",
-        t.unexplained.join("\n")
-    );
-    assert!(
-        t.agree as f64 >= min_agreement * t.positions as f64,
-        "only {} of {} positions agree",
-        t.agree,
-        t.positions
-    );
+    teacher_forced(e, &fixture(), NEAR_TIE, MAX_DISAGREEMENT_MARGIN)
+        .assert_agrees(min_agreement, "SmolLM2");
 }

@@ -74,20 +74,7 @@ fn tiny_models_of_each_architecture_decide_as_llama_cpp() {
                 m.file
             );
         }
-        let t = teacher_forced(&e, &f, NEAR_TIE, MAX_DISAGREEMENT_MARGIN);
-        assert!(
-            t.unexplained.is_empty(),
-            "{}: disagreements at a clear margin:\n{}",
-            m.file,
-            t.unexplained.join("\n")
-        );
-        assert!(
-            t.agree as f64 >= 0.9 * t.positions as f64,
-            "{}: only {} of {} positions agree",
-            m.file,
-            t.agree,
-            t.positions
-        );
+        teacher_forced(&e, &f, NEAR_TIE, MAX_DISAGREEMENT_MARGIN).assert_agrees(0.9, &m.file);
     }
 }
 
