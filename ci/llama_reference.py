@@ -13,8 +13,10 @@ engine's fallback renders them. `--long` adds a prompt longer than 512 tokens, t
 window of Gemma 3's local layers.
 
 For each prompt it records llama.cpp's prompt token ids (checks our tokenizer too), the first
-24 greedy token ids, their text, and the margin between the best and second-best logit at each
-step (small margins explain divergences that come from rounding, not bugs).
+24 greedy token ids, their text, the margin between the best and second-best logit at each
+step, and the 8 best tokens with their logits' gaps below the best (a small gap explains a
+divergence that comes from rounding, not a bug: another CPU's kernels may pick any token
+llama.cpp itself scored within a few tenths of its best).
 """
 import hashlib
 import json
@@ -27,6 +29,7 @@ import llama_cpp
 from llama_cpp import Llama
 
 N_TOKENS = 24
+TOP_K = 8
 PROMPTS = [
     {"kind": "chat", "text": "What is the capital of France?"},
     {"kind": "chat", "text": "Write a haiku about the sea."},
@@ -81,13 +84,15 @@ def main():
         ids = llm.tokenize(text.encode(), add_bos=True, special=True)
         llm.reset()
         llm.eval(ids)
-        out_ids, margins, seconds = [], [], []
+        out_ids, margins, seconds, top_ids, top_gaps = [], [], [], [], []
         for _ in range(N_TOKENS):
             logits = np.asarray(llm.scores[llm.n_tokens - 1], dtype=np.float64)
             order = np.argsort(-logits)
             best, second = int(order[0]), int(order[1])
             margins.append(round(float(logits[best] - logits[second]), 4))
             seconds.append(second)
+            top_ids.append([int(t) for t in order[:TOP_K]])
+            top_gaps.append([round(float(logits[best] - logits[t]), 4) for t in order[:TOP_K]])
             out_ids.append(best)
             if llama_cpp.llama_vocab_is_eog(llm._model.vocab, best):
                 break
@@ -101,6 +106,8 @@ def main():
             "greedy_text": llm.detokenize(out_ids).decode("utf-8", errors="replace"),
             "top2_margins": margins,
             "second_ids": seconds,
+            "top_ids": top_ids,
+            "top_gaps": top_gaps,
         })
         print(p["text"][:40], "->", repr(cases[-1]["greedy_text"][:60]), file=sys.stderr)
     meta = {

@@ -17,4 +17,4 @@ ci/install-sidecar.sh >/dev/null
 ci/install-debs.sh >/dev/null
 # the overload bench's reading of packet captures (built in the test: no tcpdump needed)
 python3 ci/wire_latency_test.py
-cargo test --workspace --all-targets "$@"
+cargo test --workspace --all-targets --no-fail-fast "$@"

@@ -65,7 +65,9 @@ fn greedy_continuations_match_llama_cpp() {
 }
 
 /// Prompts that match llama.cpp for all 24 tokens. Measured on the 2-core VM: 9 of 14 (every
-/// other first differs where llama.cpp's margin was ≤ 0.35 and we took its runner-up).
+/// other first differs where llama.cpp's margin was ≤ 0.35 and we took its runner-up); on the
+/// CI machine 8 of 14, one first difference taking llama.cpp's fifth choice, 0.38 below its
+/// best, where five tokens lay within 0.4.
 const MIN_EXACT: usize = 7;
 /// Least share of teacher-forced positions where both engines pick the same token. Measured:
 /// 325 of 336; without the local layers' window, the 768-token prompt alone disagrees at 8
