@@ -19,13 +19,13 @@ def free_port():
         return s.getsockname()[1]
 
 
-def wait_ready(base, proc, limit=300):
+def wait_ready(base, proc, limit=300, path="/v1/models"):
     deadline = time.time() + limit
     while time.time() < deadline:
         if proc is not None and proc.poll() is not None:
             raise SystemExit(f"server exited with {proc.returncode}")
         try:
-            with urllib.request.urlopen(f"{base}/v1/models", timeout=2) as r:
+            with urllib.request.urlopen(f"{base}{path}", timeout=2) as r:
                 if r.status == 200:
                     return
         except OSError:
@@ -34,9 +34,11 @@ def wait_ready(base, proc, limit=300):
     raise SystemExit(f"{base} not ready after {limit} s")
 
 
-def start_orchd(binary, model, slots, ctx, threads, pool_extra="", extra=""):
+def start_orchd(binary, model, slots, ctx, threads, pool_extra="", extra="",
+                ready_path="/v1/models"):
     """orchestratord with one pool; `pool_extra` and `extra` are more TOML for the pool and
-    for the top level. Returns (process, base URL)."""
+    for the top level (tables after it); `ready_path` is polled until 200 (`/readyz` when
+    keys are set). Returns (process, base URL)."""
     port = free_port()
     cfg = tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False)
     cfg.write(f'bind = "127.0.0.1:{port}"\n{extra}\n[[pools]]\nid = "default"\nmodel = "{model}"\n'
@@ -47,7 +49,7 @@ def start_orchd(binary, model, slots, ctx, threads, pool_extra="", extra=""):
     proc = subprocess.Popen([binary, "--config", cfg.name], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
-    wait_ready(base, proc)
+    wait_ready(base, proc, path=ready_path)
     return proc, base
 
 

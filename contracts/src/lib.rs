@@ -9,6 +9,7 @@ pub mod pool;
 pub mod session;
 pub mod sse;
 pub mod task;
+pub mod tenant;
 pub mod worker;
 
 /// The API version; equals OpenAPI `info.version` and `Capabilities.api_version`.
@@ -30,3 +31,4 @@ pub use task::{
     AdmissionResponse, ChatTurn, Priority, StopField, StreamLinks, TaskRecord, TaskRequest,
     TaskState, TaskStatus, TaskTimings, TerminalEvent, TranscriptEvent,
 };
+pub use tenant::{TenantList, TenantStatus};

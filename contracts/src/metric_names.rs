@@ -45,6 +45,11 @@ pub const RECORDS_AVAILABLE: &str = "orchd_records_store_available";
 pub const MODEL_LOADS: &str = "orchd_model_loads_total";
 pub const MODEL_UNLOADS: &str = "orchd_model_unloads_total";
 pub const MODELS_RESIDENT_BYTES: &str = "orchd_models_resident_bytes";
+/// Per tenant (label `tenant`: configured and key-set tenants, the rest `other`).
+pub const TENANT_QUEUED: &str = "orchd_tenant_queued";
+pub const TENANT_RUNNING: &str = "orchd_tenant_running";
+pub const TENANT_TOKENS: &str = "orchd_tenant_tokens_total";
+pub const TENANT_REFUSALS: &str = "orchd_tenant_refusals_total";
 /// The process collector's standard names (what dashboards for any server read).
 pub const PROCESS_RSS: &str = "process_resident_memory_bytes";
 pub const PROCESS_CPU: &str = "process_cpu_seconds_total";
@@ -64,3 +69,4 @@ pub const L_STATE: &str = "state";
 pub const L_DIRECTION: &str = "direction";
 pub const L_MODEL_NAME: &str = "model_name";
 pub const L_KIND: &str = "kind";
+pub const L_TENANT: &str = "tenant";

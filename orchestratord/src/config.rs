@@ -27,12 +27,70 @@ impl FullPolicy {
     }
 }
 
+/// In what order tenants' tasks leave the queue within a priority class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Fairness {
+    /// Tenants in proportion to their weights by the tokens served to them (fair_share.rs),
+    /// and each tenant its share of the queue's capacity. With one tenant, the same as `fifo`.
+    #[default]
+    Tenant,
+    /// First come, first served across tenants.
+    Fifo,
+}
+
+impl Fairness {
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Tenant => "tenant",
+            Self::Fifo => "fifo",
+        }
+    }
+}
+
+/// One tenant's standing in the queue and its quotas (`[queue.tenants.<name>]`, or options
+/// after its key in the key file). Over a quota a request gets 429 `ADMISSION_REJECT` with
+/// `policy_label: "quota"` and the wait after which it would pass (quota.rs).
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct TenantConfig {
+    /// Its share of service and of the queue relative to the others' (1 unless said).
+    pub weight: f64,
+    /// Tasks admitted and not yet ended (queued or running) at once.
+    pub max_concurrent: Option<usize>,
+    /// Tasks waiting in the queue at once.
+    pub max_queued: Option<usize>,
+    /// Prompt and generated tokens in any 60 s (a request reserves its prompt and
+    /// `max_tokens`; its ending gives back what it did not use).
+    pub tokens_per_minute: Option<u64>,
+    /// Requests admitted in any 60 s.
+    pub requests_per_minute: Option<u32>,
+    /// The highest priority it may ask for (`batch`: interactive requests are refused).
+    pub max_priority: Option<contracts::Priority>,
+}
+
+impl Default for TenantConfig {
+    fn default() -> Self {
+        Self {
+            weight: 1.0,
+            max_concurrent: None,
+            max_queued: None,
+            tokens_per_minute: None,
+            requests_per_minute: None,
+            max_priority: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct QueueConfig {
     /// Queued (not yet running) tasks across both classes.
     pub capacity: usize,
     pub policy: FullPolicy,
+    pub fairness: Fairness,
+    /// Weights by tenant name; a tenant not named weighs 1.
+    pub tenants: std::collections::BTreeMap<String, TenantConfig>,
 }
 
 impl Default for QueueConfig {
@@ -40,6 +98,8 @@ impl Default for QueueConfig {
         Self {
             capacity: 64,
             policy: FullPolicy::Reject,
+            fairness: Fairness::Tenant,
+            tenants: Default::default(),
         }
     }
 }
@@ -807,6 +867,18 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = env_parse::<String>("ORCHD_QUEUE_FAIRNESS")? {
+            self.queue.fairness = match v.as_str() {
+                "tenant" => Fairness::Tenant,
+                "fifo" => Fairness::Fifo,
+                other => {
+                    return Err(ConfigError::Env {
+                        name: "ORCHD_QUEUE_FAIRNESS".into(),
+                        message: format!("{other:?} is not tenant or fifo"),
+                    })
+                }
+            };
+        }
         if let Some(v) = env_parse::<String>("ORCHD_RECORDS_PATH")? {
             self.records.path = v;
         }
@@ -837,6 +909,14 @@ impl Config {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.queue.capacity == 0 {
             return bad("queue.capacity must be at least 1".into());
+        }
+        for (name, t) in &self.queue.tenants {
+            if !(t.weight.is_finite() && (0.01..=1000.0).contains(&t.weight)) {
+                return bad(format!(
+                    "queue.tenants.{name}.weight must be between 0.01 and 1000, got {}",
+                    t.weight
+                ));
+            }
         }
         if self.admission.max_tokens_out == 0
             || self.admission.default_max_tokens == 0

@@ -205,6 +205,16 @@ fn describe() {
         MODELS_RESIDENT_BYTES,
         "Memory the on-demand pools hold (weights and KV caches; estimated while loading)"
     );
+    describe_gauge!(TENANT_QUEUED, "Tasks queued, by tenant");
+    describe_gauge!(TENANT_RUNNING, "Tasks running, by tenant");
+    describe_counter!(
+        TENANT_TOKENS,
+        "Tokens served (prompt tokens read and tokens generated), by tenant"
+    );
+    describe_counter!(
+        TENANT_REFUSALS,
+        "Requests refused at admission or sent back from the queue, by tenant and reason (the error code)"
+    );
 }
 
 /// Reasons of `orchd_worker_disconnects_total`.
@@ -358,6 +368,41 @@ pub fn model_listed(model: &str) {
 
 pub fn models_resident(bytes: u64) {
     gauge!(MODELS_RESIDENT_BYTES).set(bytes as f64);
+}
+
+/// Tasks queued by tenant label; `labels`: every label in use, set to 0 when none queued.
+pub fn tenant_queued(labels: &[&str], queued: &[(&str, usize)]) {
+    for l in labels {
+        let n: usize = queued.iter().filter(|(t, _)| t == l).map(|(_, n)| n).sum();
+        gauge!(TENANT_QUEUED, L_TENANT => l.to_string()).set(n as f64);
+    }
+}
+
+pub fn tenant_running(labels: &[&str], running: &[(&str, usize)]) {
+    for l in labels {
+        let n: usize = running.iter().filter(|(t, _)| t == l).map(|(_, n)| n).sum();
+        gauge!(TENANT_RUNNING, L_TENANT => l.to_string()).set(n as f64);
+    }
+}
+
+pub fn tenant_tokens(label: &str, n: usize) {
+    counter!(TENANT_TOKENS, L_TENANT => label.to_string()).increment(n as u64);
+}
+
+/// Every tenant label's series at 0 (refusals: those of a full queue or a quota).
+pub fn tenant_series_at_zero(labels: &[&str]) {
+    tenant_queued(labels, &[]);
+    tenant_running(labels, &[]);
+    for l in labels {
+        tenant_tokens(l, 0);
+        counter!(TENANT_REFUSALS, L_TENANT => l.to_string(), L_REASON => ErrorCode::AdmissionReject.as_str())
+            .increment(0);
+    }
+}
+
+pub fn tenant_refused(label: &str, code: ErrorCode) {
+    counter!(TENANT_REFUSALS, L_TENANT => label.to_string(), L_REASON => code.as_str())
+        .increment(1);
 }
 
 pub fn requeued() {

@@ -45,10 +45,11 @@ struct DataApi;
         routes::workers::list,
         routes::workers::drain,
         routes::workers::refresh,
+        routes::tenants::list,
         routes::probes::livez,
         routes::probes::readyz,
     ),
-    components(schemas(contracts::ErrorEnvelope, contracts::ErrorCode, contracts::Capabilities, contracts::PoolHealth, contracts::Readiness, contracts::worker::WorkerInfo, contracts::worker::WorkerList)),
+    components(schemas(contracts::ErrorEnvelope, contracts::ErrorCode, contracts::Capabilities, contracts::PoolHealth, contracts::Readiness, contracts::worker::WorkerInfo, contracts::worker::WorkerList, contracts::TenantList, contracts::TenantStatus)),
     tags((name = "control", description = "Control plane"))
 )]
 struct ControlApi;

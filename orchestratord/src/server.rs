@@ -39,8 +39,25 @@ pub fn build_state(
             .add(spec)
             .map_err(|e| ConfigError::Invalid(format!("pools: {e}")))?;
     }
-    Ok(Arc::new(AppState {
-        queue: TaskQueue::new(cfg.queue.capacity, cfg.queue.policy),
+    // tenants' weights and quotas: the config's, with the key file's options over them
+    let mut tenants = cfg.queue.tenants.clone();
+    tenants.extend(
+        auth.keys
+            .tenant_options()
+            .iter()
+            .map(|(t, o)| (t.clone(), o.clone())),
+    );
+    let state = Arc::new(AppState {
+        queue: TaskQueue::with_fair_share(
+            cfg.queue.capacity,
+            cfg.queue.policy,
+            crate::lifecycle::fair_share::FairShare::new(
+                cfg.queue.fairness,
+                &tenants,
+                &auth.keys.tenants(),
+            ),
+        ),
+        quotas: crate::lifecycle::quota::Quotas::new(tenants.into_iter().collect()),
         tasks: TaskStore::new(
             Duration::from_millis(cfg.stream.transcript_ttl_ms),
             cfg.stream.max_retained_tasks,
@@ -62,7 +79,9 @@ pub fn build_state(
         records,
         started_at: Instant::now(),
         cfg,
-    }))
+    });
+    state.queue.fair().publish_initial();
+    Ok(state)
 }
 
 /// The model cache, the directories of the configured pools' models, and `models.dirs`.
@@ -111,6 +130,7 @@ pub fn router(state: SharedState) -> Router {
             get(routes::workers::connect),
         )
         .route("/v1/workers", get(routes::workers::list))
+        .route("/v1/tenants", get(routes::tenants::list))
         .route("/v1/workers/{id}/drain", post(routes::workers::drain))
         .route(
             "/v1/workers/{id}/models_refresh",

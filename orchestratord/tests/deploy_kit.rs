@@ -73,11 +73,24 @@ async fn dashboard_and_alerts_name_only_served_metrics() {
     let s = start(cfg, Duration::from_millis(2)).await;
     let id = s.submit_ok(json!({"prompt": "x", "max_tokens": 4})).await;
     s.stream_all(&id).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let fams = families(&s.metrics().await);
+    let dashboard_text = std::fs::read_to_string(deploy("grafana/orchestratord.json")).unwrap();
+    let alerts_text = std::fs::read_to_string(deploy("prometheus/alerts.yml")).unwrap();
+    // the model folder's series appear with its first scan, a background tick: wait for it
+    // (bounded) rather than a fixed time
+    let wanted: BTreeSet<String> = names_in(&dashboard_text)
+        .into_iter()
+        .chain(names_in(&alerts_text))
+        .collect();
+    let mut fams = families(&s.metrics().await);
+    for _ in 0..50 {
+        if wanted.iter().all(|n| served(n, &fams)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        fams = families(&s.metrics().await);
+    }
     assert!(fams.len() > 20, "{fams:?}");
 
-    let dashboard_text = std::fs::read_to_string(deploy("grafana/orchestratord.json")).unwrap();
     let dashboard: Value = serde_json::from_str(&dashboard_text).expect("the dashboard is JSON");
     let panels = dashboard["panels"].as_array().expect("panels");
     assert!(panels.len() >= 12, "{} panels", panels.len());
@@ -94,7 +107,6 @@ async fn dashboard_and_alerts_name_only_served_metrics() {
             );
         }
     }
-    let alerts_text = std::fs::read_to_string(deploy("prometheus/alerts.yml")).unwrap();
     for (file, text) in [("dashboard", &dashboard_text), ("alerts", &alerts_text)] {
         let names = names_in(text);
         assert!(names.len() >= 8, "{file}: {names:?}");

@@ -53,6 +53,7 @@ fn task(id: usize) -> Arc<Task> {
         predicted_start: std::time::Duration::ZERO,
         last_attempt: false,
         claimant: None,
+        quota_ticket: None,
     }))
 }
 
@@ -112,6 +113,7 @@ async fn any_token_text_survives_the_sse_writer() {
         runner.run(&strategy, |texts| {
             let t = task(n.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
             t.push_started(SseStarted {
+                tenant_queue_share: None,
                 queue_position: 0,
                 predicted_start_ms: 0,
             });

@@ -462,3 +462,54 @@ async fn engines_and_workers() {
         "{row}"
     );
 }
+
+/// ORCH-FAIR-4, ORCH-FAIR-5: `orchctl tenants` shows each tenant's weight, tasks, share of the
+/// queue and quotas (from the config and the key file's options); data keys may not see it.
+#[tokio::test]
+async fn tenants_shows_weights_tasks_and_quotas() {
+    let model = default_model_path();
+    let cfg = format!(
+        "[queue]\ncapacity = 8\n[queue.tenants.t]\nweight = 3\nmax_queued = 4\n[[pools]]\nid = \"p1\"\nmodel = \"{model}\"\nslots = 1\nctx = 512\nthreads = 1\n"
+    );
+    let keys = format!(
+        "t:data:{DATA_KEY},ops:admin:{ADMIN_KEY} requests_per_minute=30 max_priority=batch"
+    );
+    let (_p, base) = server_env(&cfg, &[("ORCHD_API_KEYS", &keys)]).await;
+    // t's tasks: one running, one queued
+    let ids = [submit(&base, 200).await, submit(&base, 200).await];
+    wait_running(&base, &ids[..1]).await;
+    let out = ctl(&base, Some(ADMIN_KEY), &["tenants"]).await;
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(
+        table.starts_with("fairness tenant, queue capacity 8"),
+        "{table}"
+    );
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("{table}"))
+            .split_whitespace()
+            .collect::<Vec<_>>()
+    };
+    // TENANT WEIGHT QUEUED RUNNING SHARE SERVED QUOTAS...
+    let t = row("t");
+    assert_eq!(&t[..5], ["t", "3", "1", "1", "8.0"], "{table}");
+    assert!(table.contains("4 queued"), "{table}");
+    let ops = row("ops");
+    assert_eq!(&ops[..4], ["ops", "1", "0", "0"], "{table}");
+    assert!(
+        table.contains("30 req/min, ≤ batch"),
+        "the key file's options: {table}"
+    );
+    let out = ctl(&base, Some(ADMIN_KEY), &["--json", "tenants"]).await;
+    let v = stdout_json(&out);
+    assert_eq!(v["tenants"][0]["tenant"], "ops", "{v}");
+    assert_eq!(v["tenants"][0]["requests_per_minute"], 30);
+    let out = ctl(&base, Some(DATA_KEY), &["tenants"]).await;
+    assert_eq!(code(&out), 2, "an admin route");
+    for id in &ids {
+        ctl(&base, Some(ADMIN_KEY), &["tasks", "cancel", id]).await;
+    }
+}

@@ -10,6 +10,8 @@
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::config::TenantConfig;
+
 /// What a key may do. `Admin` covers everything `Data` does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Scope {
@@ -81,6 +83,42 @@ struct Entry {
 #[derive(Default)]
 pub struct KeyStore {
     entries: Vec<Entry>,
+    /// Tenants' weights and quotas given after their keys (`name=value` options).
+    options: std::collections::BTreeMap<String, TenantConfig>,
+}
+
+/// Applies one `name=value` option of a key entry to `t`.
+fn apply_option(t: &mut TenantConfig, opt: &str) -> Result<(), &'static str> {
+    let (name, value) = opt
+        .split_once('=')
+        .ok_or("options after the key are name=value")?;
+    fn num<T: std::str::FromStr>(v: &str) -> Result<T, &'static str> {
+        v.parse().map_err(|_| "an option's value is not a number")
+    }
+    match name {
+        "weight" => {
+            let w: f64 = num(value)?;
+            if !(w.is_finite() && (0.01..=1000.0).contains(&w)) {
+                return Err("weight must be between 0.01 and 1000");
+            }
+            t.weight = w;
+        }
+        "max_concurrent" => t.max_concurrent = Some(num(value)?),
+        "max_queued" => t.max_queued = Some(num(value)?),
+        "tokens_per_minute" => t.tokens_per_minute = Some(num(value)?),
+        "requests_per_minute" => t.requests_per_minute = Some(num(value)?),
+        "max_priority" => {
+            t.max_priority = Some(match value {
+                "interactive" => contracts::Priority::Interactive,
+                "batch" => contracts::Priority::Batch,
+                _ => return Err("max_priority is interactive or batch"),
+            })
+        }
+        _ => {
+            return Err("unknown option (weight, max_concurrent, max_queued, tokens_per_minute, requests_per_minute, max_priority)")
+        }
+    }
+    Ok(())
 }
 
 impl std::fmt::Debug for KeyStore {
@@ -121,6 +159,22 @@ fn parse_hex_digest(h: &str) -> Option<[u8; 32]> {
 }
 
 impl KeyStore {
+    /// Weights and quotas given after keys, by tenant.
+    pub fn tenant_options(&self) -> &std::collections::BTreeMap<String, TenantConfig> {
+        &self.options
+    }
+
+    /// The tenants that have keys, each once, in the order their keys were added.
+    pub fn tenants(&self) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for e in &self.entries {
+            if !out.contains(&e.tenant) {
+                out.push(e.tenant.clone());
+            }
+        }
+        out
+    }
+
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
@@ -144,10 +198,31 @@ impl KeyStore {
             };
             let raw = raw.trim();
             let mut parts = raw.splitn(3, ':');
-            let (Some(tenant), Some(scope), Some(key)) = (parts.next(), parts.next(), parts.next())
+            let (Some(tenant), Some(scope), Some(rest)) =
+                (parts.next(), parts.next(), parts.next())
             else {
                 return Err(err("expected tenant:scope:key"));
             };
+            // the key, then the tenant's options, if any
+            let mut words = rest.split_whitespace();
+            let key = words.next().unwrap_or("");
+            let opts: Vec<&str> = words.collect();
+            if !opts.is_empty() {
+                let mut t = TenantConfig::default();
+                for o in &opts {
+                    apply_option(&mut t, o).map_err(err)?;
+                }
+                match self.options.get(tenant) {
+                    Some(seen) if *seen != t => {
+                        return Err(err(
+                            "this tenant's options differ from those of its other key",
+                        ))
+                    }
+                    _ => {
+                        self.options.insert(tenant.to_string(), t);
+                    }
+                }
+            }
             if !valid_tenant(tenant) {
                 return Err(err("the tenant must be 1-64 characters of [A-Za-z0-9._-]"));
             }
@@ -213,6 +288,36 @@ mod tests {
 
     /// SEC-KEY-1: entries parse from every form; only the exact key verifies, with its tenant
     /// and scope; hashed entries verify the key they hash.
+    /// ORCH-FAIR-5: options after a key set its tenant's weight and quotas; a bad option, or
+    /// a second key of the tenant with other options, is refused naming the entry.
+    #[test]
+    fn options_after_a_key_set_the_tenants_weight_and_quotas() {
+        let mut ks = KeyStore::default();
+        ks.add_entries(
+            "t",
+            [
+                "gold:data:gold-secret-0123456789 weight=3 requests_per_minute=60 max_priority=batch",
+                "gold:admin:gold-admin-0123456789 weight=3 requests_per_minute=60 max_priority=batch",
+                "plain:data:plain-secret-0123456789",
+            ],
+        )
+        .unwrap();
+        let gold = &ks.tenant_options()["gold"];
+        assert_eq!(gold.weight, 3.0);
+        assert_eq!(gold.requests_per_minute, Some(60));
+        assert_eq!(gold.max_priority, Some(contracts::Priority::Batch));
+        assert!(!ks.tenant_options().contains_key("plain"));
+        assert_eq!(ks.verify("gold-secret-0123456789").unwrap().tenant, "gold");
+        for bad in [
+            "x:data:k0123456789abcdef weight=0",
+            "x:data:k0123456789abcdef speed=3",
+            "x:data:k0123456789abcdef max_queued",
+            "gold:data:other-0123456789abcdef weight=2",
+        ] {
+            assert!(ks.add_entries("t", [bad]).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn keys_parse_and_verify() {
         let mut ks = KeyStore::default();

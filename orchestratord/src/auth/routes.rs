@@ -69,6 +69,7 @@ pub fn classify(method: &Method, path: &str) -> (Access, Shape) {
         Access::Metrics
     } else if path.starts_with("/v1/pools")
         || path.starts_with("/v1/workers")
+        || path == "/v1/tenants"
         || (path.starts_with("/engines") && (method == Method::POST || method == Method::DELETE))
     {
         Access::Admin

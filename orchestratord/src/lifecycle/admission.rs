@@ -11,7 +11,8 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::deadline::{self, Delivery, Limits};
 use crate::lifecycle::eta;
-use crate::lifecycle::queue::Enqueued;
+use crate::lifecycle::queue::{Enqueued, Eviction};
+use crate::lifecycle::quota::{InFlight, OverQuota};
 use crate::lifecycle::state::SharedState;
 use crate::lifecycle::task::Claimant;
 use crate::lifecycle::task::{NewTask, RunSpec, Task};
@@ -464,6 +465,20 @@ fn estimated_tokens(prompt: &PromptInput, continuation: &str) -> usize {
     bytes.div_ceil(4).max(1)
 }
 
+/// The answer to a request over its tenant's quota: 429 with the wait after which it would
+/// pass, or 400 naming the field when it never could.
+fn over_quota(e: OverQuota) -> ApiError {
+    match e {
+        OverQuota::Wait {
+            why,
+            retry_after_ms,
+        } => ApiError::new(ErrorCode::AdmissionReject, why, true)
+            .with_retry_after(retry_after_ms)
+            .with_policy("quota"),
+        OverQuota::Never { field, why } => ApiError::invalid(field, why),
+    }
+}
+
 /// The 429 of a full queue (the refused request's place is kept for its retry).
 fn queue_full(
     state: &SharedState,
@@ -487,8 +502,21 @@ fn queue_full(
 
 /// Admits a task. Returns the 202 body and whether the task is new (false for an idempotent
 /// resubmission of an existing `task_id`). `delivery` says what the client's stated timeout
-/// bounds (deadline.rs).
+/// bounds (deadline.rs). A refusal is counted for the caller's tenant.
 pub async fn admit(
+    state: &SharedState,
+    req: TaskRequest,
+    caller: &Caller,
+    delivery: Delivery,
+) -> Result<(AdmissionResponse, Arc<Task>, bool), ApiError> {
+    let out = admit_task(state, req, caller, delivery).await;
+    if let Err(e) = &out {
+        metrics::tenant_refused(state.queue.fair().label(caller.tenant()), e.code());
+    }
+    out
+}
+
+async fn admit_task(
     state: &SharedState,
     req: TaskRequest,
     caller: &Caller,
@@ -548,7 +576,7 @@ pub async fn admit(
         caller,
         delivery,
     )?;
-    if !state.queue.has_room(free_slots) {
+    if !state.queue.has_room(free_slots, owner) {
         return Err(queue_full(state, plan.rank, est_now.retry_after_ms, caller));
     }
     let (n_prompt, prompt_ids) = count_prompt(state, &pools, &v).await?;
@@ -593,8 +621,36 @@ pub async fn admit(
         ));
     }
     let reserved = (n_prompt + v.max_tokens) as u64;
+    let quota_ticket = state
+        .quotas
+        .admit(
+            owner,
+            priority,
+            reserved,
+            || InFlight {
+                unfinished: state.tasks.unfinished_of(owner),
+                queued: state
+                    .queue
+                    .by_tenant()
+                    .iter()
+                    .find(|(t, _)| t == owner)
+                    .map_or(0, |(_, n)| *n),
+            },
+            est_now.retry_after_ms,
+            std::time::Instant::now(),
+        )
+        .map_err(|e| {
+            let e = over_quota(e);
+            reject(e.code(), e)
+        })?;
+    let release = |state: &SharedState| {
+        if let Some(t) = quota_ticket {
+            state.quotas.release(owner, t);
+        }
+    };
     if let Some(sid) = &req.session_id {
         state.sessions.reserve(owner, sid, reserved).map_err(|e| {
+            release(state);
             reject(
                 ErrorCode::BudgetExceeded,
                 ApiError::new(ErrorCode::BudgetExceeded, e.to_string(), false),
@@ -602,6 +658,7 @@ pub async fn admit(
         })?;
     }
     let refund = |state: &SharedState| {
+        release(state);
         if let Some(sid) = &req.session_id {
             state.sessions.settle(owner, sid, reserved, 0);
         }
@@ -647,6 +704,7 @@ pub async fn admit(
         predicted_start: plan.predicted_start,
         last_attempt: caller.patience.is_last_attempt(),
         claimant: Claimant::of(caller),
+        quota_ticket,
     }));
     match state.tasks.insert(task.clone()) {
         Inserted::New => {}
@@ -675,7 +733,11 @@ pub async fn admit(
     let free_slots = || pools.iter().map(|p| p.snapshot().slots_free()).sum();
     let position = match state.queue.push(task.clone(), free_slots) {
         Enqueued::Queued { position } => position,
-        Enqueued::QueuedEvicting { position, evicted } => {
+        Enqueued::QueuedEvicting {
+            position,
+            evicted,
+            why: Eviction::DropLru,
+        } => {
             state.fail_task(
                 &evicted,
                 ErrorCode::QueueFullDropLru,
@@ -683,6 +745,31 @@ pub async fn admit(
                 true,
                 Some(est_now.retry_after_ms),
             );
+            position
+        }
+        Enqueued::QueuedEvicting {
+            position,
+            evicted,
+            why: Eviction::FairShare,
+        } => {
+            // its tenant holds more than its share of the queue: sent back before any compute,
+            // its place kept for the retry
+            let label = state.queue.fair().label(&evicted.owner);
+            metrics::tenant_refused(label, ErrorCode::AdmissionReject);
+            if state.fail_task(
+                &evicted,
+                ErrorCode::AdmissionReject,
+                "sent back from a full queue: this tenant holds more than its share of it, and another tenant below its share came",
+                true,
+                Some(est_now.retry_after_ms),
+            ) {
+                deadline::keep_place(
+                    state,
+                    evicted.rank,
+                    est_now.retry_after_ms,
+                    evicted.claimant,
+                );
+            }
             position
         }
         Enqueued::Full => {
@@ -696,6 +783,7 @@ pub async fn admit(
     task.push_started(contracts::SseStarted {
         queue_position: position as u32,
         predicted_start_ms,
+        tenant_queue_share: state.queue.share_of(owner),
     });
     metrics::enqueued(task.priority);
     metrics::tokens_in(n_prompt);

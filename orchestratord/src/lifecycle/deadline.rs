@@ -186,6 +186,7 @@ pub fn plan<'a>(
         e
     };
     let (ahead, promised) = state.queue.ahead_of(
+        caller.tenant(),
         limits.priority,
         rank,
         (limits.max_tokens, limits.prompt_tokens),

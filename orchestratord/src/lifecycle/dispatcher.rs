@@ -33,6 +33,11 @@ pub async fn run(state: SharedState) {
             state.tasks.sweep();
             state.sessions.sweep();
             state.publish_pool_gauges();
+            let running = state.running.owners();
+            state
+                .queue
+                .fair()
+                .publish_running(running.iter().map(String::as_str));
             last_sweep = Instant::now();
         }
         // a queued task's start budget ends between ticks: look again right then

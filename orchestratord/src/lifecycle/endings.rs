@@ -17,6 +17,17 @@ impl AppState {
     fn after_end(&self, task: &Task) {
         self.queue.remove(task);
         self.records.task_ended(&task.owner, task.record());
+        if let Some(ticket) = task.quota_ticket {
+            // what it was served: its prompt once placed, and what it generated
+            let g = task.lock();
+            let served = if g.placed_at.is_some() {
+                (task.prompt_tokens + g.tokens_out as usize) as u64
+            } else {
+                0
+            };
+            drop(g);
+            self.quotas.settle(&task.owner, ticket, served);
+        }
         if let Some(sid) = &task.session_id {
             let g = task.lock();
             let refund = (task.spec.max_tokens as u64).saturating_sub(g.tokens_out as u64);

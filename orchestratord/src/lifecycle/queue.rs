@@ -11,6 +11,11 @@
 //! never ahead of a free slot (admission, deadline.rs). A place is kept only for a client
 //! that counts its tries (its retry says so and can claim it), one a connection: a client
 //! refused again on the same connection replaces its place (ORCH-ADM-RETRY-3).
+//!
+//! Across tenants, fair share decides (fair_share.rs): within a class the tenants' tasks are
+//! merged by the service each tenant received, and a tenant below its share of a full queue
+//! is admitted with room taken from the tenant furthest over its own (ORCH-FAIR-1..3). The
+//! queue stores each class in first-come order; every reading of the line applies the merge.
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
@@ -20,12 +25,14 @@ use std::time::Instant;
 use contracts::Priority;
 
 use crate::config::FullPolicy;
+use crate::lifecycle::fair_share::{Entry, FairShare};
 use crate::lifecycle::task::{Claimant, Task};
 
 pub struct TaskQueue {
     inner: Mutex<Classes>,
     capacity: usize,
     policy: FullPolicy,
+    fair: FairShare,
 }
 
 #[derive(Default)]
@@ -42,9 +49,10 @@ struct Classes {
 }
 
 /// An admission between its prediction and its task's arrival in the queue.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Pending {
     id: u64,
+    tenant: String,
     priority: Priority,
     rank: Instant,
     /// (max_tokens, prompt tokens)
@@ -82,6 +90,38 @@ fn insert_ranked(q: &mut VecDeque<Arc<Task>>, task: Arc<Task>) {
     q.insert(at, task);
 }
 
+/// The tokens a queued task is expected to take: what the fair order charges it ahead.
+fn cost(t: &Task) -> f64 {
+    (t.prompt_tokens + t.spec.max_tokens) as f64
+}
+
+fn entries(class: &VecDeque<Arc<Task>>) -> Vec<Entry<'_>> {
+    class
+        .iter()
+        .map(|t| Entry {
+            tenant: &t.owner,
+            cost: cost(t),
+        })
+        .collect()
+}
+
+/// One class in the order its tasks start.
+fn class_order(fair: &FairShare, class: &VecDeque<Arc<Task>>) -> Vec<Arc<Task>> {
+    fair.order(&entries(class), None)
+        .into_iter()
+        .map(|i| class[i].clone())
+        .collect()
+}
+
+/// Why a queued task was sent back to make room.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Eviction {
+    /// The oldest batch task, under `drop-lru`.
+    DropLru,
+    /// The newest task of the tenant furthest over its share, for a tenant below its own.
+    FairShare,
+}
+
 /// What is ahead of a place in line: queued tasks (in dispatch order), admissions promised a
 /// place before it ((max_tokens, prompt tokens) each) and kept places.
 pub struct Ahead {
@@ -99,11 +139,52 @@ impl Classes {
         self.interactive.len() + self.batch.len()
     }
 
-    fn position(&self, task: &Task) -> Option<usize> {
-        self.interactive
+    /// Both classes in the order their tasks start.
+    fn ordered(&self, fair: &FairShare) -> Vec<Arc<Task>> {
+        let mut out = class_order(fair, &self.interactive);
+        out.extend(class_order(fair, &self.batch));
+        out
+    }
+
+    fn position(&self, fair: &FairShare, task: &Task) -> Option<usize> {
+        self.ordered(fair)
             .iter()
-            .chain(self.batch.iter())
             .position(|t| std::ptr::eq(Arc::as_ptr(t), task))
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Arc<Task>> {
+        self.interactive.iter().chain(self.batch.iter())
+    }
+
+    fn holds_tenant(&self, tenant: &str) -> bool {
+        self.iter().any(|t| t.owner == tenant)
+    }
+
+    /// Tenants with tasks queued and how many, in order of first appearance.
+    fn waiting(&self) -> Vec<(&str, usize)> {
+        let mut out: Vec<(&str, usize)> = Vec::new();
+        for t in self.iter() {
+            match out.iter_mut().find(|(o, _)| *o == t.owner) {
+                Some(e) => e.1 += 1,
+                None => out.push((&t.owner, 1)),
+            }
+        }
+        out
+    }
+
+    /// Takes out the newest queued task of `tenant` (of the lower class first).
+    fn take_newest_of(&mut self, tenant: &str) -> Option<Arc<Task>> {
+        for class in [&mut self.batch, &mut self.interactive] {
+            if let Some(i) = class.iter().rposition(|t| t.owner == tenant) {
+                return class.remove(i);
+            }
+        }
+        None
+    }
+
+    fn publish(&self, fair: &FairShare) {
+        crate::metrics::queue_depth(self.interactive.len(), self.batch.len());
+        fair.publish_queued(self.iter().map(|t| t.owner.as_str()));
     }
 }
 
@@ -117,19 +198,35 @@ pub enum InLine {
 pub enum Enqueued {
     /// Queued with this many tasks ahead of it.
     Queued { position: usize },
-    /// Queued after evicting the oldest batch task (drop-lru); the caller ends the evicted one.
-    QueuedEvicting { position: usize, evicted: Arc<Task> },
+    /// Queued after sending another task back (`why`); the caller ends the evicted one.
+    QueuedEvicting {
+        position: usize,
+        evicted: Arc<Task>,
+        why: Eviction,
+    },
     /// The queue is full and the policy refuses.
     Full,
 }
 
 impl TaskQueue {
+    /// A queue with fair share across tenants at equal weights.
     pub fn new(capacity: usize, policy: FullPolicy) -> Self {
+        let fair = FairShare::new(Default::default(), &Default::default(), &[]);
+        Self::with_fair_share(capacity, policy, fair)
+    }
+
+    pub fn with_fair_share(capacity: usize, policy: FullPolicy, fair: FairShare) -> Self {
         Self {
             inner: Mutex::new(Classes::default()),
             capacity,
             policy,
+            fair,
         }
+    }
+
+    /// The tenants' counters and shares.
+    pub fn fair(&self) -> &FairShare {
+        &self.fair
     }
 
     fn lock(&self) -> MutexGuard<'_, Classes> {
@@ -152,49 +249,76 @@ impl TaskQueue {
     /// slot before it removes the task from the queue, so a count taken here never sees a
     /// task both gone from the line and its slot still idle (a count taken outside the lock
     /// could, and let a burst overshoot the bound by one).
+    ///
+    /// A full queue still takes a task of a tenant below its share of the capacity: the newest
+    /// task of the tenant furthest over its share is sent back instead (fair_share.rs).
     pub fn push(&self, task: Arc<Task>, free_slots: impl FnOnce() -> usize) -> Enqueued {
         let mut q = self.lock();
         let mut evicted = None;
         // below the capacity there is room whatever the slots: no pool snapshots taken
         if q.len() >= self.capacity && q.len() >= self.capacity + free_slots() {
-            match self.policy {
-                FullPolicy::Reject => return Enqueued::Full,
-                FullPolicy::DropLru => match q.batch.pop_front() {
-                    Some(oldest) => evicted = Some(oldest),
-                    None => return Enqueued::Full,
-                },
+            let over = self
+                .fair
+                .room_from(self.capacity, &q.waiting(), &task.owner)
+                .map(str::to_string);
+            if let Some(newest) = over.and_then(|t| q.take_newest_of(&t)) {
+                evicted = Some((newest, Eviction::FairShare));
+            } else {
+                match self.policy {
+                    FullPolicy::Reject => return Enqueued::Full,
+                    FullPolicy::DropLru => match q.batch.pop_front() {
+                        Some(oldest) => evicted = Some((oldest, Eviction::DropLru)),
+                        None => return Enqueued::Full,
+                    },
+                }
             }
+        }
+        if !q.holds_tenant(&task.owner) {
+            let waiting: Vec<&str> = q.waiting().into_iter().map(|(t, _)| t).collect();
+            self.fair.activate(&task.owner, &waiting);
         }
         let this = task.clone();
         match task.priority {
             Priority::Interactive => insert_ranked(&mut q.interactive, task),
             Priority::Batch => insert_ranked(&mut q.batch, task),
         }
-        let position = q.position(&this).unwrap_or(0);
-        crate::metrics::queue_depth(q.interactive.len(), q.batch.len());
+        let position = q.position(&self.fair, &this).unwrap_or(0);
+        q.publish(&self.fair);
         match evicted {
-            Some(evicted) => Enqueued::QueuedEvicting { position, evicted },
+            Some((evicted, why)) => Enqueued::QueuedEvicting {
+                position,
+                evicted,
+                why,
+            },
             None => Enqueued::Queued { position },
         }
     }
 
     /// Whether [`TaskQueue::push`] would take a task now (a cheap check before the costly part
     /// of admission; the push itself still decides).
-    pub fn has_room(&self, free_slots: usize) -> bool {
+    pub fn has_room(&self, free_slots: usize, tenant: &str) -> bool {
         let q = self.lock();
         q.len() < self.capacity + free_slots
             || (matches!(self.policy, FullPolicy::DropLru) && !q.batch.is_empty())
+            || self
+                .fair
+                .room_from(self.capacity, &q.waiting(), tenant)
+                .is_some()
     }
 
     /// Puts a task that already held a place back at the front of its class (a requeue after
     /// its worker was lost keeps its turn); the capacity does not apply.
     pub fn push_front(&self, task: Arc<Task>) {
         let mut q = self.lock();
+        if !q.holds_tenant(&task.owner) {
+            let waiting: Vec<&str> = q.waiting().into_iter().map(|(t, _)| t).collect();
+            self.fair.activate(&task.owner, &waiting);
+        }
         match task.priority {
             Priority::Interactive => q.interactive.push_front(task),
             Priority::Batch => q.batch.push_front(task),
         }
-        crate::metrics::queue_depth(q.interactive.len(), q.batch.len());
+        q.publish(&self.fair);
     }
 
     /// Keeps a place in line ranked `rank` until `lapses`, for a refused request told to come
@@ -244,29 +368,53 @@ impl TaskQueue {
         q.kept.len()
     }
 
-    /// What a task of `priority` ranked `rank` would have ahead of it — the queued tasks that
-    /// dispatch before it, the admissions promised a place before it and the places kept
-    /// before its rank — and a place promised to it in the same step (`need`: its
-    /// `max_tokens` and prompt tokens), held until the returned guard drops.
+    /// What a task of `tenant` and `priority` ranked `rank` would have ahead of it — the
+    /// queued tasks that dispatch before it in the fair order, the admissions promised a place
+    /// before it and the places kept before its rank — and a place promised to it in the same
+    /// step (`need`: its `max_tokens` and prompt tokens), held until the returned guard drops.
     pub fn ahead_of(
         &self,
+        tenant: &str,
         priority: Priority,
         rank: Instant,
         need: (usize, usize),
     ) -> (Ahead, Promised<'_>) {
         let mut q = self.lock();
         q.drop_lapsed(Instant::now());
-        let before = |t: &&Arc<Task>| t.rank <= rank;
-        let tasks = match priority {
-            Priority::Interactive => q.interactive.iter().filter(before).cloned().collect(),
-            Priority::Batch => q
-                .interactive
+        let newcomer = (!q.holds_tenant(tenant)).then_some(tenant);
+        // its class with it in its place: those merged before it are ahead
+        let before_in = |class: &VecDeque<Arc<Task>>| -> Vec<Arc<Task>> {
+            let at = class
                 .iter()
-                .cloned()
-                .chain(q.batch.iter().filter(before).cloned())
-                .collect(),
+                .rposition(|t| t.rank <= rank)
+                .map_or(0, |i| i + 1);
+            let mut e = entries(class);
+            e.insert(
+                at,
+                Entry {
+                    tenant,
+                    cost: (need.0 + need.1) as f64,
+                },
+            );
+            self.fair
+                .order(&e, newcomer)
+                .into_iter()
+                .take_while(|&i| i != at)
+                .map(|i| class[if i < at { i } else { i - 1 }].clone())
+                .collect()
+        };
+        let tasks = match priority {
+            Priority::Interactive => before_in(&q.interactive),
+            Priority::Batch => {
+                let mut all = class_order(&self.fair, &q.interactive);
+                all.extend(before_in(&q.batch));
+                all
+            }
         };
         let first = |p: &Priority| matches!(p, Priority::Interactive);
+        // under fair share another tenant's admission in flight goes behind its own queued
+        // tasks, so after this one, unless that tenant has none queued (level with this one)
+        let fifo = self.fair.mode() == crate::config::Fairness::Fifo;
         let promised = q
             .pending
             .iter()
@@ -274,6 +422,7 @@ impl TaskQueue {
                 Priority::Interactive => first(&p.priority) && p.rank <= rank,
                 Priority::Batch => first(&p.priority) || p.rank <= rank,
             })
+            .filter(|p| fifo || p.tenant == tenant || !q.holds_tenant(&p.tenant))
             .map(|p| p.need)
             .collect();
         let kept_places = q.kept.iter().filter(|k| k.rank < rank).count();
@@ -281,6 +430,7 @@ impl TaskQueue {
         let id = q.next_pending;
         q.pending.push(Pending {
             id,
+            tenant: tenant.to_string(),
             priority,
             rank,
             need,
@@ -302,12 +452,12 @@ impl TaskQueue {
         q.interactive
             .retain(|t| !std::ptr::eq(Arc::as_ptr(t), task));
         q.batch.retain(|t| !std::ptr::eq(Arc::as_ptr(t), task));
-        crate::metrics::queue_depth(q.interactive.len(), q.batch.len());
+        q.publish(&self.fair);
         q.len() != before
     }
 
     pub fn position(&self, task: &Task) -> Option<usize> {
-        self.lock().position(task)
+        self.lock().position(&self.fair, task)
     }
 
     pub fn len(&self) -> usize {
@@ -331,24 +481,50 @@ impl TaskQueue {
         q.drop_lapsed(Instant::now());
         let mut out = Vec::with_capacity(q.len() + q.kept.len());
         let mut kept = q.kept.iter().peekable();
-        for t in &q.interactive {
+        for t in class_order(&self.fair, &q.interactive) {
             while kept.next_if(|k| k.rank < t.rank).is_some() {
                 out.push(InLine::Kept);
             }
-            out.push(InLine::Task(t.clone()));
+            out.push(InLine::Task(t));
         }
         out.extend(kept.map(|_| InLine::Kept));
-        out.extend(q.batch.iter().cloned().map(InLine::Task));
+        out.extend(
+            class_order(&self.fair, &q.batch)
+                .into_iter()
+                .map(InLine::Task),
+        );
         out
     }
 
-    /// Queued tasks in dispatch order (interactive first, FIFO within a class).
+    /// Queued tasks in dispatch order: interactive first; within a class, tenants merged by
+    /// fair share, each tenant's own tasks first come, first served.
     pub fn in_order(&self) -> Vec<Arc<Task>> {
+        self.lock().ordered(&self.fair)
+    }
+
+    /// Under fair share, the places of the queue `tenant` is entitled to now: the capacity
+    /// times its weight over the weights of the tenants waiting, itself included.
+    pub fn share_of(&self, tenant: &str) -> Option<f64> {
+        if self.fair.mode() == crate::config::Fairness::Fifo {
+            return None;
+        }
         let q = self.lock();
-        q.interactive
+        let waiting = q.waiting();
+        let others: f64 = waiting
             .iter()
-            .chain(q.batch.iter())
-            .cloned()
+            .filter(|(t, _)| *t != tenant)
+            .map(|(t, _)| self.fair.weight(t))
+            .sum();
+        let own = self.fair.weight(tenant);
+        Some(self.capacity as f64 * own / (own + others))
+    }
+
+    /// Tasks queued by tenant.
+    pub fn by_tenant(&self) -> Vec<(String, usize)> {
+        let q = self.lock();
+        q.waiting()
+            .into_iter()
+            .map(|(t, n)| (t.to_string(), n))
             .collect()
     }
 
@@ -409,10 +585,10 @@ mod tests {
             q.push(newcomer.clone(), || 0),
             Enqueued::Queued { position: 0 }
         ));
-        let (a, promise) = q.ahead_of(Priority::Interactive, Instant::now(), (1, 1));
+        let (a, promise) = q.ahead_of("local", Priority::Interactive, Instant::now(), (1, 1));
         assert_eq!((a.tasks.len(), a.promised.len(), a.kept_places), (1, 0, 2));
         // an admission promised a place counts ahead of the next one until it is dropped
-        let (b, _) = q.ahead_of(Priority::Interactive, Instant::now(), (1, 1));
+        let (b, _) = q.ahead_of("local", Priority::Interactive, Instant::now(), (1, 1));
         assert_eq!(b.promised, vec![(1, 1)]);
         drop(promise);
         let rank = q.claim_place(now, anyone).unwrap();

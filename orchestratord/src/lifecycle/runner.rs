@@ -89,6 +89,8 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
         }
     }
     let n_prompt = tokens.as_ref().map_or(task.prompt_tokens, Vec::len);
+    // the tokens it reads count as served to its tenant now, those it writes as they come
+    state.queue.fair().started(&task.owner, n_prompt);
     // an engine that takes text counts the prompt itself (its `Done` says how many)
     let engine_counts_prompt = tokens.is_none();
     let Some(permit) = lease.take_permit() else {
@@ -279,6 +281,7 @@ async fn pump(
                 Ok(None) => return Outcome::Lost,
                 Ok(Some(SeqEvent::Token { text, logprobs, .. })) => {
                     waited_for_first = false;
+                    state.queue.fair().charge(&task.owner, 1);
                     if !task.push_scored_token(text, logprobs.map(|l| wire_logprobs(*l))) {
                         return Outcome::Ended;
                     }

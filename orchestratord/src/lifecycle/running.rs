@@ -79,6 +79,15 @@ impl RunningTasks {
             .collect()
     }
 
+    /// The tenants of the tasks running now, one entry a task.
+    pub fn owners(&self) -> Vec<String> {
+        self.lock()
+            .values()
+            .flatten()
+            .map(|t| t.owner.clone())
+            .collect()
+    }
+
     /// Tasks running now, across pools.
     pub fn len(&self) -> usize {
         self.lock().values().map(Vec::len).sum()

@@ -19,6 +19,8 @@ pub struct AppState {
     pub cfg: Config,
     pub pools: PoolRegistry,
     pub queue: TaskQueue,
+    /// Tenants' quotas and their per-minute windows.
+    pub quotas: crate::lifecycle::quota::Quotas,
     pub tasks: TaskStore,
     /// The tasks in a slot now, by pool (for start predictions).
     pub running: crate::lifecycle::running::RunningTasks,

@@ -149,6 +149,8 @@ pub struct Task {
     /// Whom its place in line is kept for if it is sent back (`None`: its client's retry
     /// could not claim one).
     pub claimant: Option<Claimant>,
+    /// Its reservation in its tenant's per-minute token quota, settled when it ends.
+    pub quota_ticket: Option<crate::lifecycle::quota::Ticket>,
     /// Fired when the task ends early (cancel, timeout, drain): the engine stops decoding it.
     pub cancel: CancellationToken,
     /// Why the task was stopped early, for a remote worker's `cancel` reason.
@@ -187,6 +189,7 @@ pub struct NewTask {
     pub predicted_start: Duration,
     pub last_attempt: bool,
     pub claimant: Option<Claimant>,
+    pub quota_ticket: Option<crate::lifecycle::quota::Ticket>,
 }
 
 impl Task {
@@ -212,6 +215,7 @@ impl Task {
             predicted_start: n.predicted_start,
             last_attempt: n.last_attempt,
             claimant: n.claimant,
+            quota_ticket: n.quota_ticket,
             cancel: CancellationToken::new(),
             stop_cause: StopCause::default(),
             inner: Mutex::new(TaskInner {
@@ -559,5 +563,6 @@ pub(crate) fn test_task(id: &str, rank: Option<Instant>) -> std::sync::Arc<Task>
         predicted_start: Duration::ZERO,
         last_attempt: false,
         claimant: None,
+        quota_ticket: None,
     }))
 }

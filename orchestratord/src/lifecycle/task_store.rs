@@ -107,6 +107,14 @@ impl TaskStore {
         }
     }
 
+    /// How many of `owner`'s tasks have not ended (queued or running).
+    pub fn unfinished_of(&self, owner: &str) -> usize {
+        self.lock()
+            .values()
+            .filter(|t| t.owner == owner && !t.is_terminal())
+            .count()
+    }
+
     /// Unfinished tasks (for shutdown).
     pub fn unfinished(&self) -> Vec<Arc<Task>> {
         self.lock()

@@ -7,4 +7,5 @@ pub mod pools;
 pub mod probes;
 pub mod sessions;
 pub mod tasks;
+pub mod tenants;
 pub mod workers;

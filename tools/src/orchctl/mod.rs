@@ -9,6 +9,7 @@ pub mod pools;
 pub mod progress;
 pub mod table;
 pub mod tasks;
+pub mod tenants;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -97,6 +98,9 @@ pub enum Command {
     Engines(EnginesCmd),
     /// Connected remote workers.
     Workers,
+    /// Tenants: weight, tasks queued and running, share of the queue, tokens served (divided
+    /// by the weight, what the fair order compares), quotas.
+    Tenants,
     /// Submit, follow, cancel and inspect tasks.
     #[command(subcommand)]
     Tasks(TasksCmd),
@@ -292,6 +296,7 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
         } => pools::reload(&ctl, pool, model, *wait, json, *timeout).await?,
         Command::Engines(cmd) => engines(&ctl, cmd).await?,
         Command::Workers => workers(&ctl).await?,
+        Command::Tenants => tenants::list(&ctl).await?,
         Command::Tasks(TasksCmd::Submit(a)) => {
             let admitted = tasks::submit(&ctl, &task_request(a)?).await?;
             if !a.follow {
