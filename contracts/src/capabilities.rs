@@ -21,7 +21,7 @@ pub struct PoolCapability {
 
 /// The server's discovery document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"api_version": "1.0.0", "pools": [{"pool_id": "default", "kind": "local", "engine": "candle", "engine_version": "0.1.0+candle-0.11.1", "model_ref": "SmolLM2-135M-Instruct.Q4_1.gguf", "ctx_max": 2048, "max_tokens_out": 1024, "slots": 4, "state": "ready", "supported_workloads": ["completion", "chat"]}], "queue": {"capacity": 64, "policy": "reject"}, "features": ["sse", "cancel", "pin_override", "sessions", "budgets", "artifacts", "deadlines"]}))]
+#[schema(example = json!({"api_version": "1.0.0", "pools": [{"pool_id": "default", "kind": "local", "engine": "candle", "engine_version": "1.0.0+candle-0.11.1", "model_ref": "SmolLM2-135M-Instruct.Q4_1.gguf", "ctx_max": 2048, "max_tokens_out": 1024, "slots": 4, "state": "ready", "supported_workloads": ["completion", "chat"]}], "queue": {"capacity": 64, "policy": "reject"}, "features": ["sse", "cancel", "pin_override", "sessions", "budgets", "artifacts", "deadlines"]}))]
 pub struct Capabilities {
     pub api_version: String,
     pub pools: Vec<PoolCapability>,

@@ -12,8 +12,10 @@ pub mod task;
 pub mod tenant;
 pub mod worker;
 
-/// The API version; equals OpenAPI `info.version` and `Capabilities.api_version`.
-pub const API_VERSION: &str = "1.0.0";
+/// The one version (FC-VER-1): the workspace's, so the binaries' `--version`, `/health`,
+/// `/api/version`, the OpenAPI documents' `info.version`, `Capabilities.api_version` and the
+/// OpenAI `system_fingerprint` all say the same.
+pub const API_VERSION: &str = env!("CARGO_PKG_VERSION");
 
 pub use artifact::{
     Artifact, ArtifactList, ArtifactMeta, ArtifactQuery, ArtifactRequest, StoredArtifact,
@@ -21,7 +23,8 @@ pub use artifact::{
 pub use capabilities::{Capabilities, HyperswarmCapability, PoolCapability, QueueCapability};
 pub use error::{ErrorCode, ErrorEnvelope};
 pub use pool::{
-    DrainRequest, PoolHealth, PoolList, PoolMetrics, Readiness, ReloadRequest, ReloadResponse,
+    DrainRequest, PoolHealth, PoolList, PoolMetrics, PoolReadiness, Readiness, ReloadRequest,
+    ReloadResponse,
 };
 pub use session::SessionInfo;
 pub use sse::{

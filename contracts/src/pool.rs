@@ -40,7 +40,7 @@ pub struct PoolMetrics {
 
 /// `GET /v1/pools/{id}/health`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"pool_id": "default", "live": true, "ready": true, "draining": false, "state": "ready", "model_ref": "SmolLM2-135M-Instruct.Q4_1.gguf", "engine": "candle", "engine_version": "0.1.0+candle-0.11.1", "slots_total": 4, "slots_free": 3, "queue_depth": 0, "last_error": null, "metrics": {"slots_busy": 1, "tasks_started": 10, "tasks_finished": 9, "reloads_ok": 0, "reloads_failed": 0, "restarts": 0, "model_load_ms": 820}}))]
+#[schema(example = json!({"pool_id": "default", "live": true, "ready": true, "draining": false, "state": "ready", "model_ref": "SmolLM2-135M-Instruct.Q4_1.gguf", "engine": "candle", "engine_version": "1.0.0+candle-0.11.1", "slots_total": 4, "slots_free": 3, "queue_depth": 0, "last_error": null, "metrics": {"slots_busy": 1, "tasks_started": 10, "tasks_finished": 9, "reloads_ok": 0, "reloads_failed": 0, "restarts": 0, "model_load_ms": 820}}))]
 pub struct PoolHealth {
     pub pool_id: String,
     /// `local` (loaded in this process) or `remote` (a connected worker's model).
@@ -96,12 +96,33 @@ pub struct ReloadResponse {
 
 /// `GET /readyz`: whether this server should get traffic (Kubernetes readiness).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"ready": true, "pools_ready": 1, "pools": 1, "shutting_down": false}))]
+#[schema(example = json!({"ready": false, "status": "loading", "pools_ready": 0, "pools": 1, "shutting_down": false, "pool_states": [{"pool_id": "default", "state": "loading", "loading_ms": 1200, "predicted_load_ms": 900}]}))]
 pub struct Readiness {
     /// At least one pool takes work and the server is not shutting down.
     pub ready: bool,
+    /// `ready`; `loading` (no pool takes work yet, one is still loading: requests for it are
+    /// admitted and wait, with the load in their predicted start); `unavailable`;
+    /// `shutting_down`.
+    pub status: String,
     /// Pools that take work now (ready, engine alive).
     pub pools_ready: u32,
     pub pools: u32,
     pub shutting_down: bool,
+    /// Each pool's state, with the progress of a load.
+    #[serde(default)]
+    pub pool_states: Vec<PoolReadiness>,
+}
+
+/// One pool in `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PoolReadiness {
+    pub pool_id: String,
+    pub state: String,
+    /// While loading: how long it has been loading.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loading_ms: Option<u64>,
+    /// While loading: what is left of the predicted load (file size at the load rate last
+    /// measured here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_load_ms: Option<u64>,
 }

@@ -92,7 +92,9 @@ pub struct SseMetrics {
 pub struct SseEnd {
     pub tokens_out: u32,
     pub decode_time_ms: u64,
-    /// Same as `decode_time_ms` (older name, kept for clients of the draft spec).
+    /// Deprecated: the same as `decode_time_ms`, the name of the draft spec. Still sent in
+    /// every 1.x version; removed in 2.0.0 — read `decode_time_ms` (FC-END-1).
+    #[schema(deprecated)]
     pub decode_ms: u64,
     /// `stop` | `length` | `cancelled`
     pub finish_reason: String,

@@ -66,9 +66,18 @@ struct WorkerArgs {
     /// The orchestrator, e.g. http://10.0.0.5:8080 (or ws://…, or the full connect URL).
     #[arg(long, env = "ORCHD_SERVER")]
     server: String,
-    /// The worker secret the orchestrator expects.
+    /// The worker secret the orchestrator expects (prefer --secret-file or the environment: a
+    /// flag shows in the process list).
     #[arg(long, env = "ORCHD_WORKER_SECRET", hide_env_values = true)]
-    secret: String,
+    secret: Option<String>,
+    /// A file whose first non-empty line is the worker secret.
+    #[arg(
+        long,
+        env = "ORCHD_WORKER_SECRET_FILE",
+        conflicts_with = "secret",
+        required_unless_present = "secret"
+    )]
+    secret_file: Option<std::path::PathBuf>,
     /// Name shown by the orchestrator (default: the host name).
     #[arg(long)]
     name: Option<String>,
@@ -88,6 +97,24 @@ struct WorkerArgs {
     /// Largest WebSocket message accepted from the server.
     #[arg(long, default_value_t = 4 << 20)]
     max_frame_bytes: usize,
+}
+
+/// The worker secret: given, or the first non-empty line of its file.
+fn worker_secret(given: Option<String>, file: Option<&std::path::Path>) -> anyhow::Result<String> {
+    if let Some(s) = given.filter(|s| !s.trim().is_empty()) {
+        return Ok(s.trim().to_string());
+    }
+    let Some(path) = file else {
+        anyhow::bail!("no worker secret: give --secret-file, ORCHD_WORKER_SECRET or --secret");
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        anyhow::anyhow!("cannot read the worker secret file {}: {e}", path.display())
+    })?;
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("the worker secret file {} is empty", path.display()))
 }
 
 async fn shutdown_signal() {
@@ -189,7 +216,7 @@ async fn run_worker(cfg: Config, w: WorkerArgs, bind: Option<String>) -> anyhow:
     });
     let opts = WorkerOptions {
         server: w.server,
-        secret: w.secret,
+        secret: worker_secret(w.secret, w.secret_file.as_deref())?,
         name,
         provider: w.provider,
         max_concurrent: w.max_concurrent,
@@ -203,7 +230,18 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     let state = server::build_state(cfg, Arc::new(CandleFactory))?;
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     tracing::info!(addr = %listener.local_addr()?, "listening");
-    let bg = server::start_background(&state).await;
+    // the server answers from its first second (`/livez`, `/readyz` "loading", tasks admitted
+    // with the load in their predicted start); the pools load behind it
+    server::start_loops(&state);
+    let loading = state.clone();
+    tokio::spawn(async move {
+        loading.pools.load_all().await;
+        for p in loading.pools.all() {
+            let s = p.snapshot();
+            tracing::info!(pool = %s.id, state = s.state.as_str(), error = ?s.last_error, "pool");
+        }
+    });
+    let bg = server::start_hyperswarm(&state).await;
     if state.cfg.hyperswarm.enabled {
         match &bg.hyperswarm {
             Some(h) => tracing::info!(server_id = %h.server_id, "share this Server ID with peers"),
@@ -215,10 +253,6 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
             path = contracts::worker::CONNECT_PATH,
             "remote workers may connect"
         );
-    }
-    for p in state.pools.all() {
-        let s = p.snapshot();
-        tracing::info!(pool = %s.id, state = s.state.as_str(), error = ?s.last_error, "pool");
     }
     server::serve(state, listener, shutdown_signal()).await?;
     Ok(())

@@ -5,16 +5,21 @@
 //! A path is refused before anything is opened when it has a `..` component or lies outside
 //! the directories as written; then its canonical form (symlinks resolved) must still lie
 //! inside one, and it must be a regular file (no FIFO, device or directory) before it is
-//! opened to read the magic. Every refusal says only "not an allowed model path" or "not a
-//! GGUF model": whether a file exists outside the directories, or why it could not be read,
-//! is never told.
+//! opened to read the magic. A path outside the directories as written is told which
+//! directories are allowed and the config key that adds one (FC-PATH-1: the caller is an
+//! admin, and a typo of a folder is the usual cause); every other refusal says only "not an
+//! allowed model path" or "not a GGUF model": whether a file exists outside the directories,
+//! or why it could not be read, is never told.
 
 use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
 /// Why a model path was refused. The messages are the whole story a client gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ModelPathError {
+    /// Outside every model directory as written (nothing was looked at).
+    #[error("not in a model folder: the allowed folders are {allowed}; models.dirs in the config adds one")]
+    Outside { allowed: String },
     #[error("not an allowed model path")]
     NotAllowed,
     #[error("not a GGUF model")]
@@ -78,7 +83,18 @@ impl ModelDirs {
             .iter()
             .any(|(a, c)| abs.starts_with(a) || abs.starts_with(c))
         {
-            return Err(NotAllowed);
+            let allowed: Vec<String> = self
+                .dirs
+                .iter()
+                .map(|(a, _)| a.display().to_string())
+                .collect();
+            return Err(Outside {
+                allowed: if allowed.is_empty() {
+                    "none".into()
+                } else {
+                    allowed.join(", ")
+                },
+            });
         }
         let canon = std::fs::canonicalize(&abs).map_err(|_| NotAllowed)?;
         if !self.dirs.iter().any(|(_, c)| canon.starts_with(c)) {
@@ -110,8 +126,9 @@ mod tests {
         d
     }
 
-    /// SEC-MODEL-1: only regular GGUF files inside the directories load; `..`, symlinks out,
-    /// FIFOs, directories and files outside get the same answer.
+    /// SEC-MODEL-1, FC-PATH-1: only regular GGUF files inside the directories load; `..`,
+    /// symlinks out, FIFOs, directories and missing files get the same answer; a path outside
+    /// the folders as written is told the allowed folders and the config key.
     #[test]
     fn paths_outside_or_odd_are_refused_alike() {
         let root = dir("root");
@@ -134,16 +151,24 @@ mod tests {
         assert_eq!(dirs.check(&s(models.join("text.gguf"))), Err(NotGguf));
         for bad in [
             s(models.join("../secret")),
-            s(root.join("secret")),
             s(models.join("link.gguf")),
             s(models.join("missing.gguf")),
             s(models.clone()),
-            "/etc/passwd".to_string(),
-            "/root/.ssh/id_rsa".to_string(),
             String::new(),
         ] {
             assert_eq!(dirs.check(&bad), Err(NotAllowed), "{bad}");
         }
+        let outside = Outside {
+            allowed: models.display().to_string(),
+        };
+        for bad in [
+            s(root.join("secret")),
+            "/etc/passwd".to_string(),
+            "/root/.ssh/id_rsa".to_string(),
+        ] {
+            assert_eq!(dirs.check(&bad), Err(outside.clone()), "{bad}");
+        }
+        assert!(outside.to_string().contains("models.dirs"));
         if fifo.exists() {
             assert_eq!(dirs.check(&s(fifo)), Err(NotAllowed));
         }

@@ -49,7 +49,7 @@ struct DataApi;
         routes::probes::livez,
         routes::probes::readyz,
     ),
-    components(schemas(contracts::ErrorEnvelope, contracts::ErrorCode, contracts::Capabilities, contracts::PoolHealth, contracts::Readiness, contracts::worker::WorkerInfo, contracts::worker::WorkerList, contracts::TenantList, contracts::TenantStatus)),
+    components(schemas(contracts::ErrorEnvelope, contracts::ErrorCode, contracts::Capabilities, contracts::PoolHealth, contracts::Readiness, contracts::PoolReadiness, contracts::worker::WorkerInfo, contracts::worker::WorkerList, contracts::TenantList, contracts::TenantStatus)),
     tags((name = "control", description = "Control plane"))
 )]
 struct ControlApi;

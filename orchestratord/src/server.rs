@@ -242,10 +242,20 @@ pub struct Background {
 /// Loads the pools (first attempt), starts the dispatcher and, when enabled, the Hyperswarm
 /// host (a failure to start it is logged and leaves `hyperswarm` empty).
 pub async fn start_background(state: &SharedState) -> Background {
+    start_loops(state);
+    state.pools.load_all().await;
+    start_hyperswarm(state).await
+}
+
+/// The background loops: the dispatcher, the metrics' upkeep, the model folder's.
+pub fn start_loops(state: &SharedState) {
     tokio::spawn(crate::lifecycle::dispatcher::run(state.clone()));
     tokio::spawn(state.clone().metrics_upkeep_loop());
     crate::models_folder::ModelsFolder::spawn_upkeep(state.clone());
-    state.pools.load_all().await;
+}
+
+/// The Hyperswarm host, when enabled.
+pub async fn start_hyperswarm(state: &SharedState) -> Background {
     let mut bg = Background::default();
     if state.cfg.hyperswarm.enabled {
         match crate::adapters::hyperswarm::start(state).await {

@@ -166,7 +166,8 @@ async fn reload_switches_without_failures_and_rolls_back_bad_models() {
         health(&s, "p1").await["model_ref"],
         copy.display().to_string()
     );
-    // missing file: refused before the pool is touched, saying only that (SEC-MODEL-1)
+    // a file outside the model folders: refused before the pool is touched, naming the
+    // folders (SEC-MODEL-1, FC-PATH-1)
     let r = s
         .client
         .post(s.url("/v1/pools/p1/reload"))
@@ -177,7 +178,11 @@ async fn reload_switches_without_failures_and_rolls_back_bad_models() {
     assert_eq!(r.status(), 403);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["code"], "FORBIDDEN");
-    assert_eq!(v["message"], "new_model_ref: not an allowed model path");
+    let message = v["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("new_model_ref: not in a model folder: the allowed folders are "),
+        "{message}"
+    );
     // corrupt file
     let bad = std::env::temp_dir().join(format!("orchd-bad-{}.gguf", std::process::id()));
     std::fs::write(&bad, b"GGUF this is not a model").unwrap();

@@ -419,8 +419,9 @@ fn exposing_the_server_without_keys_is_refused() {
 }
 
 /// SEC-MODEL-1: `POST /engines` loads only regular GGUF files inside the model directories;
-/// `..`, a symlink out, a FIFO, `/etc/passwd` and a missing file get the same answer, and
-/// an engine id may not shadow a served model's name.
+/// `..`, a symlink out, a FIFO and a missing file get the same answer, a path outside the
+/// folders (`/etc/passwd`) is told the allowed folders (FC-PATH-1), and an engine id may not
+/// shadow a served model's name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_load_only_allowed_model_files() {
     let s = start(config(vec![pool("p1", 1)]), Duration::from_millis(1)).await;
@@ -434,12 +435,9 @@ async fn engines_load_only_allowed_model_files() {
     let fifo = dir.join("fifo.gguf");
     let _ = std::process::Command::new("mkfifo").arg(&fifo).status();
     let mut bad = vec![
-        "/etc/passwd".to_string(),
-        "/root/.ssh/id_rsa".to_string(),
         format!("{}/../../etc/passwd", dir.display()),
         link.display().to_string(),
         dir.join("absent.gguf").display().to_string(),
-        outside.join("x.gguf").display().to_string(),
     ];
     if fifo.exists() {
         bad.push(fifo.display().to_string());
@@ -454,6 +452,25 @@ async fn engines_load_only_allowed_model_files() {
         assert_eq!(
             v["error"]["message"], "model_path: not an allowed model path",
             "{path}"
+        );
+    }
+    // FC-PATH-1: outside the folders as written, the answer names them and the config key
+    for path in [
+        "/etc/passwd".to_string(),
+        "/root/.ssh/id_rsa".to_string(),
+        outside.join("x.gguf").display().to_string(),
+    ] {
+        let r = s
+            .post("/engines", &json!({"engine_id": "e", "model_path": path}))
+            .await;
+        assert_eq!(r.status(), 403, "{path}");
+        let v: Value = r.json().await.unwrap();
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("model_path: not in a model folder: the allowed folders are ")
+                && message.contains(&std::env::temp_dir().display().to_string())
+                && message.ends_with("models.dirs in the config adds one"),
+            "{path}: {message}"
         );
     }
     let text = dir.join("text.gguf");

@@ -214,6 +214,22 @@ impl EngineFactory for CandleFactory {
             }
             other => PortError::Load(other.to_string()),
         })?;
+        let info = engine.info();
+        if spec.ctx == 0 && info.ctx < info.ctx_train {
+            // FC-CTX-1: said at start, not found out from a refused prompt
+            tracing::warn!(
+                pool = %spec.id,
+                slots = spec.slots,
+                ctx = info.ctx,
+                ctx_train = info.ctx_train,
+                kv_cache_mib = settings.kv_cache_max_bytes >> 20,
+                "{} slots of {} tokens each: the key/value cache budget ({} MiB) does not hold the model's trained context of {} for every slot; set ctx, fewer slots or a larger kv_cache_mib",
+                spec.slots,
+                info.ctx,
+                settings.kv_cache_max_bytes >> 20,
+                info.ctx_train
+            );
+        }
         Ok(Arc::new(CandlePortEngine::new(
             engine,
             model_ref.to_string(),

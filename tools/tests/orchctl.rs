@@ -268,12 +268,16 @@ async fn task_commands_and_the_metrics_summary() {
         &[
             "tasks",
             "submit",
+            "--system",
+            "You are a poet.",
             "--prompt",
             "Write a haiku about the sea.",
             "--max-tokens",
             "12",
             "--seed",
             "7",
+            "--top-p",
+            "0.9",
             "--follow",
         ],
     )
@@ -298,6 +302,12 @@ async fn task_commands_and_the_metrics_summary() {
         .collect();
     assert!(!from_record.is_empty());
     assert_eq!(stdout.trim_end_matches('\n'), from_record);
+    // FC-CTL-1: a chat by default, with the system message, and the sampling flags
+    let params = &s["record"]["params"];
+    assert_eq!(params["messages"][0]["role"], "system", "{params}");
+    assert_eq!(params["messages"][1]["role"], "user", "{params}");
+    assert!(params["prompt"].is_null(), "{params}");
+    assert_eq!(params["top_p"].as_f64().map(|p| p as f32), Some(0.9));
 
     // a long task, cancelled from the command line, ends `cancelled` in the stream
     let out = ctl(
@@ -306,10 +316,15 @@ async fn task_commands_and_the_metrics_summary() {
         &[
             "tasks",
             "submit",
+            "--raw",
             "--prompt",
             "Count to 500:",
             "--max-tokens",
             "500",
+            "--stop",
+            "zebra",
+            "--stop",
+            "giraffe",
         ],
     )
     .await;
@@ -324,6 +339,21 @@ async fn task_commands_and_the_metrics_summary() {
     let last: Value = serde_json::from_str(text(&out.stdout).lines().last().unwrap()).unwrap();
     assert_eq!(last["event"], "end");
     assert_eq!(last["data"]["finish_reason"], "cancelled");
+    let out = ctl(&base, Some(DATA_KEY), &["--json", "tasks", "show", &id]).await;
+    let params = stdout_json(&out)["record"]["params"].clone();
+    assert!(
+        params["messages"].is_null() && params["prompt"].is_string(),
+        "--raw: {params}"
+    );
+    assert_eq!(params["stop"], json!(["zebra", "giraffe"]));
+    // FC-CTL-2: cancelling it again says it had ended, exit 2
+    let out = ctl(&base, Some(DATA_KEY), &["tasks", "cancel", &id]).await;
+    assert_eq!(code(&out), 2);
+    assert!(
+        text(&out.stderr).contains("had already ended (cancelled): nothing to cancel"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let out = ctl(&base, Some(ADMIN_KEY), &["--json", "metrics"]).await;
     let m: Value = stdout_json(&out);
@@ -461,6 +491,35 @@ async fn engines_and_workers() {
         row.contains("llama3-8b") && row.contains("0/3") && row.contains("serving"),
         "{row}"
     );
+    // FC-CTL-3: ask it to report its models again, then drain it
+    let id = row.split_whitespace().next().unwrap().to_string();
+    let out = ctl(&base, Some(ADMIN_KEY), &["workers", "models-refresh", &id]).await;
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    match w.next(Duration::from_secs(5)).await {
+        support::fake_worker::Next::Msg(contracts::worker::ServerToWorker::ModelsRefresh {
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    let out = ctl(
+        &base,
+        Some(ADMIN_KEY),
+        &["workers", "drain", &id, "--deadline", "1s"],
+    )
+    .await;
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("draining"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = ctl(
+        &base,
+        Some(ADMIN_KEY),
+        &["workers", "drain", "no-such-worker"],
+    )
+    .await;
+    assert_eq!(code(&out), 2, "an unknown worker is refused");
 }
 
 /// ORCH-FAIR-4, ORCH-FAIR-5: `orchctl tenants` shows each tenant's weight, tasks, share of the

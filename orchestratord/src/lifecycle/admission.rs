@@ -133,8 +133,18 @@ pub fn redact(req: &TaskRequest) -> serde_json::Value {
     serde_json::to_value(r).unwrap_or(serde_json::Value::Null)
 }
 
+/// The pools a task may run on.
+struct Resolved {
+    pools: Vec<Arc<Pool>>,
+    /// The predicted wait for their load when every one of them is still loading (`pools` is
+    /// empty then: the task waits in the queue for them).
+    load_wait_ms: u64,
+    /// The model asked for, or the default pool's (unpinned tasks).
+    model: Option<String>,
+}
+
 /// Picks the pools a task may run on: the pinned one, or those serving the model.
-fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>>, ApiError> {
+fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, ApiError> {
     let all = state.pools.all();
     if let Some(pin) = &req.pool_id {
         if !state.cfg.admission.pinning_enabled {
@@ -160,15 +170,24 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
             }
         }
         if !pool.accepts_work() {
+            // a pool still loading says when it is predicted to serve
+            let retry = state
+                .models_folder
+                .load_progress(&pool, state.started_at)
+                .map_or(1000, |(_, left)| left.max(1000));
             return Err(ApiError::new(
                 ErrorCode::PoolUnready,
                 format!("pool {pin:?} is {}", pool.state().as_str()),
                 true,
             )
             .with_pool(pin)
-            .with_retry_after(1000));
+            .with_retry_after(retry));
         }
-        return Ok(vec![pool]);
+        return Ok(Resolved {
+            pools: vec![pool],
+            load_wait_ms: 0,
+            model: req.model.clone(),
+        });
     }
     let model = match &req.model {
         Some(m) => m.clone(),
@@ -186,7 +205,11 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
     if serving.is_empty() {
         if from_workers {
             // a model remote workers serve: the task waits for one (queue timeout)
-            return Ok(Vec::new());
+            return Ok(Resolved {
+                pools: Vec::new(),
+                load_wait_ms: 0,
+                model: Some(model),
+            });
         }
         return Err(ApiError::new(
             ErrorCode::NotFound,
@@ -195,13 +218,19 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
         )
         .with_field("model"));
     }
-    // a model of the folder loading on demand: the task waits in the queue for its pool
+    // a pool loading (a configured one at start-up, a model of the folder on demand): the
+    // task waits in the queue for it, the load in its predicted start
     let loading = serving
         .iter()
-        .any(|p| p.state() == pool_manager::PoolState::Loading && state.models_folder.owns(p.id()));
+        .any(|p| p.state() == pool_manager::PoolState::Loading);
+    let load_wait = state.models_folder.load_wait_ms(&serving, state.started_at);
     let ready: Vec<Arc<Pool>> = serving.into_iter().filter(|p| p.accepts_work()).collect();
     if ready.is_empty() && loading {
-        return Ok(Vec::new());
+        return Ok(Resolved {
+            pools: Vec::new(),
+            load_wait_ms: load_wait,
+            model: Some(model),
+        });
     }
     if ready.is_empty() && !from_workers {
         return Err(ApiError::new(
@@ -211,7 +240,11 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Vec<Arc<Pool>
         )
         .with_retry_after(1000));
     }
-    Ok(ready)
+    Ok(Resolved {
+        pools: ready,
+        load_wait_ms: 0,
+        model: Some(model),
+    })
 }
 
 struct Validated {
@@ -427,10 +460,11 @@ async fn prepare_constraint(
         })
 }
 
+/// A seed the server chooses: below 2^53, so JavaScript and jq show it exactly (FC-SEED-1).
 fn rand_seed() -> u64 {
     let u = uuid::Uuid::new_v4();
     let b = u.as_bytes();
-    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+    u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]) & ((1 << 53) - 1)
 }
 
 fn admission_of(
@@ -537,14 +571,18 @@ async fn admit_task(
         }
     }
     let v = validate(state, &req).map_err(|e| reject(e.code(), e))?;
-    // a model of the folder no pool serves starts loading; the task waits for it, unless the
-    // client's deadline comes before the load is predicted to end (503 with that wait)
-    let load_wait_ms = match req.model.as_deref().filter(|_| req.pool_id.is_none()) {
+    // a model of the folder no pool serves starts loading; the task waits for it (or for a
+    // configured pool still loading at start-up), unless the client's deadline comes before
+    // the load is predicted to end (503 with that wait)
+    let folder_wait_ms = match req.model.as_deref().filter(|_| req.pool_id.is_none()) {
         Some(model) => crate::models_folder::ModelsFolder::ensure(state, model)
             .await
             .map_err(|e| reject(e.code(), e))?,
         None => 0,
     };
+    let resolved = resolve_pools(state, &req).map_err(|e| reject(e.code(), e))?;
+    let pools = resolved.pools;
+    let load_wait_ms = folder_wait_ms.max(resolved.load_wait_ms);
     if req.deadline_ms.is_some_and(|d| d < load_wait_ms) {
         return Err(reject(
             ErrorCode::PoolUnavailable,
@@ -556,7 +594,6 @@ async fn admit_task(
             .with_retry_after(load_wait_ms),
         ));
     }
-    let pools = resolve_pools(state, &req).map_err(|e| reject(e.code(), e))?;
     let snapshots: Vec<_> = pools.iter().map(|p| p.snapshot()).collect();
     let typical = state.cfg.admission.default_max_tokens as usize;
     let est_now = eta::estimate(state.queue.len(), &snapshots, typical);
@@ -668,6 +705,7 @@ async fn admit_task(
         Some(
             req.model
                 .clone()
+                .or(resolved.model)
                 .or_else(|| pools.first().map(|p| p.spec().model_alias.clone()))
                 .unwrap_or_default(),
         )

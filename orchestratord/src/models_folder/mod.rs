@@ -87,23 +87,36 @@ impl ModelsFolder {
         (bytes as f64 / rate.max(1.0)).ceil() as u64
     }
 
-    /// What is left of the predicted load of the pools serving `model` that are loading (0
-    /// when one is ready).
-    fn wait_ms(&self, serving: &[Arc<Pool>]) -> u64 {
+    /// What is left of the predicted load of the pools of `serving` that are loading (0 when
+    /// one is ready, or none loads).
+    pub fn load_wait_ms(&self, serving: &[Arc<Pool>], started: Instant) -> u64 {
         if serving.iter().any(|p| p.state() == PoolState::Ready) {
             return 0;
         }
-        let owned = self.owned();
         serving
             .iter()
-            .filter(|p| p.state() == PoolState::Loading)
-            .filter_map(|p| owned.get(p.id()))
-            .map(|o| {
-                let spent = o.loading_since.elapsed().as_millis() as u64;
-                self.load_ms(o.file_bytes).saturating_sub(spent).max(1)
-            })
+            .filter_map(|p| self.load_progress(p, started))
+            .map(|(_, left)| left)
             .min()
             .unwrap_or(0)
+    }
+
+    /// A loading pool's (time spent loading, predicted time left), in ms: an on-demand pool's
+    /// from when its load began, a configured one's from `started` (configured pools load at
+    /// the server's start); its model file's size at the load rate last measured here.
+    pub fn load_progress(&self, pool: &Pool, started: Instant) -> Option<(u64, u64)> {
+        if pool.state() != PoolState::Loading {
+            return None;
+        }
+        let (since, bytes) = match self.owned().get(pool.id()) {
+            Some(o) => (o.loading_since, o.file_bytes),
+            None => (
+                started,
+                std::fs::metadata(&pool.spec().model_ref).map_or(0, |m| m.len()),
+            ),
+        };
+        let spent = since.elapsed().as_millis() as u64;
+        Some((spent, self.load_ms(bytes).saturating_sub(spent).max(1)))
     }
 
     fn owned(&self) -> std::sync::MutexGuard<'_, HashMap<String, Owned>> {
@@ -151,7 +164,7 @@ impl ModelsFolder {
                 }
             }
             drop(owned);
-            return Ok(me.wait_ms(&serving));
+            return Ok(me.load_wait_ms(&serving, state.started_at));
         }
         if let Some((at, why)) = me
             .failed

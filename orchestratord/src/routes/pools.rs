@@ -213,7 +213,10 @@ pub async fn allowed_model(
     match checked {
         Ok(p) => Ok(p.to_string_lossy().into_owned()),
         // a path outside the model directories is a policy refusal, not a malformed request
-        Err(why @ crate::model_paths::ModelPathError::NotAllowed) => Err(ApiError::new(
+        Err(
+            why @ (crate::model_paths::ModelPathError::NotAllowed
+            | crate::model_paths::ModelPathError::Outside { .. }),
+        ) => Err(ApiError::new(
             contracts::ErrorCode::Forbidden,
             format!("{field}: {why}"),
             false,

@@ -1,11 +1,13 @@
 //! Kubernetes probes. `/livez`: the process answers HTTP (no pool state: a pod whose pools are
 //! loading or drained on purpose must not be restarted). `/readyz`: it should get traffic — a
-//! pool takes work and the server is not shutting down. Both need no key.
+//! pool takes work and the server is not shutting down; while the pools load, 503 `loading`
+//! with each pool's progress. Both answer from the server's first second (the pools load
+//! behind it) and need no key.
 
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
-use contracts::Readiness;
+use contracts::{PoolReadiness, Readiness};
 
 use crate::lifecycle::state::SharedState;
 
@@ -23,7 +25,7 @@ pub async fn livez() -> &'static str {
     get, operation_id = "getReadiness", path = "/readyz", tag = "control",
     responses(
         (status = 200, description = "Ready for traffic", body = Readiness),
-        (status = 503, description = "No pool takes work, or shutting down", body = Readiness, example = json!({"ready": false, "pools_ready": 0, "pools": 1, "shutting_down": true})),
+        (status = 503, description = "No pool takes work (loading, or none will), or shutting down", body = Readiness, example = json!({"ready": false, "status": "shutting_down", "pools_ready": 1, "pools": 1, "shutting_down": true, "pool_states": [{"pool_id": "default", "state": "ready"}]})),
     )
 )]
 pub async fn readyz(State(state): State<SharedState>) -> (StatusCode, Json<Readiness>) {
@@ -42,11 +44,34 @@ pub async fn readyz(State(state): State<SharedState>) -> (StatusCode, Json<Readi
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    let pool_states: Vec<PoolReadiness> = pools
+        .iter()
+        .map(|p| {
+            let progress = state.models_folder.load_progress(p, state.started_at);
+            PoolReadiness {
+                pool_id: p.id().to_string(),
+                state: p.state().as_str().to_string(),
+                loading_ms: progress.map(|(spent, _)| spent),
+                predicted_load_ms: progress.map(|(_, left)| left),
+            }
+        })
+        .collect();
+    let status = if shutting_down {
+        "shutting_down"
+    } else if ready {
+        "ready"
+    } else if pool_states.iter().any(|p| p.loading_ms.is_some()) {
+        "loading"
+    } else {
+        "unavailable"
+    };
     let body = Readiness {
         ready,
+        status: status.to_string(),
         pools_ready: pools_ready as u32,
         pools: pools.len() as u32,
         shutting_down,
+        pool_states,
     };
     (code, Json(body))
 }

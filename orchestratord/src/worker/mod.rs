@@ -100,6 +100,8 @@ pub async fn run(
     tokio::pin!(stop);
     let mut attempt: u32 = 0;
     let mut version = PROTOCOL_V1;
+    // said once in words, then only counted: retrying will not fix a wrong secret
+    let mut secret_refusals: u64 = 0;
     loop {
         let outcome = tokio::select! {
             o = session::run_once(&opts, &backend, version) => o,
@@ -117,15 +119,36 @@ pub async fn run(
             }
             Ok(session::SessionEnd::Lost(why, registered)) => {
                 tracing::warn!(reason = %why, "connection to the server lost");
-                attempt = if registered { 0 } else { attempt + 1 };
+                if registered {
+                    // its secret was taken: a later refusal is news again
+                    attempt = 0;
+                    secret_refusals = 0;
+                } else {
+                    attempt = attempt.saturating_add(1);
+                }
+            }
+            Err(session::SessionError::SecretRefused) => {
+                secret_refusals += 1;
+                if secret_refusals == 1 {
+                    tracing::error!(
+                        "the server refused the worker secret: check --secret-file, ORCHD_WORKER_SECRET or --secret against the server's [workers] secret; retrying every {} s",
+                        RETRY_CAP.as_secs()
+                    );
+                } else {
+                    tracing::debug!(refusals = secret_refusals, "worker secret refused again");
+                }
+                // the longest backoff at once
+                attempt = u32::MAX;
             }
             Err(e) => {
                 tracing::warn!(error = %e, "could not serve the server");
-                attempt += 1;
+                attempt = attempt.saturating_add(1);
             }
         }
         let wait = backoff(attempt);
-        tracing::info!(wait_ms = wait.as_millis() as u64, "reconnecting");
+        if secret_refusals == 0 {
+            tracing::info!(wait_ms = wait.as_millis() as u64, "reconnecting");
+        }
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = &mut stop => return Ok(()),

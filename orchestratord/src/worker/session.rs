@@ -29,6 +29,8 @@ const MODEL_CHECK: Duration = Duration::from_secs(5);
 pub enum SessionError {
     /// The server closed the socket instead of acknowledging `register` (its reason).
     Refused(String),
+    /// The server answered the connect with 401: the secret is not the one it expects.
+    SecretRefused,
     Other(String),
 }
 
@@ -42,6 +44,7 @@ impl std::fmt::Display for SessionError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Refused(why) => write!(f, "the server refused the registration: {why}"),
+            Self::SecretRefused => f.write_str("the server refused the worker secret"),
             Self::Other(why) => f.write_str(why),
         }
     }
@@ -99,7 +102,12 @@ pub async fn run_once(
         .max_frame_size(Some(opts.max_frame_bytes));
     let (ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(config), false)
         .await
-        .map_err(|e| format!("connect {url}: {e}"))?;
+        .map_err(|e| match e {
+            tokio_tungstenite::tungstenite::Error::Http(r) if r.status() == 401 => {
+                SessionError::SecretRefused
+            }
+            e => SessionError::Other(format!("connect {url}: {e}")),
+        })?;
     let (mut sink, mut stream) = ws.split();
     let max_concurrent = opts
         .max_concurrent

@@ -100,6 +100,7 @@ pub fn spawn_env(tag: &str, args: &[String], config: &str, env: &[(&str, &str)])
         .args(args)
         .env("RUST_LOG", "info")
         .env_remove("ORCHD_WORKER_SECRET")
+        .env_remove("ORCHD_WORKER_SECRET_FILE")
         .env_remove("ORCHD_API_KEYS")
         .env("ORCHD_RECORDS_PATH", &records)
         .envs(env.iter().copied())
@@ -111,8 +112,8 @@ pub fn spawn_env(tag: &str, args: &[String], config: &str, env: &[(&str, &str)])
     Proc { child, log }
 }
 
-/// A server from `config` (its `bind` is set here); returns it and its base URL once it
-/// answers `/v1/health`-independent `/metrics`.
+/// A server from `config` (its `bind` is set here); returns it and its base URL once its
+/// pools have loaded (or failed to).
 pub async fn server(config: &str) -> (Proc, String) {
     server_env(config, &[]).await
 }
@@ -128,11 +129,35 @@ pub async fn server_env(config: &str, env: &[(&str, &str)]) -> (Proc, String) {
         env,
     );
     let client = reqwest::Client::new();
-    for _ in 0..600 {
-        if client.get(format!("{base}/metrics")).send().await.is_ok() {
-            return (p, base);
+    // it answers at once; its pools load behind it: wait until they did (or failed)
+    for _ in 0..1200 {
+        if let Ok(r) = client.get(format!("{base}/readyz")).send().await {
+            let v: serde_json::Value = r.json().await.unwrap_or_default();
+            if v["status"] != "loading" {
+                return (p, base);
+            }
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("server did not start: {}", p.log_text());
+}
+
+/// The server process answering HTTP, its pools maybe still loading.
+pub async fn server_env_answering(config: &str, env: &[(&str, &str)]) -> (Proc, String) {
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let p = spawn_env(
+        "server",
+        &["--bind".into(), format!("127.0.0.1:{port}")],
+        config,
+        env,
+    );
+    let client = reqwest::Client::new();
+    for _ in 0..600 {
+        if client.get(format!("{base}/livez")).send().await.is_ok() {
+            return (p, base);
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("server did not start: {}", p.log_text());
 }

@@ -36,6 +36,10 @@ pub enum CtlError {
     },
     #[error("deadline passed: {0}")]
     Deadline(String),
+    /// Nothing to do: what the command acts on is already past it (a cancel of a task that
+    /// had ended).
+    #[error("{0}")]
+    NothingToDo(String),
     #[error("cannot reach {url}: {reason}")]
     Unreachable { url: String, reason: String },
     /// An answer that is not what the API documents, or a task that ended in error.
@@ -46,7 +50,7 @@ pub enum CtlError {
 impl CtlError {
     pub fn exit_code(&self) -> i32 {
         match self {
-            Self::Refused { .. } => exit::REFUSED,
+            Self::Refused { .. } | Self::NothingToDo(_) => exit::REFUSED,
             Self::Server { .. } | Self::Failed(_) => exit::FAILED,
             Self::Deadline(_) => exit::DEADLINE,
             Self::Unreachable { .. } => exit::UNREACHABLE,
@@ -61,6 +65,7 @@ impl CtlError {
                 ("server_error", Some(*status), Some(code.as_str()))
             }
             Self::Deadline(_) => ("deadline", None, None),
+            Self::NothingToDo(_) => ("nothing_to_do", None, None),
             Self::Unreachable { .. } => ("unreachable", None, None),
             Self::Failed(_) => ("failed", None, None),
         };

@@ -10,12 +10,12 @@ pub mod progress;
 pub mod table;
 pub mod tasks;
 pub mod tenants;
+pub mod workers;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use contracts::worker::WorkerList;
 use contracts::{Capabilities, Priority, TaskRequest};
 use serde_json::{json, Value};
 
@@ -61,10 +61,14 @@ pub enum Command {
     /// Every pool: id, kind, model, state, busy/total slots, queue.
     Pools,
     /// One pool's health.
-    Health { pool: String },
+    Health {
+        /// The pool's id (`orchctl pools`).
+        pool: String,
+    },
     /// Stop placing work on a pool (or every pool with --all); running tasks get until the
     /// deadline.
     Drain {
+        /// The pool's id (`orchctl pools`).
         #[arg(required_unless_present = "all", conflicts_with = "all")]
         pool: Option<String>,
         /// Every pool not drained yet, at once (the Kubernetes preStop hook); pools whose state
@@ -80,11 +84,16 @@ pub enum Command {
         wait: bool,
     },
     /// Put a draining or drained pool back into service.
-    Resume { pool: String },
+    Resume {
+        /// The pool's id (`orchctl pools`).
+        pool: String,
+    },
     /// Load MODEL beside the pool's current model, self-test it and switch (the old model keeps
     /// serving if it fails: exit 2 with the server's reason).
     Reload {
+        /// The pool's id (`orchctl pools`).
         pool: String,
+        /// The new model's GGUF path, inside the server's model folders.
         model: String,
         /// Wait until the new model serves or was rolled back (else return once it started).
         #[arg(long)]
@@ -96,8 +105,12 @@ pub enum Command {
     /// Engines of the Kolosal engine API.
     #[command(subcommand)]
     Engines(EnginesCmd),
-    /// Connected remote workers.
-    Workers,
+    /// Connected remote workers (a list without a subcommand); drain one, or have it report
+    /// its models again.
+    Workers {
+        #[command(subcommand)]
+        cmd: Option<WorkersCmd>,
+    },
     /// Tenants: weight, tasks queued and running, share of the queue, tokens served (divided
     /// by the weight, what the fair order compares), quotas.
     Tenants,
@@ -111,18 +124,41 @@ pub enum Command {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum WorkersCmd {
+    /// Every connected worker: id, name, models, busy/capacity, state.
+    List,
+    /// No new work for a worker; its requests get until the deadline, then its socket closes.
+    Drain {
+        /// The worker's id (`orchctl workers`).
+        id: String,
+        /// Time its requests in flight get to finish (e.g. 30s).
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        deadline: Duration,
+    },
+    /// Ask a worker to report the models it serves again (after it loaded or removed one).
+    ModelsRefresh {
+        /// The worker's id (`orchctl workers`).
+        id: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum EnginesCmd {
     /// Every engine (= pool).
     List,
     /// Load a GGUF as a new engine (a pool named ID).
     Add {
+        /// The new engine's id (its pool's).
         id: String,
+        /// The GGUF to load, inside the server's model folders.
         model_path: String,
+        /// Context per slot, in tokens (the server's default when absent).
         #[arg(long)]
         n_ctx: Option<u32>,
     },
     /// Drain an engine and remove it.
     Rm {
+        /// The engine's id.
         id: String,
         /// Drain deadline (the server's default when absent).
         #[arg(long, value_parser = humantime::parse_duration)]
@@ -133,23 +169,30 @@ pub enum EnginesCmd {
 #[derive(Debug, Subcommand)]
 pub enum TasksCmd {
     /// Submit a task; prints its id (or follows it with --follow).
-    Submit(SubmitArgs),
+    Submit(Box<SubmitArgs>),
     /// Follow a task's events: its text on stdout (one JSON object per event with --json).
     Stream {
+        /// The task's id.
         id: String,
         /// Resume after this event id.
         #[arg(long)]
         last_event_id: Option<u64>,
     },
-    /// Cancel a task.
-    Cancel { id: String },
+    /// Cancel a queued or running task (exit 2 when it had already ended).
+    Cancel {
+        /// The task's id.
+        id: String,
+    },
     /// A task's state, placement, tokens and timings.
-    Show { id: String },
+    Show {
+        /// The task's id.
+        id: String,
+    },
 }
 
 #[derive(Debug, Args)]
 pub struct SubmitArgs {
-    /// The prompt text.
+    /// The user's message (with --raw: the text to continue).
     #[arg(
         long,
         conflicts_with = "prompt_file",
@@ -159,20 +202,37 @@ pub struct SubmitArgs {
     /// Read the prompt from this file (`-` for stdin).
     #[arg(long)]
     pub prompt_file: Option<PathBuf>,
+    /// A system message before the user's (chat only).
+    #[arg(long, conflicts_with = "raw")]
+    pub system: Option<String>,
+    /// Send the prompt as raw text to continue, not as a chat through the model's template.
+    #[arg(long)]
+    pub raw: bool,
+    /// The model to run (its name in `/v1/models`; default: the first pool's).
     #[arg(long)]
     pub model: Option<String>,
     /// Run on this pool only.
     #[arg(long)]
     pub pool: Option<String>,
+    /// Most tokens to generate (default: the server's).
     #[arg(long)]
     pub max_tokens: Option<u32>,
     /// interactive or batch.
     #[arg(long)]
     pub priority: Option<String>,
+    /// Sampling seed (the server picks and records one when absent).
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Sampling temperature (0 = greedy).
     #[arg(long)]
     pub temperature: Option<f32>,
+    /// Nucleus sampling: keep the likeliest tokens up to this probability mass (0-1].
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    /// End the answer at this text (repeat for several).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// The session whose token and time budget the task draws on.
     #[arg(long)]
     pub session: Option<String>,
     /// The task must finish within this time of submission.
@@ -239,8 +299,29 @@ fn task_request(a: &SubmitArgs) -> Result<TaskRequest, CtlError> {
             )))
         }
     };
+    let text = read_prompt(a)?;
+    let (prompt, messages) = if a.raw {
+        (Some(text), None)
+    } else {
+        let turns = a
+            .system
+            .iter()
+            .map(|s| contracts::ChatTurn {
+                role: "system".into(),
+                content: s.clone(),
+            })
+            .chain([contracts::ChatTurn {
+                role: "user".into(),
+                content: text,
+            }])
+            .collect();
+        (None, Some(turns))
+    };
     Ok(TaskRequest {
-        prompt: Some(read_prompt(a)?),
+        prompt,
+        messages,
+        top_p: a.top_p,
+        stop: (!a.stop.is_empty()).then(|| contracts::StopField::Many(a.stop.clone())),
         model: a.model.clone(),
         pool_id: a.pool.clone(),
         max_tokens: a.max_tokens,
@@ -295,7 +376,7 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
             timeout,
         } => pools::reload(&ctl, pool, model, *wait, json, *timeout).await?,
         Command::Engines(cmd) => engines(&ctl, cmd).await?,
-        Command::Workers => workers(&ctl).await?,
+        Command::Workers { cmd } => workers::run(&ctl, cmd.as_ref()).await?,
         Command::Tenants => tenants::list(&ctl).await?,
         Command::Tasks(TasksCmd::Submit(a)) => {
             let admitted = tasks::submit(&ctl, &task_request(a)?).await?;
@@ -382,27 +463,6 @@ async fn engines(ctl: &Ctl, cmd: &EnginesCmd) -> Result<Output, CtlError> {
     }
 }
 
-async fn workers(ctl: &Ctl) -> Result<Output, CtlError> {
-    let list: WorkerList = ctl.get("/v1/workers").await?;
-    let rows: Vec<Vec<String>> = list
-        .workers
-        .iter()
-        .map(|w| {
-            vec![
-                w.worker_id.clone(),
-                w.worker_name.clone(),
-                w.models.join(","),
-                format!("{}/{}", w.in_flight, w.max_concurrent),
-                if w.draining { "draining" } else { "serving" }.to_string(),
-            ]
-        })
-        .collect();
-    Ok(Output {
-        human: table::render(&["WORKER", "NAME", "MODELS", "BUSY", "STATE"], &rows),
-        json: json!(list),
-    })
-}
-
 async fn capabilities(ctl: &Ctl) -> Result<Output, CtlError> {
     let c: Capabilities = ctl.get("/v1/capabilities").await?;
     let rows: Vec<Vec<String>> = c
@@ -434,4 +494,32 @@ async fn capabilities(ctl: &Ctl) -> Result<Output, CtlError> {
         human,
         json: json!(c),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// FC-CTL-1: every command and every flag or argument of orchctl says what it is for.
+    #[test]
+    fn every_flag_has_help() {
+        fn walk(c: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            let here = format!("{path} {}", c.get_name());
+            if c.get_about().is_none() && !path.is_empty() {
+                missing.push(here.clone());
+            }
+            for a in c.get_arguments() {
+                let id = a.get_id().as_str();
+                if id != "help" && id != "version" && a.get_help().is_none() {
+                    missing.push(format!("{here} {id}"));
+                }
+            }
+            for s in c.get_subcommands() {
+                walk(s, &here, missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "", &mut missing);
+        assert!(missing.is_empty(), "without help: {missing:?}");
+    }
 }

@@ -2,7 +2,9 @@
 
 use std::io::Write;
 
-use contracts::{AdmissionResponse, SseEnd, SseError, SseToken, TaskRequest, TaskStatus};
+use contracts::{
+    AdmissionResponse, SseEnd, SseError, SseToken, TaskRequest, TaskState, TaskStatus,
+};
 use futures::StreamExt;
 use serde_json::json;
 
@@ -91,13 +93,41 @@ pub async fn stream(
     )))
 }
 
+fn state_name(s: &TaskStatus) -> String {
+    json!(s.state).as_str().unwrap_or("?").to_string()
+}
+
+fn ended(s: &TaskStatus) -> bool {
+    !matches!(s.state, TaskState::Queued | TaskState::Running)
+}
+
+/// Cancels a queued or running task; one that had already ended says so (exit 2), as does
+/// one that ended by itself before the cancel reached it.
 pub async fn cancel(ctl: &Ctl, id: &str) -> Result<Output, CtlError> {
-    ctl.post_empty(&format!("/v1/tasks/{}/cancel", path_segment(id)))
-        .await?;
-    Ok(Output {
-        human: format!("task {id}: cancel requested\n"),
-        json: json!({"task_id": id, "cancel": "requested"}),
-    })
+    let path = format!("/v1/tasks/{}", path_segment(id));
+    let before: TaskStatus = ctl.get(&path).await?;
+    if ended(&before) {
+        return Err(CtlError::NothingToDo(format!(
+            "task {id} had already ended ({}): nothing to cancel",
+            state_name(&before)
+        )));
+    }
+    ctl.post_empty(&format!("{path}/cancel")).await?;
+    let after: TaskStatus = ctl.get(&path).await?;
+    match after.state {
+        TaskState::Cancelled => Ok(Output {
+            human: format!("task {id}: cancelled\n"),
+            json: json!({"task_id": id, "state": "cancelled"}),
+        }),
+        _ if ended(&after) => Err(CtlError::NothingToDo(format!(
+            "task {id} ended ({}) before the cancel reached it",
+            state_name(&after)
+        ))),
+        _ => Ok(Output {
+            human: format!("task {id}: cancel requested\n"),
+            json: json!({"task_id": id, "state": state_name(&after)}),
+        }),
+    }
 }
 
 pub async fn show(ctl: &Ctl, id: &str) -> Result<Output, CtlError> {

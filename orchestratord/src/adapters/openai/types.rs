@@ -314,7 +314,7 @@ pub struct Choice {
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
-#[schema(example = json!({"id": "chatcmpl-6f1c0d9e", "object": "chat.completion", "created": 1763780000, "model": "SmolLM2-135M-Instruct.Q4_1", "system_fingerprint": "orchestratord-0.1.0", "choices": [{"index": 0, "message": {"role": "assistant", "content": "The capital of France is Paris."}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 37, "completion_tokens": 8, "total_tokens": 45}}))]
+#[schema(example = json!({"id": "chatcmpl-6f1c0d9e", "object": "chat.completion", "created": 1763780000, "model": "SmolLM2-135M-Instruct.Q4_1", "system_fingerprint": "orchestratord-1.0.0", "choices": [{"index": 0, "message": {"role": "assistant", "content": "The capital of France is Paris."}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 37, "completion_tokens": 8, "total_tokens": 45}}))]
 pub struct ChatResponse {
     pub id: String,
     pub object: &'static str,
@@ -350,7 +350,7 @@ pub struct ChunkChoice {
 
 /// One `data:` frame of a streamed chat completion.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-#[schema(example = json!({"id": "chatcmpl-6f1c0d9e", "object": "chat.completion.chunk", "created": 1763780000, "model": "SmolLM2-135M-Instruct.Q4_1", "system_fingerprint": "orchestratord-0.1.0", "choices": [{"index": 0, "delta": {"content": " Paris"}, "finish_reason": null}]}))]
+#[schema(example = json!({"id": "chatcmpl-6f1c0d9e", "object": "chat.completion.chunk", "created": 1763780000, "model": "SmolLM2-135M-Instruct.Q4_1", "system_fingerprint": "orchestratord-1.0.0", "choices": [{"index": 0, "delta": {"content": " Paris"}, "finish_reason": null}]}))]
 pub struct Chunk {
     pub id: String,
     pub object: &'static str,
@@ -374,7 +374,7 @@ pub struct TextChoice {
 
 /// A text completion, or (with `object` `text_completion` too) one streamed frame of it.
 #[derive(Debug, Clone, Serialize, ToSchema)]
-#[schema(example = json!({"id": "cmpl-6f1c0d9e", "object": "text_completion", "created": 1763780000, "model": "SmolLM2-135M-Instruct.Q4_1", "system_fingerprint": "orchestratord-0.1.0", "choices": [{"index": 0, "text": " sunny and warm.", "finish_reason": "stop"}, {"index": 1, "text": " the city council", "finish_reason": "length"}], "usage": {"prompt_tokens": 9, "completion_tokens": 20, "total_tokens": 29}}))]
+#[schema(example = json!({"id": "cmpl-6f1c0d9e", "object": "text_completion", "created": 1763780000, "model": "SmolLM2-135M-Instruct.Q4_1", "system_fingerprint": "orchestratord-1.0.0", "choices": [{"index": 0, "text": " sunny and warm.", "finish_reason": "stop"}, {"index": 1, "text": " the city council", "finish_reason": "length"}], "usage": {"prompt_tokens": 9, "completion_tokens": 20, "total_tokens": 29}}))]
 pub struct CompletionResponse {
     pub id: String,
     pub object: &'static str,
