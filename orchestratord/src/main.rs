@@ -158,6 +158,11 @@ fn main() -> anyhow::Result<()> {
     if let Some(b) = &args.bind {
         cfg.bind = b.clone();
     }
+    let worker_backend =
+        matches!(&args.command, Some(Command::Worker(w)) if w.backend_url.is_some());
+    if !worker_backend {
+        cfg.locate_default_model(std::env::current_exe().ok().as_deref())?;
+    }
     if args.insecure_no_auth {
         cfg.auth.insecure_no_auth = true;
     }

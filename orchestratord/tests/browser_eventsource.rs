@@ -13,28 +13,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
+use support::browser::Browser;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio_tungstenite::tungstenite::Message;
-
-/// The browser binary: `$CHROMIUM`, else the first of Debian's names on `PATH`.
-fn chromium() -> String {
-    if let Ok(p) = std::env::var("CHROMIUM") {
-        return p;
-    }
-    for name in ["chromium-headless-shell", "chromium", "chromium-browser"] {
-        let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-            .unwrap_or(false);
-        if found {
-            return name.to_string();
-        }
-    }
-    panic!("no Chromium found: run ci/install-debs.sh (Debian's chromium-headless-shell) or set CHROMIUM")
-}
 
 /// What the proxy saw of the stream requests.
 #[derive(Default)]
@@ -99,159 +82,6 @@ async fn proxy(upstream: String, cut_after: Duration, seen: Arc<Mutex<Seen>>) ->
         }
     });
     addr
-}
-
-/// A headless browser and one page, driven over the DevTools protocol.
-struct Browser {
-    child: tokio::process::Child,
-    page: tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>,
-    next_id: u64,
-    _profile: tempdir::Dir,
-}
-
-mod tempdir {
-    /// A directory removed on drop.
-    pub struct Dir(pub std::path::PathBuf);
-    impl Dir {
-        pub fn new(tag: &str) -> Self {
-            let p = std::env::temp_dir().join(format!("{tag}-{}", uuid_like()));
-            std::fs::create_dir_all(&p).unwrap();
-            Self(p)
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-    fn uuid_like() -> String {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos();
-        format!("{}-{t}", std::process::id())
-    }
-}
-
-impl Browser {
-    async fn launch() -> Browser {
-        use tokio::io::AsyncBufReadExt;
-        let profile = tempdir::Dir::new("orchd-chromium");
-        let mut child = tokio::process::Command::new(chromium())
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--no-first-run",
-                "--remote-debugging-port=0",
-                &format!("--user-data-dir={}", profile.0.display()),
-                "about:blank",
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start chromium");
-        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
-        let ws = tokio::time::timeout(Duration::from_secs(30), async {
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(url) = line.split("DevTools listening on ").nth(1) {
-                    return url.trim().to_string();
-                }
-            }
-            panic!("chromium exited without a DevTools address");
-        })
-        .await
-        .expect("chromium started");
-        // keep draining its log so it never blocks on a full pipe
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        let port = ws
-            .trim_start_matches("ws://")
-            .split('/')
-            .next()
-            .unwrap()
-            .to_string();
-        let targets: Value = reqwest::get(format!("http://{port}/json/list"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let page_ws = targets
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|t| t["type"] == "page")
-            .and_then(|t| t["webSocketDebuggerUrl"].as_str())
-            .expect("a page target")
-            .to_string();
-        let (page, _) = tokio_tungstenite::connect_async(page_ws).await.unwrap();
-        Browser {
-            child,
-            page,
-            next_id: 0,
-            _profile: profile,
-        }
-    }
-
-    /// Sends a DevTools command and waits for its answer.
-    async fn call(&mut self, method: &str, params: Value) -> Value {
-        self.next_id += 1;
-        let id = self.next_id;
-        let msg = json!({"id": id, "method": method, "params": params}).to_string();
-        self.page.send(Message::Text(msg.into())).await.unwrap();
-        loop {
-            let frame = self
-                .page
-                .next()
-                .await
-                .expect("devtools socket open")
-                .unwrap();
-            let Message::Text(text) = frame else { continue };
-            let v: Value = serde_json::from_str(&text).unwrap();
-            if v["id"] == id {
-                assert!(v.get("error").is_none(), "{method}: {v}");
-                return v["result"].clone();
-            }
-        }
-    }
-
-    async fn goto(&mut self, url: &str) {
-        self.call("Page.enable", json!({})).await;
-        self.call("Page.navigate", json!({"url": url})).await;
-        // the page is ours once its document answers
-        for _ in 0..100 {
-            let r = self
-                .call(
-                    "Runtime.evaluate",
-                    json!({"expression": "document.readyState", "returnByValue": true}),
-                )
-                .await;
-            if r["result"]["value"] == "complete" {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        panic!("page {url} did not load");
-    }
-
-    /// Runs `script` (an expression whose value is a promise) and returns what it resolves to.
-    async fn eval(&mut self, script: &str) -> Value {
-        let r = self
-            .call(
-                "Runtime.evaluate",
-                json!({"expression": script, "awaitPromise": true, "returnByValue": true}),
-            )
-            .await;
-        assert!(r.get("exceptionDetails").is_none(), "script failed: {r}");
-        r["result"]["value"].clone()
-    }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        let _ = self.child.start_kill();
-    }
 }
 
 /// The page's side: an `EventSource` on the task's stream that records every event with its

@@ -321,7 +321,8 @@ async fn probes_follow_readiness_and_shutdown() {
     let r: Value = ready.json().await.unwrap();
     assert_eq!(
         r,
-        json!({"ready": true, "pools_ready": 1, "pools": 1, "shutting_down": false})
+        json!({"ready": true, "status": "ready", "pools_ready": 1, "pools": 1, "shutting_down": false,
+               "pool_states": [{"pool_id": "p1", "state": "ready"}]})
     );
     // a long task keeps the server answering while it shuts down
     let task = s
@@ -339,6 +340,7 @@ async fn probes_follow_readiness_and_shutdown() {
     assert_eq!(ready.status(), 503);
     let r: Value = ready.json().await.unwrap();
     assert_eq!(r["shutting_down"], true);
+    assert_eq!(r["status"], "shutting_down");
     assert_eq!(
         s.client.get(s.url("/livez")).send().await.unwrap().status(),
         200

@@ -350,6 +350,29 @@ async fn browsers_cannot_drive_the_server() {
         .await
         .unwrap();
     assert_eq!(r.status(), 403);
+    // FC-CON-1: the server's own page (the console) writes from its own origin; a name that
+    // only points here (DNS rebinding: Origin and Host both the attacker's name) does not,
+    // while auth is off
+    let own = s.base.clone();
+    let r = s
+        .client
+        .post(s.url("/v1/tasks"))
+        .header("origin", own)
+        .json(&json!({"prompt": "hi", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202, "the console's own origin");
+    let port = s.base.rsplit(':').next().unwrap().to_string();
+    let r = s
+        .client
+        .post(s.url("/v1/pools/p1/resume"))
+        .header("host", format!("rebind.example:{port}"))
+        .header("origin", format!("http://rebind.example:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "a rebound name is foreign");
     // an allowed origin: preflight answered, the write goes through
     let r = s
         .client

@@ -167,3 +167,21 @@ async fn one_version_everywhere() {
         assert!(seed < 1 << 53, "{seed}");
     }
 }
+
+/// FC-MODEL-1: with no model configured, a server started outside the repository's root (the
+/// tests run in the crate's folder) finds the default model above its binary and serves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_model_is_found_from_any_folder() {
+    assert!(
+        !std::path::Path::new(orchestratord::config::DEFAULT_MODEL_PATH).exists(),
+        "this test runs where the cache is not"
+    );
+    let (p, base) = server_env("", &[]).await;
+    let v: Value = reqwest::get(format!("{base}/readyz"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["status"], "ready", "{v} {}", p.log_text());
+}

@@ -159,15 +159,45 @@ fn is_json(h: &HeaderMap) -> bool {
         .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
 }
 
+/// Whether a write from page origin `origin` to this server (its `Host`) is the server's own
+/// page (the console at `/`): the origin is the host the request went to, and that host cannot
+/// be a name someone else's DNS points here (a rebinding attack) — an IP literal or
+/// `localhost` — unless keys are required (a rebound page has no key: the console's lives in
+/// the storage of the server's own origin).
+fn own_page(auth: &Auth, origin: &str, h: &HeaderMap) -> bool {
+    let Some(host) = h.get(header::HOST).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let same = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"))
+        .is_some_and(|rest| rest.eq_ignore_ascii_case(host));
+    if !same {
+        return false;
+    }
+    let name = host
+        .rsplit_once(':')
+        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(host, |(name, _)| name);
+    let literal = name.eq_ignore_ascii_case("localhost")
+        || name.parse::<IpAddr>().is_ok()
+        || name
+            .strip_prefix('[')
+            .and_then(|n| n.strip_suffix(']'))
+            .is_some_and(|n| n.parse::<IpAddr>().is_ok());
+    literal || auth.enabled()
+}
+
 /// Request hygiene before any key is looked at: a write from a browser page of a foreign
-/// origin is refused (403), and a body that is not declared JSON is 415.
+/// origin is refused (403; the server's own page is not foreign), and a body that is not
+/// declared JSON is 415.
 fn hygiene(auth: &Auth, req: &Request, shape: Shape) -> Option<Response> {
     let h = req.headers();
     if is_write(req.method()) {
         if let Some(origin) = h.get(header::ORIGIN) {
             let allowed = origin
                 .to_str()
-                .is_ok_and(|o| auth.allowed_origins.iter().any(|a| a == o));
+                .is_ok_and(|o| auth.allowed_origins.iter().any(|a| a == o) || own_page(auth, o, h));
             if !allowed {
                 return Some(respond(
                     shape,

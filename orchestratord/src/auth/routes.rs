@@ -31,7 +31,11 @@ pub enum Shape {
 }
 
 /// Routes that need no key.
-pub const OPEN_PATHS: [&str; 6] = [
+pub const OPEN_PATHS: [&str; 9] = [
+    // the console's page, script and style: they carry no data (routes/console)
+    "/",
+    "/console/console.js",
+    "/console/console.css",
     "/health",
     "/v1/health",
     "/status",

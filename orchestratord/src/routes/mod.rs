@@ -2,6 +2,7 @@
 
 pub mod artifacts;
 pub mod capabilities;
+pub mod console;
 pub mod meta;
 pub mod pools;
 pub mod probes;

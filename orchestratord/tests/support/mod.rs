@@ -2,6 +2,7 @@
 //! real socket, and an SSE client that parses the raw frames.
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod fake_worker;
 pub mod procs;
 
