@@ -120,14 +120,7 @@ pub async fn server(config: &str) -> (Proc, String) {
 
 /// [`server`] with extra environment.
 pub async fn server_env(config: &str, env: &[(&str, &str)]) -> (Proc, String) {
-    let port = free_port();
-    let base = format!("http://127.0.0.1:{port}");
-    let p = spawn_env(
-        "server",
-        &["--bind".into(), format!("127.0.0.1:{port}")],
-        config,
-        env,
-    );
+    let (p, base) = server_env_answering(config, env).await;
     let client = reqwest::Client::new();
     // it answers at once; its pools load behind it: wait until they did (or failed)
     for _ in 0..1200 {
@@ -139,7 +132,7 @@ pub async fn server_env(config: &str, env: &[(&str, &str)]) -> (Proc, String) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("server did not start: {}", p.log_text());
+    panic!("the server's pools did not load: {}", p.log_text());
 }
 
 /// The server process answering HTTP, its pools maybe still loading.
