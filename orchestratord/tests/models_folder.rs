@@ -368,3 +368,82 @@ async fn a_drain_unloads_an_on_demand_model_and_the_next_request_loads_it_again(
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Whether every on-demand pool is gone within `secs`.
+async fn unloaded(s: &TestServer, secs: u64) -> bool {
+    eventually(Duration::from_secs(secs), || async {
+        pool_ids(s).await.is_empty()
+    })
+    .await
+}
+
+/// POSTs to Ollama's `/api/generate` and returns the status and the JSON answer.
+async fn generate(s: &TestServer, body: serde_json::Value) -> (u16, serde_json::Value) {
+    let r = s.post("/api/generate", &body).await;
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or_default())
+}
+
+/// MOD-FOLDER-6: a request's `keep_alive` (Ollama's) decides how long its model stays loaded
+/// once idle, over `models.keep_alive_s`: `0` unloads it when idle, a duration after that long,
+/// a negative value keeps it; a request with no prompt and `keep_alive: 0` is Ollama's unload
+/// call; an unreadable value is a 400 naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_keep_alive_decides_when_its_model_unloads() {
+    let smol = std::fs::canonicalize(default_model_path()).unwrap();
+    let dir = folder("keepalive", &[("kr-smol", smol)]);
+    // the config would keep an idle model five minutes
+    let s = start_with(
+        folder_config(&dir, 0, 300),
+        Arc::new(pool_manager::candle::CandleFactory),
+    )
+    .await;
+    let ask = |keep: serde_json::Value| {
+        json!({"model": "kr-smol", "prompt": "Hi", "stream": false,
+               "options": {"num_predict": 2}, "keep_alive": keep})
+    };
+    let (status, _) = generate(&s, ask(json!(0))).await;
+    assert_eq!(status, 200);
+    assert!(
+        unloaded(&s, 5).await,
+        "keep_alive 0: {:?}",
+        pool_ids(&s).await
+    );
+
+    let (status, _) = generate(&s, ask(json!("1s"))).await;
+    assert_eq!(status, 200);
+    assert_eq!(pool_ids(&s).await, vec!["auto-kr-smol"]);
+    assert!(
+        unloaded(&s, 6).await,
+        "keep_alive 1s: {:?}",
+        pool_ids(&s).await
+    );
+
+    let (status, _) = generate(&s, ask(json!(-1))).await;
+    assert_eq!(status, 200);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        pool_ids(&s).await,
+        vec!["auto-kr-smol"],
+        "keep_alive -1 stays"
+    );
+
+    // Ollama's unload call: no prompt, keep_alive 0
+    let (status, v) = generate(
+        &s,
+        json!({"model": "kr-smol", "keep_alive": 0, "stream": false}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(v["done_reason"], "unload", "{v}");
+    assert!(
+        unloaded(&s, 5).await,
+        "the unload call: {:?}",
+        pool_ids(&s).await
+    );
+
+    let (status, v) = generate(&s, ask(json!("soon"))).await;
+    assert_eq!(status, 400);
+    assert!(v["error"].as_str().unwrap().contains("keep_alive"), "{v}");
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -6,6 +6,7 @@
 //! pool first). Configured pools are never unloaded (they are the pinned-resident ones).
 
 mod catalog;
+pub mod keep_alive;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -38,6 +39,8 @@ struct Owned {
     /// Its file's size and when its load began (for the predicted wait).
     file_bytes: u64,
     loading_since: Instant,
+    /// The last request's `keep_alive`, over `models.keep_alive_s` (MOD-FOLDER-6).
+    keep_alive: Option<keep_alive::KeepAlive>,
 }
 
 pub struct ModelsFolder {
@@ -117,6 +120,19 @@ impl ModelsFolder {
         };
         let spent = since.elapsed().as_millis() as u64;
         Some((spent, self.load_ms(bytes).saturating_sub(spent).max(1)))
+    }
+
+    /// A request for `model` said how long it stays loaded once idle: its on-demand pools keep
+    /// that until another request says otherwise (configured pools stay loaded). False when no
+    /// on-demand pool serves it.
+    pub fn set_keep_alive(&self, model: &str, k: keep_alive::KeepAlive) -> bool {
+        let mut any = false;
+        for o in self.owned().values_mut().filter(|o| o.model == model) {
+            o.keep_alive = Some(k);
+            o.last_used = Instant::now();
+            any = true;
+        }
+        any
     }
 
     fn owned(&self) -> std::sync::MutexGuard<'_, HashMap<String, Owned>> {
@@ -223,6 +239,7 @@ impl ModelsFolder {
                 estimate,
                 file_bytes: entry.bytes,
                 loading_since: Instant::now(),
+                keep_alive: None,
             },
         );
         let wait = me.load_ms(entry.bytes);
@@ -381,11 +398,16 @@ impl ModelsFolder {
                     drained.push(p.clone());
                 } else if p.slots_busy() > 0 {
                     o.last_used = Instant::now();
-                } else if self.cfg.keep_alive_s > 0
-                    && p.state() == PoolState::Ready
-                    && o.last_used.elapsed() >= keep_alive
-                {
-                    idle.push(p.clone());
+                } else if p.state() == PoolState::Ready {
+                    let expired = match o.keep_alive {
+                        Some(keep_alive::KeepAlive::Forever) => false,
+                        Some(keep_alive::KeepAlive::For(d)) => o.last_used.elapsed() >= d,
+                        // the config's 0 means no idle unloading
+                        None => self.cfg.keep_alive_s > 0 && o.last_used.elapsed() >= keep_alive,
+                    };
+                    if expired {
+                        idle.push(p.clone());
+                    }
                 }
             }
         }

@@ -3,6 +3,7 @@
 //! counts and durations.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -23,6 +24,7 @@ use crate::lifecycle::deadline::Delivery;
 use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::{Task, TaskEvent};
+use crate::models_folder::keep_alive::{self, KeepAlive};
 
 const NDJSON: &str = "application/x-ndjson";
 
@@ -112,12 +114,13 @@ fn with_type(body: Body, content_type: &'static str) -> Response<Body> {
 }
 
 /// A request with nothing to generate: Ollama loads the model and answers `done_reason:
-/// "load"`; here the model must be served (404 otherwise).
+/// "load"` (with `keep_alive: 0`, `"unload"`); here the model must be served (404 otherwise).
 fn loaded(
     state: &SharedState,
     api: Api,
     model: &str,
     stream: bool,
+    done_reason: &str,
 ) -> Result<Response<Body>, ApiError> {
     if !state.pools.all().iter().any(|p| p.serves(model)) {
         return Err(ApiError::not_found("model", model).with_field("model"));
@@ -128,7 +131,7 @@ fn loaded(
         String::new(),
         None,
         None,
-        Some("load".into()),
+        Some(done_reason.into()),
         None,
     );
     if stream {
@@ -153,6 +156,16 @@ fn in_options(e: ApiError) -> ApiError {
 /// `tools`: the answer is decoded under the request's tools (a chat with `tools`): its calls
 /// come as `message.tool_calls` — streamed, in one line before the last, once complete — and a
 /// text answer's content as text.
+/// A request's `keep_alive`: how long its on-demand model stays loaded once idle (400 naming
+/// the field when unreadable).
+fn keep_alive_of(v: &Option<serde_json::Value>) -> Result<Option<KeepAlive>, ApiError> {
+    v.as_ref()
+        .map(keep_alive::parse)
+        .transpose()
+        .map_err(|why| ApiError::invalid("keep_alive", why))
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn answer(
     state: SharedState,
     caller: Caller,
@@ -161,9 +174,24 @@ async fn answer(
     task: Option<TaskRequest>,
     stream: bool,
     tools: bool,
+    keep: Option<KeepAlive>,
 ) -> Result<Response<Body>, OllamaError> {
     let Some(task) = task else {
-        return Ok(loaded(&state, api, &model, stream)?);
+        let out = loaded(
+            &state,
+            api,
+            &model,
+            stream,
+            if keep == Some(KeepAlive::For(Duration::ZERO)) {
+                "unload"
+            } else {
+                "load"
+            },
+        )?;
+        if let Some(k) = keep {
+            state.models_folder.set_keep_alive(&model, k);
+        }
+        return Ok(out);
     };
     let named = move |e: ApiError| {
         if tools {
@@ -177,6 +205,10 @@ async fn answer(
     let task = follow::admit(&state, task, &caller, delivery)
         .await
         .map_err(named)?;
+    // admitted: a model of the folder has its on-demand pool by now
+    if let Some(k) = keep {
+        state.models_folder.set_keep_alive(&model, k);
+    }
     let mut sub = follow::subscribe(&state, &task);
     if !stream {
         let (text, scores, end) = follow::collect_scored(sub).await.map_err(named)?;
@@ -281,6 +313,7 @@ pub async fn chat(
 ) -> Result<Response<Body>, OllamaError> {
     let JsonBody(req) = body?;
     let (task, tools) = chat_task(&state, &req)?;
+    let keep = keep_alive_of(&req.keep_alive)?;
     answer(
         state,
         caller,
@@ -289,6 +322,7 @@ pub async fn chat(
         task,
         req.stream != Some(false),
         tools,
+        keep,
     )
     .await
 }
@@ -316,6 +350,7 @@ pub async fn generate(
 ) -> Result<Response<Body>, OllamaError> {
     let JsonBody(req) = body?;
     let task = generate_task(&state, &req)?;
+    let keep = keep_alive_of(&req.keep_alive)?;
     answer(
         state,
         caller,
@@ -324,6 +359,7 @@ pub async fn generate(
         task,
         req.stream != Some(false),
         false,
+        keep,
     )
     .await
 }

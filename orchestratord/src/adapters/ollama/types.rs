@@ -88,7 +88,8 @@ pub struct ChatRequest {
     /// `"json"` or a JSON schema.
     pub format: Option<serde_json::Value>,
     pub options: Option<Options>,
-    /// Accepted: pools stay loaded as the server's configuration says.
+    /// How long a model of the folder stays loaded once idle: seconds or a duration (`"5m"`);
+    /// `0` unloads it when idle, negative keeps it loaded (configured pools always stay).
     pub keep_alive: Option<serde_json::Value>,
     /// Functions the model may call (the OpenAI shape): calls come as `message.tool_calls`.
     pub tools: Option<serde_json::Value>,
@@ -119,6 +120,7 @@ pub struct GenerateRequest {
     pub stream: Option<bool>,
     pub format: Option<serde_json::Value>,
     pub options: Option<Options>,
+    /// As in `/api/chat`.
     pub keep_alive: Option<serde_json::Value>,
     /// Refused: a custom template (the model's own is applied).
     pub template: Option<String>,
