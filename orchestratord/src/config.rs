@@ -69,6 +69,32 @@ pub struct TenantConfig {
     pub max_priority: Option<contracts::Priority>,
 }
 
+impl TenantConfig {
+    /// A weight in 0.01-1000 and every quota at least 1 (a quota of 0 would refuse the tenant
+    /// forever with a wait that never comes); the error names the field.
+    pub fn check(&self) -> Result<(), String> {
+        if !(self.weight.is_finite() && (0.01..=1000.0).contains(&self.weight)) {
+            return Err(format!(
+                "weight must be between 0.01 and 1000, got {}",
+                self.weight
+            ));
+        }
+        let quotas = [
+            ("max_concurrent", self.max_concurrent.map(|n| n as u64)),
+            ("max_queued", self.max_queued.map(|n| n as u64)),
+            ("tokens_per_minute", self.tokens_per_minute),
+            (
+                "requests_per_minute",
+                self.requests_per_minute.map(u64::from),
+            ),
+        ];
+        match quotas.iter().find(|(_, v)| *v == Some(0)) {
+            Some((name, _)) => Err(format!("{name} must be at least 1 (leave it out for none)")),
+            None => Ok(()),
+        }
+    }
+}
+
 impl Default for TenantConfig {
     fn default() -> Self {
         Self {
@@ -958,11 +984,8 @@ impl Config {
             return bad("queue.capacity must be at least 1".into());
         }
         for (name, t) in &self.queue.tenants {
-            if !(t.weight.is_finite() && (0.01..=1000.0).contains(&t.weight)) {
-                return bad(format!(
-                    "queue.tenants.{name}.weight must be between 0.01 and 1000, got {}",
-                    t.weight
-                ));
+            if let Err(why) = t.check() {
+                return bad(format!("queue.tenants.{name}: {why}"));
             }
         }
         if self.admission.max_tokens_out == 0
@@ -1112,6 +1135,32 @@ mod tests {
     }
 
     /// CFG-1: the configuration README.md shows is accepted as written.
+    /// ORCH-FAIR-5: a tenant's weight out of range or a quota of 0 is refused at start,
+    /// naming the tenant and the field (a quota of 0 would refuse it forever).
+    #[test]
+    fn tenant_weights_and_quotas_are_checked() {
+        for (toml, field) in [
+            ("[queue.tenants.a]\nweight = 0\n", "weight"),
+            (
+                "[queue.tenants.a]\nrequests_per_minute = 0\n",
+                "requests_per_minute",
+            ),
+            ("[queue.tenants.a]\nmax_queued = 0\n", "max_queued"),
+        ] {
+            let err = Config::from_toml(toml)
+                .unwrap()
+                .validate()
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("queue.tenants.a") && err.contains(field),
+                "{err}"
+            );
+        }
+        let ok = "[queue.tenants.a]\nweight = 3\nrequests_per_minute = 1\n";
+        assert!(Config::from_toml(ok).unwrap().validate().is_ok());
+    }
+
     /// FC-MODEL-1: the default model is looked for in the current folder's cache, then above
     /// the binary; missing, the error names every place and how to fetch it.
     #[test]

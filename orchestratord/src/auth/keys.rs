@@ -96,13 +96,7 @@ fn apply_option(t: &mut TenantConfig, opt: &str) -> Result<(), &'static str> {
         v.parse().map_err(|_| "an option's value is not a number")
     }
     match name {
-        "weight" => {
-            let w: f64 = num(value)?;
-            if !(w.is_finite() && (0.01..=1000.0).contains(&w)) {
-                return Err("weight must be between 0.01 and 1000");
-            }
-            t.weight = w;
-        }
+        "weight" => t.weight = num(value)?,
         "max_concurrent" => t.max_concurrent = Some(num(value)?),
         "max_queued" => t.max_queued = Some(num(value)?),
         "tokens_per_minute" => t.tokens_per_minute = Some(num(value)?),
@@ -212,6 +206,9 @@ impl KeyStore {
                 for o in &opts {
                     apply_option(&mut t, o).map_err(err)?;
                 }
+                // the config's rule: a weight in range, no quota of 0
+                t.check()
+                    .map_err(|_| err("a weight must be 0.01-1000 and a quota at least 1"))?;
                 match self.options.get(tenant) {
                     Some(seen) if *seen != t => {
                         return Err(err(
@@ -312,6 +309,7 @@ mod tests {
             "x:data:k0123456789abcdef weight=0",
             "x:data:k0123456789abcdef speed=3",
             "x:data:k0123456789abcdef max_queued",
+            "x:data:k0123456789abcdef requests_per_minute=0",
             "gold:data:other-0123456789abcdef weight=2",
         ] {
             assert!(ks.add_entries("t", [bad]).is_err(), "{bad}");
