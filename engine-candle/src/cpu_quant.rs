@@ -1,10 +1,13 @@
-//! What the CPU matmul kernels share: Q8 activation blocks quantized exactly as ggml does,
+//! What the CPU matmul kernels share: Q8 activation blocks quantized exactly as ggml does
+//! (Q8_1 blocks of 32 for the 32-element weight formats, Q8_K blocks of 256 for the K-quants),
 //! the horizontal sum ggml uses, CPU feature detection, and the parallel row loop.
 
 use crate::cpu_parallel::{current_workers, par_chunks_mut};
 use half::f16;
 
 pub(crate) const QK: usize = 32;
+/// Elements per K-quant super-block (and per Q8_K activation block).
+pub(crate) const QK_K: usize = 256;
 /// 1.5 · 2^23: adding and subtracting it rounds an f32 to the nearest integer, ties to even.
 const ROUND_MAGIC: f32 = 12_582_912.0;
 
@@ -38,6 +41,53 @@ pub(crate) fn quantize_q8_1(x: &[f32]) -> BlockQ81 {
         d: f16::from_f32(d).to_f32(),
         s: f16::from_f32(d * sum as f32).to_f32(),
     }
+}
+
+/// One Q8_K block of activations (ggml's `block_q8_K`), what K-quant weights multiply.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub(crate) struct BlockQ8K {
+    pub qs: [i8; QK_K],
+    /// `Σ qs` over each 16 elements.
+    pub bsums: [i16; 16],
+    /// Scale, an f32 (not rounded to f16).
+    pub d: f32,
+}
+
+/// Quantizes 256 activations like ggml's `quantize_row_q8_K_ref` (the path x86 takes): the
+/// element of largest magnitude becomes ∓127, the rest round half to even.
+pub(crate) fn quantize_q8_k(x: &[f32]) -> BlockQ8K {
+    let mut b = BlockQ8K {
+        qs: [0; QK_K],
+        bsums: [0; 16],
+        d: 0.0,
+    };
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in x {
+        if v.abs() > amax {
+            (amax, max) = (v.abs(), v);
+        }
+    }
+    if amax == 0.0 {
+        return b;
+    }
+    let iscale = -127.0 / max;
+    for (q, v) in b.qs.iter_mut().zip(x) {
+        let r = ((iscale * v + ROUND_MAGIC) - ROUND_MAGIC) as i32;
+        *q = r.min(127) as i8;
+    }
+    for (s, c) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+        *s = c.iter().map(|&q| q as i16).sum();
+    }
+    b.d = 1.0 / iscale;
+    b
+}
+
+/// Which activation blocks a weight format multiplies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ActBlocks {
+    Q8_1,
+    Q8K,
 }
 
 /// The integer dot-product instructions this CPU offers, best first. Every level computes the
@@ -115,18 +165,37 @@ pub(crate) unsafe fn hsum8(acc: std::arch::x86_64::__m256) -> f32 {
     _mm_cvtss_f32(r)
 }
 
-/// `m` rows of activations quantized to Q8_1 blocks, row after row.
+/// [`hsum8`]'s order of additions on eight lanes held in an array.
+pub(crate) fn hsum8_portable(acc: [f32; 8]) -> f32 {
+    let h = [
+        acc[0] + acc[4],
+        acc[1] + acc[5],
+        acc[2] + acc[6],
+        acc[3] + acc[7],
+    ];
+    (h[0] + h[2]) + (h[1] + h[3])
+}
+
+/// `m` rows of activations quantized to the blocks the weights take, row after row (a
+/// format no weight takes is empty).
 #[derive(Clone, Copy)]
 pub(crate) struct Acts<'a> {
     pub xq: &'a [BlockQ81],
+    pub xk: &'a [BlockQ8K],
     pub m: usize,
 }
 
 impl<'a> Acts<'a> {
-    /// Row `r`'s blocks.
+    /// Row `r`'s Q8_1 blocks.
     pub fn row(&self, r: usize) -> &'a [BlockQ81] {
         let nb = self.xq.len() / self.m.max(1);
         &self.xq[r * nb..(r + 1) * nb]
+    }
+
+    /// Row `r`'s Q8_K blocks.
+    pub fn row_k(&self, r: usize) -> &'a [BlockQ8K] {
+        let nb = self.xk.len() / self.m.max(1);
+        &self.xk[r * nb..(r + 1) * nb]
     }
 }
 
@@ -134,6 +203,10 @@ impl<'a> Acts<'a> {
 pub(crate) trait QuantRows: Sync {
     fn n(&self) -> usize;
     fn k(&self) -> usize;
+    /// The activation blocks its rows multiply.
+    fn act_blocks(&self) -> ActBlocks {
+        ActBlocks::Q8_1
+    }
     /// Weight rows `j0..j0 + count` times the `m` activation rows into `out[jj · m + r]`.
     /// A result depends only on its weight row and its activation row, never on `j0`,
     /// `count` or `m`.
@@ -149,7 +222,15 @@ pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> V
         return Vec::new();
     };
     assert!(ws.iter().all(|w| w.k() == k) && x.len() == m * k);
-    let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
+    let takes = |b: ActBlocks| ws.iter().any(|w| w.act_blocks() == b);
+    let xq: Vec<BlockQ81> = match takes(ActBlocks::Q8_1) {
+        true => x.chunks_exact(QK).map(quantize_q8_1).collect(),
+        false => Vec::new(),
+    };
+    let xk: Vec<BlockQ8K> = match takes(ActBlocks::Q8K) {
+        true => x.chunks_exact(QK_K).map(quantize_q8_k).collect(),
+        false => Vec::new(),
+    };
     let simd = Simd::current();
     // weight i has global rows starts[i]..starts[i + 1]
     let mut starts = vec![0];
@@ -172,7 +253,11 @@ pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> V
             let i = starts.partition_point(|&s| s <= g) - 1;
             let count = end.min(starts[i + 1]) - g;
             let o = (g - c * rows) * m;
-            let a = Acts { xq: &xq, m };
+            let a = Acts {
+                xq: &xq,
+                xk: &xk,
+                m,
+            };
             ws[i].rows_into(g - starts[i], count, a, simd, &mut dst[o..o + count * m]);
             g += count;
         }
@@ -203,18 +288,19 @@ pub(crate) fn matmul_into(w: &dyn QuantRows, x: &[f32], m: usize, out: &mut [f32
 const WEIGHT_ROWS_PER_TILE: usize = 16;
 
 /// `QuantRows::rows_into` for weights whose kernel takes one weight row against four or one
-/// activation rows (`dot4`, `dot`: the same arithmetic per row, so results do not depend on
-/// how many rows come together or in which order they are visited).
-pub(crate) fn rows_by_dots(
+/// of the `m` activation rows `row(r)` (`dot4`, `dot`: the same arithmetic per row, so
+/// results do not depend on how many rows come together or in which order they are visited).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn rows_by_dots<'a, B: 'a>(
     j0: usize,
     count: usize,
-    a: Acts<'_>,
+    m: usize,
+    row: impl Fn(usize) -> &'a [B],
     simd: Simd,
     out: &mut [f32],
-    dot4: impl Fn(usize, [&[BlockQ81]; 4]) -> [f32; 4],
-    dot: impl Fn(usize, &[BlockQ81]) -> f32,
+    dot4: impl Fn(usize, [&'a [B]; 4]) -> [f32; 4],
+    dot: impl Fn(usize, &'a [B]) -> f32,
 ) {
-    let (m, row) = (a.m, |r: usize| a.row(r));
     for t0 in (0..count).step_by(WEIGHT_ROWS_PER_TILE) {
         let tile = t0..count.min(t0 + WEIGHT_ROWS_PER_TILE);
         let mut r = 0;
@@ -244,5 +330,28 @@ mod tests {
         ] {
             assert_eq!((x + ROUND_MAGIC) - ROUND_MAGIC, x.round_ties_even(), "{x}");
         }
+    }
+
+    #[test]
+    fn q8_k_blocks_are_ggmls() {
+        // the element of largest magnitude is positive here: it becomes -127 with d < 0
+        let x: Vec<f32> = (0..QK_K).map(|i| (i as f32 * 0.37).sin() * 2.0).collect();
+        let b = quantize_q8_k(&x);
+        let (at, max) =
+            x.iter().enumerate().fold(
+                (0, 0f32),
+                |(i, m), (j, v)| if v.abs() > m.abs() { (j, *v) } else { (i, m) },
+            );
+        assert_eq!(b.qs[at], -127);
+        assert_eq!(b.d, 1.0 / (-127.0 / max));
+        for (i, (q, v)) in b.qs.iter().zip(&x).enumerate() {
+            assert!((*q as f32 * b.d - v).abs() <= b.d.abs() / 2.0 + 1e-6, "{i}");
+        }
+        for (j, s) in b.bsums.iter().enumerate() {
+            let want: i16 = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum();
+            assert_eq!(*s, want);
+        }
+        let zero = quantize_q8_k(&[0.0; QK_K]);
+        assert_eq!((zero.d, zero.qs, zero.bsums), (0.0, [0; QK_K], [0; 16]));
     }
 }

@@ -14,11 +14,15 @@ mod engine;
 mod error;
 pub mod fresh_pages;
 mod hparams;
+#[cfg(test)]
+mod kquant_parity;
 mod kv_type;
 mod model;
 pub mod model_facts;
 mod prompt_cache;
 mod q4_1_cpu;
+mod q4_k_cpu;
+mod q6_k_cpu;
 mod q8_0_cpu;
 mod sampling;
 mod scheduler;

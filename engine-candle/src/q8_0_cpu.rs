@@ -9,7 +9,7 @@ use half::f16;
 
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::{hsum8, pairs_avx2, pairs_vnni};
-use crate::cpu_quant::{rows_by_dots, Acts, BlockQ81, QuantRows, Simd, QK};
+use crate::cpu_quant::{hsum8_portable, rows_by_dots, Acts, BlockQ81, QuantRows, Simd, QK};
 
 /// A `[n, k]` Q8_0 weight matrix.
 pub(crate) struct Q80Matrix {
@@ -87,7 +87,8 @@ impl QuantRows for Q80Matrix {
         rows_by_dots(
             j0,
             count,
-            a,
+            a.m,
+            |r| a.row(r),
             simd,
             out,
             |j, rows| dot4(&self.qs[r(j)], &self.d[r(j)], rows, simd),
@@ -131,13 +132,7 @@ fn dot_portable(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81]) -> f32 {
             *lane = (s as f32).mul_add(scale, *lane);
         }
     }
-    let h = [
-        acc[0] + acc[4],
-        acc[1] + acc[5],
-        acc[2] + acc[6],
-        acc[3] + acc[7],
-    ];
-    (h[0] + h[2]) + (h[1] + h[3])
+    hsum8_portable(acc)
 }
 
 /// The SIMD kernels of one instruction level: `$pairs` sums u8×i8 pairs into i32 lanes; the
