@@ -23,8 +23,8 @@ pub use artifact::{
 pub use capabilities::{Capabilities, HyperswarmCapability, PoolCapability, QueueCapability};
 pub use error::{ErrorCode, ErrorEnvelope};
 pub use pool::{
-    DrainRequest, PoolHealth, PoolList, PoolMetrics, PoolReadiness, Readiness, ReloadRequest,
-    ReloadResponse,
+    DrainRequest, OnDemand, PoolHealth, PoolList, PoolMetrics, PoolReadiness, Readiness,
+    ReloadRequest, ReloadResponse,
 };
 pub use session::SessionInfo;
 pub use sse::{

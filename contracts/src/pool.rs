@@ -59,6 +59,26 @@ pub struct PoolHealth {
     pub queue_depth: u32,
     pub last_error: Option<String>,
     pub metrics: PoolMetrics,
+    /// Present for a pool loaded on demand from `models.dirs` (MOD-FOLDER-7): when it
+    /// unloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_demand: Option<OnDemand>,
+}
+
+/// How long an on-demand pool stays loaded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[schema(example = json!({"model": "gemma-3-270m-q4_k_m", "keep_alive_s": 300, "unloads_in_ms": 254000}))]
+pub struct OnDemand {
+    /// The model it was loaded for.
+    pub model: String,
+    /// Seconds it stays loaded once idle (the last request's `keep_alive`, else
+    /// `models.keep_alive_s`); absent: until the memory budget needs its room, a drain or an
+    /// unload call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_alive_s: Option<u64>,
+    /// While it is idle and a keep-alive applies: milliseconds until it unloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unloads_in_ms: Option<u64>,
 }
 
 /// `GET /v1/pools`.

@@ -572,3 +572,73 @@ async fn tenants_shows_weights_tasks_and_quotas() {
         ctl(&base, Some(ADMIN_KEY), &["tasks", "cancel", id]).await;
     }
 }
+
+/// MOD-FOLDER-7: `orchctl pools` says when each pool unloads — `-` for a configured pool, the
+/// time left for an idle on-demand one (`models.keep_alive_s`, then the last request's
+/// `keep_alive`), `kept` when a request asked for it to stay — and `--json` carries the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pools_say_when_on_demand_models_unload() {
+    let dir = scratch("ctl-on-demand");
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = std::fs::canonicalize(default_model_path()).unwrap();
+    std::os::unix::fs::symlink(&model, dir.join("od-smol.gguf")).unwrap();
+    let (_p, base) = server(&dir, 1).await;
+    let generate = |keep: Value| {
+        let base = base.clone();
+        async move {
+            let r = reqwest::Client::new()
+                .post(format!("{base}/api/generate"))
+                .bearer_auth(DATA_KEY)
+                .json(&json!({"model": "od-smol", "prompt": "Hi", "stream": false,
+                              "options": {"num_predict": 2}, "keep_alive": keep}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200, "{}", r.text().await.unwrap_or_default());
+        }
+    };
+    generate(json!("10m")).await;
+    let out = ctl(&base, Some(ADMIN_KEY), &["pools"]).await;
+    assert_eq!(code(&out), 0, "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    let row = |id: &str| {
+        table
+            .lines()
+            .find(|l| l.starts_with(id))
+            .unwrap_or_else(|| panic!("no {id} row: {table}"))
+            .to_string()
+    };
+    assert!(table.lines().next().unwrap().contains("UNLOADS"), "{table}");
+    assert!(row("p1 ").trim_end().ends_with(" -"), "{table}");
+    // idle, ten minutes from the request's end: "in 9m 5xs"
+    assert!(row("auto-od-smol").contains(" in 9m"), "{table}");
+    let out = ctl(&base, Some(ADMIN_KEY), &["pools", "--json"]).await;
+    let v = stdout_json(&out);
+    let pools = v["pools"].as_array().unwrap();
+    let od = pools
+        .iter()
+        .find(|p| p["pool_id"] == "auto-od-smol")
+        .unwrap();
+    assert_eq!(od["on_demand"]["model"], "od-smol");
+    assert_eq!(od["on_demand"]["keep_alive_s"], 600);
+    let left = od["on_demand"]["unloads_in_ms"].as_u64().unwrap();
+    assert!((540_000..=600_000).contains(&left), "{left}");
+    let p1 = pools.iter().find(|p| p["pool_id"] == "p1").unwrap();
+    assert!(p1.get("on_demand").is_none(), "{p1}");
+    // a negative keep_alive keeps it
+    generate(json!(-1)).await;
+    let out = ctl(&base, Some(ADMIN_KEY), &["pools"]).await;
+    let table = text(&out.stdout);
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("auto-od-smol"))
+        .unwrap();
+    assert!(row.trim_end().ends_with("kept"), "{table}");
+    let out = ctl(&base, Some(ADMIN_KEY), &["health", "auto-od-smol"]).await;
+    assert!(
+        text(&out.stdout).contains("on demand unloads kept"),
+        "{}",
+        text(&out.stdout)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -139,6 +139,26 @@ impl ModelsFolder {
         self.owned.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// When an on-demand pool unloads (`None` for any other pool).
+    pub fn on_demand(&self, pool: &Pool) -> Option<contracts::OnDemand> {
+        let owned = self.owned();
+        let o = owned.get(pool.id())?;
+        let keep = match o.keep_alive {
+            Some(keep_alive::KeepAlive::Forever) => None,
+            Some(keep_alive::KeepAlive::For(d)) => Some(d),
+            None if self.cfg.keep_alive_s > 0 => Some(Duration::from_secs(self.cfg.keep_alive_s)),
+            None => None,
+        };
+        let idle = pool.slots_busy() == 0 && pool.state() == PoolState::Ready;
+        Some(contracts::OnDemand {
+            model: o.model.clone(),
+            keep_alive_s: keep.map(|d| d.as_secs()),
+            unloads_in_ms: keep
+                .filter(|_| idle)
+                .map(|d| d.saturating_sub(o.last_used.elapsed()).as_millis() as u64),
+        })
+    }
+
     /// Whether `pool_id` is an on-demand pool.
     pub fn owns(&self, pool_id: &str) -> bool {
         self.owned().contains_key(pool_id)

@@ -57,6 +57,7 @@ fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
             prompt_tokens_reused: s.prompt_tokens_reused,
             prompt_cache_bytes: s.prompt_cache_bytes,
         },
+        on_demand: state.models_folder.on_demand(pool),
     }
 }
 

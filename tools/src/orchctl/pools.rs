@@ -38,13 +38,37 @@ pub async fn list(ctl: &Ctl) -> Result<Output, CtlError> {
                 p.state.clone(),
                 format!("{}/{}", p.metrics.slots_busy, p.slots_total),
                 p.queue_depth.to_string(),
+                unloads(p),
             ]
         })
         .collect();
     Ok(Output {
-        human: table::render(&["POOL", "KIND", "MODEL", "STATE", "BUSY", "QUEUE"], &rows),
+        human: table::render(
+            &["POOL", "KIND", "MODEL", "STATE", "BUSY", "QUEUE", "UNLOADS"],
+            &rows,
+        ),
         json: json!(list),
     })
+}
+
+/// When a pool unloads: `-` for a configured pool (it stays); an on-demand pool's time left
+/// while idle, `when idle` / `in use` otherwise, or `kept` with no keep-alive.
+fn unloads(p: &PoolHealth) -> String {
+    let Some(o) = &p.on_demand else {
+        return "-".into();
+    };
+    match (o.keep_alive_s, o.unloads_in_ms) {
+        (None, _) => "kept".into(),
+        (Some(_), Some(ms)) => format!(
+            "in {}",
+            humantime::format_duration(Duration::from_secs(ms.div_ceil(1000)))
+        ),
+        (Some(0), None) => "when idle".into(),
+        (Some(s), None) => format!(
+            "{} after idle",
+            humantime::format_duration(Duration::from_secs(s))
+        ),
+    }
 }
 
 fn describe(h: &PoolHealth) -> String {
@@ -86,6 +110,9 @@ fn describe(h: &PoolHealth) -> String {
             "  circuit   open after {} failed loads\n",
             m.consecutive_failures
         ));
+    }
+    if h.on_demand.is_some() {
+        s.push_str(&format!("  on demand unloads {}\n", unloads(h)));
     }
     if let Some(e) = &h.last_error {
         s.push_str(&format!("  error     {e}\n"));
