@@ -550,8 +550,9 @@ pub struct ModelsConfig {
     /// Seconds an on-demand pool stays loaded with nothing to do (0 = until the budget needs
     /// its memory).
     pub keep_alive_s: u64,
-    /// The most the on-demand pools may hold together (weights and KV caches, MiB; 0 = no
-    /// bound): loading one past it first unloads the least recently used idle ones.
+    /// The most the pools of this process may hold together (weights and KV caches, MiB; 0 =
+    /// no bound): loading an on-demand one past it first unloads the least recently used idle
+    /// on-demand ones. Configured pools count and are pinned resident (never unloaded by it).
     pub memory_budget_mib: u64,
     /// Slots of an on-demand pool.
     pub slots: usize,

@@ -447,3 +447,42 @@ async fn a_requests_keep_alive_decides_when_its_model_unloads() {
     assert!(v["error"].as_str().unwrap().contains("keep_alive"), "{v}");
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// MOD-FOLDER-8: a configured pool counts in the memory budget and is pinned: Gemma 3 alone
+/// fits the budget but not beside the configured SmolLM2 pool, so a request for it is a 400
+/// saying what the configured pools hold, and the configured pool goes on answering; with
+/// room for both, Gemma loads beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn configured_pools_count_in_the_budget_and_stay() {
+    let dir = folder("pinned", &[("pin-gemma", gemma_path())]);
+    let start = |budget_mib: u64| {
+        let mut cfg = folder_config(&dir, budget_mib, 300);
+        cfg.pools = vec![orchestratord::config::PoolConfig {
+            alias: Some("pinned-smol".into()),
+            slots: 1,
+            ctx: 512,
+            ..orchestratord::config::PoolConfig::new("p1", &default_model_path())
+        }];
+        start_with(cfg, Arc::new(pool_manager::candle::CandleFactory))
+    };
+    // Gemma's estimate: 241 MiB of file + 64 MiB of KV cache = 305 MiB < 340 MiB
+    let s = start(340).await;
+    let r = chat(&s, "pin-gemma", "Hi").await;
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    let msg = v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(msg.contains("configured pools"), "{v}");
+    assert_eq!(v["error"]["param"], "model", "{v}");
+    assert_eq!(pool_ids(&s).await, vec!["p1"]);
+    assert_eq!(chat(&s, "pinned-smol", "Hi").await.status(), 200);
+    drop(s);
+    let s = start(1024).await;
+    assert_eq!(chat(&s, "pin-gemma", "Hi").await.status(), 200);
+    let mut ids = pool_ids(&s).await;
+    ids.sort();
+    assert_eq!(ids, vec!["auto-pin-gemma", "p1"]);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -312,8 +312,25 @@ impl ModelsFolder {
         }
     }
 
+    /// What the pools of this process that are not on demand hold (configured pools and
+    /// engines added over the API): they count in the budget and are pinned resident — the
+    /// budget never unloads them. A pool still loading counts its model file.
+    fn pinned_bytes(pools: &[Arc<Pool>], owned: &HashMap<String, Owned>) -> u64 {
+        pools
+            .iter()
+            .filter(|p| p.spec().is_local() && !owned.contains_key(p.id()))
+            .map(|p| {
+                let file = || std::fs::metadata(&p.spec().model_ref).map_or(0, |m| m.len());
+                match p.engine() {
+                    Some(_) => Self::resident(p, 0),
+                    None => file(),
+                }
+            })
+            .sum()
+    }
+
     /// Unloads idle on-demand pools, least recently used first, until `need` more bytes fit
-    /// the budget.
+    /// the budget beside the pinned pools.
     fn make_room(&self, state: &SharedState, need: u64, for_model: &str) -> Result<(), ApiError> {
         let budget = self.cfg.memory_budget_mib << 20;
         if budget == 0 {
@@ -331,9 +348,10 @@ impl ModelsFolder {
         }
         loop {
             let pools = state.pools.all();
-            let (used, victim) = {
+            let (used, pinned, victim) = {
                 let owned = self.owned();
-                let mut used = 0u64;
+                let pinned = Self::pinned_bytes(&pools, &owned);
+                let mut used = pinned;
                 let mut victim: Option<(Instant, Arc<Pool>)> = None;
                 for p in &pools {
                     let Some(o) = owned.get(p.id()) else { continue };
@@ -346,8 +364,19 @@ impl ModelsFolder {
                         victim = Some((o.last_used, p.clone()));
                     }
                 }
-                (used, victim)
+                (used, pinned, victim)
             };
+            if pinned + need > budget {
+                return Err(ApiError::invalid(
+                    "model",
+                    format!(
+                        "model {for_model:?} needs about {} MiB; the configured pools, which stay loaded, hold {} of the {} MiB of models.memory_budget_mib",
+                        need >> 20,
+                        pinned >> 20,
+                        budget >> 20
+                    ),
+                ));
+            }
             if used + need <= budget {
                 return Ok(());
             }
