@@ -13,6 +13,7 @@ mod cpu_quant;
 mod engine;
 mod error;
 pub mod fresh_pages;
+mod geglu;
 mod hparams;
 #[cfg(test)]
 mod kquant_parity;

@@ -341,11 +341,11 @@ impl Model {
         let x = (x + post(l.wo.forward(attn)?, &l.post_attn_norm)?)?;
         let h = candle_nn::ops::rms_norm(&x, &l.ffn_norm, eps)?;
         let [gate, up] = Linear::forward_all([&l.w_gate, &l.w_up], &h)?;
-        let gate = match self.hp.activation {
-            Activation::Silu => candle_nn::ops::silu(&gate)?,
-            Activation::GeluTanh => gate.gelu()?,
+        let act = match self.hp.activation {
+            Activation::Silu => (candle_nn::ops::silu(&gate)? * up)?,
+            Activation::GeluTanh => crate::geglu::geglu(&gate, &up)?,
         };
-        let out = post(l.w_down.forward(&(gate * up)?)?, &l.post_ffw_norm)?;
+        let out = post(l.w_down.forward(&act)?, &l.post_ffw_norm)?;
         Ok((&x + out)?)
     }
 
