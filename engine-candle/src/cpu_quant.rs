@@ -264,17 +264,36 @@ pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> V
     });
     ws.iter()
         .zip(&starts)
-        .map(|(w, &s0)| {
-            let n = w.n();
-            let mut out = vec![0f32; m * n];
-            for j in 0..n {
-                for r in 0..m {
-                    out[r * n + j] = cols[(s0 + j) * m + r];
+        .map(|(w, &s0)| transposed(&cols, s0, w.n(), m))
+        .collect()
+}
+
+/// The `m × n` result of weight rows `s0..s0 + n` from `cols` (`cols[g · m + r]`): in blocks
+/// of 32 columns, so the rows of `cols` read stay in L1 and the writes are contiguous; large
+/// results split by rows among the workers.
+fn transposed(cols: &[f32], s0: usize, n: usize, m: usize) -> Vec<f32> {
+    const COLUMNS: usize = 32;
+    let mut out = vec![0f32; m * n];
+    if m == 1 {
+        out.copy_from_slice(&cols[s0..s0 + n]);
+        return out;
+    }
+    let rows = match m * n >= 64 << 10 {
+        true => m.div_ceil(2 * current_workers()),
+        false => m,
+    };
+    par_chunks_mut(&mut out, rows * n, |c, dst| {
+        let r0 = c * rows;
+        for jb in (0..n).step_by(COLUMNS) {
+            let cols_of = |j: usize| &cols[(s0 + j) * m + r0..];
+            for (rr, row) in dst.chunks_exact_mut(n).enumerate() {
+                for j in jb..(jb + COLUMNS).min(n) {
+                    row[j] = cols_of(j)[rr];
                 }
             }
-            out
-        })
-        .collect()
+        }
+    });
+    out
 }
 
 /// One weight's `quantized_matmuls` into `out` (`m × n`).
@@ -329,6 +348,21 @@ mod tests {
             -127.0f32, -2.5, -1.5, -0.5, -0.49, 0.0, 0.5, 1.5, 2.5, 3.49, 126.5, 127.0,
         ] {
             assert_eq!((x + ROUND_MAGIC) - ROUND_MAGIC, x.round_ties_even(), "{x}");
+        }
+    }
+
+    #[test]
+    fn results_come_out_row_major_whatever_their_size() {
+        // small (one chunk), large (split among the workers, a last block of columns short)
+        for (m, n, s0) in [(3, 10, 0), (1, 7, 2), (70, 1001, 5), (130, 520, 0)] {
+            let total = s0 + n + 3;
+            let cols: Vec<f32> = (0..total * m).map(|i| i as f32).collect();
+            let out = transposed(&cols, s0, n, m);
+            for r in 0..m {
+                for j in 0..n {
+                    assert_eq!(out[r * n + j], cols[(s0 + j) * m + r], "{m}x{n} @{r},{j}");
+                }
+            }
         }
     }
 

@@ -1,29 +1,80 @@
-//! A CPU matmul for Q8_0 weights with ggml's arithmetic (`ggml_vec_dot_q8_0_q8_0`, AVX2 or
-//! AVX-512 VNNI, bit-identical):
-//! activations quantized to Q8 blocks, per block `fp16(d_w)·fp16(d_a)·Σ q_w·q_a` accumulated
-//! in eight f32 lanes. Used for the output projection (the tied Q8_0 embedding of SmolLM2),
-//! where it also lets four batched rows share each weight block.
+//! A CPU matmul for Q8_0 weights (and Q4_0 / Q5_0, whose values are Q8_0 blocks exactly):
+//! activations quantized to Q8 blocks as ggml does, weights in tiles of eight rows.
+//!
+//! At load the weights are repacked into tiles of eight rows, as `q4_1_cpu.rs` does: per
+//! 32-element block, bytes `4g..4g+4` of the eight rows side by side in one 32-byte vector,
+//! and the rows' scales as eight f32 lanes. One lane then carries one weight row: a block's
+//! exact integer dot `Σ q_w·q_a` comes out of `|q_w|` times the activation's four bytes
+//! (broadcast, with the weights' signs moved onto them) — `vpdpbusd` on AVX-512 VNNI, `maddubs`
+//! + `madd` on AVX2 — summed over the eight groups in i32; then per block and row
+//! `acc = fma(d_w·d_a, Σ, acc)`.
+//!
+//! ggml's `ggml_vec_dot_q8_0_q8_0` keeps eight partial sums per block and row and scales each
+//! (about seven instructions per 32-element block and row pair where four activation rows
+//! share the weight block); here about three and a half on VNNI. The float order differs from
+//! ggml's, which moves results by float rounding only. A row's result depends only on its
+//! weight row and its activation row: not on the batch, the tile or the instruction set.
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-#[cfg(target_arch = "x86_64")]
-use crate::cpu_quant::{hsum8, pairs_avx2, pairs_vnni};
-use crate::cpu_quant::{hsum8_portable, rows_by_dots, Acts, BlockQ81, QuantRows, Simd, QK};
+use crate::cpu_quant::{Acts, BlockQ81, QuantRows, Simd, QK};
 
-/// A `[n, k]` Q8_0 weight matrix.
+/// Weight rows per tile (the lanes of one 256-bit f32 vector).
+const ROWS: usize = 8;
+
+/// One 32-element block of a tile's eight rows.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct TileBlock {
+    /// `qs[g][4·row + i]` = element `4g + i` of that row's block.
+    qs: [[i8; 32]; 8],
+    /// The rows' scales.
+    d: [f32; ROWS],
+}
+
+/// A `[n, k]` Q8_0 weight matrix in tiles of eight rows (the last tile padded with zero
+/// rows).
 pub(crate) struct Q80Matrix {
     n: usize,
     k: usize,
-    qs: Vec<[i8; 32]>,
-    d: Vec<f32>,
+    /// `blocks[t · nb + b]`: block `b` of tile `t`.
+    blocks: Vec<TileBlock>,
+}
+
+/// One stored block's 32 values as i8.
+fn block_values(dtype: GgmlDType, c: &[u8]) -> [i8; 32] {
+    let mut b = [0i8; 32];
+    match dtype {
+        GgmlDType::Q4_0 => {
+            for (j, v) in c[2..18].iter().enumerate() {
+                b[j] = (v & 0x0f) as i8 - 8;
+                b[j + 16] = (v >> 4) as i8 - 8;
+            }
+        }
+        GgmlDType::Q5_0 => {
+            let qh = u32::from_le_bytes([c[2], c[3], c[4], c[5]]);
+            for (j, v) in c[6..22].iter().enumerate() {
+                let lo = (v & 0x0f) | (((qh >> j) & 1) << 4) as u8;
+                let hi = (v >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8;
+                b[j] = lo as i8 - 16;
+                b[j + 16] = hi as i8 - 16;
+            }
+        }
+        _ => {
+            for (o, v) in b.iter_mut().zip(&c[2..]) {
+                *o = *v as i8;
+            }
+        }
+    }
+    b
 }
 
 impl Q80Matrix {
     /// Takes the raw blocks of a 2-D Q8_0 tensor, or of a Q4_0 / Q5_0 one — whose values are
     /// whole multiples of their block's scale (−8..7 and −16..15 of it), so they are Q8_0
-    /// blocks exactly, and their products with Q8_0-quantized activations are llama.cpp's
-    /// (the integer sums are exact either way). `None` for any other tensor.
+    /// blocks exactly (the integer sums with Q8_0-quantized activations are llama.cpp's).
+    /// `None` for any other tensor.
     pub fn from_qtensor(q: &QTensor) -> Option<Self> {
         let block = match q.dtype() {
             GgmlDType::Q8_0 => 34,
@@ -36,39 +87,32 @@ impl Q80Matrix {
             return None;
         }
         let data = q.data().ok()?;
-        if data.len() != n * k / QK * block {
+        let nb = k / QK;
+        if data.len() != n * nb * block {
             return None;
         }
-        let mut qs = Vec::with_capacity(n * k / QK);
-        let mut d = Vec::with_capacity(n * k / QK);
-        for c in data.chunks_exact(block) {
-            d.push(f16::from_le_bytes([c[0], c[1]]).to_f32());
-            let mut b = [0i8; 32];
-            match q.dtype() {
-                GgmlDType::Q4_0 => {
-                    for (j, v) in c[2..18].iter().enumerate() {
-                        b[j] = (v & 0x0f) as i8 - 8;
-                        b[j + 16] = (v >> 4) as i8 - 8;
-                    }
-                }
-                GgmlDType::Q5_0 => {
-                    let qh = u32::from_le_bytes([c[2], c[3], c[4], c[5]]);
-                    for (j, v) in c[6..22].iter().enumerate() {
-                        let lo = (v & 0x0f) | (((qh >> j) & 1) << 4) as u8;
-                        let hi = (v >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8;
-                        b[j] = lo as i8 - 16;
-                        b[j + 16] = hi as i8 - 16;
-                    }
-                }
-                _ => {
-                    for (o, v) in b.iter_mut().zip(&c[2..]) {
-                        *o = *v as i8;
-                    }
+        let zero = TileBlock {
+            qs: [[0; 32]; 8],
+            d: [0.0; ROWS],
+        };
+        let mut blocks = vec![zero; n.div_ceil(ROWS) * nb];
+        for (j, row) in data.chunks_exact(nb * block).enumerate() {
+            let (t, lane) = (j / ROWS, j % ROWS);
+            for (b, c) in row.chunks_exact(block).enumerate() {
+                let tb = &mut blocks[t * nb + b];
+                tb.d[lane] = f16::from_le_bytes([c[0], c[1]]).to_f32();
+                let v = block_values(q.dtype(), c);
+                for (g, group) in tb.qs.iter_mut().enumerate() {
+                    group[4 * lane..4 * lane + 4].copy_from_slice(&v[4 * g..4 * g + 4]);
                 }
             }
-            qs.push(b);
         }
-        Some(Self { n, k, qs, d })
+        Some(Self { n, k, blocks })
+    }
+
+    fn tile(&self, t: usize) -> &[TileBlock] {
+        let nb = self.k / QK;
+        &self.blocks[t * nb..(t + 1) * nb]
     }
 }
 
@@ -82,108 +126,113 @@ impl QuantRows for Q80Matrix {
     }
 
     fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
-        let nb = self.k / QK;
-        let r = |j: usize| j * nb..(j + 1) * nb;
-        rows_by_dots(
-            j0,
-            count,
-            a.m,
-            |r| a.row(r),
-            simd,
-            out,
-            |j, rows| dot4(&self.qs[r(j)], &self.d[r(j)], rows, simd),
-            |j, row| dot(&self.qs[r(j)], &self.d[r(j)], row, simd),
-        );
-    }
-}
-
-fn dot(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81], simd: Simd) -> f32 {
-    // SAFETY: each SIMD level is only used when `Simd::detect` found its features; equal
-    // lengths (one weight row, one activation row).
-    match simd {
-        #[cfg(target_arch = "x86_64")]
-        Simd::Vnni => unsafe { dot_vnni(w, d, a) },
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => unsafe { dot_avx2(w, d, a) },
-        _ => dot_portable(w, d, a),
-    }
-}
-
-fn dot4(w: &[[i8; 32]], d: &[f32], a: [&[BlockQ81]; 4], simd: Simd) -> [f32; 4] {
-    // SAFETY: as in `dot`.
-    match simd {
-        #[cfg(target_arch = "x86_64")]
-        Simd::Vnni => unsafe { dot4_vnni(w, d, a) },
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => unsafe { dot4_avx2(w, d, a) },
-        _ => a.map(|r| dot_portable(w, d, r)),
-    }
-}
-
-/// Eight f32 lanes and ggml's pairwise horizontal sum, as the AVX2 path.
-fn dot_portable(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81]) -> f32 {
-    let mut acc = [0f32; 8];
-    for ((qw, dw), y) in w.iter().zip(d).zip(a) {
-        let scale = dw * y.d;
-        for (l, lane) in acc.iter_mut().enumerate() {
-            let s: i32 = (4 * l..4 * l + 4)
-                .map(|e| qw[e] as i32 * y.qs[e] as i32)
-                .sum();
-            *lane = (s as f32).mul_add(scale, *lane);
-        }
-    }
-    hsum8_portable(acc)
-}
-
-/// The SIMD kernels of one instruction level: `$pairs` sums u8×i8 pairs into i32 lanes; the
-/// signed weights are made unsigned (`|x|`) and their signs moved onto the activations.
-macro_rules! simd_kernels {
-    ($feat:literal, $dot:ident, $dot4:ident, $pairs:path) => {
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = $feat)]
-        unsafe fn $dot(w: &[[i8; 32]], d: &[f32], a: &[BlockQ81]) -> f32 {
-            use std::arch::x86_64::*;
-            let mut acc = _mm256_setzero_ps();
-            for ((qw, dw), y) in w.iter().zip(d).zip(a) {
-                let x = _mm256_loadu_si256(qw.as_ptr() as *const __m256i);
-                let ax = _mm256_sign_epi8(x, x);
-                let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
-                let sy = _mm256_sign_epi8(qy, x);
-                let prod = $pairs(ax, sy);
-                acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(prod), acc);
+        let (m, row) = (a.m, |r: usize| a.row(r));
+        let end = j0 + count;
+        for t in j0 / ROWS..end.div_ceil(ROWS) {
+            let tile = self.tile(t);
+            let lanes = (t * ROWS).max(j0)..((t + 1) * ROWS).min(end);
+            let mut put = |r: usize, res: &[f32; ROWS]| {
+                for j in lanes.clone() {
+                    out[(j - j0) * m + r] = res[j - t * ROWS];
+                }
+            };
+            let mut r = 0;
+            while r + 4 <= m {
+                let res = tile_dot([row(r), row(r + 1), row(r + 2), row(r + 3)], tile, simd);
+                for (i, res) in res.iter().enumerate() {
+                    put(r + i, res);
+                }
+                r += 4;
             }
-            hsum8(acc)
+            for r in r..m {
+                put(r, &tile_dot([row(r)], tile, simd)[0]);
+            }
         }
+    }
+}
 
+/// The eight rows of a tile times `R` activation rows: `[R][8]`.
+fn tile_dot<const R: usize>(
+    a: [&[BlockQ81]; R],
+    tile: &[TileBlock],
+    simd: Simd,
+) -> [[f32; ROWS]; R] {
+    match simd {
+        // SAFETY: each level is used only where `Simd::detect` found its features; each
+        // activation row has as many blocks as the tile.
         #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = $feat)]
-        unsafe fn $dot4(w: &[[i8; 32]], d: &[f32], a: [&[BlockQ81]; 4]) -> [f32; 4] {
-            use std::arch::x86_64::*;
-            let mut acc = [_mm256_setzero_ps(); 4];
-            for (b, (qw, dw)) in w.iter().zip(d).enumerate() {
-                let x = _mm256_loadu_si256(qw.as_ptr() as *const __m256i);
-                let ax = _mm256_sign_epi8(x, x);
-                for r in 0..4 {
-                    let y = &a[r][b];
-                    let qy = _mm256_load_si256(y.qs.as_ptr() as *const __m256i);
-                    let sy = _mm256_sign_epi8(qy, x);
-                    let prod = $pairs(ax, sy);
-                    let scale = _mm256_set1_ps(dw * y.d);
-                    acc[r] = _mm256_fmadd_ps(scale, _mm256_cvtepi32_ps(prod), acc[r]);
+        Simd::Vnni => unsafe { tile_dot_vnni(a, tile) },
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 => unsafe { tile_dot_avx2(a, tile) },
+        _ => a.map(|row| tile_dot_portable(row, tile)),
+    }
+}
+
+/// The arithmetic every path computes, one lane (row) at a time.
+fn tile_dot_portable(a: &[BlockQ81], tile: &[TileBlock]) -> [f32; ROWS] {
+    let mut acc = [0f32; ROWS];
+    for (tb, y) in tile.iter().zip(a) {
+        for (lane, acc) in acc.iter_mut().enumerate() {
+            let mut sum = 0i32;
+            for (g, group) in tb.qs.iter().enumerate() {
+                for i in 0..4 {
+                    sum += group[4 * lane + i] as i32 * y.qs[4 * g + i] as i32;
                 }
             }
-            [hsum8(acc[0]), hsum8(acc[1]), hsum8(acc[2]), hsum8(acc[3])]
+            *acc = (tb.d[lane] * y.d).mul_add(sum as f32, *acc);
+        }
+    }
+    acc
+}
+
+/// The SIMD kernel of one instruction level: `$pairs` sums four `|w|·(±a)` products per i32
+/// lane (exact: at most 4·128·127 in magnitude), the eight groups added in i32.
+macro_rules! tile_kernel {
+    ($feat:literal, $name:ident, $pairs:path) => {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $feat)]
+        unsafe fn $name<const R: usize>(
+            a: [&[BlockQ81]; R],
+            tile: &[TileBlock],
+        ) -> [[f32; ROWS]; R] {
+            use std::arch::x86_64::*;
+            let mut acc = [_mm256_setzero_ps(); R];
+            for (b, tb) in tile.iter().enumerate() {
+                let mut w = [_mm256_setzero_si256(); 8];
+                let mut aw = [_mm256_setzero_si256(); 8];
+                for g in 0..8 {
+                    w[g] = _mm256_load_si256(tb.qs[g].as_ptr() as *const __m256i);
+                    aw[g] = _mm256_sign_epi8(w[g], w[g]);
+                }
+                let dw = _mm256_load_ps(tb.d.as_ptr());
+                for r in 0..R {
+                    let y = &a[r][b];
+                    let p = y.qs.as_ptr();
+                    let mut sum = _mm256_setzero_si256();
+                    for g in 0..8 {
+                        // the activation's four bytes of group g, for every row
+                        let four = _mm256_set1_epi32((p.add(4 * g) as *const i32).read_unaligned());
+                        let signed = _mm256_sign_epi8(four, w[g]);
+                        sum = _mm256_add_epi32(sum, $pairs(aw[g], signed));
+                    }
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(y.d));
+                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc[r]);
+                }
+            }
+            let mut res = [[0f32; ROWS]; R];
+            for (o, v) in res.iter_mut().zip(acc) {
+                _mm256_storeu_ps(o.as_mut_ptr(), v);
+            }
+            res
         }
     };
 }
 
-simd_kernels!("avx2,fma", dot_avx2, dot4_avx2, pairs_avx2);
-simd_kernels!(
-    "avx2,fma,avx512vnni,avx512vl",
-    dot_vnni,
-    dot4_vnni,
-    pairs_vnni
-);
+#[cfg(target_arch = "x86_64")]
+use crate::cpu_quant::{pairs_avx2, pairs_vnni};
+
+tile_kernel!("avx2,fma", tile_dot_avx2, pairs_avx2);
+tile_kernel!("avx2,fma,avx512vnni,avx512vl", tile_dot_vnni, pairs_vnni);
 
 #[cfg(test)]
 mod tests {
@@ -198,6 +247,15 @@ mod tests {
             .collect();
         let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
         QTensor::quantize(&t, GgmlDType::Q8_0).unwrap()
+    }
+
+    /// Row `j`'s values and block scales, read back from the tiles.
+    fn row_of(mat: &Q80Matrix, j: usize) -> Vec<f32> {
+        let (t, lane) = (j / ROWS, j % ROWS);
+        mat.tile(t)
+            .iter()
+            .flat_map(|tb| (0..32).map(move |e| tb.qs[e / 4][4 * lane + e % 4] as f32 * tb.d[lane]))
+            .collect()
     }
 
     #[test]
@@ -231,22 +289,58 @@ mod tests {
 
     #[test]
     fn simd_and_portable_paths_agree_exactly() {
-        let q = matrix(4, 64);
-        let mat = Q80Matrix::from_qtensor(&q).unwrap();
-        let x: Vec<f32> = (0..64).map(|i| (i as f32).cos()).collect();
+        // 12 rows: a whole tile and a padded one; weights over the whole i8 range (−128
+        // included, whose magnitude is 128 only as an unsigned byte)
+        let (n, k) = (12, 96);
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| match i % 7 {
+                0 => -1.0,
+                1 => 1.0,
+                _ => ((i as f32) * 0.61).sin(),
+            })
+            .collect();
+        let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        let mut mat =
+            Q80Matrix::from_qtensor(&QTensor::quantize(&t, GgmlDType::Q8_0).unwrap()).unwrap();
+        mat.blocks[0].qs[0][0] = -128;
+        let x: Vec<f32> = (0..5 * k).map(|i| (i as f32 * 1.7).sin() * 4.0).collect();
         let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
-        for j in 0..4 {
-            let w = &mat.qs[j * 2..j * 2 + 2];
-            let d = &mat.d[j * 2..j * 2 + 2];
-            let p = dot_portable(w, d, &xq);
-            let best = Simd::detect();
-            for level in [Simd::Avx2, Simd::Vnni] {
-                if level == Simd::Avx2 && best != Simd::Portable || level == best {
-                    assert_eq!(p.to_bits(), dot(w, d, &xq, level).to_bits(), "{level:?}");
-                    let four = dot4(w, d, [&xq, &xq, &xq, &xq], level);
-                    assert!(four.iter().all(|f| f.to_bits() == p.to_bits()), "{level:?}");
+        let row = |r: usize| &xq[r * 3..(r + 1) * 3];
+        let best = Simd::detect();
+        for t in 0..2 {
+            let tile = mat.tile(t);
+            for r in 0..5 {
+                let p = tile_dot_portable(row(r), tile);
+                for level in [Simd::Avx2, Simd::Vnni] {
+                    if best == Simd::Portable || (level == Simd::Vnni && best != Simd::Vnni) {
+                        continue;
+                    }
+                    let one = tile_dot([row(r)], tile, level)[0];
+                    assert_eq!(p.map(f32::to_bits), one.map(f32::to_bits), "{level:?}");
+                    let four = tile_dot([row(r), row(0), row(r), row(4)], tile, level);
+                    assert_eq!(p.map(f32::to_bits), four[0].map(f32::to_bits));
+                    assert_eq!(p.map(f32::to_bits), four[2].map(f32::to_bits));
                 }
             }
+        }
+    }
+
+    #[test]
+    fn the_portable_loop_is_the_exact_block_sum_scaled() {
+        let q = matrix(3, 64);
+        let mat = Q80Matrix::from_qtensor(&q).unwrap();
+        let x: Vec<f32> = (0..64).map(|i| i as f32 - 31.5).collect();
+        let xq: Vec<BlockQ81> = x.chunks_exact(QK).map(quantize_q8_1).collect();
+        let got = tile_dot_portable(&xq, mat.tile(0));
+        for (j, got) in got.iter().take(3).enumerate() {
+            let mut want = 0f32;
+            for (b, tb) in mat.tile(0).iter().enumerate() {
+                let sum: i32 = (0..32)
+                    .map(|e| tb.qs[e / 4][4 * j + e % 4] as i32 * xq[b].qs[e] as i32)
+                    .sum();
+                want = (tb.d[j] * xq[b].d).mul_add(sum as f32, want);
+            }
+            assert_eq!(*got, want, "row {j}");
         }
     }
 
@@ -266,12 +360,7 @@ mod tests {
                 .to_vec1()
                 .unwrap();
             let mat = Q80Matrix::from_qtensor(&q).unwrap();
-            let got: Vec<f32> = mat
-                .qs
-                .iter()
-                .zip(&mat.d)
-                .flat_map(|(b, d)| b.iter().map(move |v| f32::from(*v) * d))
-                .collect();
+            let got: Vec<f32> = (0..n).flat_map(|j| row_of(&mat, j)).collect();
             assert_eq!(got, want, "{dtype:?}");
         }
     }
