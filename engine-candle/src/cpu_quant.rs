@@ -286,9 +286,10 @@ fn transposed(cols: &[f32], s0: usize, n: usize, m: usize) -> Vec<f32> {
         let r0 = c * rows;
         for jb in (0..n).step_by(COLUMNS) {
             let cols_of = |j: usize| &cols[(s0 + j) * m + r0..];
+            let je = (jb + COLUMNS).min(n);
             for (rr, row) in dst.chunks_exact_mut(n).enumerate() {
-                for j in jb..(jb + COLUMNS).min(n) {
-                    row[j] = cols_of(j)[rr];
+                for (j, v) in row[jb..je].iter_mut().enumerate() {
+                    *v = cols_of(jb + j)[rr];
                 }
             }
         }

@@ -5,9 +5,9 @@
 //! 32-element block, bytes `4g..4g+4` of the eight rows side by side in one 32-byte vector,
 //! and the rows' scales as eight f32 lanes. One lane then carries one weight row: a block's
 //! exact integer dot `Σ q_w·q_a` comes out of `|q_w|` times the activation's four bytes
-//! (broadcast, with the weights' signs moved onto them) — `vpdpbusd` on AVX-512 VNNI, `maddubs`
-//! + `madd` on AVX2 — summed over the eight groups in i32; then per block and row
-//! `acc = fma(d_w·d_a, Σ, acc)`.
+//! (broadcast, with the weights' signs moved onto them) — `vpdpbusd` on AVX-512 VNNI,
+//! `maddubs` and `madd` on AVX2 — summed over the eight groups in i32; then per block and
+//! row `acc = fma(d_w·d_a, Σ, acc)`.
 //!
 //! ggml's `ggml_vec_dot_q8_0_q8_0` keeps eight partial sums per block and row and scales each
 //! (about seven instructions per 32-element block and row pair where four activation rows
