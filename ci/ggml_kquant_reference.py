@@ -4,7 +4,7 @@
 or OUT.
 
 Calls the CPU backend of llama-cpp-python 0.3.36 (built from its PyPI sdist as
-ci/llama_reference.py says; PYTHONPATH=DIR) through ctypes: for Q4_K and Q6_K, random weight
+ci/llama_reference.py says; PYTHONPATH=DIR) through ctypes: for Q4_K, Q5_K and Q6_K, random weight
 rows (random bytes with finite f16 scales) and random activations, ggml's `from_float` of the
 activation type (Q8_K) and its `vec_dot`, the function llama.cpp's matmuls call per row. The
 fixture keeps the weight bytes, the activations and the result's f32 bits.
@@ -45,8 +45,7 @@ cpu.ggml_get_type_traits_cpu.argtypes = [ctypes.c_int]
 cpu.ggml_cpu_init.restype = None
 cpu.ggml_cpu_init()
 
-Q4_K, Q6_K, Q8_K = 12, 14, 15
-BLOCK_BYTES = {Q4_K: 144, Q6_K: 210}
+Q4_K, Q5_K, Q6_K, Q8_K = 12, 13, 14, 15
 Q8_K_BYTES = 4 + 256 + 32  # d (f32), qs, bsums
 
 
@@ -55,10 +54,12 @@ def f16(x):
 
 
 def block(kind, rng):
-    if kind == Q4_K:
-        # d, dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of nibbles
+    if kind in (Q4_K, Q5_K):
+        # d, dmin, 12 bytes of 6-bit scales and minimums, (Q5_K: 32 bytes of fifth bits,)
+        # 128 bytes of nibbles
+        rest = 140 if kind == Q4_K else 172
         return (f16(rng.uniform(1e-4, 2e-2)) + f16(rng.uniform(1e-4, 2e-2))
-                + bytes(rng.randrange(256) for _ in range(140)))
+                + bytes(rng.randrange(256) for _ in range(rest)))
     # ql, qh, signed scales, d
     return bytes(rng.randrange(256) for _ in range(208)) + f16(rng.uniform(1e-4, 2e-2))
 
@@ -78,7 +79,7 @@ def case(kind, blocks, rng, scale):
     VEC_DOT(traits.vec_dot)(n, ctypes.addressof(out), 0, ctypes.addressof(wb), 0,
                             ctypes.addressof(y), 0, 1)
     return {
-        "type": {Q4_K: "q4_k", Q6_K: "q6_k"}[kind],
+        "type": {Q4_K: "q4_k", Q5_K: "q5_k", Q6_K: "q6_k"}[kind],
         "blocks": blocks,
         "weight_hex": w.hex(),
         "x": x,
@@ -90,7 +91,7 @@ def main():
     out = sys.argv[1] if len(sys.argv) > 1 else "engine-candle/tests/fixtures/ggml_kquant_dots.json"
     rng = random.Random(20261126)
     cases = [case(kind, blocks, rng, scale)
-             for kind in (Q4_K, Q6_K)
+             for kind in (Q4_K, Q6_K, Q5_K)
              for blocks, scale in ((1, 1.0), (4, 0.05), (8, 3.0), (3, 20.0))]
     with open(out, "w") as f:
         json.dump({"llama_cpp_python": llama_cpp.__version__, "cases": cases}, f)

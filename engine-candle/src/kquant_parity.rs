@@ -8,6 +8,7 @@ use candle_core::Device;
 
 use crate::cpu_quant::{quantized_matmuls, QuantRows};
 use crate::q4_k_cpu::Q4KMatrix;
+use crate::q5_k_cpu::Q5KMatrix;
 use crate::q6_k_cpu::Q6KMatrix;
 
 const FIXTURE: &str = concat!(
@@ -38,6 +39,7 @@ fn cases() -> Vec<Case> {
             let k = 256 * c["blocks"].as_u64().expect("blocks") as usize;
             let dtype = match kind.as_str() {
                 "q4_k" => GgmlDType::Q4K,
+                "q5_k" => GgmlDType::Q5K,
                 _ => GgmlDType::Q6K,
             };
             let weight =
@@ -60,12 +62,13 @@ fn cases() -> Vec<Case> {
 }
 
 #[test]
-fn q4_k_and_q6_k_dots_are_ggmls_bit_for_bit() {
+fn q4_k_q5_k_and_q6_k_dots_are_ggmls_bit_for_bit() {
     let cases = cases();
-    assert_eq!(cases.len(), 8);
+    assert_eq!(cases.len(), 12);
     for (i, c) in cases.iter().enumerate() {
         let w: Box<dyn QuantRows> = match c.kind.as_str() {
             "q4_k" => Box::new(Q4KMatrix::from_qtensor(&c.weight).expect("a Q4_K row")),
+            "q5_k" => Box::new(Q5KMatrix::from_qtensor(&c.weight).expect("a Q5_K row")),
             _ => Box::new(Q6KMatrix::from_qtensor(&c.weight).expect("a Q6_K row")),
         };
         // the level this CPU runs (the dispatcher's choice) and, through four copies of the

@@ -45,7 +45,7 @@ pub(crate) struct Q4KMatrix {
 }
 
 /// ggml's `get_scale_min_k4`: sub-block `j`'s scale and minimum from the 12 packed bytes.
-fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
+pub(crate) fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {

@@ -12,6 +12,7 @@ use crate::error::{message_of, EngineError, Result};
 use crate::hparams::Hparams;
 use crate::q4_1_cpu::Q41Matrix;
 use crate::q4_k_cpu::Q4KMatrix;
+use crate::q5_k_cpu::Q5KMatrix;
 use crate::q6_k_cpu::Q6KMatrix;
 use crate::q8_0_cpu::Q80Matrix;
 
@@ -22,9 +23,9 @@ use crate::q8_0_cpu::Q80Matrix;
 /// weights as stored and multiplies them on the CPU with this crate's SIMD Q4_1×Q8_1 kernel
 /// (eight-row tiles, see `q4_1_cpu.rs`); Q8_0, and Q4_0/Q5_0 (whose values are Q8_0 blocks
 /// exactly), go through the Q8_0 kernel (`q8_0_cpu.rs`); Q5_1 (scalar in candle) is
-/// re-quantized to Q8_0; Q4_K and Q6_K (what a Q4_K_M file is mostly made of) go through
-/// this crate's K-quant kernels with llama.cpp's arithmetic (`q4_k_cpu.rs`, `q6_k_cpu.rs`);
-/// the rest (Q2_K, Q3_K, Q5_K) use candle's kernels. Figures in `.specs/engine.md`
+/// re-quantized to Q8_0; Q4_K, Q5_K and Q6_K (what Q4_K_M and Q5_K_M files are made of) go
+/// through this crate's K-quant kernels with llama.cpp's arithmetic (`q4_k_cpu.rs`,
+/// `q5_k_cpu.rs`, `q6_k_cpu.rs`); the rest (Q2_K, Q3_K) use candle's kernels. Figures in `.specs/engine.md`
 /// (ENG-WFMT-1, ENG-WFMT-2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum WeightFormat {
@@ -55,6 +56,8 @@ pub(crate) enum Linear {
     Q80(Q80Matrix),
     /// Q4_K on the CPU with llama.cpp's arithmetic, four activation rows per weight pass.
     Q4K(Q4KMatrix),
+    /// Q5_K on the CPU, likewise.
+    Q5K(Q5KMatrix),
     /// Q6_K on the CPU, likewise.
     Q6K(Q6KMatrix),
 }
@@ -87,6 +90,7 @@ impl Linear {
             Self::Q41(w) => Some(w),
             Self::Q80(w) => Some(w),
             Self::Q4K(w) => Some(w),
+            Self::Q5K(w) => Some(w),
             Self::Q6K(w) => Some(w),
         }
     }
@@ -255,6 +259,9 @@ fn linear(q: QTensor, device: &Device, format: WeightFormat) -> Result<Linear> {
         }
         if let Some(m) = Q4KMatrix::from_qtensor(&q) {
             return Ok(Linear::Q4K(m));
+        }
+        if let Some(m) = Q5KMatrix::from_qtensor(&q) {
+            return Ok(Linear::Q5K(m));
         }
         if let Some(m) = Q6KMatrix::from_qtensor(&q) {
             return Ok(Linear::Q6K(m));
