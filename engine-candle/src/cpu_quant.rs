@@ -304,6 +304,44 @@ pub(crate) fn matmul_into(w: &dyn QuantRows, x: &[f32], m: usize, out: &mut [f32
     out.copy_from_slice(&r[0]);
 }
 
+/// Weight rows per tile of the tiled kernels (`q4_1_cpu.rs`, `q8_0_cpu.rs`): the lanes of one
+/// 256-bit f32 vector, a weight row each.
+pub(crate) const TILE_ROWS: usize = 8;
+
+/// `QuantRows::rows_into` for weights in tiles of [`TILE_ROWS`] rows: `dot4(t, rows)`
+/// multiplies tile `t` by four activation rows, `dot1(t, row)` by one (the same arithmetic
+/// per row, so a result depends on neither the batch nor the rows asked for).
+pub(crate) fn rows_by_tiles(
+    j0: usize,
+    count: usize,
+    a: Acts<'_>,
+    out: &mut [f32],
+    dot4: impl Fn(usize, [&[BlockQ81]; 4]) -> [[f32; TILE_ROWS]; 4],
+    dot1: impl Fn(usize, &[BlockQ81]) -> [f32; TILE_ROWS],
+) {
+    let (m, row) = (a.m, |r: usize| a.row(r));
+    let end = j0 + count;
+    for t in j0 / TILE_ROWS..end.div_ceil(TILE_ROWS) {
+        let lanes = (t * TILE_ROWS).max(j0)..((t + 1) * TILE_ROWS).min(end);
+        let mut put = |r: usize, res: &[f32; TILE_ROWS]| {
+            for j in lanes.clone() {
+                out[(j - j0) * m + r] = res[j - t * TILE_ROWS];
+            }
+        };
+        let mut r = 0;
+        while r + 4 <= m {
+            let res = dot4(t, [row(r), row(r + 1), row(r + 2), row(r + 3)]);
+            for (i, res) in res.iter().enumerate() {
+                put(r + i, res);
+            }
+            r += 4;
+        }
+        for r in r..m {
+            put(r, &dot1(t, row(r)));
+        }
+    }
+}
+
 /// Weight rows that share each group of four activation rows while it is in L1.
 const WEIGHT_ROWS_PER_TILE: usize = 16;
 

@@ -17,6 +17,7 @@ mod geglu;
 mod hparams;
 #[cfg(test)]
 mod kquant_parity;
+mod kquant_rows;
 mod kv_type;
 mod model;
 pub mod model_facts;

@@ -7,25 +7,23 @@
 //! CPU matmul visits the activation rows one by one, so a prompt pass re-reads and re-unpacks
 //! every weight row once per token. Here the six-bit scales and minimums are unpacked at load,
 //! and each weight super-block is unpacked once for four activation rows
-//! ([`rows_by_dots`]), on the parallel row loop every own kernel shares.
+//! (`kquant_rows.rs`), on the parallel row loop every own kernel shares.
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::GgmlDType;
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::hsum8;
-use crate::cpu_quant::{
-    hsum8_portable, rows_by_dots, ActBlocks, Acts, BlockQ8K, QuantRows, Simd, QK_K,
-};
+use crate::cpu_quant::{hsum8_portable, BlockQ8K};
+use crate::kquant_rows::{KMatrix, SuperBlock};
 
-/// Bytes of one stored Q4_K super-block: d, dmin (f16), 12 bytes of packed scales and
-/// minimums, 128 bytes of 4-bit values.
-const STORED: usize = 144;
+/// A `[n, k]` Q4_K weight matrix.
+pub(crate) type Q4KMatrix = KMatrix<Q4KBlock>;
 
 /// One Q4_K super-block, scales unpacked.
 #[derive(Clone, Copy)]
 #[repr(C)]
-struct Super {
+pub(crate) struct Q4KBlock {
     /// As stored: bytes `32j..32j + 32` hold elements `64j..64j + 32` in their low nibbles
     /// and `64j + 32..64j + 64` in their high nibbles.
     qs: [u8; 128],
@@ -34,14 +32,6 @@ struct Super {
     mins: [u8; 8],
     d: f32,
     dmin: f32,
-}
-
-/// A `[n, k]` Q4_K weight matrix.
-pub(crate) struct Q4KMatrix {
-    n: usize,
-    k: usize,
-    /// `blocks[j · k / 256 + b]`: super-block `b` of row `j`.
-    blocks: Vec<Super>,
 }
 
 /// ggml's `get_scale_min_k4`: sub-block `j`'s scale and minimum from the 12 packed bytes.
@@ -56,91 +46,38 @@ pub(crate) fn scale_min(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
-impl Q4KMatrix {
-    /// Takes the raw blocks of a 2-D Q4_K tensor; `None` for any other tensor.
-    pub fn from_qtensor(q: &QTensor) -> Option<Self> {
-        if q.dtype() != GgmlDType::Q4K {
-            return None;
+impl SuperBlock for Q4KBlock {
+    const DTYPE: GgmlDType = GgmlDType::Q4K;
+    /// d, dmin (f16), 12 bytes of packed scales and minimums, 128 bytes of 4-bit values.
+    const STORED: usize = 144;
+
+    fn unpack(c: &[u8]) -> Self {
+        let mut s = Self {
+            qs: [0; 128],
+            sc: [0; 8],
+            mins: [0; 8],
+            d: f16::from_le_bytes([c[0], c[1]]).to_f32(),
+            dmin: f16::from_le_bytes([c[2], c[3]]).to_f32(),
+        };
+        for j in 0..8 {
+            (s.sc[j], s.mins[j]) = scale_min(j, &c[4..16]);
         }
-        let (n, k) = q.shape().dims2().ok()?;
-        let data = q.data().ok()?;
-        if k % QK_K != 0 || data.len() != n * k / QK_K * STORED {
-            return None;
-        }
-        let blocks = data
-            .chunks_exact(STORED)
-            .map(|c| {
-                let mut s = Super {
-                    qs: [0; 128],
-                    sc: [0; 8],
-                    mins: [0; 8],
-                    d: f16::from_le_bytes([c[0], c[1]]).to_f32(),
-                    dmin: f16::from_le_bytes([c[2], c[3]]).to_f32(),
-                };
-                for j in 0..8 {
-                    (s.sc[j], s.mins[j]) = scale_min(j, &c[4..16]);
-                }
-                s.qs.copy_from_slice(&c[16..]);
-                s
-            })
-            .collect();
-        Some(Self { n, k, blocks })
+        s.qs.copy_from_slice(&c[16..]);
+        s
     }
 
-    fn row(&self, j: usize) -> &[Super] {
-        let nb = self.k / QK_K;
-        &self.blocks[j * nb..(j + 1) * nb]
-    }
-}
-
-impl QuantRows for Q4KMatrix {
-    fn n(&self) -> usize {
-        self.n
+    fn dot_portable(w: &[Self], a: &[BlockQ8K]) -> f32 {
+        dot_portable(w, a)
     }
 
-    fn k(&self) -> usize {
-        self.k
-    }
-
-    fn act_blocks(&self) -> ActBlocks {
-        ActBlocks::Q8K
-    }
-
-    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
-        rows_by_dots(
-            j0,
-            count,
-            a.m,
-            |r| a.row_k(r),
-            simd,
-            out,
-            |j, rows| dot4(self.row(j), rows, simd),
-            |j, row| dot(self.row(j), row, simd),
-        );
-    }
-}
-
-fn dot(w: &[Super], a: &[BlockQ8K], simd: Simd) -> f32 {
-    match simd {
-        // SAFETY: AVX2 and FMA were detected (every level above portable has them); one
-        // weight row and one activation row of equal length.
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 | Simd::Vnni => unsafe { dots_avx2([a], w)[0] },
-        _ => dot_portable(w, a),
-    }
-}
-
-fn dot4(w: &[Super], a: [&[BlockQ8K]; 4], simd: Simd) -> [f32; 4] {
-    match simd {
-        // SAFETY: as in `dot`.
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 | Simd::Vnni => unsafe { dots_avx2(a, w) },
-        _ => a.map(|r| dot_portable(w, r)),
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dots_avx2<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
+        dots_avx2(w, a)
     }
 }
 
 /// The arithmetic of the AVX2 path, lane by lane.
-fn dot_portable(w: &[Super], a: &[BlockQ8K]) -> f32 {
+fn dot_portable(w: &[Q4KBlock], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     let mut acc_m = [0f32; 4];
     for (s, y) in w.iter().zip(a) {
@@ -174,7 +111,7 @@ fn dot_portable(w: &[Super], a: &[BlockQ8K]) -> f32 {
 /// One weight row against `R` activation rows, each super-block's values unpacked once.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dots_avx2<const R: usize>(a: [&[BlockQ8K]; R], w: &[Super]) -> [f32; R] {
+unsafe fn dots_avx2<const R: usize>(w: &[Q4KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
     use std::arch::x86_64::*;
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = [_mm256_setzero_ps(); R];
@@ -223,112 +160,33 @@ unsafe fn dots_avx2<const R: usize>(a: [&[BlockQ8K]; R], w: &[Super]) -> [f32; R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu_quant::{matmul_into, quantize_q8_k};
-    use candle_core::{Device, Module, Tensor};
-
-    fn matrix(n: usize, k: usize, seed: usize) -> QTensor {
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| (((i + seed) * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.3)
-            .collect();
-        let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
-        QTensor::quantize(&t, GgmlDType::Q4K).unwrap()
-    }
-
-    fn acts(m: usize, k: usize) -> Vec<f32> {
-        (0..m * k).map(|i| (i as f32 * 0.731).sin() * 3.0).collect()
-    }
+    use crate::cpu_quant::quantize_q8_k;
+    use crate::kquant_rows::checks;
 
     #[test]
-    fn matches_the_dequantized_product_closely() {
-        let (n, k, m) = (24, 512, 3);
-        let q = matrix(n, k, 0);
-        let deq: Vec<f32> = q
-            .dequantize(&Device::Cpu)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        let mat = Q4KMatrix::from_qtensor(&q).unwrap();
-        let x = acts(m, k);
-        let mut out = vec![0f32; m * n];
-        matmul_into(&mat, &x, m, &mut out);
-        for r in 0..m {
-            for j in 0..n {
-                let exact: f32 = (0..k).map(|i| x[r * k + i] * deq[j * k + i]).sum();
-                // activations are 8-bit: allow their rounding
-                let err = (out[r * n + j] - exact).abs();
-                assert!(
-                    err < 0.02 * exact.abs().max(4.0),
-                    "{r},{j}: {} vs {exact}",
-                    out[r * n + j]
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn agrees_with_candles_q4_k_kernel() {
-        let (n, k, m) = (40, 768, 5);
-        let q = matrix(n, k, 3);
-        let mat = Q4KMatrix::from_qtensor(&q).unwrap();
-        let x = acts(m, k);
-        let mut out = vec![0f32; m * n];
-        matmul_into(&mat, &x, m, &mut out);
-        let qm = candle_core::quantized::QMatMul::from_qtensor(q).unwrap();
-        let xt = Tensor::from_vec(x, (m, k), &Device::Cpu).unwrap();
-        let theirs: Vec<f32> = qm
-            .forward(&xt)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        // the same integer sums; candle quantizes activations to ±128 where ggml (and we)
-        // use ±127, and adds in another order
-        for (a, b) in out.iter().zip(&theirs) {
-            assert!((a - b).abs() <= 2e-2 * b.abs().max(1.0), "{a} vs {b}");
-        }
+    fn agrees_with_candle_and_the_dequantized_product() {
+        checks::agrees_with_candle_and_the_dequantized_product::<Q4KBlock>();
     }
 
     #[test]
     fn simd_and_portable_paths_agree_exactly_at_any_batch() {
-        let (n, k) = (12, 512);
-        let mat = Q4KMatrix::from_qtensor(&matrix(n, k, 1)).unwrap();
-        let x = acts(6, k);
-        let xk: Vec<BlockQ8K> = x.chunks_exact(QK_K).map(quantize_q8_k).collect();
-        let row = |r: usize| &xk[2 * r..2 * r + 2];
-        for j in 0..n {
-            for r in 0..6 {
-                let p = dot_portable(mat.row(j), row(r));
-                for level in [Simd::detect(), Simd::Portable] {
-                    assert_eq!(dot(mat.row(j), row(r), level).to_bits(), p.to_bits());
-                    let four = dot4(mat.row(j), [row(r), row(0), row(5), row(r)], level);
-                    assert_eq!(
-                        (four[0].to_bits(), four[3].to_bits()),
-                        (p.to_bits(), p.to_bits())
-                    );
-                }
-            }
-        }
-        let mut all = vec![0f32; 6 * n];
-        matmul_into(&mat, &x, 6, &mut all);
-        for r in 0..6 {
-            let mut one = vec![0f32; n];
-            matmul_into(&mat, &x[r * k..(r + 1) * k], 1, &mut one);
-            assert_eq!(one, all[r * n..(r + 1) * n]);
-        }
+        checks::simd_and_portable_agree_exactly_at_any_batch::<Q4KBlock>();
+    }
+
+    #[test]
+    fn other_types_are_not_taken() {
+        checks::other_types_are_not_taken::<Q4KBlock>();
     }
 
     #[test]
     fn the_portable_sum_is_the_scaled_integer_sum() {
         // one super-block: d·d_a·Σ_j sc_j Σ q_w q_a − dmin·d_a·Σ_j m_j Σ q_a, up to float order
-        let q = matrix(1, QK_K, 7);
+        let q = checks::quantized(GgmlDType::Q4K, 1, 256, 7);
         let mat = Q4KMatrix::from_qtensor(&q).unwrap();
         let s = &mat.row(0)[0];
-        let y = quantize_q8_k(&acts(1, QK_K));
+        let y = quantize_q8_k(&checks::acts(1, 256));
         let (mut si, mut mi) = (0i64, 0i64);
-        for e in 0..QK_K {
+        for e in 0..256 {
             let (j, l) = (e / 64, e % 64);
             let (sub, nib) = match l < 32 {
                 true => (2 * j, s.qs[32 * j + l] & 0xF),
@@ -343,12 +201,5 @@ mod tests {
             (got - want).abs() <= 1e-5 * want.abs().max(1.0),
             "{got} vs {want}"
         );
-    }
-
-    #[test]
-    fn other_types_are_not_taken() {
-        let t = Tensor::zeros((4, 256), candle_core::DType::F32, &Device::Cpu).unwrap();
-        let q = QTensor::quantize(&t, GgmlDType::Q6K).unwrap();
-        assert!(Q4KMatrix::from_qtensor(&q).is_none());
     }
 }

@@ -7,25 +7,23 @@
 //! The six-bit values are unpacked to one byte each at load (256 bytes a super-block where
 //! the file holds 210), so a kernel step is one load where candle's and ggml's spend about
 //! ten instructions reassembling 32 values from their low and high bits; each weight row
-//! meets four activation rows at once ([`rows_by_dots`]).
+//! meets four activation rows at once (`kquant_rows.rs`).
 
-use candle_core::quantized::{GgmlDType, QTensor};
+use candle_core::quantized::GgmlDType;
 use half::f16;
 
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::hsum8;
-use crate::cpu_quant::{
-    hsum8_portable, rows_by_dots, ActBlocks, Acts, BlockQ8K, QuantRows, Simd, QK_K,
-};
+use crate::cpu_quant::{hsum8_portable, BlockQ8K, QK_K};
+use crate::kquant_rows::{KMatrix, SuperBlock};
 
-/// Bytes of one stored Q6_K super-block: 128 bytes of low 4 bits, 64 of high 2 bits, 16
-/// signed 8-bit group scales, d (f16).
-const STORED: usize = 210;
+/// A `[n, k]` Q6_K weight matrix.
+pub(crate) type Q6KMatrix = KMatrix<Q6KBlock>;
 
 /// One Q6_K super-block, unpacked.
 #[derive(Clone, Copy)]
 #[repr(C)]
-struct Super {
+pub(crate) struct Q6KBlock {
     /// Element `e`'s value plus 32 (0..63), in element order.
     q: [u8; QK_K],
     /// The scale of elements `16i..16i + 16`.
@@ -33,19 +31,30 @@ struct Super {
     d: f32,
 }
 
-/// A `[n, k]` Q6_K weight matrix.
-pub(crate) struct Q6KMatrix {
-    n: usize,
-    k: usize,
-    /// `blocks[j · k / 256 + b]`: super-block `b` of row `j`.
-    blocks: Vec<Super>,
+impl SuperBlock for Q6KBlock {
+    const DTYPE: GgmlDType = GgmlDType::Q6K;
+    /// 128 bytes of low 4 bits, 64 of high 2 bits, 16 signed 8-bit group scales, d (f16).
+    const STORED: usize = 210;
+
+    fn unpack(c: &[u8]) -> Self {
+        unpack(c)
+    }
+
+    fn dot_portable(w: &[Self], a: &[BlockQ8K]) -> f32 {
+        dot_portable(w, a)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dots_avx2<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
+        dots_avx2(w, a)
+    }
 }
 
 /// ggml's layout (`dequantize_row_q6_K`): per 128 elements, 64 bytes of low nibbles and 32
 /// bytes whose bit pairs are the high bits of four 32-element runs.
-fn unpack(c: &[u8]) -> Super {
+fn unpack(c: &[u8]) -> Q6KBlock {
     let (ql, qh, sc) = (&c[..128], &c[128..192], &c[192..208]);
-    let mut s = Super {
+    let mut s = Q6KBlock {
         q: [0; QK_K],
         scales: [0; 16],
         d: f16::from_le_bytes([c[208], c[209]]).to_f32(),
@@ -65,76 +74,9 @@ fn unpack(c: &[u8]) -> Super {
     s
 }
 
-impl Q6KMatrix {
-    /// Takes the raw blocks of a 2-D Q6_K tensor; `None` for any other tensor.
-    pub fn from_qtensor(q: &QTensor) -> Option<Self> {
-        if q.dtype() != GgmlDType::Q6K {
-            return None;
-        }
-        let (n, k) = q.shape().dims2().ok()?;
-        let data = q.data().ok()?;
-        if k % QK_K != 0 || data.len() != n * k / QK_K * STORED {
-            return None;
-        }
-        let blocks = data.chunks_exact(STORED).map(unpack).collect();
-        Some(Self { n, k, blocks })
-    }
-
-    fn row(&self, j: usize) -> &[Super] {
-        let nb = self.k / QK_K;
-        &self.blocks[j * nb..(j + 1) * nb]
-    }
-}
-
-impl QuantRows for Q6KMatrix {
-    fn n(&self) -> usize {
-        self.n
-    }
-
-    fn k(&self) -> usize {
-        self.k
-    }
-
-    fn act_blocks(&self) -> ActBlocks {
-        ActBlocks::Q8K
-    }
-
-    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
-        rows_by_dots(
-            j0,
-            count,
-            a.m,
-            |r| a.row_k(r),
-            simd,
-            out,
-            |j, rows| dot4(self.row(j), rows, simd),
-            |j, row| dot(self.row(j), row, simd),
-        );
-    }
-}
-
-fn dot(w: &[Super], a: &[BlockQ8K], simd: Simd) -> f32 {
-    match simd {
-        // SAFETY: AVX2 and FMA were detected (every level above portable has them); one
-        // weight row and one activation row of equal length.
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 | Simd::Vnni => unsafe { dots_avx2([a], w)[0] },
-        _ => dot_portable(w, a),
-    }
-}
-
-fn dot4(w: &[Super], a: [&[BlockQ8K]; 4], simd: Simd) -> [f32; 4] {
-    match simd {
-        // SAFETY: as in `dot`.
-        #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 | Simd::Vnni => unsafe { dots_avx2(a, w) },
-        _ => a.map(|r| dot_portable(w, r)),
-    }
-}
-
 /// The arithmetic of the AVX2 path, lane by lane: lane `l` of 32-element run `c` holds
 /// elements `32c + 4l..32c + 4l + 4`, whose group is `2c + l / 4`.
-fn dot_portable(w: &[Super], a: &[BlockQ8K]) -> f32 {
+fn dot_portable(w: &[Q6KBlock], a: &[BlockQ8K]) -> f32 {
     let mut acc = [0f32; 8];
     for (s, y) in w.iter().zip(a) {
         let d = y.d * s.d;
@@ -178,7 +120,7 @@ const SCALE_PAIRS: [[u8; 16]; 8] = {
 /// One weight row against `R` activation rows, each super-block's scales expanded once.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dots_avx2<const R: usize>(a: [&[BlockQ8K]; R], w: &[Super]) -> [f32; R] {
+unsafe fn dots_avx2<const R: usize>(w: &[Q6KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
     use std::arch::x86_64::*;
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, s) in w.iter().enumerate() {
@@ -211,33 +153,19 @@ unsafe fn dots_avx2<const R: usize>(a: [&[BlockQ8K]; R], w: &[Super]) -> [f32; R
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu_quant::{matmul_into, quantize_q8_k};
-    use candle_core::{Device, Module, Tensor};
-
-    fn matrix(n: usize, k: usize, seed: usize) -> QTensor {
-        let w: Vec<f32> = (0..n * k)
-            .map(|i| (((i + seed) * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.3)
-            .collect();
-        let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
-        QTensor::quantize(&t, GgmlDType::Q6K).unwrap()
-    }
-
-    fn acts(m: usize, k: usize) -> Vec<f32> {
-        (0..m * k).map(|i| (i as f32 * 0.731).sin() * 3.0).collect()
-    }
-
-    fn dequantized(q: &QTensor) -> Vec<f32> {
-        let t = q.dequantize(&Device::Cpu).unwrap();
-        t.flatten_all().unwrap().to_vec1().unwrap()
-    }
+    use crate::cpu_quant::quantize_q8_k;
+    use crate::kquant_rows::checks;
+    use candle_core::Device;
 
     #[test]
     fn unpacking_gives_the_stored_values() {
         // candle's dequantization of the same blocks: d · scale · (q − 32) element by element
-        let q = matrix(3, 512, 5);
-        let deq = dequantized(&q);
+        let q = checks::quantized(GgmlDType::Q6K, 3, 512, 5);
+        let t = q.dequantize(&Device::Cpu).unwrap();
+        let deq: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
         let mat = Q6KMatrix::from_qtensor(&q).unwrap();
-        for (i, s) in mat.blocks.iter().enumerate() {
+        for i in 0..6 {
+            let s = &mat.row(i / 2)[i % 2];
             for e in 0..QK_K {
                 let v = s.d * s.scales[e / 16] as f32 * (s.q[e] as i32 - 32) as f32;
                 assert_eq!(v, deq[i * QK_K + e], "block {i} element {e}");
@@ -246,84 +174,26 @@ mod tests {
     }
 
     #[test]
-    fn matches_the_dequantized_product_closely() {
-        let (n, k, m) = (24, 512, 3);
-        let q = matrix(n, k, 0);
-        let deq = dequantized(&q);
-        let mat = Q6KMatrix::from_qtensor(&q).unwrap();
-        let x = acts(m, k);
-        let mut out = vec![0f32; m * n];
-        matmul_into(&mat, &x, m, &mut out);
-        for r in 0..m {
-            for j in 0..n {
-                let exact: f32 = (0..k).map(|i| x[r * k + i] * deq[j * k + i]).sum();
-                let err = (out[r * n + j] - exact).abs();
-                assert!(
-                    err < 0.02 * exact.abs().max(4.0),
-                    "{r},{j}: {} vs {exact}",
-                    out[r * n + j]
-                );
-            }
-        }
-    }
-
-    #[test]
-    fn agrees_with_candles_q6_k_kernel() {
-        let (n, k, m) = (40, 768, 5);
-        let q = matrix(n, k, 3);
-        let mat = Q6KMatrix::from_qtensor(&q).unwrap();
-        let x = acts(m, k);
-        let mut out = vec![0f32; m * n];
-        matmul_into(&mat, &x, m, &mut out);
-        let qm = candle_core::quantized::QMatMul::from_qtensor(q).unwrap();
-        let xt = Tensor::from_vec(x, (m, k), &Device::Cpu).unwrap();
-        let theirs: Vec<f32> = qm
-            .forward(&xt)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1()
-            .unwrap();
-        for (a, b) in out.iter().zip(&theirs) {
-            assert!((a - b).abs() <= 2e-2 * b.abs().max(1.0), "{a} vs {b}");
-        }
+    fn agrees_with_candle_and_the_dequantized_product() {
+        checks::agrees_with_candle_and_the_dequantized_product::<Q6KBlock>();
     }
 
     #[test]
     fn simd_and_portable_paths_agree_exactly_at_any_batch() {
-        let (n, k) = (12, 512);
-        let mat = Q6KMatrix::from_qtensor(&matrix(n, k, 1)).unwrap();
-        let x = acts(6, k);
-        let xk: Vec<BlockQ8K> = x.chunks_exact(QK_K).map(quantize_q8_k).collect();
-        let row = |r: usize| &xk[2 * r..2 * r + 2];
-        for j in 0..n {
-            for r in 0..6 {
-                let p = dot_portable(mat.row(j), row(r));
-                for level in [Simd::detect(), Simd::Portable] {
-                    assert_eq!(dot(mat.row(j), row(r), level).to_bits(), p.to_bits());
-                    let four = dot4(mat.row(j), [row(r), row(0), row(5), row(r)], level);
-                    assert_eq!(
-                        (four[0].to_bits(), four[3].to_bits()),
-                        (p.to_bits(), p.to_bits())
-                    );
-                }
-            }
-        }
-        let mut all = vec![0f32; 6 * n];
-        matmul_into(&mat, &x, 6, &mut all);
-        for r in 0..6 {
-            let mut one = vec![0f32; n];
-            matmul_into(&mat, &x[r * k..(r + 1) * k], 1, &mut one);
-            assert_eq!(one, all[r * n..(r + 1) * n]);
-        }
+        checks::simd_and_portable_agree_exactly_at_any_batch::<Q6KBlock>();
+    }
+
+    #[test]
+    fn other_types_are_not_taken() {
+        checks::other_types_are_not_taken::<Q6KBlock>();
     }
 
     #[test]
     fn the_portable_sum_is_the_scaled_integer_sum() {
-        let q = matrix(1, QK_K, 7);
+        let q = checks::quantized(GgmlDType::Q6K, 1, QK_K, 7);
         let mat = Q6KMatrix::from_qtensor(&q).unwrap();
-        let s = &mat.blocks[0];
-        let y = quantize_q8_k(&acts(1, QK_K));
+        let s = &mat.row(0)[0];
+        let y = quantize_q8_k(&checks::acts(1, QK_K));
         let si: i64 = (0..QK_K)
             .map(|e| s.scales[e / 16] as i64 * (s.q[e] as i64 - 32) * y.qs[e] as i64)
             .sum();

@@ -18,10 +18,10 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-use crate::cpu_quant::{Acts, BlockQ81, QuantRows, Simd, QK};
+use crate::cpu_quant::{rows_by_tiles, Acts, BlockQ81, QuantRows, Simd, QK, TILE_ROWS};
 
-/// Weight rows per tile (the lanes of one 256-bit f32 vector).
-const ROWS: usize = 8;
+/// Weight rows per tile.
+const ROWS: usize = TILE_ROWS;
 
 /// One 32-element block of a tile's eight rows.
 #[derive(Clone, Copy)]
@@ -126,28 +126,14 @@ impl QuantRows for Q80Matrix {
     }
 
     fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
-        let (m, row) = (a.m, |r: usize| a.row(r));
-        let end = j0 + count;
-        for t in j0 / ROWS..end.div_ceil(ROWS) {
-            let tile = self.tile(t);
-            let lanes = (t * ROWS).max(j0)..((t + 1) * ROWS).min(end);
-            let mut put = |r: usize, res: &[f32; ROWS]| {
-                for j in lanes.clone() {
-                    out[(j - j0) * m + r] = res[j - t * ROWS];
-                }
-            };
-            let mut r = 0;
-            while r + 4 <= m {
-                let res = tile_dot([row(r), row(r + 1), row(r + 2), row(r + 3)], tile, simd);
-                for (i, res) in res.iter().enumerate() {
-                    put(r + i, res);
-                }
-                r += 4;
-            }
-            for r in r..m {
-                put(r, &tile_dot([row(r)], tile, simd)[0]);
-            }
-        }
+        rows_by_tiles(
+            j0,
+            count,
+            a,
+            out,
+            |t, rows| tile_dot(rows, self.tile(t), simd),
+            |t, row| tile_dot([row], self.tile(t), simd)[0],
+        );
     }
 }
 

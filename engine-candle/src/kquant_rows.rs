@@ -1,0 +1,209 @@
+//! What the K-quant kernels share (`q4_k_cpu.rs`, `q5_k_cpu.rs`, `q6_k_cpu.rs`): a matrix of
+//! super-blocks unpacked at load, row after row, whose rows multiply Q8_K activation blocks —
+//! one weight row against four activation rows, or one ([`rows_by_dots`]). A format says how
+//! its stored super-block unpacks and how one multiplies, portably and on AVX2, with ggml's
+//! arithmetic.
+
+use candle_core::quantized::{GgmlDType, QTensor};
+
+use crate::cpu_quant::{rows_by_dots, ActBlocks, Acts, BlockQ8K, QuantRows, Simd, QK_K};
+
+/// One K-quant format's 256-element super-block, unpacked for its kernel.
+pub(crate) trait SuperBlock: Copy + Send + Sync + 'static {
+    /// The stored type.
+    const DTYPE: GgmlDType;
+    /// Bytes of one stored super-block.
+    const STORED: usize;
+    /// Unpacks one stored super-block.
+    fn unpack(stored: &[u8]) -> Self;
+    /// One weight row times one activation row, lane by lane as the AVX2 path.
+    fn dot_portable(w: &[Self], a: &[BlockQ8K]) -> f32;
+    /// One weight row times `R` activation rows with AVX2.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; every activation row has as many blocks as `w`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dots_avx2<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R];
+}
+
+/// One weight row times `R` activation rows at `simd`'s level: bit-identical at every level.
+pub(crate) fn dots<S: SuperBlock, const R: usize>(
+    w: &[S],
+    a: [&[BlockQ8K]; R],
+    simd: Simd,
+) -> [f32; R] {
+    match simd {
+        // SAFETY: AVX2 and FMA were detected (every level above portable has them); each
+        // activation row has as many blocks as the weight row (`Acts::row_k` of this k).
+        #[cfg(target_arch = "x86_64")]
+        Simd::Avx2 | Simd::Vnni => unsafe { S::dots_avx2(w, a) },
+        _ => a.map(|r| S::dot_portable(w, r)),
+    }
+}
+
+/// A `[n, k]` matrix of one K-quant format.
+pub(crate) struct KMatrix<S> {
+    n: usize,
+    k: usize,
+    /// `blocks[j · k / 256 + b]`: super-block `b` of row `j`.
+    blocks: Vec<S>,
+}
+
+impl<S: SuperBlock> KMatrix<S> {
+    /// Takes the raw blocks of a 2-D tensor of the format; `None` for any other tensor.
+    pub fn from_qtensor(q: &QTensor) -> Option<Self> {
+        if q.dtype() != S::DTYPE {
+            return None;
+        }
+        let (n, k) = q.shape().dims2().ok()?;
+        let data = q.data().ok()?;
+        if k % QK_K != 0 || data.len() != n * k / QK_K * S::STORED {
+            return None;
+        }
+        let blocks = data.chunks_exact(S::STORED).map(S::unpack).collect();
+        Some(Self { n, k, blocks })
+    }
+
+    /// Row `j`'s super-blocks.
+    pub fn row(&self, j: usize) -> &[S] {
+        let nb = self.k / QK_K;
+        &self.blocks[j * nb..(j + 1) * nb]
+    }
+}
+
+impl<S: SuperBlock> QuantRows for KMatrix<S> {
+    fn n(&self) -> usize {
+        self.n
+    }
+
+    fn k(&self) -> usize {
+        self.k
+    }
+
+    fn act_blocks(&self) -> ActBlocks {
+        ActBlocks::Q8K
+    }
+
+    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
+        rows_by_dots(
+            j0,
+            count,
+            a.m,
+            |r| a.row_k(r),
+            simd,
+            out,
+            |j, rows| dots(self.row(j), rows, simd),
+            |j, row| dots(self.row(j), [row], simd)[0],
+        );
+    }
+}
+
+/// The checks every K-quant kernel passes, for the formats' own tests.
+#[cfg(test)]
+pub(crate) mod checks {
+    use super::*;
+    use crate::cpu_quant::{matmul_into, quantize_q8_k};
+    use candle_core::{Device, Module, Tensor};
+
+    /// A `[n, k]` tensor of `dtype` from a fixed pattern (`seed` shifts it).
+    pub fn quantized(dtype: GgmlDType, n: usize, k: usize, seed: usize) -> QTensor {
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| (((i + seed) * 7919 % 1000) as f32 / 500.0 - 1.0) * 0.3)
+            .collect();
+        let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        QTensor::quantize(&t, dtype).unwrap()
+    }
+
+    /// `m × k` activations over several units of magnitude.
+    pub fn acts(m: usize, k: usize) -> Vec<f32> {
+        (0..m * k).map(|i| (i as f32 * 0.731).sin() * 3.0).collect()
+    }
+
+    /// The product agrees with candle's kernel for the format (the same integer sums;
+    /// candle quantizes activations to ±128 where ggml, and we, use ±127, and adds in another
+    /// order) and with the product of the dequantized weights.
+    pub fn agrees_with_candle_and_the_dequantized_product<S: SuperBlock>() {
+        let (n, k, m) = (40, 768, 5);
+        let q = quantized(S::DTYPE, n, k, 3);
+        let deq: Vec<f32> = q
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let mat = KMatrix::<S>::from_qtensor(&q).unwrap();
+        let x = acts(m, k);
+        let mut out = vec![0f32; m * n];
+        matmul_into(&mat, &x, m, &mut out);
+        let qm = candle_core::quantized::QMatMul::from_qtensor(q).unwrap();
+        let xt = Tensor::from_vec(x.clone(), (m, k), &Device::Cpu).unwrap();
+        let theirs: Vec<f32> = qm
+            .forward(&xt)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        for (i, (a, b)) in out.iter().zip(&theirs).enumerate() {
+            assert!((a - b).abs() <= 2e-2 * b.abs().max(1.0), "{a} vs {b}");
+            let (r, j) = (i / n, i % n);
+            let exact: f32 = (0..k).map(|c| x[r * k + c] * deq[j * k + c]).sum();
+            // activations are 8-bit: each is off by at most half its block's step
+            // (largest magnitude / 127), weighted by its weight
+            let bound: f32 = (0..k)
+                .map(|c| {
+                    let b = r * k + c / QK_K * QK_K;
+                    let amax = x[b..b + QK_K].iter().fold(0f32, |m, v| m.max(v.abs()));
+                    amax / 254.0 * deq[j * k + c].abs()
+                })
+                .sum();
+            assert!(
+                (a - exact).abs() <= bound + 1e-3,
+                "{a} vs {exact} (bound {bound})"
+            );
+        }
+    }
+
+    /// The portable loop and the SIMD path give the same bits, one activation row or four,
+    /// and a row's result does not depend on the batch it comes in.
+    pub fn simd_and_portable_agree_exactly_at_any_batch<S: SuperBlock>() {
+        let (n, k) = (12, 512);
+        let mat = KMatrix::<S>::from_qtensor(&quantized(S::DTYPE, n, k, 1)).unwrap();
+        let x = acts(6, k);
+        let xk: Vec<BlockQ8K> = x.chunks_exact(QK_K).map(quantize_q8_k).collect();
+        let row = |r: usize| &xk[2 * r..2 * r + 2];
+        for j in 0..n {
+            for r in 0..6 {
+                let p = S::dot_portable(mat.row(j), row(r)).to_bits();
+                for level in [Simd::detect(), Simd::Portable] {
+                    assert_eq!(dots(mat.row(j), [row(r)], level)[0].to_bits(), p);
+                    let four = dots(mat.row(j), [row(r), row(0), row(5), row(r)], level);
+                    assert_eq!((four[0].to_bits(), four[3].to_bits()), (p, p));
+                }
+            }
+        }
+        let mut all = vec![0f32; 6 * n];
+        matmul_into(&mat, &x, 6, &mut all);
+        for r in 0..6 {
+            let mut one = vec![0f32; n];
+            matmul_into(&mat, &x[r * k..(r + 1) * k], 1, &mut one);
+            assert_eq!(one, all[r * n..(r + 1) * n]);
+        }
+    }
+
+    /// Another format's tensor is not taken.
+    pub fn other_types_are_not_taken<S: SuperBlock>() {
+        for dtype in [
+            GgmlDType::Q4K,
+            GgmlDType::Q5K,
+            GgmlDType::Q6K,
+            GgmlDType::Q8_0,
+        ] {
+            if dtype != S::DTYPE {
+                let q = quantized(dtype, 2, 256, 0);
+                assert!(KMatrix::<S>::from_qtensor(&q).is_none(), "{dtype:?}");
+            }
+        }
+    }
+}
