@@ -20,6 +20,8 @@ pub(crate) struct BlockQ81 {
     pub d: f32,
     /// `d · Σ qs`, rounded to f16 (Q8_1 only; Q8_0 ignores it).
     pub s: f32,
+    /// `Σ qs`, exact.
+    pub isum: i32,
 }
 
 /// Quantizes 32 activations like ggml's `quantize_row_q8_1`.
@@ -40,6 +42,7 @@ pub(crate) fn quantize_q8_1(x: &[f32]) -> BlockQ81 {
         qs,
         d: f16::from_f32(d).to_f32(),
         s: f16::from_f32(d * sum as f32).to_f32(),
+        isum: sum,
     }
 }
 
@@ -128,30 +131,6 @@ impl Simd {
             Self::Portable
         }
     }
-}
-
-/// Σ of 4 adjacent `u8 × i8` products per i32 lane, with `maddubs` + `madd`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-#[inline]
-pub(crate) unsafe fn pairs_avx2(
-    ux: std::arch::x86_64::__m256i,
-    sy: std::arch::x86_64::__m256i,
-) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ux, sy))
-}
-
-/// The same sums with one `vpdpbusd`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,avx512vnni,avx512vl")]
-#[inline]
-pub(crate) unsafe fn pairs_vnni(
-    ux: std::arch::x86_64::__m256i,
-    sy: std::arch::x86_64::__m256i,
-) -> std::arch::x86_64::__m256i {
-    use std::arch::x86_64::*;
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), ux, sy)
 }
 
 #[cfg(target_arch = "x86_64")]

@@ -171,54 +171,86 @@ fn tile_dot_portable(a: &[BlockQ81], tile: &[TileBlock]) -> [f32; ROWS] {
     acc
 }
 
-/// The SIMD kernel of one instruction level: `$pairs` sums four `|w|·(±a)` products per i32
-/// lane (exact: at most 4·128·127 in magnitude), the eight groups added in i32.
-macro_rules! tile_kernel {
-    ($feat:literal, $name:ident, $pairs:path) => {
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = $feat)]
-        unsafe fn $name<const R: usize>(
-            a: [&[BlockQ81]; R],
-            tile: &[TileBlock],
-        ) -> [[f32; ROWS]; R] {
-            use std::arch::x86_64::*;
-            let mut acc = [_mm256_setzero_ps(); R];
-            for (b, tb) in tile.iter().enumerate() {
-                let mut w = [_mm256_setzero_si256(); 8];
-                let mut aw = [_mm256_setzero_si256(); 8];
-                for g in 0..8 {
-                    w[g] = _mm256_load_si256(tb.qs[g].as_ptr() as *const __m256i);
-                    aw[g] = _mm256_sign_epi8(w[g], w[g]);
-                }
-                let dw = _mm256_load_ps(tb.d.as_ptr());
-                for r in 0..R {
-                    let y = &a[r][b];
-                    let p = y.qs.as_ptr();
-                    let mut sum = _mm256_setzero_si256();
-                    for g in 0..8 {
-                        // the activation's four bytes of group g, for every row
-                        let four = _mm256_set1_epi32((p.add(4 * g) as *const i32).read_unaligned());
-                        let signed = _mm256_sign_epi8(four, w[g]);
-                        sum = _mm256_add_epi32(sum, $pairs(aw[g], signed));
-                    }
-                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(y.d));
-                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc[r]);
-                }
-            }
-            let mut res = [[0f32; ROWS]; R];
-            for (o, v) in res.iter_mut().zip(acc) {
-                _mm256_storeu_ps(o.as_mut_ptr(), v);
-            }
-            res
+/// AVX2: `|w|` times the activation's four bytes (broadcast, the weights' signs moved onto
+/// them) with `maddubs` + `madd` — exact: at most 4·128·127 in magnitude — the eight groups
+/// added in i32.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn tile_dot_avx2<const R: usize>(
+    a: [&[BlockQ81]; R],
+    tile: &[TileBlock],
+) -> [[f32; ROWS]; R] {
+    use std::arch::x86_64::*;
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, tb) in tile.iter().enumerate() {
+        let mut w = [_mm256_setzero_si256(); 8];
+        let mut aw = [_mm256_setzero_si256(); 8];
+        for g in 0..8 {
+            w[g] = _mm256_load_si256(tb.qs[g].as_ptr() as *const __m256i);
+            aw[g] = _mm256_sign_epi8(w[g], w[g]);
         }
-    };
+        let dw = _mm256_load_ps(tb.d.as_ptr());
+        for r in 0..R {
+            let y = &a[r][b];
+            let p = y.qs.as_ptr();
+            let mut sum = _mm256_setzero_si256();
+            for g in 0..8 {
+                // the activation's four bytes of group g, for every row
+                let four = _mm256_set1_epi32((p.add(4 * g) as *const i32).read_unaligned());
+                let signed = _mm256_sign_epi8(four, w[g]);
+                let pairs = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(aw[g], signed));
+                sum = _mm256_add_epi32(sum, pairs);
+            }
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(y.d));
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc[r]);
+        }
+    }
+    let mut res = [[0f32; ROWS]; R];
+    for (o, v) in res.iter_mut().zip(acc) {
+        _mm256_storeu_ps(o.as_mut_ptr(), v);
+    }
+    res
 }
 
+/// AVX-512 VNNI: the weights made unsigned once per block (`w ^ 0x80` = w + 128), `vpdpbusd`
+/// adding the eight groups' products straight into i32 lanes that start at −128·Σa (the
+/// activation block's exact sum): the same integers as the AVX2 path, one instruction a
+/// group and activation row.
 #[cfg(target_arch = "x86_64")]
-use crate::cpu_quant::{pairs_avx2, pairs_vnni};
-
-tile_kernel!("avx2,fma", tile_dot_avx2, pairs_avx2);
-tile_kernel!("avx2,fma,avx512vnni,avx512vl", tile_dot_vnni, pairs_vnni);
+#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+unsafe fn tile_dot_vnni<const R: usize>(
+    a: [&[BlockQ81]; R],
+    tile: &[TileBlock],
+) -> [[f32; ROWS]; R] {
+    use std::arch::x86_64::*;
+    let flip = _mm256_set1_epi8(i8::MIN);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for (b, tb) in tile.iter().enumerate() {
+        let mut u = [_mm256_setzero_si256(); 8];
+        for (g, u) in u.iter_mut().enumerate() {
+            let w = _mm256_load_si256(tb.qs[g].as_ptr() as *const __m256i);
+            *u = _mm256_xor_si256(w, flip);
+        }
+        let dw = _mm256_load_ps(tb.d.as_ptr());
+        for r in 0..R {
+            let y = &a[r][b];
+            let p = y.qs.as_ptr();
+            let mut sum = _mm256_set1_epi32(-128 * y.isum);
+            for (g, u) in u.iter().enumerate() {
+                let four = _mm256_set1_epi32((p.add(4 * g) as *const i32).read_unaligned());
+                sum = _mm256_dpbusd_epi32(sum, *u, four);
+            }
+            let d = _mm256_mul_ps(dw, _mm256_set1_ps(y.d));
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc[r]);
+        }
+    }
+    let mut res = [[0f32; ROWS]; R];
+    for (o, v) in res.iter_mut().zip(acc) {
+        _mm256_storeu_ps(o.as_mut_ptr(), v);
+    }
+    res
+}
 
 #[cfg(test)]
 mod tests {
