@@ -43,37 +43,17 @@ async fn the_model_flags_set_the_first_pool() {
     })
     .await;
     assert!(ready, "{}", p.log_text());
-    let models: serde_json::Value = client
-        .get(format!("{base}/v1/models"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let models = get_json(&format!("{base}/v1/models")).await;
     assert_eq!(models["data"][0]["id"], "gemma-3-270m-q4_k_m", "{models}");
     assert_eq!(models["data"][0]["max_model_len"], 512, "{models}");
-    let pools: serde_json::Value = client
-        .get(format!("{base}/v1/pools"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let pools = get_json(&format!("{base}/v1/pools")).await;
     assert_eq!(pools["pools"][0]["slots_total"], 1, "{pools}");
-    let r: serde_json::Value = client
-        .post(format!("{base}/v1/completions"))
-        .json(
-            &serde_json::json!({"model": "gemma-3-270m-q4_k_m", "prompt": "1, 2, 3, 4, 5,",
+    let r = post_json(
+        &format!("{base}/v1/completions"),
+        &serde_json::json!({"model": "gemma-3-270m-q4_k_m", "prompt": "1, 2, 3, 4, 5,",
             "max_tokens": 8, "temperature": 0}),
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    )
+    .await;
     assert!(
         r["choices"][0]["text"]
             .as_str()

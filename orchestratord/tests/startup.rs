@@ -100,17 +100,8 @@ async fn one_version_everywhere() {
     let (_p, base) = server_env(&cfg, &[]).await;
     let client = reqwest::Client::new();
     let get = |path: &'static str| {
-        let (client, base) = (client.clone(), base.clone());
-        async move {
-            client
-                .get(format!("{base}{path}"))
-                .send()
-                .await
-                .unwrap()
-                .json::<Value>()
-                .await
-                .unwrap()
-        }
+        let url = format!("{base}{path}");
+        async move { get_json(&url).await }
     };
     assert_eq!(get("/health").await["version"], version.as_str());
     assert_eq!(get("/api/version").await["version"], version.as_str());
@@ -122,30 +113,22 @@ async fn one_version_everywhere() {
         get("/openapi.json").await["info"]["version"],
         version.as_str()
     );
-    let chat: Value = client
-        .post(format!("{base}/v1/chat/completions"))
-        .json(&json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let chat = post_json(
+        &format!("{base}/v1/chat/completions"),
+        &json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1}),
+    )
+    .await;
     assert_eq!(
         chat["system_fingerprint"],
         format!("orchestratord-{version}").as_str()
     );
     // FC-SEED-1: seeds the server picks are exact in JavaScript
     for _ in 0..8 {
-        let r: Value = client
-            .post(format!("{base}/v1/tasks"))
-            .json(&json!({"prompt": "Hi", "max_tokens": 1}))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let r = post_json(
+            &format!("{base}/v1/tasks"),
+            &json!({"prompt": "Hi", "max_tokens": 1}),
+        )
+        .await;
         let id = r["task_id"].as_str().unwrap();
         let stream = client
             .get(format!("{base}/v1/tasks/{id}/stream"))
@@ -153,14 +136,7 @@ async fn one_version_everywhere() {
             .await
             .unwrap();
         support::read_events(stream).await;
-        let record: Value = client
-            .get(format!("{base}/v1/tasks/{id}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let record = get_json(&format!("{base}/v1/tasks/{id}")).await;
         let seed = record["record"]["seed"]
             .as_u64()
             .unwrap_or_else(|| panic!("{record}"));
@@ -177,11 +153,6 @@ async fn the_default_model_is_found_from_any_folder() {
         "this test runs where the cache is not"
     );
     let (p, base) = server_env("", &[]).await;
-    let v: Value = reqwest::get(format!("{base}/readyz"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v = get_json(&format!("{base}/readyz")).await;
     assert_eq!(v["status"], "ready", "{v} {}", p.log_text());
 }

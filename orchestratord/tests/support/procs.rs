@@ -192,3 +192,26 @@ where
     }
     false
 }
+
+/// GETs `url` and reads its JSON body, whatever the status (the caller asserts on it).
+pub async fn get_json(url: &str) -> serde_json::Value {
+    let r = reqwest::get(url)
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: {e}"));
+    r.json()
+        .await
+        .unwrap_or_else(|e| panic!("GET {url}: not JSON: {e}"))
+}
+
+/// POSTs `body` to `url` and reads the JSON answer, whatever the status.
+pub async fn post_json(url: &str, body: &serde_json::Value) -> serde_json::Value {
+    let r = reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: {e}"));
+    r.json()
+        .await
+        .unwrap_or_else(|e| panic!("POST {url}: not JSON: {e}"))
+}
