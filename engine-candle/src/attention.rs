@@ -13,6 +13,8 @@
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
 mod kept;
 mod transposed;
 
@@ -100,7 +102,9 @@ pub(crate) fn transposes(prompt: bool, hd: usize) -> bool {
 }
 
 fn prompt_path() -> PromptPath {
-    if has_fma() {
+    if has_avx512() {
+        PromptPath::TransposedAvx512
+    } else if has_fma() {
         PromptPath::TransposedNative
     } else if cfg!(target_arch = "aarch64") {
         // NEON and FMA are baseline there: the portable loops vectorise
@@ -120,6 +124,9 @@ enum PromptPath {
     Transposed,
     /// Over transposed keys and values, AVX2 + FMA intrinsics (detected at run time).
     TransposedNative,
+    /// Over transposed keys and values, AVX-512 intrinsics (detected at run time; where they
+    /// are missing, the AVX2 path).
+    TransposedAvx512,
 }
 
 /// A parallel unit of work: queries `first..first + count` of head `h` of span `s`, on the
@@ -269,7 +276,7 @@ fn attend_with(
             }
         }
     }
-    let fma = has_fma();
+    let (fma, avx512) = (has_fma(), has_avx512());
     let one = |t: Task| -> Vec<f32> {
         let sp = &spans[t.s];
         let qh = &q[(t.h * n + sp.offset) * hd..(t.h * n + sp.offset + sp.t) * hd];
@@ -288,7 +295,17 @@ fn attend_with(
                 dims: d,
             };
             #[cfg(target_arch = "x86_64")]
-            if path == PromptPath::TransposedNative && fma {
+            if path == PromptPath::TransposedAvx512 && avx512 {
+                // SAFETY: AVX-512F was detected.
+                unsafe { avx512::queries(&block, &mut out) };
+                return out;
+            }
+            #[cfg(target_arch = "x86_64")]
+            if matches!(
+                path,
+                PromptPath::TransposedNative | PromptPath::TransposedAvx512
+            ) && fma
+            {
                 // SAFETY: AVX2 and FMA were detected.
                 unsafe { avx2::queries(&block, &mut out) };
                 return out;
@@ -316,6 +333,17 @@ fn attend_with(
         }
     }
     y
+}
+
+fn has_avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("avx512f")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 fn has_fma() -> bool {
@@ -753,7 +781,11 @@ mod tests {
                     )
                 };
                 let reference = run(PromptPath::PerQuery);
-                for path in [PromptPath::Transposed, PromptPath::TransposedNative] {
+                for path in [
+                    PromptPath::Transposed,
+                    PromptPath::TransposedNative,
+                    PromptPath::TransposedAvx512,
+                ] {
                     let fast = run(path);
                     let differ = fast
                         .iter()
@@ -879,6 +911,7 @@ mod tests {
             PromptPath::PerQuery,
             PromptPath::Transposed,
             PromptPath::TransposedNative,
+            PromptPath::TransposedAvx512,
         ] {
             let wide = attend_with(
                 &q,

@@ -3,88 +3,10 @@
 //! the horizontal sum ggml uses, CPU feature detection, and the parallel row loop.
 
 use crate::cpu_parallel::{current_workers, par_chunks_mut};
-use half::f16;
 
-pub(crate) const QK: usize = 32;
-/// Elements per K-quant super-block (and per Q8_K activation block).
-pub(crate) const QK_K: usize = 256;
-/// 1.5 · 2^23: adding and subtracting it rounds an f32 to the nearest integer, ties to even.
-const ROUND_MAGIC: f32 = 12_582_912.0;
-
-/// One Q8_1 block of activations.
-#[derive(Clone, Copy)]
-#[repr(C, align(32))]
-pub(crate) struct BlockQ81 {
-    pub qs: [i8; 32],
-    /// Scale, rounded to f16 as ggml stores it.
-    pub d: f32,
-    /// `d · Σ qs`, rounded to f16 (Q8_1 only; Q8_0 ignores it).
-    pub s: f32,
-    /// `Σ qs`, exact.
-    pub isum: i32,
-}
-
-/// Quantizes 32 activations like ggml's `quantize_row_q8_1`.
-pub(crate) fn quantize_q8_1(x: &[f32]) -> BlockQ81 {
-    let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
-    let d = amax / 127.0;
-    let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
-    let mut qs = [0i8; 32];
-    let mut sum = 0i32;
-    for (q, v) in qs.iter_mut().zip(x) {
-        // round half to even without a libm call: exact for |x| < 2^22 (here |x| <= 127)
-        let x = v * id;
-        let r = ((x + ROUND_MAGIC) - ROUND_MAGIC) as i32;
-        *q = r as i8;
-        sum += r;
-    }
-    BlockQ81 {
-        qs,
-        d: f16::from_f32(d).to_f32(),
-        s: f16::from_f32(d * sum as f32).to_f32(),
-        isum: sum,
-    }
-}
-
-/// One Q8_K block of activations (ggml's `block_q8_K`), what K-quant weights multiply.
-#[derive(Clone, Copy)]
-#[repr(C, align(32))]
-pub(crate) struct BlockQ8K {
-    pub qs: [i8; QK_K],
-    /// `Σ qs` over each 16 elements.
-    pub bsums: [i16; 16],
-    /// Scale, an f32 (not rounded to f16).
-    pub d: f32,
-}
-
-/// Quantizes 256 activations like ggml's `quantize_row_q8_K_ref` (the path x86 takes): the
-/// element of largest magnitude becomes ∓127, the rest round half to even.
-pub(crate) fn quantize_q8_k(x: &[f32]) -> BlockQ8K {
-    let mut b = BlockQ8K {
-        qs: [0; QK_K],
-        bsums: [0; 16],
-        d: 0.0,
-    };
-    let (mut max, mut amax) = (0f32, 0f32);
-    for &v in x {
-        if v.abs() > amax {
-            (amax, max) = (v.abs(), v);
-        }
-    }
-    if amax == 0.0 {
-        return b;
-    }
-    let iscale = -127.0 / max;
-    for (q, v) in b.qs.iter_mut().zip(x) {
-        let r = ((iscale * v + ROUND_MAGIC) - ROUND_MAGIC) as i32;
-        *q = r.min(127) as i8;
-    }
-    for (s, c) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
-        *s = c.iter().map(|&q| q as i16).sum();
-    }
-    b.d = 1.0 / iscale;
-    b
-}
+#[cfg(test)]
+pub(crate) use crate::act_quant::{quantize_q8_1, quantize_q8_k};
+pub(crate) use crate::act_quant::{quantize_rows, BlockQ81, BlockQ8K, QK, QK_K};
 
 /// Which activation blocks a weight format multiplies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,11 +125,11 @@ pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> V
     assert!(ws.iter().all(|w| w.k() == k) && x.len() == m * k);
     let takes = |b: ActBlocks| ws.iter().any(|w| w.act_blocks() == b);
     let xq: Vec<BlockQ81> = match takes(ActBlocks::Q8_1) {
-        true => x.chunks_exact(QK).map(quantize_q8_1).collect(),
+        true => quantize_rows(x),
         false => Vec::new(),
     };
     let xk: Vec<BlockQ8K> = match takes(ActBlocks::Q8K) {
-        true => x.chunks_exact(QK_K).map(quantize_q8_k).collect(),
+        true => quantize_rows(x),
         false => Vec::new(),
     };
     let simd = Simd::current();
@@ -361,15 +283,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn magic_rounding_is_round_half_to_even() {
-        for x in [
-            -127.0f32, -2.5, -1.5, -0.5, -0.49, 0.0, 0.5, 1.5, 2.5, 3.49, 126.5, 127.0,
-        ] {
-            assert_eq!((x + ROUND_MAGIC) - ROUND_MAGIC, x.round_ties_even(), "{x}");
-        }
-    }
-
-    #[test]
     fn results_come_out_row_major_whatever_their_size() {
         // small (one chunk), large (split among the workers, a last block of columns short)
         for (m, n, s0) in [(3, 10, 0), (1, 7, 2), (70, 1001, 5), (130, 520, 0)] {
@@ -382,28 +295,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    #[test]
-    fn q8_k_blocks_are_ggmls() {
-        // the element of largest magnitude is positive here: it becomes -127 with d < 0
-        let x: Vec<f32> = (0..QK_K).map(|i| (i as f32 * 0.37).sin() * 2.0).collect();
-        let b = quantize_q8_k(&x);
-        let (at, max) =
-            x.iter().enumerate().fold(
-                (0, 0f32),
-                |(i, m), (j, v)| if v.abs() > m.abs() { (j, *v) } else { (i, m) },
-            );
-        assert_eq!(b.qs[at], -127);
-        assert_eq!(b.d, 1.0 / (-127.0 / max));
-        for (i, (q, v)) in b.qs.iter().zip(&x).enumerate() {
-            assert!((*q as f32 * b.d - v).abs() <= b.d.abs() / 2.0 + 1e-6, "{i}");
-        }
-        for (j, s) in b.bsums.iter().enumerate() {
-            let want: i16 = b.qs[16 * j..16 * j + 16].iter().map(|&q| q as i16).sum();
-            assert_eq!(*s, want);
-        }
-        let zero = quantize_q8_k(&[0.0; QK_K]);
-        assert_eq!((zero.d, zero.qs, zero.bsums), (0.0, [0; QK_K], [0; 16]));
     }
 }

@@ -12,6 +12,9 @@ use std::sync::OnceLock;
 use candle_core::{DType, Result, Tensor};
 use half::f16;
 
+use crate::cpu_parallel::par_chunks_mut;
+use crate::cpu_tensor::{cpu_tensor, with_f32};
+
 const GELU_COEF_A: f32 = 0.044715;
 const SQRT_2_OVER_PI: f32 = 0.797_884_6;
 
@@ -44,8 +47,12 @@ fn geglu_one(table: &[f32], x: f32, g: f32) -> f32 {
     }
 }
 
-/// `gelu(gate) · up` for two f32 tensors of one shape on the CPU: ggml's table; elsewhere
-/// (another device or type) candle's exact `gelu`.
+/// Elements one worker takes at least (a decode step's few stay on the calling thread).
+const PER_JOB: usize = 16 << 10;
+
+/// `gelu(gate) · up` for two f32 tensors of one shape on the CPU: ggml's table, the elements
+/// split among the compute pool's workers; elsewhere (another device or type) candle's exact
+/// `gelu`.
 pub(crate) fn geglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     if !gate.device().is_cpu() || gate.dtype() != DType::F32 || up.dtype() != DType::F32 {
         return gate.gelu()? * up;
@@ -53,15 +60,60 @@ pub(crate) fn geglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     if gate.shape() != up.shape() {
         candle_core::bail!("geglu: gate {:?} and up {:?}", gate.shape(), up.shape());
     }
-    let xs = gate.flatten_all()?.to_vec1::<f32>()?;
-    let gs = up.flatten_all()?.to_vec1::<f32>()?;
+    let (gate, up) = (gate.contiguous()?, up.contiguous()?);
     let t = table();
-    let out: Vec<f32> = xs
-        .iter()
-        .zip(&gs)
-        .map(|(&x, &g)| geglu_one(t, x, g))
-        .collect();
-    Tensor::from_vec(out, gate.shape(), gate.device())
+    let out = with_f32(&gate, |xs| {
+        with_f32(&up, |gs| {
+            let mut y = vec![0f32; xs.len()];
+            par_chunks_mut(&mut y, PER_JOB, |c, dst| {
+                let o = c * PER_JOB;
+                geglu_slice(t, &xs[o..o + dst.len()], &gs[o..o + dst.len()], dst);
+            });
+            y
+        })
+    });
+    match out.flatten() {
+        Some(y) => cpu_tensor(y, gate.shape()),
+        None => candle_core::bail!("geglu: a CPU f32 tensor could not be read"),
+    }
+}
+
+/// `y[i] = geglu_one(x[i], g[i])`, eight at a time where the CPU converts to f16 itself.
+fn geglu_slice(t: &[f32], x: &[f32], g: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+        // SAFETY: AVX2 and F16C were detected.
+        unsafe { geglu_avx2(t, x, g, y) };
+        return;
+    }
+    for ((y, &x), &g) in y.iter_mut().zip(x).zip(g) {
+        *y = geglu_one(t, x, g);
+    }
+}
+
+/// `geglu_slice` with F16C's conversion (round to nearest even, as `f16::from_f32`) and a
+/// gather from the table: the same value per element.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn geglu_avx2(t: &[f32], x: &[f32], g: &[f32], y: &mut [f32]) {
+    use std::arch::x86_64::*;
+    assert!(t.len() == 1 << 16 && x.len() == y.len() && g.len() == y.len());
+    let whole = y.len() - y.len() % 8;
+    let (low, high) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+    for i in (0..whole).step_by(8) {
+        let xv = _mm256_loadu_ps(x.as_ptr().add(i));
+        let gv = _mm256_loadu_ps(g.as_ptr().add(i));
+        let bits = _mm256_cvtepu16_epi32(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(xv));
+        // SAFETY (of the gather): every 16-bit index is inside the 65,536-entry table
+        let tabled = _mm256_mul_ps(_mm256_i32gather_ps::<4>(t.as_ptr(), bits), gv);
+        let above = _mm256_cmp_ps::<_CMP_GE_OQ>(xv, high);
+        let below = _mm256_cmp_ps::<_CMP_LE_OQ>(xv, low);
+        let v = _mm256_blendv_ps(tabled, _mm256_mul_ps(xv, gv), above);
+        _mm256_storeu_ps(y.as_mut_ptr().add(i), _mm256_andnot_ps(below, v));
+    }
+    for i in whole..y.len() {
+        y[i] = geglu_one(t, x[i], g[i]);
+    }
 }
 
 #[cfg(test)]
@@ -100,5 +152,29 @@ mod tests {
         }
         assert_eq!(got[1][2], 2.0);
         assert!(geglu(&gate, &up.narrow(1, 0, 2).unwrap()).is_err());
+    }
+
+    #[test]
+    fn every_element_takes_the_tables_value_wherever_it_is_computed() {
+        let t = table();
+        // every f16 up to ±12 and values between them, against arbitrary multipliers
+        let x: Vec<f32> = (0..=u16::MAX)
+            .map(|b| f16::from_bits(b).to_f32())
+            .filter(|v| v.abs() <= 12.0)
+            .flat_map(|v| [v, v + 1e-4, v * 0.9993])
+            .collect();
+        let g: Vec<f32> = (0..x.len())
+            .map(|i| (i as f32 * 0.61).sin() * 4.0)
+            .collect();
+        let mut y = vec![0f32; x.len()];
+        geglu_slice(t, &x, &g, &mut y);
+        for i in 0..x.len() {
+            assert_eq!(
+                y[i].to_bits(),
+                geglu_one(t, x[i], g[i]).to_bits(),
+                "{}",
+                x[i]
+            );
+        }
     }
 }

@@ -4,12 +4,14 @@
 //! what crosses per sequence and per token: slots, sampling, chat turns, events. Load a model with [`CandleEngine::load`], then
 //! [`CandleEngine::submit`] sequences; each streams [`SeqEvent`]s through its own bounded channel.
 
+mod act_quant;
 mod attention;
 mod chat_template;
 mod compute_priority;
 mod constrained;
 mod cpu_parallel;
 mod cpu_quant;
+mod cpu_tensor;
 mod engine;
 mod error;
 pub mod fresh_pages;
@@ -27,6 +29,7 @@ mod q4_k_cpu;
 mod q5_k_cpu;
 mod q6_k_cpu;
 mod q8_0_cpu;
+mod rms_norm;
 mod sampling;
 mod scheduler;
 mod spm_vocab;

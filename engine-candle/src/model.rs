@@ -315,7 +315,7 @@ impl Model {
             Ok(match w {
                 Some(w) => {
                     let (n, width) = t.dims2()?;
-                    candle_nn::ops::rms_norm(&t.reshape((n, width / hd, hd))?, w, self.hp.rms_eps)?
+                    crate::rms_norm::rms_norm(&t.reshape((n, width / hd, hd))?, w, self.hp.rms_eps)?
                         .reshape((n, width))?
                 }
                 None => t,
@@ -334,12 +334,12 @@ impl Model {
         let eps = self.hp.rms_eps;
         let post = |t: Tensor, w: &Option<Tensor>| -> Result<Tensor> {
             Ok(match w {
-                Some(w) => candle_nn::ops::rms_norm(&t, w, eps)?,
+                Some(w) => crate::rms_norm::rms_norm(&t, w, eps)?,
                 None => t,
             })
         };
         let x = (x + post(l.wo.forward(attn)?, &l.post_attn_norm)?)?;
-        let h = candle_nn::ops::rms_norm(&x, &l.ffn_norm, eps)?;
+        let h = crate::rms_norm::rms_norm(&x, &l.ffn_norm, eps)?;
         let [gate, up] = Linear::forward_all([&l.w_gate, &l.w_up], &h)?;
         let act = match self.hp.activation {
             Activation::Silu => (candle_nn::ops::silu(&gate)? * up)?,
@@ -350,7 +350,7 @@ impl Model {
     }
 
     fn logits(&self, x: &Tensor) -> Result<Tensor> {
-        let x = candle_nn::ops::rms_norm(x, &self.w.out_norm, self.hp.rms_eps)?;
+        let x = crate::rms_norm::rms_norm(x, &self.w.out_norm, self.hp.rms_eps)?;
         let logits = self.w.output.forward(&x)?;
         Ok(match self.hp.logit_softcap {
             Some(c) => ((logits / f64::from(c))?.tanh()? * f64::from(c))?,
@@ -473,7 +473,7 @@ impl Model {
             let l = &self.w.layers[li];
             let local = hp.is_local(li);
             let dims = dims_of(window.filter(|_| local));
-            let h = candle_nn::ops::rms_norm(&x, &l.attn_norm, hp.rms_eps)?;
+            let h = crate::rms_norm::rms_norm(&x, &l.attn_norm, hp.rms_eps)?;
             let (q, k, v) = self.qkv(li, &h)?;
             let q = q.reshape((1, n, nh, hd))?.transpose(1, 2)?.contiguous()?;
             // the CPU path scales scores inside its softmax, as llama.cpp does

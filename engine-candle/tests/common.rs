@@ -214,20 +214,44 @@ pub fn free_running(e: &CandleEngine, f: &Fixture, max_margin: f64) -> FreeRunni
             .copied()
             .filter(|t| !e.tokenizer().is_stop(*t))
             .collect();
-        match want.iter().zip(&out.ids).position(|(a, b)| a != b) {
+        // where one side stopped and the other went on, the first difference is there: we
+        // chose a stop token (its gap: the closest stop token in llama.cpp's list) or
+        // llama.cpp did (our token's gap in its list)
+        let first = want.iter().zip(&out.ids).position(|(a, b)| a != b);
+        let k = first.unwrap_or(want.len().min(out.ids.len()));
+        match first {
             None if out.ids.len() == want.len() => exact += 1,
-            None => unexplained.push(format!(
-                "{:?}: length {} vs {}",
-                c.user_text,
-                out.ids.len(),
-                want.len()
-            )),
-            Some(k) => {
+            None if out.ids.len() < want.len() => {
+                let gap = c.top_ids.get(k).and_then(|ids| {
+                    ids.iter()
+                        .zip(&c.top_gaps[k])
+                        .filter(|(t, _)| e.tokenizer().is_stop(**t))
+                        .map(|(_, g)| *g)
+                        .reduce(f64::min)
+                        .or_else(|| {
+                            let second = *c.second_ids.get(k)?;
+                            e.tokenizer().is_stop(second).then(|| c.top2_margins[k])
+                        })
+                });
+                let line = format!(
+                    "{:?}: token {k}: llama.cpp {} (margin {:.4}), ours a stop token (llama.cpp's gap {})",
+                    c.user_text,
+                    want[k],
+                    c.top2_margins[k],
+                    gap.map_or("not in its top 8".to_string(), |g| format!("{g:.4}"))
+                );
+                if gap.is_some_and(|g| g < max_margin) {
+                    flips.push(line);
+                } else {
+                    unexplained.push(line);
+                }
+            }
+            _ => {
                 let gap = c.gap(k, out.ids[k]);
                 let line = format!(
                     "{:?}: token {k}: llama.cpp {} (margin {:.4} over {}), ours {} (llama.cpp's gap {})",
                     c.user_text,
-                    want[k],
+                    want.get(k).map_or("a stop token".to_string(), |t| t.to_string()),
                     c.top2_margins[k],
                     c.second_ids[k],
                     out.ids[k],
