@@ -48,7 +48,8 @@ const NEAR_TIE: f64 = 0.1;
 /// other one first diverges where llama.cpp itself was close and we took its runner-up.
 /// History: attention and rotary embedding on llama.cpp's exact CPU arithmetic took this from
 /// 295/312 and 5/13 to 299/312 and 7/13; the Q4_1 kernel's eight-row tiles (their own float
-/// order, a third of ggml's instructions) took it back to 295/312 and 2/13. Single roundings
+/// order, a third of ggml's instructions) took it back to 295/312 and 2/13; ggml's RMS norm
+/// (f64 sum, `x · scale · w`, where candle divided) gave 296/312 and 3/13. Single roundings
 /// move decisions with margins up to ~0.3 because every matmul input is re-quantized to 8
 /// bits (see .specs/engine.md, ENG-REF-1).
 const MAX_DISAGREEMENT_MARGIN: f64 = 0.5;
