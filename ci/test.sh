@@ -15,6 +15,8 @@ ci/install-pydeps.sh >/dev/null
 PYTHONPATH=.cache/pydeps python3 ci/tiny_models.py write .cache/models/tiny >/dev/null
 ci/install-sidecar.sh >/dev/null
 ci/install-debs.sh >/dev/null
+# nats-server for the cluster tests (orchestratord/tests/cluster.rs)
+ci/install-nats.sh >/dev/null
 # the overload bench's reading of packet captures (built in the test: no tcpdump needed)
 python3 ci/wire_latency_test.py
 cargo test --workspace --all-targets --no-fail-fast "$@"

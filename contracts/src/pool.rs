@@ -63,6 +63,11 @@ pub struct PoolHealth {
     /// unloads.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub on_demand: Option<OnDemand>,
+    /// In a cluster (`cluster.nats_urls`): the replica whose pool this is. Another replica's
+    /// pool is listed as it last announced itself; drain, reload and health by id act on
+    /// this replica's own pools.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
 }
 
 /// How long an on-demand pool stays loaded.

@@ -650,6 +650,92 @@ impl WorkersConfig {
     }
 }
 
+/// Replicas on NATS JetStream (issue 38, being built; see ARCHITECTURE.md "Replicas"). Off
+/// while `nats_urls` is empty: one process, nothing external. On, a replica connects at start
+/// (and exits if the cluster does not answer within `connect_timeout_ms`), announces its pools
+/// in the cluster's pool directory every `heartbeat_ms`, and `/v1/pools` lists every live
+/// replica's pools. Queue, dispatch, cancel and streams stay per replica so far.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// NATS servers to connect to (any of them; `nats://host:port`); also from env
+    /// `ORCHD_CLUSTER_NATS`, comma-separated.
+    pub nats_urls: Vec<String>,
+    /// This replica's name, unique in the cluster (letters, digits, `-`, `_`); also from env
+    /// `ORCHD_REPLICA_ID`. Default: the host's name.
+    pub replica_id: String,
+    /// Copies JetStream keeps of the cluster's buckets and streams (at most the NATS nodes).
+    pub stream_replicas: usize,
+    /// How often a replica announces its pools; one silent for three of these is left out.
+    pub heartbeat_ms: u64,
+    /// How long the start waits for the cluster to answer.
+    pub connect_timeout_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        Self {
+            nats_urls: Vec::new(),
+            replica_id: String::new(),
+            stream_replicas: 3,
+            heartbeat_ms: 1000,
+            connect_timeout_ms: 30_000,
+        }
+    }
+}
+
+impl ClusterConfig {
+    /// Whether this process is a replica of a cluster.
+    pub fn enabled(&self) -> bool {
+        !self.nats_urls.is_empty()
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if !self.enabled() {
+            return Ok(());
+        }
+        let id = &self.replica_id;
+        if id.is_empty()
+            || id.len() > 64
+            || !id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(format!(
+                "cluster.replica_id must be 1 to 64 letters, digits, '-' or '_', got {id:?}"
+            ));
+        }
+        if !(1..=5).contains(&self.stream_replicas) {
+            return Err(format!(
+                "cluster.stream_replicas must be between 1 and 5, got {}",
+                self.stream_replicas
+            ));
+        }
+        if self.heartbeat_ms < 100 || self.connect_timeout_ms == 0 {
+            return Err("cluster: need heartbeat_ms >= 100 and connect_timeout_ms > 0".into());
+        }
+        Ok(())
+    }
+}
+
+/// The host's name (the default replica id), sanitized to a replica id's characters.
+fn host_name() -> String {
+    let raw = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .unwrap_or_default();
+    raw.trim()
+        .chars()
+        .map(
+            |c| match c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                true => c,
+                false => '-',
+            },
+        )
+        .take(64)
+        .collect()
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolConfig {
@@ -784,6 +870,7 @@ pub struct Config {
     pub http: HttpConfig,
     pub models: ModelsConfig,
     pub records: RecordsConfig,
+    pub cluster: ClusterConfig,
     pub pools: Vec<PoolConfig>,
 }
 
@@ -806,6 +893,7 @@ impl Default for Config {
             http: HttpConfig::default(),
             models: ModelsConfig::default(),
             records: RecordsConfig::default(),
+            cluster: ClusterConfig::default(),
             pools: vec![PoolConfig::new("default", DEFAULT_MODEL_PATH)],
         }
     }
@@ -919,7 +1007,8 @@ impl Config {
         toml::from_str(text).map_err(|e| e.to_string())
     }
 
-    /// `ORCHD_BIND`, `ORCHD_QUEUE_CAPACITY`, `ORCHD_QUEUE_POLICY`, `ORCHD_RECORDS_PATH`, and
+    /// `ORCHD_BIND`, `ORCHD_QUEUE_CAPACITY`, `ORCHD_QUEUE_POLICY`, `ORCHD_RECORDS_PATH`,
+    /// `ORCHD_CLUSTER_NATS`, `ORCHD_REPLICA_ID` (the host's name when a cluster is set), and
     /// for the first pool
     /// `ORCHD_MODEL`, `ORCHD_SLOTS`, `ORCHD_CTX`, `ORCHD_THREADS`, `ORCHD_DEVICE`.
     pub fn apply_env(&mut self) -> Result<(), ConfigError> {
@@ -959,6 +1048,20 @@ impl Config {
         if let Some(v) = env_parse::<String>("ORCHD_WORKER_SECRET")? {
             self.workers.secret = Some(v);
         }
+        if let Some(v) = env_parse::<String>("ORCHD_CLUSTER_NATS")? {
+            self.cluster.nats_urls = v
+                .split(',')
+                .map(str::trim)
+                .filter(|u| !u.is_empty())
+                .map(String::from)
+                .collect();
+        }
+        if let Some(v) = env_parse::<String>("ORCHD_REPLICA_ID")? {
+            self.cluster.replica_id = v;
+        }
+        if self.cluster.enabled() && self.cluster.replica_id.is_empty() {
+            self.cluster.replica_id = host_name();
+        }
         if let Some(first) = self.pools.first_mut() {
             if let Some(v) = env_parse::<String>("ORCHD_MODEL")? {
                 first.model = v;
@@ -984,6 +1087,7 @@ impl Config {
         if self.queue.capacity == 0 {
             return bad("queue.capacity must be at least 1".into());
         }
+        self.cluster.check().map_err(ConfigError::Invalid)?;
         for (name, t) in &self.queue.tenants {
             if let Err(why) = t.check() {
                 return bad(format!("queue.tenants.{name}: {why}"));

@@ -8,6 +8,7 @@ pub mod allocator;
 pub mod auth;
 pub mod body_deadline;
 pub mod client_addr;
+pub mod cluster;
 pub mod config;
 pub mod correlation;
 pub mod error;

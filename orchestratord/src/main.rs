@@ -238,6 +238,7 @@ async fn run(cfg: Config) -> anyhow::Result<()> {
     // the server answers from its first second (`/livez`, `/readyz` "loading", tasks admitted
     // with the load in their predicted start); the pools load behind it
     server::start_loops(&state);
+    server::start_cluster(&state).await?;
     let loading = state.clone();
     tokio::spawn(async move {
         loading.pools.load_all().await;

@@ -77,6 +77,7 @@ pub fn build_state(
         models_folder: crate::models_folder::ModelsFolder::new(&cfg.models),
         model_digests: Default::default(),
         records,
+        cluster: std::sync::OnceLock::new(),
         started_at: Instant::now(),
         cfg,
     });
@@ -255,6 +256,55 @@ pub fn start_loops(state: &SharedState) {
     tokio::spawn(crate::lifecycle::dispatcher::run(state.clone()));
     tokio::spawn(state.clone().metrics_upkeep_loop());
     crate::models_folder::ModelsFolder::spawn_upkeep(state.clone());
+}
+
+/// In a cluster (`cluster.nats_urls`): connects (the start fails if the cluster does not
+/// answer in time), then follows the pool directory and announces this replica's pools every
+/// heartbeat until shutdown, when it withdraws them.
+pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::ClusterError> {
+    if !state.cfg.cluster.enabled() {
+        return Ok(());
+    }
+    let cluster = Arc::new(crate::cluster::Cluster::connect(&state.cfg.cluster).await?);
+    let _ = state.cluster.set(cluster.clone());
+    let directory = cluster.directory().clone();
+    let stop = state.shutdown.clone();
+    tokio::spawn(async move { directory.follow(stop).await });
+    let st = state.clone();
+    tokio::spawn(async move {
+        let directory = cluster.directory();
+        let mut tick = tokio::time::interval(directory.heartbeat());
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut failing = false;
+        loop {
+            tokio::select! {
+                _ = st.shutdown.cancelled() => break,
+                _ = tick.tick() => {}
+            }
+            let pools = st
+                .pools
+                .all()
+                .iter()
+                .map(|p| crate::routes::pools::health_of(&st, p))
+                .collect();
+            match directory.announce(pools).await {
+                Ok(()) if failing => {
+                    failing = false;
+                    tracing::info!("cluster: announcing this replica's pools again");
+                }
+                Ok(()) => {}
+                Err(e) if !failing => {
+                    failing = true;
+                    tracing::warn!(error = %e, "cluster: cannot announce this replica's pools");
+                }
+                Err(_) => {}
+            }
+        }
+        if let Err(e) = directory.withdraw().await {
+            tracing::warn!(error = %e, "cluster: could not withdraw this replica's pools");
+        }
+    });
+    Ok(())
 }
 
 /// The Hyperswarm host, when enabled.

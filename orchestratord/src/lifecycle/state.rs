@@ -47,6 +47,8 @@ pub struct AppState {
     pub model_digests: crate::model_digest::ModelDigests,
     /// Task records and artifacts that outlive the process.
     pub records: crate::records::Records,
+    /// This replica's link to its cluster (`cluster.nats_urls`), set once connected at start.
+    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     pub started_at: Instant,
 }
 

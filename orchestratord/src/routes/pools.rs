@@ -17,7 +17,8 @@ use crate::examples;
 use crate::json_body::JsonBody;
 use crate::lifecycle::state::SharedState;
 
-fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
+/// A pool of this process, as `/v1/pools` lists it (and the cluster's directory announces it).
+pub(crate) fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
     let s = pool.snapshot();
     let d = s.descriptor.clone();
     let queue_depth = state.queued_for(pool);
@@ -58,6 +59,7 @@ fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
             prompt_cache_bytes: s.prompt_cache_bytes,
         },
         on_demand: state.models_folder.on_demand(pool),
+        replica: state.cluster.get().map(|c| c.replica().to_string()),
     }
 }
 
@@ -71,15 +73,19 @@ fn pool_or_404(state: &SharedState, id: &str) -> Result<Arc<Pool>, ApiError> {
 /// All pools with their health.
 #[utoipa::path(
     get, operation_id = "listPools", path = "/v1/pools", tag = "control",
-    responses((status = 200, description = "Every pool's health", body = PoolList))
+    responses((status = 200, description = "Every pool's health (in a cluster, every live replica's pools)", body = PoolList))
 )]
 pub async fn list(State(state): State<SharedState>) -> Json<PoolList> {
-    let pools = state
+    let mut pools: Vec<PoolHealth> = state
         .pools
         .all()
         .iter()
         .map(|p| health_of(&state, p))
         .collect();
+    // in a cluster, then every other live replica's, as each last announced them
+    if let Some(c) = state.cluster.get() {
+        pools.extend(c.directory().others());
+    }
     Json(PoolList { pools })
 }
 

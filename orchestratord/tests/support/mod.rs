@@ -4,6 +4,7 @@
 
 pub mod browser;
 pub mod fake_worker;
+pub mod nats;
 pub mod procs;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

@@ -27,26 +27,35 @@ fn short_model(m: &str) -> &str {
 
 pub async fn list(ctl: &Ctl) -> Result<Output, CtlError> {
     let list: PoolList = ctl.get("/v1/pools").await?;
+    // a cluster's replicas list each other's pools: which replica, in a first column
+    let cluster = list.pools.iter().any(|p| p.replica.is_some());
     let rows: Vec<Vec<String>> = list
         .pools
         .iter()
         .map(|p| {
-            vec![
-                p.pool_id.clone(),
-                p.kind.clone(),
-                short_model(&p.model_ref).to_string(),
-                p.state.clone(),
-                format!("{}/{}", p.metrics.slots_busy, p.slots_total),
-                p.queue_depth.to_string(),
-                unloads(p),
-            ]
+            let replica = cluster.then(|| p.replica.clone().unwrap_or_else(|| "-".into()));
+            replica
+                .into_iter()
+                .chain([
+                    p.pool_id.clone(),
+                    p.kind.clone(),
+                    short_model(&p.model_ref).to_string(),
+                    p.state.clone(),
+                    format!("{}/{}", p.metrics.slots_busy, p.slots_total),
+                    p.queue_depth.to_string(),
+                    unloads(p),
+                ])
+                .collect()
         })
         .collect();
+    let columns = ["POOL", "KIND", "MODEL", "STATE", "BUSY", "QUEUE", "UNLOADS"];
+    let headers: Vec<&str> = cluster
+        .then_some("REPLICA")
+        .into_iter()
+        .chain(columns)
+        .collect();
     Ok(Output {
-        human: table::render(
-            &["POOL", "KIND", "MODEL", "STATE", "BUSY", "QUEUE", "UNLOADS"],
-            &rows,
-        ),
+        human: table::render(&headers, &rows),
         json: json!(list),
     })
 }

@@ -1,0 +1,94 @@
+//! A replica's link to its cluster on NATS JetStream (issue 38, being built; ARCHITECTURE.md
+//! "Replicas"). Without `cluster.nats_urls` none of this exists: one process, nothing
+//! external. With it, the replica connects at start (JetStream's buckets created or opened,
+//! retried until `connect_timeout_ms`: a cluster just started elects its leaders first) and
+//! keeps the cluster's pool directory (`pool_directory.rs`).
+
+mod error;
+mod pool_directory;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::ServerAddr;
+use tokio::time::Instant;
+
+use crate::config::ClusterConfig;
+pub use error::ClusterError;
+pub use pool_directory::PoolDirectory;
+
+/// The connection and what this replica keeps in the cluster.
+pub struct Cluster {
+    replica: String,
+    directory: Arc<PoolDirectory>,
+}
+
+impl Cluster {
+    /// Connects to any of `cfg.nats_urls` and opens the cluster's buckets, retrying until
+    /// `cfg.connect_timeout_ms` has passed.
+    pub async fn connect(cfg: &ClusterConfig) -> Result<Self, ClusterError> {
+        let addrs = cfg
+            .nats_urls
+            .iter()
+            .map(|u| {
+                u.parse::<ServerAddr>().map_err(|e| ClusterError::BadUrl {
+                    url: u.clone(),
+                    message: e.to_string(),
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let waited = Duration::from_millis(cfg.connect_timeout_ms);
+        let deadline = Instant::now() + waited;
+        let unreachable = |message: String| ClusterError::Unreachable {
+            urls: cfg.nats_urls.join(","),
+            waited_ms: cfg.connect_timeout_ms,
+            message,
+        };
+        let client = loop {
+            let attempt = async_nats::ConnectOptions::new()
+                .name(format!("orchestratord {}", cfg.replica_id))
+                .connection_timeout(Duration::from_secs(2))
+                .connect(addrs.clone());
+            match tokio::time::timeout_at(deadline, attempt).await {
+                Ok(Ok(client)) => break client,
+                Ok(Err(e)) if Instant::now() + RETRY < deadline => {
+                    tracing::debug!(error = %e, "NATS not reachable yet");
+                    tokio::time::sleep(RETRY).await;
+                }
+                Ok(Err(e)) => return Err(unreachable(e.to_string())),
+                Err(_) => return Err(unreachable("no answer".into())),
+            }
+        };
+        let js = jetstream::new(client);
+        let directory = loop {
+            match PoolDirectory::open(&js, cfg).await {
+                Ok(d) => break d,
+                // JetStream answers once the cluster has elected its meta leader
+                Err(e) if Instant::now() + RETRY < deadline => {
+                    tracing::debug!(error = %e, "JetStream not ready yet");
+                    tokio::time::sleep(RETRY).await;
+                }
+                Err(e) => return Err(unreachable(e.to_string())),
+            }
+        };
+        tracing::info!(replica = %cfg.replica_id, urls = %cfg.nats_urls.join(","), "joined the cluster");
+        Ok(Self {
+            replica: cfg.replica_id.clone(),
+            directory: Arc::new(directory),
+        })
+    }
+
+    /// This replica's name in the cluster.
+    pub fn replica(&self) -> &str {
+        &self.replica
+    }
+
+    /// Every live replica's pools.
+    pub fn directory(&self) -> &Arc<PoolDirectory> {
+        &self.directory
+    }
+}
+
+/// Pause between attempts to reach the cluster at start.
+const RETRY: Duration = Duration::from_millis(250);

@@ -1,0 +1,176 @@
+//! The cluster's pool directory: every replica announces its pools (their health, as its own
+//! `/v1/pools` lists them) under its name in the KV bucket `orchd_pools` every
+//! `cluster.heartbeat_ms`, and watches the bucket for the others'. A replica silent for three
+//! heartbeats (killed, stopped, cut off) is left out of the list; one shutting down deletes its
+//! entry. The bucket keeps one value per replica, and JetStream replicates it
+//! (`stream_replicas`), so the directory outlives any one NATS node.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_nats::jetstream::{self, kv};
+use contracts::PoolHealth;
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+
+use super::ClusterError;
+use crate::config::ClusterConfig;
+
+/// The bucket's name.
+pub const BUCKET: &str = "orchd_pools";
+/// Largest announcement accepted (a replica's pools: far below this).
+const MAX_VALUE_BYTES: i32 = 1 << 20;
+/// Replicas remembered at most (announcements beyond are ignored).
+const MAX_REPLICAS: usize = 256;
+/// JetStream drops an entry this long after its last write (a replica gone for good).
+const ENTRY_MAX_AGE: Duration = Duration::from_secs(60);
+
+/// What a replica puts under its name.
+#[derive(Serialize, Deserialize)]
+struct Announcement {
+    pools: Vec<PoolHealth>,
+}
+
+struct Peer {
+    pools: Vec<PoolHealth>,
+    /// When the announcement was written (by the NATS server's clock, as this host sees it).
+    written: Instant,
+}
+
+pub struct PoolDirectory {
+    kv: kv::Store,
+    replica: String,
+    heartbeat: Duration,
+    peers: Mutex<HashMap<String, Peer>>,
+}
+
+impl PoolDirectory {
+    /// Creates the bucket, or opens it where another replica created it.
+    pub(super) async fn open(
+        js: &jetstream::Context,
+        cfg: &ClusterConfig,
+    ) -> Result<Self, ClusterError> {
+        let config = kv::Config {
+            bucket: BUCKET.into(),
+            description: "orchestratord replicas and their pools".into(),
+            history: 1,
+            max_age: ENTRY_MAX_AGE,
+            max_value_size: MAX_VALUE_BYTES,
+            max_bytes: i64::from(MAX_VALUE_BYTES) * MAX_REPLICAS as i64,
+            num_replicas: cfg.stream_replicas,
+            ..Default::default()
+        };
+        let kv = match js.create_key_value(config).await {
+            Ok(kv) => kv,
+            // made by another replica with other settings: use it as it is
+            Err(created) => js
+                .get_key_value(BUCKET)
+                .await
+                .map_err(|e| ClusterError::JetStream(format!("{created}; {e}")))?,
+        };
+        Ok(Self {
+            kv,
+            replica: cfg.replica_id.clone(),
+            heartbeat: Duration::from_millis(cfg.heartbeat_ms),
+            peers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// How often this replica announces itself.
+    pub fn heartbeat(&self) -> Duration {
+        self.heartbeat
+    }
+
+    /// Puts this replica's pools under its name.
+    pub async fn announce(&self, pools: Vec<PoolHealth>) -> Result<(), ClusterError> {
+        let value = serde_json::to_vec(&Announcement { pools }).map_err(ClusterError::jetstream)?;
+        self.kv
+            .put(&self.replica, value.into())
+            .await
+            .map_err(ClusterError::jetstream)?;
+        Ok(())
+    }
+
+    /// Takes this replica out of the directory (at shutdown).
+    pub async fn withdraw(&self) -> Result<(), ClusterError> {
+        self.kv
+            .delete(&self.replica)
+            .await
+            .map_err(ClusterError::jetstream)
+    }
+
+    /// The pools of every other replica heard from within three heartbeats, by replica name.
+    pub fn others(&self) -> Vec<PoolHealth> {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<&String> = peers
+            .iter()
+            .filter(|(name, p)| **name != self.replica && p.written.elapsed() < 3 * self.heartbeat)
+            .map(|(name, _)| name)
+            .collect();
+        names.sort();
+        names
+            .into_iter()
+            .flat_map(|name| peers[name].pools.iter().cloned())
+            .collect()
+    }
+
+    /// Follows the bucket until `stop`: each replica's latest announcement, then every change
+    /// (a watch that breaks is opened again).
+    pub async fn follow(&self, stop: tokio_util::sync::CancellationToken) {
+        while !stop.is_cancelled() {
+            match self.kv.watch_with_history(">").await {
+                Ok(mut watch) => loop {
+                    let entry = tokio::select! {
+                        _ = stop.cancelled() => return,
+                        e = watch.next() => e,
+                    };
+                    match entry {
+                        Some(Ok(entry)) => self.take(entry),
+                        Some(Err(e)) => {
+                            tracing::warn!(error = %e, "cluster pool directory: watch failed");
+                            break;
+                        }
+                        None => break,
+                    }
+                },
+                Err(e) => tracing::warn!(error = %e, "cluster pool directory: cannot watch"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(self.heartbeat) => {}
+            }
+        }
+    }
+
+    fn take(&self, entry: kv::Entry) {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        if entry.operation != kv::Operation::Put {
+            peers.remove(&entry.key);
+            return;
+        }
+        let Ok(a) = serde_json::from_slice::<Announcement>(&entry.value) else {
+            tracing::warn!(replica = %entry.key, "cluster pool directory: unreadable announcement");
+            return;
+        };
+        if !peers.contains_key(&entry.key) && peers.len() >= MAX_REPLICAS {
+            return;
+        }
+        // an announcement replayed from history is as old as it was written, not fresh
+        let now_ns = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i128);
+        let age_ns = (now_ns - entry.created.unix_timestamp_nanos()).clamp(0, i128::from(u64::MAX));
+        let age = Duration::from_nanos(age_ns as u64);
+        let written = Instant::now().checked_sub(age).unwrap_or_else(Instant::now);
+        let pools = a
+            .pools
+            .into_iter()
+            .map(|p| PoolHealth {
+                replica: Some(entry.key.clone()),
+                ..p
+            })
+            .collect();
+        peers.insert(entry.key, Peer { pools, written });
+    }
+}

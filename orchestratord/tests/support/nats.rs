@@ -1,0 +1,136 @@
+//! A real NATS JetStream cluster on loopback for the cluster tests: `nodes` `nats-server`
+//! processes (release 2.15.1, installed by `ci/install-nats.sh` into `.cache/bin`, or the one
+//! `ORCHD_NATS_SERVER` names), routed to each other, each with its own store; killed when
+//! dropped.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::procs::{free_port, scratch};
+
+pub struct NatsCluster {
+    nodes: Vec<Option<Child>>,
+    pub client_ports: Vec<u16>,
+    /// The nodes' monitoring ports (`/healthz`).
+    pub http_ports: Vec<u16>,
+    pub dir: PathBuf,
+}
+
+impl Drop for NatsCluster {
+    fn drop(&mut self) {
+        for n in self.nodes.iter_mut().flatten() {
+            let _ = n.kill();
+            let _ = n.wait();
+        }
+    }
+}
+
+fn binary() -> PathBuf {
+    if let Ok(p) = std::env::var("ORCHD_NATS_SERVER") {
+        return p.into();
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.cache/bin/nats-server");
+    assert!(
+        p.exists(),
+        "nats-server missing at {}: run ci/install-nats.sh first",
+        p.display()
+    );
+    p
+}
+
+impl NatsCluster {
+    /// Starts the nodes and waits until the cluster has elected its JetStream meta leader.
+    pub async fn start(nodes: usize) -> Self {
+        let dir = scratch("nats");
+        let client_ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect();
+        let http_ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect();
+        let route_ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect();
+        let routes: Vec<String> = route_ports
+            .iter()
+            .map(|p| format!("\"nats-route://127.0.0.1:{p}\""))
+            .collect();
+        let mut children = Vec::new();
+        for i in 0..nodes {
+            let store = dir.join(format!("store{i}"));
+            let conf = dir.join(format!("n{i}.conf"));
+            let cluster = match nodes {
+                1 => String::new(),
+                _ => format!(
+                    "cluster {{\n  name: orchd\n  listen: 127.0.0.1:{}\n  routes: [{}]\n}}\n",
+                    route_ports[i],
+                    routes.join(", ")
+                ),
+            };
+            std::fs::write(
+                &conf,
+                format!(
+                    "server_name: n{i}\nlisten: 127.0.0.1:{}\nhttp: 127.0.0.1:{}\njetstream {{\n  store_dir: \"{}\"\n  max_memory_store: 64MB\n  max_file_store: 512MB\n}}\n{cluster}",
+                    client_ports[i],
+                    http_ports[i],
+                    store.display()
+                ),
+            )
+            .unwrap();
+            let log = std::fs::File::create(dir.join(format!("n{i}.log"))).unwrap();
+            let child = Command::new(binary())
+                .arg("-c")
+                .arg(&conf)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .expect("spawn nats-server");
+            children.push(Some(child));
+        }
+        let c = Self {
+            nodes: children,
+            client_ports,
+            http_ports,
+            dir,
+        };
+        c.wait_for_jetstream().await;
+        c
+    }
+
+    /// Every node's client URL, comma-separated (what `ORCHD_CLUSTER_NATS` takes).
+    pub fn urls(&self) -> String {
+        self.client_ports
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// `kill -9` of node `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut n) = self.nodes[i].take() {
+            let _ = n.kill();
+            let _ = n.wait();
+        }
+    }
+
+    /// A node's log, for failure messages.
+    pub fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("n{i}.log"))).unwrap_or_default()
+    }
+
+    async fn wait_for_jetstream(&self) {
+        // `/healthz` answers 200 once the node's JetStream is up and, in a cluster, its meta
+        // leader elected
+        for i in 0..self.http_ports.len() {
+            let url = format!("http://127.0.0.1:{}/healthz", self.http_ports[i]);
+            let mut up = false;
+            for _ in 0..300 {
+                if let Ok(r) = reqwest::get(&url).await {
+                    if r.status().is_success() {
+                        up = true;
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert!(up, "JetStream did not come up on node {i}: {}", self.log(i));
+        }
+    }
+}
