@@ -6,6 +6,7 @@
 
 mod error;
 mod pool_directory;
+pub mod task_queue;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +23,8 @@ pub use pool_directory::PoolDirectory;
 pub struct Cluster {
     replica: String,
     directory: Arc<PoolDirectory>,
+    js: jetstream::Context,
+    stream_replicas: usize,
 }
 
 impl Cluster {
@@ -76,12 +79,19 @@ impl Cluster {
         Ok(Self {
             replica: cfg.replica_id.clone(),
             directory: Arc::new(directory),
+            js,
+            stream_replicas: cfg.stream_replicas,
         })
     }
 
     /// This replica's name in the cluster.
     pub fn replica(&self) -> &str {
         &self.replica
+    }
+
+    /// The cluster's task queues, a taker losing a task it is silent on for `ack_wait`.
+    pub fn queue(&self, ack_wait: Duration) -> task_queue::ClusterQueue {
+        task_queue::ClusterQueue::new(self.js.clone(), self.stream_replicas, ack_wait)
     }
 
     /// Every live replica's pools.

@@ -1,0 +1,319 @@
+//! The cluster's queue on JetStream (issue 38; not yet behind `POST /v1/tasks`): per pool a
+//! work-queue stream with a subject per class, its bound the subject's message cap with
+//! discard-new-per-subject, so the stream's Raft leader refuses the admission past the bound
+//! whatever the number of replicas admitting at once. A task stays in the stream until it
+//! ends (`Taken::done`): the bound counts queued and running tasks. A task's id is its
+//! `Nats-Msg-Id`, so a publish retried after a lost answer is not admitted twice (within the
+//! stream's duplicate window).
+//!
+//! Taking: every replica pulls from one durable consumer per pool and class, so each task goes
+//! to one of them; the taker acknowledges progress while it works (`Taken::progress`); a taker
+//! that stops (killed, stopped, cut off) loses the task to the next puller after `ack_wait`.
+//! A task delivered more than [`MAX_DELIVERIES`] times is taken out of the queue and handed
+//! back as exhausted, for the caller to fail (`REPLICA_EXHAUSTED`).
+
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{pull, AckPolicy};
+use async_nats::jetstream::stream::{self, DiscardPolicy, RetentionPolicy, StorageType};
+use async_nats::jetstream::{self, AckKind};
+use bytes::Bytes;
+use futures::StreamExt;
+
+use super::ClusterError;
+use contracts::Priority as Class;
+
+/// Deliveries of one task at most (the first and two requeues).
+pub const MAX_DELIVERIES: i64 = 3;
+/// Largest task accepted into the stream (its prompt and parameters).
+const MAX_TASK_BYTES: i32 = 4 << 20;
+/// Retries of one publish recognized as the same task.
+const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+
+/// The queues of one JetStream account.
+#[derive(Clone)]
+pub struct ClusterQueue {
+    js: jetstream::Context,
+    replicas: usize,
+    ack_wait: Duration,
+}
+
+/// One pool's queue.
+pub struct PoolQueue {
+    js: jetstream::Context,
+    pool: String,
+    stream: stream::Stream,
+    consumers: [jetstream::consumer::PullConsumer; 2],
+}
+
+/// A task admitted into a pool's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admitted {
+    /// Its place in the pool's stream.
+    pub sequence: u64,
+    /// It was admitted before (the same id within the duplicate window): not added again.
+    pub duplicate: bool,
+}
+
+/// Why an admission was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    #[error("the {class} queue of pool {pool} is full ({bound} tasks)")]
+    Full {
+        pool: String,
+        class: &'static str,
+        bound: i64,
+    },
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+}
+
+/// A task taken from a queue by this replica.
+pub struct Taken {
+    pub task_id: String,
+    pub payload: Bytes,
+    /// 1 the first time; more after takers that stopped.
+    pub delivered: i64,
+    msg: jetstream::Message,
+}
+
+/// What a take found.
+pub enum Take {
+    Task(Box<Taken>),
+    /// Delivered too often: out of the queue now; the caller fails the task.
+    Exhausted {
+        task_id: String,
+        delivered: i64,
+    },
+    Empty,
+}
+
+fn class_name(class: Class) -> &'static str {
+    match class {
+        Class::Interactive => "interactive",
+        Class::Batch => "batch",
+    }
+}
+
+/// A pool id as a stream name and subject token: as it is when it is letters, digits, `-`
+/// and `_`, otherwise `x` and its bytes in hex (names are case-sensitive and unique either way).
+fn token(pool: &str) -> String {
+    if !pool.is_empty()
+        && pool
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return pool.to_string();
+    }
+    let hex: String = pool.bytes().map(|b| format!("{b:02x}")).collect();
+    format!("x{hex}")
+}
+
+fn subject(pool: &str, class: Class) -> String {
+    format!("orchd.queue.{}.{}", token(pool), class_name(class))
+}
+
+impl ClusterQueue {
+    pub fn new(js: jetstream::Context, replicas: usize, ack_wait: Duration) -> Self {
+        Self {
+            js,
+            replicas,
+            ack_wait,
+        }
+    }
+
+    /// Opens `pool`'s queue, creating its stream (or updating its bound) as needed: at most
+    /// `bound` tasks per class, queued or running.
+    pub async fn pool(&self, pool: &str, bound: i64) -> Result<PoolQueue, ClusterError> {
+        let name = format!("ORCHD_QUEUE_{}", token(pool));
+        let config = stream::Config {
+            name: name.clone(),
+            description: Some(format!("orchestratord queue of pool {pool:?}")),
+            subjects: vec![
+                subject(pool, Class::Interactive),
+                subject(pool, Class::Batch),
+            ],
+            retention: RetentionPolicy::WorkQueue,
+            max_messages_per_subject: bound,
+            discard: DiscardPolicy::New,
+            discard_new_per_subject: true,
+            max_message_size: MAX_TASK_BYTES,
+            duplicate_window: DUPLICATE_WINDOW,
+            storage: StorageType::File,
+            num_replicas: self.replicas,
+            ..Default::default()
+        };
+        let stream = match self.js.get_stream(&name).await {
+            Ok(mut s) => {
+                let same = s
+                    .info()
+                    .await
+                    .map(|i| i.config.max_messages_per_subject == bound)
+                    .unwrap_or(false);
+                if !same {
+                    self.js
+                        .update_stream(&config)
+                        .await
+                        .map_err(ClusterError::jetstream)?;
+                }
+                s
+            }
+            Err(_) => self
+                .js
+                .get_or_create_stream(config)
+                .await
+                .map_err(ClusterError::jetstream)?,
+        };
+        let consumer = |class: Class| pull::Config {
+            durable_name: Some(format!("take_{}", class_name(class))),
+            filter_subject: subject(pool, class),
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.ack_wait,
+            // deliveries are counted here, not by JetStream, so the last one can be failed
+            max_deliver: -1,
+            ..Default::default()
+        };
+        let interactive = stream
+            .get_or_create_consumer("take_interactive", consumer(Class::Interactive))
+            .await
+            .map_err(ClusterError::jetstream)?;
+        let batch = stream
+            .get_or_create_consumer("take_batch", consumer(Class::Batch))
+            .await
+            .map_err(ClusterError::jetstream)?;
+        Ok(PoolQueue {
+            js: self.js.clone(),
+            pool: pool.to_string(),
+            stream,
+            consumers: [interactive, batch],
+        })
+    }
+}
+
+impl PoolQueue {
+    /// Admits task `task_id` (its `payload`) into `class`'s queue, unless the queue is full.
+    pub async fn admit(
+        &self,
+        class: Class,
+        task_id: &str,
+        payload: Bytes,
+    ) -> Result<Admitted, AdmitError> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", task_id);
+        let ack = self
+            .js
+            .publish_with_headers(subject(&self.pool, class), headers, payload)
+            .await
+            .map_err(ClusterError::jetstream)?
+            .await;
+        match ack {
+            Ok(a) => Ok(Admitted {
+                sequence: a.sequence,
+                duplicate: a.duplicate,
+            }),
+            Err(e) if e.to_string().contains("maximum messages per subject") => {
+                Err(AdmitError::Full {
+                    pool: self.pool.clone(),
+                    class: class_name(class),
+                    bound: self.stream.cached_info().config.max_messages_per_subject,
+                })
+            }
+            Err(e) => Err(ClusterError::jetstream(e).into()),
+        }
+    }
+
+    /// Tasks in `class`'s queue, queued or running, as the stream counts them now.
+    pub async fn depth(&self, class: Class) -> Result<u64, ClusterError> {
+        let mut subjects = self
+            .stream
+            .info_with_subjects(subject(&self.pool, class))
+            .await
+            .map_err(ClusterError::jetstream)?;
+        let mut n = 0u64;
+        while let Some(s) = subjects.next().await {
+            n += s.map_err(ClusterError::jetstream)?.1 as u64;
+        }
+        Ok(n)
+    }
+
+    /// The NATS node leading the pool's stream now (the one that orders its admissions).
+    pub async fn leader(&mut self) -> Result<Option<String>, ClusterError> {
+        let info = self.stream.info().await.map_err(ClusterError::jetstream)?;
+        Ok(info.cluster.as_ref().and_then(|c| c.leader.clone()))
+    }
+
+    /// The next task of `class` no other replica holds, waiting up to `wait` for one.
+    pub async fn take(&self, class: Class, wait: Duration) -> Result<Take, ClusterError> {
+        let consumer = &self.consumers[match class {
+            Class::Interactive => 0,
+            Class::Batch => 1,
+        }];
+        let mut batch = consumer
+            .batch()
+            .max_messages(1)
+            .expires(wait)
+            .messages()
+            .await
+            .map_err(ClusterError::jetstream)?;
+        let Some(msg) = batch.next().await else {
+            return Ok(Take::Empty);
+        };
+        let msg = msg.map_err(ClusterError::jetstream)?;
+        let delivered = msg.info().map_err(ClusterError::jetstream)?.delivered;
+        let task_id = msg
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Msg-Id"))
+            .map(|v| v.to_string())
+            .unwrap_or_default();
+        if delivered > MAX_DELIVERIES {
+            // out of the queue, confirmed (the caller fails the task)
+            msg.double_ack().await.map_err(ClusterError::jetstream)?;
+            return Ok(Take::Exhausted { task_id, delivered });
+        }
+        Ok(Take::Task(Box::new(Taken {
+            task_id,
+            payload: msg.payload.clone(),
+            delivered,
+            msg,
+        })))
+    }
+}
+
+impl Taken {
+    /// Still working on it: JetStream waits another `ack_wait` before giving it to another.
+    pub async fn progress(&self) -> Result<(), ClusterError> {
+        self.msg
+            .ack_with(AckKind::Progress)
+            .await
+            .map_err(ClusterError::jetstream)
+    }
+
+    /// Ended (whatever the outcome): out of the queue, its place free.
+    pub async fn done(self) -> Result<(), ClusterError> {
+        self.msg.double_ack().await.map_err(ClusterError::jetstream)
+    }
+
+    /// Given back for another replica to take at once.
+    pub async fn give_back(self) -> Result<(), ClusterError> {
+        self.msg
+            .ack_with(AckKind::Nak(None))
+            .await
+            .map_err(ClusterError::jetstream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_ids_become_stream_names_and_subject_tokens() {
+        assert_eq!(token("default"), "default");
+        assert_eq!(token("gpu-a_1"), "gpu-a_1");
+        assert_eq!(token("a.b"), "x612e62");
+        assert_eq!(token("a b>"), "x6120623e");
+        assert_ne!(token("a.b"), token("a_b"));
+        assert_eq!(subject("p", Class::Batch), "orchd.queue.p.batch");
+    }
+}

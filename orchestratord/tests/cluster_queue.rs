@@ -1,0 +1,295 @@
+//! CLU-Q-1..3 (issue 38): the cluster's queue on a real 3-node NATS JetStream cluster on
+//! loopback (`nats-server` 2.15.1, `ci/install-nats.sh`), driven through the library as three
+//! replicas would drive it, each connected to a different node. Not yet behind
+//! `POST /v1/tasks` (the replicas' HTTP path comes next): these prove the substrate's promises
+//! that path will rest on — the bound holds whatever the number of admitting replicas, a task
+//! whose taker stops goes to another, and no acknowledged admission is lost when the stream's
+//! leader is killed.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use bytes::Bytes;
+use contracts::Priority;
+use orchestratord::cluster::task_queue::{AdmitError, PoolQueue, Take, MAX_DELIVERIES};
+use orchestratord::cluster::Cluster;
+use orchestratord::config::ClusterConfig;
+use support::nats::NatsCluster;
+
+/// A replica's connection through node `node` only.
+async fn replica(nats: &NatsCluster, node: usize, name: &str) -> Cluster {
+    let cfg = ClusterConfig {
+        nats_urls: vec![format!("nats://127.0.0.1:{}", nats.client_ports[node])],
+        replica_id: name.into(),
+        connect_timeout_ms: 20_000,
+        ..Default::default()
+    };
+    Cluster::connect(&cfg).await.expect("joins the cluster")
+}
+
+/// The pool's queue through `c` (retried while the cluster elects a new stream leader).
+async fn queue(c: &Cluster, bound: i64, ack_wait_ms: u64) -> PoolQueue {
+    let mut tries = 0;
+    loop {
+        match c
+            .queue(Duration::from_millis(ack_wait_ms))
+            .pool("p.1", bound)
+            .await
+        {
+            Ok(q) => return q,
+            Err(e) if tries < 10 => {
+                tries += 1;
+                eprintln!("opening the queue: {e}; again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => panic!("cannot open the pool's queue: {e}"),
+        }
+    }
+}
+
+/// CLU-Q-1: 60 admissions at once through three replicas on three nodes into a queue bound to
+/// 8: exactly 8 are admitted, every other is told the queue is full; a place freed takes one
+/// more; a retried admission of the same task is not counted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bound_holds_whatever_the_replicas_admitting() {
+    let nats = NatsCluster::start(3).await;
+    let replicas = [
+        replica(&nats, 0, "a").await,
+        replica(&nats, 1, "b").await,
+        replica(&nats, 2, "c").await,
+    ];
+    let mut queues = Vec::new();
+    for r in &replicas {
+        queues.push(queue(r, 8, 5_000).await);
+    }
+    let mut burst = tokio::task::JoinSet::new();
+    let queues = std::sync::Arc::new(queues);
+    for i in 0..60 {
+        let queues = queues.clone();
+        burst.spawn(async move {
+            let q = &queues[i % 3];
+            let r = q
+                .admit(Priority::Interactive, &format!("t{i}"), Bytes::from("{}"))
+                .await;
+            (i, r)
+        });
+    }
+    let (mut admitted, mut full) = (0, 0);
+    while let Some(r) = burst.join_next().await {
+        match r.unwrap() {
+            (_, Ok(a)) => {
+                assert!(!a.duplicate);
+                admitted += 1;
+            }
+            (_, Err(AdmitError::Full { bound, .. })) => {
+                assert_eq!(bound, 8);
+                full += 1;
+            }
+            (i, Err(e)) => panic!("admission {i}: {e}"),
+        }
+    }
+    assert_eq!((admitted, full), (8, 52));
+    assert_eq!(queues[0].depth(Priority::Interactive).await.unwrap(), 8);
+    assert_eq!(queues[2].depth(Priority::Batch).await.unwrap(), 0);
+    // the other class has its own bound
+    queues[1]
+        .admit(Priority::Batch, "b0", Bytes::from("{}"))
+        .await
+        .unwrap();
+
+    // a task ends on replica b: its place is free for one more, and only one
+    let Take::Task(t) = queues[1]
+        .take(Priority::Interactive, Duration::from_secs(2))
+        .await
+        .unwrap()
+    else {
+        panic!("a queued task to take");
+    };
+    assert_eq!(t.delivered, 1);
+    t.done().await.unwrap();
+    let mut depth = 8;
+    for _ in 0..40 {
+        depth = queues[0].depth(Priority::Interactive).await.unwrap();
+        if depth == 7 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(depth, 7);
+    let again = queues[2]
+        .admit(Priority::Interactive, "late", Bytes::from("{}"))
+        .await
+        .unwrap();
+    // the same task admitted again (a retry after a lost answer): the same place, not a new one
+    let retry = queues[0]
+        .admit(Priority::Interactive, "late", Bytes::from("{}"))
+        .await
+        .unwrap();
+    assert!(
+        retry.duplicate && retry.sequence == again.sequence,
+        "{retry:?} vs {again:?}"
+    );
+    assert!(matches!(
+        queues[1]
+            .admit(Priority::Interactive, "over", Bytes::from("{}"))
+            .await,
+        Err(AdmitError::Full { .. })
+    ));
+}
+
+/// CLU-Q-2: a task taken by a replica that stops answering goes to another after `ack_wait`
+/// (delivered twice); progress acknowledgements keep it with a working taker; past
+/// `MAX_DELIVERIES` it is terminated and handed back as exhausted, its place freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_taker_stops_goes_to_another() {
+    let nats = NatsCluster::start(3).await;
+    let a = replica(&nats, 0, "a").await;
+    let qa = queue(&a, 4, 1_000).await;
+    qa.admit(Priority::Interactive, "t1", Bytes::from("job"))
+        .await
+        .unwrap();
+    {
+        // replica x takes it and dies (its connection gone, no ack)
+        let x = replica(&nats, 1, "x").await;
+        let qx = queue(&x, 4, 1_000).await;
+        let Take::Task(t) = qx
+            .take(Priority::Interactive, Duration::from_secs(2))
+            .await
+            .unwrap()
+        else {
+            panic!("x takes the task");
+        };
+        assert_eq!((t.task_id.as_str(), t.delivered), ("t1", 1));
+        std::mem::forget(t);
+    }
+    // nothing to take while its ack_wait runs; then replica b gets it, second delivery
+    let b = replica(&nats, 2, "b").await;
+    let qb = queue(&b, 4, 1_000).await;
+    let taken = loop {
+        match qb
+            .take(Priority::Interactive, Duration::from_millis(500))
+            .await
+            .unwrap()
+        {
+            Take::Task(t) => break t,
+            Take::Empty => continue,
+            Take::Exhausted { .. } => panic!("exhausted too early"),
+        }
+    };
+    assert_eq!((taken.task_id.as_str(), taken.delivered), ("t1", 2));
+    assert_eq!(&taken.payload[..], b"job");
+    // b works on it for three ack_waits, confirming progress: nobody else gets it
+    for _ in 0..6 {
+        taken.progress().await.unwrap();
+        assert!(matches!(
+            qa.take(Priority::Interactive, Duration::from_millis(500))
+                .await
+                .unwrap(),
+            Take::Empty
+        ));
+    }
+    // given back twice more: the fourth delivery is the end of it
+    taken.give_back().await.unwrap();
+    let mut deliveries = vec![2];
+    let exhausted = loop {
+        match qa
+            .take(Priority::Interactive, Duration::from_secs(2))
+            .await
+            .unwrap()
+        {
+            Take::Task(t) => {
+                deliveries.push(t.delivered);
+                t.give_back().await.unwrap();
+            }
+            Take::Exhausted { task_id, delivered } => break (task_id, delivered),
+            Take::Empty => panic!("the task vanished after deliveries {deliveries:?}"),
+        }
+    };
+    assert_eq!(deliveries, vec![2, 3]);
+    assert_eq!(exhausted, ("t1".to_string(), MAX_DELIVERIES + 1));
+    // its place is free (the stream applies the acknowledgement through its own log)
+    let mut depth = 1;
+    for _ in 0..40 {
+        depth = qa.depth(Priority::Interactive).await.unwrap();
+        if depth == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(depth, 0);
+}
+
+/// CLU-Q-3: `kill -9` of the NATS node leading the pool's stream in the middle of a burst of
+/// admissions: every admission that was acknowledged is still in the queue afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_acknowledged_admission_is_lost_when_the_stream_leader_dies() {
+    let mut nats = NatsCluster::start(3).await;
+    let first = replica(&nats, 0, "probe").await;
+    let mut probe = queue(&first, 10_000, 5_000).await;
+    let leader = probe.leader().await.unwrap().expect("a leader");
+    let dead: usize = leader.trim_start_matches('n').parse().unwrap();
+    let survivor = (dead + 1) % 3;
+    drop(probe);
+    drop(first);
+    // the admitting replica talks to a node that survives
+    let a = replica(&nats, survivor, "a").await;
+    let qa = queue(&a, 10_000, 5_000).await;
+    // each task is sent until it is acknowledged, as a client retries (the same id: a
+    // publish stored whose answer was lost comes back as a duplicate, not a second task)
+    let mut acked = BTreeSet::new();
+    let mut retried = 0;
+    for i in 0..300 {
+        if i == 100 {
+            nats.kill(dead);
+        }
+        let id = format!("t{i}");
+        let started = std::time::Instant::now();
+        loop {
+            match tokio::time::timeout(
+                Duration::from_secs(5),
+                qa.admit(Priority::Interactive, &id, Bytes::from("{}")),
+            )
+            .await
+            {
+                Ok(Ok(_)) => break,
+                Ok(Err(AdmitError::Full { .. })) => panic!("no bound was reached"),
+                _ if started.elapsed() < Duration::from_secs(30) => {
+                    retried += 1;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => panic!("task {id} never admitted: {:?}", other.map(|r| r.err())),
+            }
+        }
+        acked.insert(id);
+    }
+    eprintln!("admission attempts retried while the stream's leader changed: {retried}");
+    // every acknowledged one is there (taken once each by another replica)
+    let b = replica(
+        &nats,
+        (survivor + 1) % 3 + if (survivor + 1) % 3 == dead { 1 } else { 0 },
+        "b",
+    );
+    let b = b.await;
+    let qb = queue(&b, 10_000, 5_000).await;
+    let mut seen = BTreeSet::new();
+    loop {
+        match qb
+            .take(Priority::Interactive, Duration::from_secs(1))
+            .await
+            .unwrap()
+        {
+            Take::Task(t) => {
+                seen.insert(t.task_id.clone());
+                t.done().await.unwrap();
+            }
+            Take::Empty => break,
+            Take::Exhausted { .. } => panic!("no task was delivered that often"),
+        }
+    }
+    let lost: Vec<&String> = acked.difference(&seen).collect();
+    assert!(lost.is_empty(), "acknowledged and lost: {lost:?}");
+    // and none twice: the queue held exactly the 300 tasks
+    assert_eq!(seen.len(), 300);
+}
