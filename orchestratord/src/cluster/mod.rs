@@ -5,6 +5,7 @@
 //! keeps the cluster's pool directory (`pool_directory.rs`).
 
 mod error;
+pub mod event_relay;
 mod pool_directory;
 pub mod task_queue;
 
@@ -92,6 +93,14 @@ impl Cluster {
     /// The cluster's task queues, a taker losing a task it is silent on for `ack_wait`.
     pub fn queue(&self, ack_wait: Duration) -> task_queue::ClusterQueue {
         task_queue::ClusterQueue::new(self.js.clone(), self.stream_replicas, ack_wait)
+    }
+
+    /// The cluster's event relay (its stream created or opened with `limits`).
+    pub async fn events(
+        &self,
+        limits: event_relay::RelayLimits,
+    ) -> Result<event_relay::EventRelay, ClusterError> {
+        event_relay::EventRelay::open(self.js.clone(), self.stream_replicas, limits).await
     }
 
     /// Every live replica's pools.

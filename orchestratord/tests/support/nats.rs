@@ -11,6 +11,9 @@ use super::procs::{free_port, scratch};
 
 pub struct NatsCluster {
     nodes: Vec<Option<Child>>,
+    /// One cluster at a time in a test binary: the tests' leader elections and kills do not
+    /// compete for the cores, and their ports cannot meet.
+    _serial: tokio::sync::MutexGuard<'static, ()>,
     pub client_ports: Vec<u16>,
     /// The nodes' monitoring ports (`/healthz`).
     pub http_ports: Vec<u16>,
@@ -42,6 +45,8 @@ fn binary() -> PathBuf {
 impl NatsCluster {
     /// Starts the nodes and waits until the cluster has elected its JetStream meta leader.
     pub async fn start(nodes: usize) -> Self {
+        static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let serial = SERIAL.lock().await;
         let dir = scratch("nats");
         let client_ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect();
         let http_ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect();
@@ -85,6 +90,7 @@ impl NatsCluster {
         }
         let c = Self {
             nodes: children,
+            _serial: serial,
             client_ports,
             http_ports,
             dir,
@@ -121,7 +127,7 @@ impl NatsCluster {
         for i in 0..self.http_ports.len() {
             let url = format!("http://127.0.0.1:{}/healthz", self.http_ports[i]);
             let mut up = false;
-            for _ in 0..300 {
+            for _ in 0..600 {
                 if let Ok(r) = reqwest::get(&url).await {
                     if r.status().is_success() {
                         up = true;
@@ -130,7 +136,22 @@ impl NatsCluster {
                 }
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-            assert!(up, "JetStream did not come up on node {i}: {}", self.log(i));
+            if !up {
+                let tails: Vec<String> = (0..self.nodes.len())
+                    .map(|n| {
+                        let log = self.log(n);
+                        let lines: Vec<&str> = log.lines().collect();
+                        format!(
+                            "node {n}:\n{}",
+                            lines[lines.len().saturating_sub(15)..].join("\n")
+                        )
+                    })
+                    .collect();
+                panic!(
+                    "JetStream did not come up on node {i}:\n{}",
+                    tails.join("\n")
+                );
+            }
         }
     }
 }

@@ -1,10 +1,11 @@
-//! CLU-Q-1..3 (issue 38): the cluster's queue on a real 3-node NATS JetStream cluster on
+//! CLU-Q-1..3, CLU-EV-1 (issue 38): the cluster's queue and event relay on a real 3-node NATS JetStream cluster on
 //! loopback (`nats-server` 2.15.1, `ci/install-nats.sh`), driven through the library as three
 //! replicas would drive it, each connected to a different node. Not yet behind
-//! `POST /v1/tasks` (the replicas' HTTP path comes next): these prove the substrate's promises
-//! that path will rest on — the bound holds whatever the number of admitting replicas, a task
-//! whose taker stops goes to another, and no acknowledged admission is lost when the stream's
-//! leader is killed.
+//! `POST /v1/tasks` and the SSE routes (the replicas' HTTP path comes next): these prove the
+//! substrate's promises that path will rest on — the bound holds whatever the number of
+//! admitting replicas, a task whose taker stops goes to another, no acknowledged admission is
+//! lost when the stream's leader is killed, and a task's events are followed from any replica
+//! and resumed after an event id, each once.
 
 mod support;
 
@@ -292,4 +293,110 @@ async fn no_acknowledged_admission_is_lost_when_the_stream_leader_dies() {
     assert!(lost.is_empty(), "acknowledged and lost: {lost:?}");
     // and none twice: the queue held exactly the 300 tasks
     assert_eq!(seen.len(), 300);
+}
+
+/// CLU-EV-1: a task's events published through one replica (each sent until acknowledged,
+/// through the `kill -9` of the NATS node leading the events stream) are followed from another
+/// replica; that follower goes away after 80 events and a third replica resumes after the last
+/// id it saw (`Last-Event-ID`): every event comes once, in order, none of another task's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_events_are_followed_from_any_replica_and_resumed_after_an_id() {
+    use futures::StreamExt;
+    use orchestratord::cluster::event_relay::{EventRelay, RelayLimits};
+    let limits = RelayLimits {
+        keep: Duration::from_secs(300),
+        per_task: 10_000,
+        bytes: 64 << 20,
+    };
+    let mut nats = NatsCluster::start(3).await;
+    let probe = replica(&nats, 0, "probe").await;
+    let leader = probe
+        .events(limits)
+        .await
+        .unwrap()
+        .leader()
+        .await
+        .unwrap()
+        .expect("a leader");
+    drop(probe);
+    let dead: usize = leader.trim_start_matches('n').parse().unwrap();
+    let (s1, s2) = ((dead + 1) % 3, (dead + 2) % 3);
+    let a = replica(&nats, s1, "a").await;
+    let ra: EventRelay = relay(&a, limits).await;
+    let publisher = tokio::spawn(async move {
+        for i in 0..200u64 {
+            for (task, payload) in [("t1", format!("e{i}")), ("t2", format!("other{i}"))] {
+                let started = std::time::Instant::now();
+                while ra
+                    .publish(task, i, bytes::Bytes::from(payload.clone()))
+                    .await
+                    .is_err()
+                {
+                    assert!(
+                        started.elapsed() < Duration::from_secs(30),
+                        "event {i} never stored"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    });
+    let b = replica(&nats, s2, "b").await;
+    let rb = relay(&b, limits).await;
+    let mut got: Vec<(u64, String)> = Vec::new();
+    {
+        let mut events = rb.follow("t1", 0).await.unwrap();
+        while got.len() < 80 {
+            let e = tokio::time::timeout(Duration::from_secs(30), events.next())
+                .await
+                .expect("an event within 30 s")
+                .unwrap()
+                .unwrap();
+            got.push((e.id, String::from_utf8(e.payload.to_vec()).unwrap()));
+            if got.len() == 40 {
+                nats.kill(dead);
+            }
+        }
+    }
+    drop(rb);
+    drop(b);
+    // the follower is gone; a third replica resumes after the last id it saw
+    let c = replica(&nats, s1, "c").await;
+    let rc = relay(&c, limits).await;
+    let last = got.last().unwrap().0;
+    let mut events = rc.follow("t1", last).await.unwrap();
+    while got.len() < 200 {
+        let e = tokio::time::timeout(Duration::from_secs(30), events.next())
+            .await
+            .expect("an event within 30 s")
+            .unwrap()
+            .unwrap();
+        got.push((e.id, String::from_utf8(e.payload.to_vec()).unwrap()));
+    }
+    publisher.await.unwrap();
+    let texts: Vec<&str> = got.iter().map(|(_, t)| t.as_str()).collect();
+    let want: Vec<String> = (0..200).map(|i| format!("e{i}")).collect();
+    assert_eq!(texts, want, "every event once, in order");
+    assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "ids grow");
+    // nothing more for t1 (no duplicate after the last)
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), events.next())
+            .await
+            .is_err()
+    );
+}
+
+/// The event relay through `c` (retried while the cluster elects a new stream leader).
+async fn relay(
+    c: &Cluster,
+    limits: orchestratord::cluster::event_relay::RelayLimits,
+) -> orchestratord::cluster::event_relay::EventRelay {
+    for _ in 0..20 {
+        match c.events(limits).await {
+            Ok(r) => return r,
+            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    panic!("the event relay did not open")
 }

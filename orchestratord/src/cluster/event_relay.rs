@@ -1,0 +1,149 @@
+//! The cluster's event relay on JetStream (issue 38; not yet behind the SSE routes): every
+//! event of a task (`started`, `token`, `metrics`, `end`, `error`) is a message on the task's
+//! own subject of one stream, published by whichever replica runs it; any replica follows a
+//! task from the start or from an event id, and an event's id is its stream sequence — so a
+//! client whose replica died resumes on another with `Last-Event-ID` and gets every later
+//! event once, in order. The stream keeps each task's events for the transcript's time and at
+//! most a bounded number per task.
+
+use std::time::Duration;
+
+use async_nats::jetstream;
+use async_nats::jetstream::consumer::{pull, DeliverPolicy};
+use async_nats::jetstream::stream::{self, DiscardPolicy, StorageType};
+use bytes::Bytes;
+use futures::{Stream, StreamExt};
+
+use super::ClusterError;
+
+/// The stream's name.
+pub const STREAM: &str = "ORCHD_EVENTS";
+
+/// Task ids as subject tokens: letters, digits, `-`, `_` (the server's ids are UUIDs).
+fn subject(task_id: &str) -> Result<String, ClusterError> {
+    if task_id.is_empty()
+        || task_id.len() > 128
+        || !task_id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(ClusterError::JetStream(format!(
+            "a task id for the event relay must be 1 to 128 letters, digits, '-' or '_': {task_id:?}"
+        )));
+    }
+    Ok(format!("orchd.events.{task_id}"))
+}
+
+/// How the relay keeps events.
+#[derive(Debug, Clone, Copy)]
+pub struct RelayLimits {
+    /// A task's events are dropped this long after they were written.
+    pub keep: Duration,
+    /// Events kept per task at most (the oldest go first).
+    pub per_task: i64,
+    /// All tasks' events together at most (the oldest go first).
+    pub bytes: i64,
+}
+
+/// One event as a follower receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Relayed {
+    /// The event id: its sequence in the stream (grows with every event of every task).
+    pub id: u64,
+    pub payload: Bytes,
+}
+
+#[derive(Clone)]
+pub struct EventRelay {
+    js: jetstream::Context,
+    stream: stream::Stream,
+}
+
+impl EventRelay {
+    /// Creates the stream (or opens it as another replica created it).
+    pub async fn open(
+        js: jetstream::Context,
+        replicas: usize,
+        limits: RelayLimits,
+    ) -> Result<Self, ClusterError> {
+        let config = stream::Config {
+            name: STREAM.into(),
+            description: Some("orchestratord task events, a subject per task".into()),
+            subjects: vec!["orchd.events.>".into()],
+            max_age: limits.keep,
+            max_messages_per_subject: limits.per_task,
+            max_bytes: limits.bytes,
+            discard: DiscardPolicy::Old,
+            duplicate_window: Duration::from_secs(120).min(limits.keep),
+            storage: StorageType::File,
+            num_replicas: replicas,
+            ..Default::default()
+        };
+        let stream = match js.get_stream(STREAM).await {
+            Ok(s) => s,
+            Err(_) => js
+                .get_or_create_stream(config)
+                .await
+                .map_err(ClusterError::jetstream)?,
+        };
+        Ok(Self { js, stream })
+    }
+
+    /// Appends event `number` (0, 1, 2, … per task) of `task_id`; its id once the stream has
+    /// it. Sending the same number again (a retry after a lost answer) does not add it twice.
+    pub async fn publish(
+        &self,
+        task_id: &str,
+        number: u64,
+        payload: Bytes,
+    ) -> Result<u64, ClusterError> {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("{task_id}-{number}").as_str());
+        let ack = self
+            .js
+            .publish_with_headers(subject(task_id)?, headers, payload)
+            .await
+            .map_err(ClusterError::jetstream)?
+            .await
+            .map_err(ClusterError::jetstream)?;
+        Ok(ack.sequence)
+    }
+
+    /// The NATS node leading the stream now.
+    pub async fn leader(&self) -> Result<Option<String>, ClusterError> {
+        let mut s = self.stream.clone();
+        let info = s.info().await.map_err(ClusterError::jetstream)?;
+        Ok(info.cluster.as_ref().and_then(|c| c.leader.clone()))
+    }
+
+    /// `task_id`'s events after event `after` (0: from its first), as they come.
+    pub async fn follow(
+        &self,
+        task_id: &str,
+        after: u64,
+    ) -> Result<impl Stream<Item = Result<Relayed, ClusterError>>, ClusterError> {
+        let consumer = self
+            .stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: subject(task_id)?,
+                deliver_policy: match after {
+                    0 => DeliverPolicy::All,
+                    n => DeliverPolicy::ByStartSequence {
+                        start_sequence: n + 1,
+                    },
+                },
+                ..Default::default()
+            })
+            .await
+            .map_err(ClusterError::jetstream)?;
+        let messages = consumer.messages().await.map_err(ClusterError::jetstream)?;
+        Ok(messages.map(|m| {
+            let m = m.map_err(ClusterError::jetstream)?;
+            let id = m.info().map_err(ClusterError::jetstream)?.stream_sequence;
+            Ok(Relayed {
+                id,
+                payload: m.payload.clone(),
+            })
+        }))
+    }
+}
