@@ -348,12 +348,7 @@ async fn a_tasks_events_are_followed_from_any_replica_and_resumed_after_an_id() 
     {
         let mut events = rb.follow("t1", 0).await.unwrap();
         while got.len() < 80 {
-            let e = tokio::time::timeout(Duration::from_secs(30), events.next())
-                .await
-                .expect("an event within 30 s")
-                .unwrap()
-                .unwrap();
-            got.push((e.id, String::from_utf8(e.payload.to_vec()).unwrap()));
+            got.push(next_event(&mut events).await);
             if got.len() == 40 {
                 nats.kill(dead);
             }
@@ -367,12 +362,7 @@ async fn a_tasks_events_are_followed_from_any_replica_and_resumed_after_an_id() 
     let last = got.last().unwrap().0;
     let mut events = rc.follow("t1", last).await.unwrap();
     while got.len() < 200 {
-        let e = tokio::time::timeout(Duration::from_secs(30), events.next())
-            .await
-            .expect("an event within 30 s")
-            .unwrap()
-            .unwrap();
-        got.push((e.id, String::from_utf8(e.payload.to_vec()).unwrap()));
+        got.push(next_event(&mut events).await);
     }
     publisher.await.unwrap();
     let texts: Vec<&str> = got.iter().map(|(_, t)| t.as_str()).collect();
@@ -399,4 +389,22 @@ async fn relay(
         }
     }
     panic!("the event relay did not open")
+}
+
+/// A follower's next event, `(id, text)`, within 30 s.
+async fn next_event(
+    events: &mut (impl futures::Stream<
+        Item = Result<
+            orchestratord::cluster::event_relay::Relayed,
+            orchestratord::cluster::ClusterError,
+        >,
+    > + Unpin),
+) -> (u64, String) {
+    use futures::StreamExt;
+    let e = tokio::time::timeout(Duration::from_secs(30), events.next())
+        .await
+        .expect("an event within 30 s")
+        .expect("the follow goes on")
+        .expect("an event, not an error");
+    (e.id, String::from_utf8(e.payload.to_vec()).unwrap())
 }
