@@ -399,3 +399,75 @@ impl GgufFile {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ENG-WFMT-4: every K-quant a GGUF may hold — Q2_K and Q3_K through candle's kernels, Q4_K,
+    /// Q5_K and Q6_K through ours — loads as a matmul weight and multiplies like its
+    /// dequantized values, to within what quantizing the activations to 8 bits may move
+    /// (half a step of each 256-element block, times the weights it meets) and f32 sums.
+    #[test]
+    fn every_k_quant_multiplies_like_its_dequantized_weights() {
+        let (n, k, m) = (40, 768, 5);
+        let cpu = Device::Cpu;
+        let f = |i: usize, s: f32| ((i as f32 * 0.7317).sin() * s).tanh();
+        let x: Vec<f32> = (0..m * k).map(|i| f(i, 3.1) * (1 + i % 5) as f32).collect();
+        let xt = Tensor::from_vec(x.clone(), (m, k), &cpu).unwrap();
+        for dtype in [
+            GgmlDType::Q2K,
+            GgmlDType::Q3K,
+            GgmlDType::Q4K,
+            GgmlDType::Q5K,
+            GgmlDType::Q6K,
+        ] {
+            let w: Vec<f32> = (0..n * k).map(|i| f(i + 17, 1.9) * 0.2).collect();
+            let q = QTensor::quantize(&Tensor::from_vec(w, (n, k), &cpu).unwrap(), dtype).unwrap();
+            let deq: Vec<f32> = q
+                .dequantize(&cpu)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            let lin = linear(q, &cpu, WeightFormat::Auto).unwrap();
+            let y: Vec<f32> = lin
+                .forward(&xt)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1()
+                .unwrap();
+            for r in 0..m {
+                let xr = &x[r * k..(r + 1) * k];
+                for j in 0..n {
+                    let wj = &deq[j * k..(j + 1) * k];
+                    let exact: f64 = xr
+                        .iter()
+                        .zip(wj)
+                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                        .sum();
+                    let bound: f64 = xr
+                        .chunks(256)
+                        .zip(wj.chunks(256))
+                        .map(|(xb, wb)| {
+                            let step = xb.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+                            wb.iter().map(|w| f64::from(w.abs())).sum::<f64>()
+                                * f64::from(step)
+                                * 0.5
+                        })
+                        .sum::<f64>()
+                        * 1.02
+                        + 1e-4 * exact.abs()
+                        + 1e-5;
+                    let got = f64::from(y[r * n + j]);
+                    assert!(
+                        (got - exact).abs() <= bound,
+                        "{dtype:?} row {r} col {j}: {got} vs {exact} (bound {bound})"
+                    );
+                }
+            }
+        }
+    }
+}
