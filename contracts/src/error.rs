@@ -52,6 +52,9 @@ pub enum ErrorCode {
     /// The record store cannot keep what was posted now (its file is gone); nothing was
     /// stored (503).
     RecordsUnavailable,
+    /// In a cluster: the NATS cluster did not carry the request to the other replicas (a
+    /// cancel of a task another replica runs); nothing was done (503, retriable).
+    ClusterUnavailable,
 }
 
 impl ErrorCode {
@@ -79,11 +82,12 @@ impl ErrorCode {
             Self::AuthRateLimited => "AUTH_RATE_LIMITED",
             Self::RequestTimeout => "REQUEST_TIMEOUT",
             Self::RecordsUnavailable => "RECORDS_UNAVAILABLE",
+            Self::ClusterUnavailable => "CLUSTER_UNAVAILABLE",
         }
     }
 
     /// All codes, for metrics label pre-registration and docs.
-    pub const ALL: [ErrorCode; 22] = [
+    pub const ALL: [ErrorCode; 23] = [
         Self::AdmissionReject,
         Self::QueueFullDropLru,
         Self::InvalidParams,
@@ -106,6 +110,7 @@ impl ErrorCode {
         Self::AuthRateLimited,
         Self::RequestTimeout,
         Self::RecordsUnavailable,
+        Self::ClusterUnavailable,
     ];
 }
 

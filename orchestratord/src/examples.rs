@@ -14,6 +14,9 @@ pub fn budget_exceeded() -> Value {
 pub fn pool_unready() -> Value {
     json!({"code": "POOL_UNREADY", "message": "pool \"gpu0\" is draining", "retriable": true, "retry_after_ms": 1000, "pool_id": "gpu0"})
 }
+pub fn cluster_unavailable() -> Value {
+    json!({"code": "CLUSTER_UNAVAILABLE", "message": "the cancel could not reach the other replicas: not connected to the NATS cluster", "retriable": true, "retry_after_ms": 1000})
+}
 pub fn deadline_unmet() -> Value {
     json!({"code": "DEADLINE_UNMET", "message": "deadline_ms 200 cannot be met even with no wait: predicted 1450 ms to answer (1250 ms short)", "retriable": false})
 }

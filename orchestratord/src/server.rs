@@ -270,6 +270,24 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
     let directory = cluster.directory().clone();
     let stop = state.shutdown.clone();
     tokio::spawn(async move { directory.follow(stop).await });
+    // the others' cancels of tasks this replica holds
+    let (st, c) = (state.clone(), cluster.clone());
+    tokio::spawn(async move {
+        let cancel = |id: &str, ask: &crate::cluster::cancel::CancelAsk| match st.tasks.get(
+            &ask.tenant,
+            id,
+            ask.sees_all,
+        ) {
+            Some(task) => {
+                st.cancel_task(&task, crate::metrics::CancelReason::Client);
+                true
+            }
+            None => false,
+        };
+        if let Err(e) = c.serve_cancels(cancel, st.shutdown.clone()).await {
+            tracing::error!(error = %e, "cluster: cannot take the other replicas' cancels");
+        }
+    });
     let st = state.clone();
     tokio::spawn(async move {
         let directory = cluster.directory();

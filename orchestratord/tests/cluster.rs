@@ -176,3 +176,97 @@ async fn a_replica_whose_cluster_does_not_answer_does_not_start() {
         p.log_text()
     );
 }
+
+/// CLU-CANCEL-1: a cancel sent to a replica that does not hold the task reaches the one that
+/// runs it: 204, and the task's stream there ends `cancelled` within moments; an id no replica
+/// holds is 404 on every replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_on_any_replica_stops_the_task_where_it_runs() {
+    let nats = NatsCluster::start(3).await;
+    let urls = nats.urls();
+    let mut replicas = Vec::new();
+    for (name, pool) in [("a", "pa"), ("b", "pb")] {
+        let env = [
+            ("ORCHD_CLUSTER_NATS", urls.as_str()),
+            ("ORCHD_REPLICA_ID", name),
+        ];
+        replicas.push(server_env(&replica_config(pool), &env).await);
+    }
+    let (a, b) = (&replicas[0].1, &replicas[1].1);
+    let client = reqwest::Client::new();
+    let r = client
+        .post(format!("{a}/v1/tasks"))
+        .json(&serde_json::json!({"prompt": "Count from 1 to 1000: 1, 2, 3, 4, 5,", "max_tokens": 400}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202, "{:?}", r.text().await);
+    let id = r.json::<Value>().await.unwrap()["task_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let stream = client
+        .get(format!("{a}/v1/tasks/{id}/stream"))
+        .send()
+        .await
+        .unwrap();
+    // read a's stream, saying when the first tokens have come
+    let (first_tokens, mut generating) = tokio::sync::watch::channel(false);
+    let reader = tokio::spawn(async move {
+        use futures::StreamExt;
+        let mut body = stream.bytes_stream();
+        let (mut buf, mut events) = (String::new(), Vec::new());
+        while let Some(chunk) = body.next().await {
+            buf.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+            let now = std::time::Instant::now();
+            events.extend(
+                support::parse_frames(&mut buf)
+                    .into_iter()
+                    .map(|e| (e, now)),
+            );
+            if events.iter().filter(|(e, _)| e.event == "token").count() >= 5 {
+                let _ = first_tokens.send(true);
+            }
+        }
+        events
+    });
+    tokio::time::timeout(Duration::from_secs(30), generating.wait_for(|g| *g))
+        .await
+        .expect("tokens from a within 30 s")
+        .unwrap();
+    // b does not hold it: the cancel goes to a
+    assert_eq!(
+        reqwest::get(format!("{b}/v1/tasks/{id}"))
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
+    let sent = std::time::Instant::now();
+    let r = client
+        .post(format!("{b}/v1/tasks/{id}/cancel"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204, "{:?}", r.text().await);
+    let answered = sent.elapsed();
+    let events = reader.await.unwrap();
+    let (last, at) = events.last().unwrap();
+    assert_eq!(last.data["finish_reason"], "cancelled", "{last:?}");
+    let ended = at.duration_since(sent);
+    let tokens = events.iter().filter(|(e, _)| e.event == "token").count();
+    eprintln!(
+        "cancel through b: answered in {answered:?}, a's stream ended {ended:?} after it was sent ({tokens} tokens)"
+    );
+    assert!(tokens < 400, "the task ran to its end: {tokens} tokens");
+    assert!(ended < Duration::from_secs(2), "{ended:?}");
+    // nobody's task: 404 from either replica
+    for base in [a, b] {
+        let r = client
+            .post(format!("{base}/v1/tasks/no-such-task/cancel"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404);
+    }
+}

@@ -4,6 +4,7 @@
 //! retried until `connect_timeout_ms`: a cluster just started elects its leaders first) and
 //! keeps the cluster's pool directory (`pool_directory.rs`).
 
+pub mod cancel;
 mod error;
 pub mod event_relay;
 mod pool_directory;
@@ -24,6 +25,7 @@ pub use pool_directory::PoolDirectory;
 pub struct Cluster {
     replica: String,
     directory: Arc<PoolDirectory>,
+    client: async_nats::Client,
     js: jetstream::Context,
     stream_replicas: usize,
 }
@@ -64,7 +66,7 @@ impl Cluster {
                 Err(_) => return Err(unreachable("no answer".into())),
             }
         };
-        let js = jetstream::new(client);
+        let js = jetstream::new(client.clone());
         let directory = loop {
             match PoolDirectory::open(&js, cfg).await {
                 Ok(d) => break d,
@@ -80,6 +82,7 @@ impl Cluster {
         Ok(Self {
             replica: cfg.replica_id.clone(),
             directory: Arc::new(directory),
+            client,
             js,
             stream_replicas: cfg.stream_replicas,
         })

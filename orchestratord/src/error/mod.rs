@@ -37,7 +37,8 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         | ErrorCode::ReplicaExhausted
         | ErrorCode::ShuttingDown
         | ErrorCode::WorkerReset
-        | ErrorCode::RecordsUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+        | ErrorCode::RecordsUnavailable
+        | ErrorCode::ClusterUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::DecodeTimeout | ErrorCode::QueueTimeout => StatusCode::GATEWAY_TIMEOUT,
         ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,

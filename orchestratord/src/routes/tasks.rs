@@ -4,7 +4,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use contracts::{AdmissionResponse, ErrorEnvelope, TaskRequest, TaskStatus};
+use contracts::{AdmissionResponse, ErrorCode, ErrorEnvelope, TaskRequest, TaskStatus};
 
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -183,7 +183,8 @@ const LAST_EVENT_ID: &str = "last-event-id";
     params(("id" = String, Path, description = "Task id")),
     responses(
         (status = 204, description = "Cancelled (or had already ended)"),
-        (status = 404, description = "Unknown or expired task", body = ErrorEnvelope, example = examples::not_found),
+        (status = 404, description = "Unknown or expired task (in a cluster: on every replica)", body = ErrorEnvelope, example = examples::not_found),
+        (status = 503, description = "In a cluster: the cancel could not reach the other replicas", body = ErrorEnvelope, example = examples::cluster_unavailable),
     )
 )]
 pub async fn cancel(
@@ -191,7 +192,32 @@ pub async fn cancel(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let task = visible_task(&state, &caller, &id)?;
+    let task = match visible_task(&state, &caller, &id) {
+        Ok(task) => task,
+        // in a cluster, another replica may hold it
+        Err(not_here) => {
+            let Some(cluster) = state.cluster.get() else {
+                return Err(not_here);
+            };
+            let ask = crate::cluster::cancel::CancelAsk {
+                tenant: caller.tenant().to_string(),
+                sees_all: caller.principal.sees_all(),
+            };
+            return match cluster.cancel_elsewhere(&id, &ask).await {
+                Ok(Some(replica)) => {
+                    tracing::info!(task_id = %id, %replica, "cancelled on another replica");
+                    Ok(StatusCode::NO_CONTENT)
+                }
+                Ok(None) => Err(not_here),
+                Err(e) => Err(ApiError::new(
+                    ErrorCode::ClusterUnavailable,
+                    format!("the cancel could not reach the other replicas: {e}"),
+                    true,
+                )
+                .with_retry_after(1000)),
+            };
+        }
+    };
     state.cancel_task(&task, CancelReason::Client);
     Ok(StatusCode::NO_CONTENT)
 }
