@@ -39,13 +39,19 @@ impl Proc {
     }
 }
 
-/// A fresh temp folder for one process's files.
+/// A fresh temp folder for one process's files: empty, whatever an earlier run left (process
+/// ids come round again, and a record store left by a run with this one's id made a test see
+/// its artifacts as already stored).
 pub fn scratch(tag: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
     let d = std::env::temp_dir().join(format!(
-        "orchd-{tag}-{}-{}",
+        "orchd-{tag}-{}-{}-{nanos}",
         std::process::id(),
         N.fetch_add(1, Ordering::SeqCst)
     ));
+    let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
 }
