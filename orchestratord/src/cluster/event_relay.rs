@@ -116,16 +116,74 @@ impl EventRelay {
         Ok(info.cluster.as_ref().and_then(|c| c.leader.clone()))
     }
 
-    /// `task_id`'s events after event `after` (0: from its first), as they come.
+    /// `task_id`'s events after event `after` (0: from its first), as they come. A follower
+    /// silent for [`RECHECK`] asks the stream for the task's last event; if there is one it
+    /// has not seen (its consumer was lost with a NATS node), it follows again from there.
     pub async fn follow(
         &self,
         task_id: &str,
         after: u64,
     ) -> Result<impl Stream<Item = Result<Relayed, ClusterError>>, ClusterError> {
+        let subject = subject(task_id)?;
+        let first = self.consumer(&subject, after).await?;
+        let state = Follow {
+            relay: self.clone(),
+            subject,
+            last: after,
+            messages: Some(first),
+        };
+        Ok(futures::stream::unfold(state, |mut f| async move {
+            loop {
+                let messages = match f.messages.as_mut() {
+                    Some(m) => m,
+                    None => match f.relay.consumer(&f.subject, f.last).await {
+                        Ok(m) => f.messages.insert(m),
+                        Err(e) => return Some((Err(e), f)),
+                    },
+                };
+                match tokio::time::timeout(RECHECK, messages.next()).await {
+                    Ok(Some(Ok(m))) => {
+                        let id = match m.info() {
+                            Ok(info) => info.stream_sequence,
+                            Err(e) => return Some((Err(ClusterError::jetstream(e)), f)),
+                        };
+                        if id <= f.last {
+                            continue;
+                        }
+                        f.last = id;
+                        let event = Relayed {
+                            id,
+                            payload: m.payload.clone(),
+                        };
+                        return Some((Ok(event), f));
+                    }
+                    // the consumer failed or ended: follow again from the last event seen
+                    Ok(Some(Err(_))) | Ok(None) => {
+                        f.messages = None;
+                        tokio::time::sleep(RECHECK / 4).await;
+                    }
+                    Err(_) => {
+                        let newer = f
+                            .relay
+                            .stream
+                            .get_last_raw_message_by_subject(&f.subject)
+                            .await
+                            .map(|m| m.sequence > f.last)
+                            .unwrap_or(false);
+                        if newer {
+                            f.messages = None;
+                        }
+                    }
+                }
+            }
+        }))
+    }
+
+    async fn consumer(&self, subject: &str, after: u64) -> Result<Ordered, ClusterError> {
         let consumer = self
             .stream
             .create_consumer(pull::OrderedConfig {
-                filter_subject: subject(task_id)?,
+                filter_subject: subject.to_string(),
                 deliver_policy: match after {
                     0 => DeliverPolicy::All,
                     n => DeliverPolicy::ByStartSequence {
@@ -136,14 +194,19 @@ impl EventRelay {
             })
             .await
             .map_err(ClusterError::jetstream)?;
-        let messages = consumer.messages().await.map_err(ClusterError::jetstream)?;
-        Ok(messages.map(|m| {
-            let m = m.map_err(ClusterError::jetstream)?;
-            let id = m.info().map_err(ClusterError::jetstream)?.stream_sequence;
-            Ok(Relayed {
-                id,
-                payload: m.payload.clone(),
-            })
-        }))
+        consumer.messages().await.map_err(ClusterError::jetstream)
     }
+}
+
+type Ordered = async_nats::jetstream::consumer::pull::Ordered;
+
+/// A follower silent this long checks whether it missed events.
+pub const RECHECK: Duration = Duration::from_secs(2);
+
+struct Follow {
+    relay: EventRelay,
+    subject: String,
+    /// The last event id delivered.
+    last: u64,
+    messages: Option<Ordered>,
 }

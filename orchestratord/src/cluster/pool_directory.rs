@@ -121,17 +121,26 @@ impl PoolDirectory {
         while !stop.is_cancelled() {
             match self.kv.watch_with_history(">").await {
                 Ok(mut watch) => loop {
+                    // this replica's own announcement comes every heartbeat: a watch silent for
+                    // three has lost its consumer (a NATS node that held it died) and is
+                    // opened again
                     let entry = tokio::select! {
                         _ = stop.cancelled() => return,
-                        e = watch.next() => e,
+                        e = tokio::time::timeout(3 * self.heartbeat, watch.next()) => e,
                     };
                     match entry {
-                        Some(Ok(entry)) => self.take(entry),
-                        Some(Err(e)) => {
+                        Ok(Some(Ok(entry))) => self.take(entry),
+                        Ok(Some(Err(e))) => {
                             tracing::warn!(error = %e, "cluster pool directory: watch failed");
                             break;
                         }
-                        None => break,
+                        Ok(None) => break,
+                        Err(_) => {
+                            tracing::info!(
+                                "cluster pool directory: watch silent, opening it again"
+                            );
+                            break;
+                        }
                     }
                 },
                 Err(e) => tracing::warn!(error = %e, "cluster pool directory: cannot watch"),

@@ -27,6 +27,9 @@ use contracts::Priority as Class;
 pub const MAX_DELIVERIES: i64 = 3;
 /// Largest task accepted into the stream (its prompt and parameters).
 const MAX_TASK_BYTES: i32 = 4 << 20;
+/// How long an admission or a take is tried again while the stream or its consumer has no
+/// leader to answer it.
+const RETRY_FOR: Duration = Duration::from_secs(2);
 /// Retries of one publish recognized as the same task.
 const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
@@ -198,27 +201,39 @@ impl PoolQueue {
         task_id: &str,
         payload: Bytes,
     ) -> Result<Admitted, AdmitError> {
-        let mut headers = async_nats::HeaderMap::new();
-        headers.insert("Nats-Msg-Id", task_id);
-        let ack = self
-            .js
-            .publish_with_headers(subject(&self.pool, class), headers, payload)
-            .await
-            .map_err(ClusterError::jetstream)?
-            .await;
-        match ack {
-            Ok(a) => Ok(Admitted {
-                sequence: a.sequence,
-                duplicate: a.duplicate,
-            }),
-            Err(e) if e.to_string().contains("maximum messages per subject") => {
-                Err(AdmitError::Full {
-                    pool: self.pool.clone(),
-                    class: class_name(class),
-                    bound: self.stream.cached_info().config.max_messages_per_subject,
-                })
+        // a stream between leaders (just created, or its leader lost) answers nobody for a
+        // moment: the same task is sent again for a while (its id makes that safe)
+        let until = tokio::time::Instant::now() + RETRY_FOR;
+        loop {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", task_id);
+            let sent = self
+                .js
+                .publish_with_headers(subject(&self.pool, class), headers, payload.clone())
+                .await;
+            let ack = match sent {
+                Ok(pending) => pending.await,
+                Err(e) => Err(e),
+            };
+            match ack {
+                Ok(a) => {
+                    return Ok(Admitted {
+                        sequence: a.sequence,
+                        duplicate: a.duplicate,
+                    })
+                }
+                Err(e) if e.to_string().contains("maximum messages per subject") => {
+                    return Err(AdmitError::Full {
+                        pool: self.pool.clone(),
+                        class: class_name(class),
+                        bound: self.stream.cached_info().config.max_messages_per_subject,
+                    })
+                }
+                Err(_) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(ClusterError::jetstream(e).into()),
             }
-            Err(e) => Err(ClusterError::jetstream(e).into()),
         }
     }
 
@@ -248,17 +263,32 @@ impl PoolQueue {
             Class::Interactive => 0,
             Class::Batch => 1,
         }];
-        let mut batch = consumer
-            .batch()
-            .max_messages(1)
-            .expires(wait)
-            .messages()
-            .await
-            .map_err(ClusterError::jetstream)?;
-        let Some(msg) = batch.next().await else {
-            return Ok(Take::Empty);
+        let until = tokio::time::Instant::now() + RETRY_FOR;
+        let msg = loop {
+            let pulled = match consumer
+                .batch()
+                .max_messages(1)
+                .expires(wait)
+                .messages()
+                .await
+            {
+                Ok(mut batch) => batch
+                    .next()
+                    .await
+                    .transpose()
+                    .map_err(ClusterError::jetstream),
+                Err(e) => Err(ClusterError::jetstream(e)),
+            };
+            match pulled {
+                Ok(Some(msg)) => break msg,
+                Ok(None) => return Ok(Take::Empty),
+                // a consumer between leaders answers 503 for a moment
+                Err(_) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => return Err(e),
+            }
         };
-        let msg = msg.map_err(ClusterError::jetstream)?;
         let delivered = msg.info().map_err(ClusterError::jetstream)?.delivered;
         let task_id = msg
             .headers
