@@ -125,7 +125,16 @@ async fn the_console_shows_the_pools_streams_a_chat_stops_it_and_shows_a_refusal
     .await;
     assert!(stopped.as_str().unwrap().contains("cancelled"), "{stopped}");
 
-    // the server full (2 slots busy, 1 queued): the console shows the refusal and its wait
+    // the server full (2 slots busy, 1 queued): the console shows the refusal and its wait.
+    // The stream ends on the page a moment before the stopped task gives back its slot, so
+    // wait for both slots to be free before filling them.
+    for _ in 0..200 {
+        let busy = s.state.pools.get("default").map(|p| p.snapshot().slots_busy);
+        if s.state.queue.is_empty() && s.state.running.is_empty() && busy == Some(0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     let client = reqwest::Client::new();
     let mut ids = Vec::new();
     for _ in 0..3 {
