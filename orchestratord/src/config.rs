@@ -670,6 +670,13 @@ pub struct ClusterConfig {
     pub heartbeat_ms: u64,
     /// How long the start waits for the cluster to answer.
     pub connect_timeout_ms: u64,
+    /// A replica running a task acknowledges progress several times within this; one silent
+    /// for it (killed, stopped, cut off) loses the task to another replica, which continues it
+    /// after the tokens already sent.
+    pub ack_wait_ms: u64,
+    /// What the cluster's event relay keeps at most, all tasks together (the oldest events go
+    /// first); it must fit the JetStream nodes' `max_file_store`.
+    pub relay_max_bytes: u64,
 }
 
 impl Default for ClusterConfig {
@@ -680,6 +687,8 @@ impl Default for ClusterConfig {
             stream_replicas: 3,
             heartbeat_ms: 1000,
             connect_timeout_ms: 30_000,
+            ack_wait_ms: 10_000,
+            relay_max_bytes: 256 << 20,
         }
     }
 }
@@ -711,8 +720,14 @@ impl ClusterConfig {
                 self.stream_replicas
             ));
         }
-        if self.heartbeat_ms < 100 || self.connect_timeout_ms == 0 {
-            return Err("cluster: need heartbeat_ms >= 100 and connect_timeout_ms > 0".into());
+        if self.relay_max_bytes < 1 << 20 {
+            return Err("cluster.relay_max_bytes must be at least 1 MiB".into());
+        }
+        if self.heartbeat_ms < 100 || self.connect_timeout_ms == 0 || self.ack_wait_ms < 1000 {
+            return Err(
+                "cluster: need heartbeat_ms >= 100, connect_timeout_ms > 0 and ack_wait_ms >= 1000"
+                    .into(),
+            );
         }
         Ok(())
     }

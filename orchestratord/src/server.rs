@@ -78,6 +78,7 @@ pub fn build_state(
         model_digests: Default::default(),
         records,
         cluster: std::sync::OnceLock::new(),
+        cluster_tasks: std::sync::OnceLock::new(),
         started_at: Instant::now(),
         cfg,
     });
@@ -267,22 +268,25 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
     }
     let cluster = Arc::new(crate::cluster::Cluster::connect(&state.cfg.cluster).await?);
     let _ = state.cluster.set(cluster.clone());
+    let path =
+        Arc::new(crate::cluster::task_path::TaskPath::open(cluster.clone(), &state.cfg).await?);
+    let _ = state.cluster_tasks.set(path.clone());
+    path.spawn_takers(state);
     let directory = cluster.directory().clone();
     let stop = state.shutdown.clone();
     tokio::spawn(async move { directory.follow(stop).await });
     // the others' cancels of tasks this replica holds
-    let (st, c) = (state.clone(), cluster.clone());
+    let (st, c, path) = (state.clone(), cluster.clone(), path.clone());
     tokio::spawn(async move {
-        let cancel = |id: &str, ask: &crate::cluster::cancel::CancelAsk| match st.tasks.get(
-            &ask.tenant,
-            id,
-            ask.sees_all,
-        ) {
-            Some(task) => {
-                st.cancel_task(&task, crate::metrics::CancelReason::Client);
-                true
+        // the task where it runs (taken from the cluster's queue), or as this replica follows it
+        let cancel = |id: &str, ask: &crate::cluster::cancel::CancelAsk| {
+            let running = path
+                .running_task(id)
+                .filter(|t| ask.sees_all || t.owner == ask.tenant);
+            match running.or_else(|| st.tasks.get(&ask.tenant, id, ask.sees_all)) {
+                Some(task) => st.cancel_task(&task, crate::metrics::CancelReason::Client),
+                None => false,
             }
-            None => false,
         };
         if let Err(e) = c.serve_cancels(cancel, st.shutdown.clone()).await {
             tracing::error!(error = %e, "cluster: cannot take the other replicas' cancels");

@@ -129,7 +129,11 @@ async fn the_console_shows_the_pools_streams_a_chat_stops_it_and_shows_a_refusal
     // The stream ends on the page a moment before the stopped task gives back its slot, so
     // wait for both slots to be free before filling them.
     for _ in 0..200 {
-        let busy = s.state.pools.get("default").map(|p| p.snapshot().slots_busy);
+        let busy = s
+            .state
+            .pools
+            .get("default")
+            .map(|p| p.snapshot().slots_busy);
         if s.state.queue.is_empty() && s.state.running.is_empty() && busy == Some(0) {
             break;
         }

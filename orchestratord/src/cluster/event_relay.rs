@@ -1,4 +1,4 @@
-//! The cluster's event relay on JetStream (issue 38; not yet behind the SSE routes): every
+//! The cluster's event relay on JetStream (issue 38): every
 //! event of a task (`started`, `token`, `metrics`, `end`, `error`) is a message on the task's
 //! own subject of one stream, published by whichever replica runs it; any replica follows a
 //! task from the start or from an event id, and an event's id is its stream sequence — so a
@@ -107,6 +107,20 @@ impl EventRelay {
             .await
             .map_err(ClusterError::jetstream)?;
         Ok(ack.sequence)
+    }
+
+    /// The id of `task_id`'s last event so far; `None` when it has none.
+    pub async fn last_id(&self, task_id: &str) -> Result<Option<u64>, ClusterError> {
+        use async_nats::jetstream::stream::LastRawMessageErrorKind;
+        match self
+            .stream
+            .get_last_raw_message_by_subject(&subject(task_id)?)
+            .await
+        {
+            Ok(m) => Ok(Some(m.sequence)),
+            Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(e) => Err(ClusterError::jetstream(e)),
+        }
     }
 
     /// The NATS node leading the stream now.

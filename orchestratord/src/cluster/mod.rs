@@ -1,13 +1,20 @@
-//! A replica's link to its cluster on NATS JetStream (issue 38, being built; ARCHITECTURE.md
-//! "Replicas"). Without `cluster.nats_urls` none of this exists: one process, nothing
-//! external. With it, the replica connects at start (JetStream's buckets created or opened,
-//! retried until `connect_timeout_ms`: a cluster just started elects its leaders first) and
-//! keeps the cluster's pool directory (`pool_directory.rs`).
+//! A replica's link to its cluster on NATS JetStream (issue 38; ARCHITECTURE.md "Replicas").
+//! Without `cluster.nats_urls` none of this exists: one process, nothing external. With it,
+//! the replica connects at start (JetStream's buckets created or opened, retried until
+//! `connect_timeout_ms`: a cluster just started elects its leaders first), keeps the cluster's
+//! pool directory (`pool_directory.rs`), answers cancels (`cancel.rs`), and its tasks take the
+//! cluster's path (`task_path.rs`): the pools' queues on JetStream (`task_queue.rs`), taken by
+//! any replica with a free slot (`taker.rs`), their events relayed (`event_relay.rs`,
+//! `handoff.rs`) to every replica following them (`mirror.rs`).
 
 pub mod cancel;
 mod error;
 pub mod event_relay;
+pub mod handoff;
+mod mirror;
 mod pool_directory;
+mod taker;
+pub mod task_path;
 pub mod task_queue;
 
 use std::sync::Arc;

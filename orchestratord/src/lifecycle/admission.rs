@@ -8,6 +8,8 @@ use contracts::{AdmissionResponse, ErrorCode, Priority, StreamLinks, TaskRequest
 use pool_manager::{ChatTurn, OutputConstraint, Pool, PortError, PromptInput, SamplingParams};
 
 use crate::auth::Caller;
+use crate::cluster::handoff::{unix_ms, Handoff};
+use crate::cluster::task_queue::AdmitError;
 use crate::error::ApiError;
 use crate::lifecycle::deadline::{self, Delivery, Limits};
 use crate::lifecycle::eta;
@@ -247,14 +249,14 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
     })
 }
 
-struct Validated {
-    prompt: PromptInput,
-    continuation: String,
-    max_tokens: usize,
-    stop: Vec<String>,
-    sampling: SamplingParams,
-    constraint: Option<OutputConstraint>,
-    logprobs: Option<usize>,
+pub(super) struct Validated {
+    pub(super) prompt: PromptInput,
+    pub(super) continuation: String,
+    pub(super) max_tokens: usize,
+    pub(super) stop: Vec<String>,
+    pub(super) sampling: SamplingParams,
+    pub(super) constraint: Option<OutputConstraint>,
+    pub(super) logprobs: Option<usize>,
 }
 
 /// `logprobs` and `top_logprobs` as the run's: `Some(n)` when asked for.
@@ -318,7 +320,7 @@ fn constraint_of(req: &TaskRequest) -> Result<Option<OutputConstraint>, ApiError
     }
 }
 
-fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiError> {
+pub(super) fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiError> {
     let a = &state.cfg.admission;
     let (prompt, continuation) = prompt_of(req)?;
     let max_tokens = req.max_tokens.unwrap_or(a.default_max_tokens);
@@ -404,7 +406,7 @@ fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiErro
 /// local tokenizer the count is an estimate of one token per 4 bytes, for budgets only.
 /// The ids come with the count when a local tokenizer made it (exact); they go with the task so
 /// the runner does not tokenize again.
-async fn count_prompt(
+pub(super) async fn count_prompt(
     state: &SharedState,
     pools: &[Arc<Pool>],
     v: &Validated,
@@ -436,7 +438,7 @@ async fn count_prompt(
 /// remember what they compiled: the run then starts from it), so a schema or grammar that does
 /// not compile, or pools with no constrained decoding, are refused before the task queues.
 /// Without a loaded engine the run compiles it (a failure then ends the task).
-async fn prepare_constraint(
+pub(super) async fn prepare_constraint(
     state: &SharedState,
     pools: &[Arc<Pool>],
     c: &OutputConstraint,
@@ -613,7 +615,8 @@ async fn admit_task(
         caller,
         delivery,
     )?;
-    if !state.queue.has_room(free_slots, owner) {
+    // in a cluster the bound is the pool's queue on JetStream, checked when admitting there
+    if state.cluster_tasks.get().is_none() && !state.queue.has_room(free_slots, owner) {
         return Err(queue_full(state, plan.rank, est_now.retry_after_ms, caller));
     }
     let (n_prompt, prompt_ids) = count_prompt(state, &pools, &v).await?;
@@ -769,32 +772,70 @@ async fn admit_task(
     // counted idle then may hold a queued task by now (a stale count lets a burst overshoot
     // the queue's bound by the slots taken meanwhile); the queue counts them under its lock
     let free_slots = || pools.iter().map(|p| p.snapshot().slots_free()).sum();
-    let position = match state.queue.push(task.clone(), free_slots) {
-        Enqueued::Queued { position } => position,
-        Enqueued::QueuedEvicting {
-            position,
-            evicted,
-            why: Eviction::DropLru,
-        } => {
-            state.fail_task(
-                &evicted,
-                ErrorCode::QueueFullDropLru,
-                "evicted from a full queue by a newer task (drop-lru)",
-                true,
-                Some(est_now.retry_after_ms),
-            );
-            position
+    let cluster = state.cluster_tasks.get().map(|path| {
+        let handoff = Handoff {
+            task_id: task.id.clone(),
+            owner: owner.to_string(),
+            correlation_id: task.correlation_id.clone(),
+            request: req.clone(),
+            prompt_tokens: n_prompt as u32,
+            admitted_unix_ms: unix_ms(),
+        };
+        (path, handoff)
+    });
+    let position = if let Some((path, handoff)) = &cluster {
+        let pool = pools
+            .first()
+            .map(|p| p.id().to_string())
+            .unwrap_or_default();
+        match path.admit(state, &task, handoff.clone(), &pool).await {
+            Ok(q) => q.position,
+            Err(e) => {
+                state.tasks.remove(&task);
+                refund(state);
+                return Err(match e {
+                    AdmitError::Full { .. } => {
+                        queue_full(state, plan.rank, est_now.retry_after_ms, caller)
+                    }
+                    AdmitError::Cluster(e) => reject(
+                        ErrorCode::ClusterUnavailable,
+                        ApiError::new(
+                            ErrorCode::ClusterUnavailable,
+                            format!("the cluster's queue did not answer: {e}"),
+                            true,
+                        )
+                        .with_retry_after(1000),
+                    ),
+                });
+            }
         }
-        Enqueued::QueuedEvicting {
-            position,
-            evicted,
-            why: Eviction::FairShare,
-        } => {
-            // its tenant holds more than its share of the queue: sent back before any compute,
-            // its place kept for the retry
-            let label = state.queue.fair().label(&evicted.owner);
-            metrics::tenant_refused(label, ErrorCode::AdmissionReject);
-            if state.fail_task(
+    } else {
+        match state.queue.push(task.clone(), free_slots) {
+            Enqueued::Queued { position } => position,
+            Enqueued::QueuedEvicting {
+                position,
+                evicted,
+                why: Eviction::DropLru,
+            } => {
+                state.fail_task(
+                    &evicted,
+                    ErrorCode::QueueFullDropLru,
+                    "evicted from a full queue by a newer task (drop-lru)",
+                    true,
+                    Some(est_now.retry_after_ms),
+                );
+                position
+            }
+            Enqueued::QueuedEvicting {
+                position,
+                evicted,
+                why: Eviction::FairShare,
+            } => {
+                // its tenant holds more than its share of the queue: sent back before any compute,
+                // its place kept for the retry
+                let label = state.queue.fair().label(&evicted.owner);
+                metrics::tenant_refused(label, ErrorCode::AdmissionReject);
+                if state.fail_task(
                 &evicted,
                 ErrorCode::AdmissionReject,
                 "sent back from a full queue: this tenant holds more than its share of it, and another tenant below its share came",
@@ -808,12 +849,13 @@ async fn admit_task(
                     evicted.claimant,
                 );
             }
-            position
-        }
-        Enqueued::Full => {
-            state.tasks.remove(&task);
-            refund(state);
-            return Err(queue_full(state, plan.rank, est_now.retry_after_ms, caller));
+                position
+            }
+            Enqueued::Full => {
+                state.tasks.remove(&task);
+                refund(state);
+                return Err(queue_full(state, plan.rank, est_now.retry_after_ms, caller));
+            }
         }
     };
     let est = eta::estimate(position, &snapshots, typical);
@@ -823,6 +865,27 @@ async fn admit_task(
         predicted_start_ms,
         tenant_queue_share: state.queue.share_of(owner),
     });
+    if let Some((path, handoff)) = cluster {
+        // the task's first event on the relay: what the replica that takes it waits for
+        if let Err(e) = path.announce(state, &task, handoff).await {
+            state.fail_task(
+                &task,
+                ErrorCode::ClusterUnavailable,
+                format!("the cluster's event relay did not answer: {e}"),
+                true,
+                Some(1000),
+            );
+            return Err(reject(
+                ErrorCode::ClusterUnavailable,
+                ApiError::new(
+                    ErrorCode::ClusterUnavailable,
+                    format!("the cluster's event relay did not answer: {e}"),
+                    true,
+                )
+                .with_retry_after(1000),
+            ));
+        }
+    }
     metrics::enqueued(task.priority);
     metrics::tokens_in(n_prompt);
     let depth = state.queue.len();

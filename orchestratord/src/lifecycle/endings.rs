@@ -9,7 +9,7 @@ use contracts::worker::{CancelReason as WireCancel, MAX_REQUEUE_COUNT};
 use contracts::{ErrorCode, SseError};
 
 use crate::lifecycle::state::AppState;
-use crate::lifecycle::task::Task;
+use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::{self, CancelReason};
 
 impl AppState {
@@ -69,6 +69,32 @@ impl AppState {
         tracing::info!(task_id = %task.id, finish_reason, "task ended");
         self.after_end(task);
         true
+    }
+
+    /// Ends a task this replica follows while another runs it, with the terminal event the
+    /// other sent. False if it had already ended (or `ev` ends nothing).
+    pub fn end_relayed(&self, task: &Task, ev: TaskEvent) -> bool {
+        match ev {
+            TaskEvent::End(e) => {
+                let outcome = match e.finish_reason.as_str() {
+                    "cancelled" => "cancelled",
+                    "length" => "length",
+                    _ => "stop",
+                };
+                if !task.finish_relayed(e) {
+                    return false;
+                }
+                if outcome == "cancelled" {
+                    task.stop_cause.set(WireCancel::ClientDisconnect);
+                    metrics::cancelled(CancelReason::Client);
+                }
+                metrics::finished(outcome);
+                self.after_end(task);
+                true
+            }
+            TaskEvent::Error(e) => self.end_with_error(task, e),
+            _ => false,
+        }
     }
 
     /// Ends a task with an `error` event. False if it had already ended.

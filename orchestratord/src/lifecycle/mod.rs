@@ -29,7 +29,8 @@
 //! whoever ends it. [`tokenize`] templates and tokenizes prompts off the runtime, once per task.
 //! [`task_store`] keeps tasks (and their records) for the artifact TTL; [`eta`] turns pool
 //! measurements into the queue-time and on-time estimates admission and the stream report;
-//! [`running`] indexes the tasks in slots, for those estimates.
+//! [`running`] indexes the tasks in slots, for those estimates. In a cluster,
+//! [`relayed_task`] builds a task admitted on another replica, to run it or to follow it.
 
 pub mod admission;
 pub mod deadline;
@@ -40,6 +41,7 @@ pub mod fair_share;
 pub mod placement;
 pub mod queue;
 pub mod quota;
+pub mod relayed_task;
 pub mod runner;
 pub mod running;
 pub mod shed;

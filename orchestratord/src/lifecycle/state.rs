@@ -49,6 +49,8 @@ pub struct AppState {
     pub records: crate::records::Records,
     /// This replica's link to its cluster (`cluster.nats_urls`), set once connected at start.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
+    /// The cluster's task path (queues, relay), set with `cluster`.
+    pub cluster_tasks: std::sync::OnceLock<Arc<crate::cluster::task_path::TaskPath>>,
     pub started_at: Instant,
 }
 

@@ -46,7 +46,7 @@ impl TaskEvent {
         }
     }
 
-    fn to_transcript(&self) -> TranscriptEvent {
+    pub(crate) fn to_transcript(&self) -> TranscriptEvent {
         fn v<T: Serialize>(p: &T) -> serde_json::Value {
             serde_json::to_value(p).unwrap_or(serde_json::Value::Null)
         }
@@ -309,6 +309,15 @@ impl Task {
         true
     }
 
+    /// Records that another replica of the cluster runs the task (its output came from there).
+    pub fn mark_running_elsewhere(&self) {
+        let mut g = self.lock();
+        if g.state == TaskState::Queued && !g.is_terminal() {
+            g.state = TaskState::Running;
+            g.placed_at = Some(Instant::now());
+        }
+    }
+
     /// Prompt tokens for usage: the running engine's count when it gave one, else admission's.
     pub fn prompt_tokens_used(&self) -> u32 {
         self.lock()
@@ -413,6 +422,17 @@ impl Task {
         self.bump(&g);
     }
 
+    /// Appends a metrics frame another replica sent for the task it runs.
+    pub fn push_relayed_metrics(&self, m: SseMetrics) {
+        let mut g = self.lock();
+        if g.is_terminal() {
+            return;
+        }
+        g.last_metrics_at = Some(Instant::now());
+        g.events.push(TaskEvent::Metrics(m));
+        self.bump(&g);
+    }
+
     fn decode_ms(g: &TaskInner, now: Instant) -> u64 {
         g.first_token_at
             .map(|t| (now - t).as_millis() as u64)
@@ -422,21 +442,34 @@ impl Task {
     /// Ends the task with `end` (finish reason `stop`/`length`/`cancelled`). Returns false
     /// if it had already ended: exactly one terminal event per task.
     pub fn finish(&self, finish_reason: &str, stop_sequence: Option<String>) -> bool {
+        self.finish_with(|g, now| {
+            let decode = Self::decode_ms(g, now);
+            SseEnd {
+                tokens_out: g.tokens_out,
+                decode_time_ms: decode,
+                decode_ms: decode,
+                finish_reason: finish_reason.to_string(),
+                stop_sequence,
+            }
+        })
+    }
+
+    /// Ends the task with the `end` the replica running it sent, as it sent it (every replica
+    /// following the task gives the same). False if it had already ended.
+    pub fn finish_relayed(&self, end: SseEnd) -> bool {
+        self.finish_with(|_, _| end)
+    }
+
+    fn finish_with(&self, end: impl FnOnce(&TaskInner, Instant) -> SseEnd) -> bool {
         let mut g = self.lock();
         if g.is_terminal() {
             return false;
         }
         let now = Instant::now();
-        let decode = Self::decode_ms(&g, now);
-        let tokens_out = g.tokens_out;
-        g.events.push(TaskEvent::End(SseEnd {
-            tokens_out,
-            decode_time_ms: decode,
-            decode_ms: decode,
-            finish_reason: finish_reason.to_string(),
-            stop_sequence,
-        }));
-        g.state = if finish_reason == "cancelled" {
+        let end = end(&g, now);
+        let cancelled = end.finish_reason == "cancelled";
+        g.events.push(TaskEvent::End(end));
+        g.state = if cancelled {
             TaskState::Cancelled
         } else {
             TaskState::Completed

@@ -55,6 +55,25 @@ pub fn visible_task(
         .ok_or_else(|| ApiError::not_found("task", id))
 }
 
+/// [`visible_task`], or in a cluster a task admitted on another replica, followed from here
+/// from now on (its events from the cluster's relay).
+pub async fn find_task(
+    state: &SharedState,
+    caller: &Caller,
+    id: &str,
+) -> Result<std::sync::Arc<crate::lifecycle::task::Task>, ApiError> {
+    let not_here = match visible_task(state, caller, id) {
+        Ok(task) => return Ok(task),
+        Err(e) => e,
+    };
+    let Some(path) = state.cluster_tasks.get() else {
+        return Err(not_here);
+    };
+    path.adopt(state, caller.tenant(), caller.principal.sees_all(), id)
+        .await?
+        .ok_or(not_here)
+}
+
 /// A task's state and record; an ended task's comes from the record store once it has left
 /// memory (after `stream.transcript_ttl_ms`, or a restart).
 #[utoipa::path(
@@ -70,10 +89,7 @@ pub async fn status(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<TaskStatus>, ApiError> {
-    let Some(task) = state
-        .tasks
-        .get(caller.tenant(), &id, caller.principal.sees_all())
-    else {
+    let Ok(task) = find_task(&state, &caller, &id).await else {
         // ended before the TTL or a restart: its stored record
         let stored = state
             .records
@@ -140,7 +156,7 @@ pub async fn stream(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let task = visible_task(&state, &caller, &id)?;
+    let task = find_task(&state, &caller, &id).await?;
     let from = match headers.get(LAST_EVENT_ID) {
         None => 0,
         Some(v) => {
@@ -192,7 +208,7 @@ pub async fn cancel(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let task = match visible_task(&state, &caller, &id) {
+    let task = match find_task(&state, &caller, &id).await {
         Ok(task) => task,
         // in a cluster, another replica may hold it
         Err(not_here) => {

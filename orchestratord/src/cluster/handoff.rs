@@ -1,0 +1,136 @@
+//! What travels between replicas about one task: the handoff a replica admits into a pool's
+//! queue (what another needs to run it or to follow it), and each event on the relay.
+//!
+//! Event positions: a task's events are numbered by their order on the relay — 0 is the
+//! admitting replica's `started`, which carries the handoff; the replica running the task
+//! appends the rest. Every replica following the task keeps them in that order, so an event's
+//! id (its position, as the SSE routes give it) is the same on every replica.
+
+use bytes::Bytes;
+use contracts::{SseEnd, SseError, SseMetrics, SseStarted, SseToken, TaskRequest};
+use serde::{Deserialize, Serialize};
+
+use crate::lifecycle::task::TaskEvent;
+
+/// A task admitted on one replica, as any other needs it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Handoff {
+    pub task_id: String,
+    /// The tenant that submitted it (who may see it).
+    pub owner: String,
+    pub correlation_id: String,
+    /// The request as the admitting replica checked it.
+    pub request: TaskRequest,
+    /// Its prompt tokens as the admitting replica counted them.
+    pub prompt_tokens: u32,
+    /// When it was admitted (ms since the Unix epoch): its deadline counts from there.
+    pub admitted_unix_ms: u64,
+}
+
+/// One event of a task on the relay.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WireEvent {
+    pub event: String,
+    pub data: serde_json::Value,
+    /// On the task's first event (`started`) only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<Box<Handoff>>,
+}
+
+impl WireEvent {
+    pub fn of(ev: &TaskEvent) -> Self {
+        let t = ev.to_transcript();
+        Self {
+            event: t.event,
+            data: t.data,
+            handoff: None,
+        }
+    }
+
+    pub fn encode(&self) -> Bytes {
+        // a struct of strings and JSON values always serializes
+        Bytes::from(serde_json::to_vec(self).unwrap_or_default())
+    }
+
+    /// `None` for a payload that is not an event (nothing this server wrote).
+    pub fn decode(payload: &[u8]) -> Option<Self> {
+        serde_json::from_slice(payload).ok()
+    }
+
+    /// The event it carries; `None` for a name or payload this server does not know.
+    pub fn to_event(&self) -> Option<TaskEvent> {
+        fn p<T: serde::de::DeserializeOwned>(v: &serde_json::Value) -> Option<T> {
+            serde_json::from_value(v.clone()).ok()
+        }
+        Some(match self.event.as_str() {
+            "started" => TaskEvent::Started(p::<SseStarted>(&self.data)?),
+            "token" => TaskEvent::Token(p::<SseToken>(&self.data)?),
+            "metrics" => TaskEvent::Metrics(p::<SseMetrics>(&self.data)?),
+            "end" => TaskEvent::End(p::<SseEnd>(&self.data)?),
+            "error" => TaskEvent::Error(p::<SseError>(&self.data)?),
+            _ => return None,
+        })
+    }
+
+    /// Whether it ends the task (`end` or `error`).
+    pub fn is_terminal(&self) -> bool {
+        matches!(self.event.as_str(), "end" | "error")
+    }
+}
+
+/// Milliseconds since the Unix epoch now.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_event_crosses_the_relay_unchanged() {
+        let events = [
+            TaskEvent::Started(SseStarted {
+                queue_position: 2,
+                predicted_start_ms: 40,
+                tenant_queue_share: None,
+            }),
+            TaskEvent::Token(SseToken {
+                t: "héllo \"x\"\n".into(),
+                i: 3,
+                logprobs: None,
+            }),
+            TaskEvent::End(SseEnd {
+                tokens_out: 4,
+                decode_time_ms: 9,
+                decode_ms: 9,
+                finish_reason: "stop".into(),
+                stop_sequence: Some("\n\n".into()),
+            }),
+            TaskEvent::Error(SseError {
+                code: contracts::ErrorCode::ReplicaExhausted,
+                message: "m".into(),
+                retriable: true,
+                retry_after_ms: Some(1000),
+                field: None,
+            }),
+        ];
+        for ev in events {
+            let wire = WireEvent::decode(&WireEvent::of(&ev).encode()).unwrap();
+            assert_eq!(wire.to_event(), Some(ev.clone()));
+            assert_eq!(
+                wire.is_terminal(),
+                matches!(ev, TaskEvent::End(_) | TaskEvent::Error(_))
+            );
+        }
+        assert!(WireEvent::decode(b"not json").is_none());
+        let odd = WireEvent {
+            event: "token".into(),
+            data: serde_json::json!({"nope": 1}),
+            handoff: None,
+        };
+        assert!(odd.to_event().is_none());
+    }
+}

@@ -1,0 +1,190 @@
+//! Following a task another replica runs: a local task fed from the relay, so every route and
+//! adapter reads it as it reads a task of its own (replay, live events, `Last-Event-ID`, the
+//! disconnect grace). The replica that admitted a task follows it from its `started`; any other
+//! adopts it when a client asks for it there (a stream resumed after its replica died).
+//!
+//! A followed task that ends here by a cancel (the client's, or its disconnect) stops where it
+//! runs: the cancel goes to the other replicas, and a cancelled `end` goes on the relay, so a
+//! task still queued is dropped by whoever takes it.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use contracts::{ErrorCode, TaskState};
+use futures::{Stream, StreamExt};
+
+use super::cancel::CancelAsk;
+use super::event_relay::Relayed;
+use super::handoff::WireEvent;
+use super::task_path::TaskPath;
+use super::ClusterError;
+use crate::error::ApiError;
+use crate::lifecycle::relayed_task::{self, Purpose};
+use crate::lifecycle::state::AppState;
+use crate::lifecycle::task::{Task, TaskEvent};
+use crate::lifecycle::task_store::Inserted;
+
+pub(super) type Events = Pin<Box<dyn Stream<Item = Result<Relayed, ClusterError>> + Send>>;
+
+/// How long adopting a task waits for the relay's first event of it.
+const FIRST_EVENT_WAIT: Duration = Duration::from_millis(500);
+/// The event number of the cancelled `end` a follower puts on the relay (not an event number
+/// the running replica uses).
+const CANCEL_NUMBER: u64 = u64::MAX;
+
+impl TaskPath {
+    /// Feeds `task` from `events` until its end; a cancel here goes to where it runs.
+    pub(super) fn spawn_feeder(
+        self: &Arc<Self>,
+        state: Arc<AppState>,
+        task: Arc<Task>,
+        events: Events,
+    ) {
+        let path = self.clone();
+        tokio::spawn(async move { path.feed(state, task, events).await });
+    }
+
+    async fn feed(self: Arc<Self>, state: Arc<AppState>, task: Arc<Task>, mut events: Events) {
+        loop {
+            tokio::select! {
+                _ = task.cancel.cancelled() => break,
+                _ = state.shutdown.cancelled() => return,
+                next = events.next() => match next {
+                    Some(Ok(r)) => {
+                        if apply(&state, &task, &r.payload) {
+                            return;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        tracing::warn!(task_id = %task.id, error = %e, "cluster: following a task's events");
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    None => return,
+                },
+            }
+        }
+        // it ended here, not by the relay: a cancel stops it where it runs
+        if task.state() == TaskState::Cancelled {
+            self.stop_elsewhere(&task).await;
+        }
+    }
+
+    /// Puts a cancelled `end` on the relay and asks the replica running `task` to stop it.
+    async fn stop_elsewhere(&self, task: &Task) {
+        let end = task.lock().events.last().cloned();
+        if let Some(end @ TaskEvent::End(_)) = end {
+            if let Err(e) = self
+                .relay
+                .publish(&task.id, CANCEL_NUMBER, WireEvent::of(&end).encode())
+                .await
+            {
+                tracing::warn!(task_id = %task.id, error = %e, "cluster: cancel not put on the relay");
+            }
+        }
+        let ask = CancelAsk {
+            tenant: task.owner.clone(),
+            sees_all: false,
+        };
+        if let Err(e) = self.cluster.cancel_elsewhere(&task.id, &ask).await {
+            tracing::warn!(task_id = %task.id, error = %e, "cluster: cancel not sent to the other replicas");
+        }
+    }
+
+    /// The task `id` as the relay holds it, followed from here from now on, when `tenant` may
+    /// see it (`sees_all`: any tenant's). `None` when the relay has no such task (for them).
+    pub async fn adopt(
+        self: &Arc<Self>,
+        state: &Arc<AppState>,
+        tenant: &str,
+        sees_all: bool,
+        id: &str,
+    ) -> Result<Option<Arc<Task>>, ApiError> {
+        let unavailable = |e: ClusterError| {
+            ApiError::new(
+                ErrorCode::ClusterUnavailable,
+                format!("the cluster's event relay did not answer: {e}"),
+                true,
+            )
+            .with_retry_after(1000)
+        };
+        // ids the relay cannot name are nobody's
+        let Ok(last) = self.relay.last_id(id).await else {
+            return Ok(None);
+        };
+        let Some(last) = last else {
+            return Ok(None);
+        };
+        let mut events: Events = Box::pin(self.relay.follow(id, 0).await.map_err(unavailable)?);
+        let first = match tokio::time::timeout(FIRST_EVENT_WAIT, events.next()).await {
+            Ok(Some(Ok(r))) => r,
+            Ok(Some(Err(e))) => return Err(unavailable(e)),
+            _ => return Ok(None),
+        };
+        let Some(wire) = WireEvent::decode(&first.payload) else {
+            return Ok(None);
+        };
+        let (Some(handoff), Some(started @ TaskEvent::Started(_))) =
+            (&wire.handoff, wire.to_event())
+        else {
+            return Ok(None);
+        };
+        if handoff.owner != tenant && !sees_all {
+            return Ok(None);
+        }
+        let task = relayed_task::build(state, handoff, Purpose::Follow).await?;
+        if let TaskEvent::Started(s) = started {
+            task.push_started(s);
+        }
+        match state.tasks.insert(task.clone()) {
+            Inserted::New => {}
+            // adopted meanwhile by another request
+            Inserted::Existing(t) => return Ok(Some(t)),
+            Inserted::Full => {
+                return Err(ApiError::new(
+                    ErrorCode::AdmissionReject,
+                    "too many unfinished tasks on this replica",
+                    true,
+                )
+                .with_retry_after(1000))
+            }
+        }
+        // everything so far before answering (a resumed stream names an event from it)
+        let mut seen = first.id;
+        while seen < last {
+            match tokio::time::timeout(FIRST_EVENT_WAIT, events.next()).await {
+                Ok(Some(Ok(r))) => {
+                    seen = r.id;
+                    if apply(state, &task, &r.payload) {
+                        return Ok(Some(task));
+                    }
+                }
+                _ => break,
+            }
+        }
+        self.spawn_feeder(state.clone(), task.clone(), events);
+        Ok(Some(task))
+    }
+}
+
+/// Applies one relayed event to `task`; true once the task has ended.
+fn apply(state: &AppState, task: &Task, payload: &[u8]) -> bool {
+    let Some(ev) = WireEvent::decode(payload).and_then(|w| w.to_event()) else {
+        return false;
+    };
+    match ev {
+        TaskEvent::Started(s) => task.push_started(s),
+        TaskEvent::Token(t) => {
+            task.mark_running_elsewhere();
+            task.push_scored_token(t.t, t.logprobs);
+        }
+        TaskEvent::Metrics(m) => {
+            task.mark_running_elsewhere();
+            task.push_relayed_metrics(m);
+        }
+        end @ (TaskEvent::End(_) | TaskEvent::Error(_)) => {
+            state.end_relayed(task, end);
+        }
+    }
+    task.is_terminal()
+}

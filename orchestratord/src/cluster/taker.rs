@@ -1,0 +1,271 @@
+//! Taking tasks from the cluster's queues: per pool of this replica, one loop that pulls a task
+//! whenever the pool has a free slot (interactive before batch), runs it on that slot, puts its
+//! events on the relay in order, and acknowledges progress to the queue while it runs. A task
+//! taken again after its first taker stopped continues after the tokens already on the relay;
+//! one taken [`MAX_DELIVERIES`](super::task_queue::MAX_DELIVERIES) times ends
+//! `REPLICA_EXHAUSTED`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use contracts::{ErrorCode, Priority, SseError};
+use futures::StreamExt;
+use tracing::Instrument;
+
+use super::handoff::{Handoff, WireEvent};
+use super::task_path::TaskPath;
+use super::task_queue::{Take, Taken};
+use crate::lifecycle::placement::{place, Placement};
+use crate::lifecycle::relayed_task::{self, Purpose};
+use crate::lifecycle::runner;
+use crate::lifecycle::state::AppState;
+use crate::lifecycle::task::{Task, TaskEvent};
+
+/// How long a pull for an interactive task waits before looking at the batch queue.
+const INTERACTIVE_WAIT: Duration = Duration::from_millis(200);
+/// How long a pull for a batch task waits.
+const BATCH_WAIT: Duration = Duration::from_millis(20);
+/// How often a pool with no free slot is looked at again.
+const SLOT_POLL: Duration = Duration::from_millis(20);
+/// How long a taken task waits for the admitting replica's `started` on the relay.
+const STARTED_WAIT: Duration = Duration::from_secs(2);
+/// How long a relay publish is tried again (a stream between leaders answers nobody).
+const PUBLISH_FOR: Duration = Duration::from_secs(5);
+
+impl TaskPath {
+    /// Starts taking tasks for each pool of this replica (and for pools added later).
+    pub fn spawn_takers(self: &Arc<Self>, state: &Arc<AppState>) {
+        let (path, state) = (self.clone(), state.clone());
+        tokio::spawn(async move {
+            let mut taking = std::collections::HashSet::new();
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = state.shutdown.cancelled() => return,
+                    _ = every.tick() => {}
+                }
+                for pool in state.pools.all() {
+                    if taking.insert(pool.id().to_string()) {
+                        let (p, s, id) = (path.clone(), state.clone(), pool.id().to_string());
+                        tokio::spawn(async move { p.take_loop(s, id).await });
+                    }
+                }
+            }
+        });
+    }
+
+    async fn take_loop(self: Arc<Self>, state: Arc<AppState>, pool_id: String) {
+        loop {
+            if state.is_shutting_down() || state.shutdown.is_cancelled() {
+                return;
+            }
+            let Some(pool) = state.pools.get(&pool_id) else {
+                return;
+            };
+            if !pool.accepts_work() || pool.snapshot().slots_free() == 0 {
+                tokio::time::sleep(SLOT_POLL).await;
+                continue;
+            }
+            let bound = self.bound_for(&state, &pool_id);
+            let q = match self.pool_queue(&pool_id, bound).await {
+                Ok(q) => q,
+                Err(e) => {
+                    tracing::warn!(pool = %pool_id, error = %e, "cluster: cannot open the pool's queue");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+            };
+            let took = match q.take(Priority::Interactive, INTERACTIVE_WAIT).await {
+                Ok(Take::Empty) => q.take(Priority::Batch, BATCH_WAIT).await,
+                other => other,
+            };
+            match took {
+                Ok(Take::Task(t)) => self.start(&state, &pool_id, *t).await,
+                Ok(Take::Exhausted { task_id, delivered }) => {
+                    tracing::warn!(%task_id, delivered, "cluster: task taken too often");
+                    let error = TaskEvent::Error(SseError {
+                        code: ErrorCode::ReplicaExhausted,
+                        message: format!(
+                            "requeue attempts exhausted: the task was taken {} times and each replica running it stopped (requeue_exhausted)",
+                            delivered - 1
+                        ),
+                        retriable: true,
+                        retry_after_ms: Some(1000),
+                        field: None,
+                    });
+                    let n = self.history(&task_id).await.len() as u64;
+                    self.publish(&task_id, n, &error).await;
+                }
+                Ok(Take::Empty) => {}
+                Err(e) => {
+                    tracing::warn!(pool = %pool_id, error = %e, "cluster: cannot take from the pool's queue");
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+        }
+    }
+
+    /// The events of `task_id` on the relay so far, waiting a moment for its `started` (the
+    /// admitting replica puts it there right after the queue took the task).
+    async fn history(&self, task_id: &str) -> Vec<WireEvent> {
+        let until = tokio::time::Instant::now() + STARTED_WAIT;
+        let last = loop {
+            match self.relay.last_id(task_id).await {
+                Ok(Some(last)) => break last,
+                _ if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(10)).await
+                }
+                _ => return Vec::new(),
+            }
+        };
+        let Ok(events) = self.relay.follow(task_id, 0).await else {
+            return Vec::new();
+        };
+        let mut events = Box::pin(events);
+        let mut out = Vec::new();
+        while let Ok(Some(Ok(r))) = tokio::time::timeout(STARTED_WAIT, events.next()).await {
+            if let Some(w) = WireEvent::decode(&r.payload) {
+                out.push(w);
+            }
+            if r.id >= last {
+                break;
+            }
+        }
+        out
+    }
+
+    /// Puts event `n` of `task_id` on the relay, trying again for a while.
+    async fn publish(&self, task_id: &str, n: u64, ev: &TaskEvent) -> bool {
+        let payload = WireEvent::of(ev).encode();
+        let until = tokio::time::Instant::now() + PUBLISH_FOR;
+        loop {
+            match self.relay.publish(task_id, n, payload.clone()).await {
+                Ok(_) => return true,
+                Err(_) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                Err(e) => {
+                    tracing::warn!(%task_id, n, error = %e, "cluster: event not put on the relay");
+                    return false;
+                }
+            }
+        }
+    }
+
+    /// Runs a taken task on a slot of `pool_id` (or hands it back).
+    async fn start(self: &Arc<Self>, state: &Arc<AppState>, pool_id: &str, taken: Taken) {
+        let Ok(h) = serde_json::from_slice::<Handoff>(&taken.payload) else {
+            tracing::warn!(task_id = %taken.task_id, "cluster: a queued task that is no handoff, dropped");
+            let _ = taken.done().await;
+            return;
+        };
+        let history = self.history(&h.task_id).await;
+        if history.is_empty() {
+            // its admitting replica could not put its `started` on the relay, and refused it
+            let _ = taken.done().await;
+            return;
+        }
+        if history.iter().any(WireEvent::is_terminal) {
+            // cancelled (or ended) while it waited
+            let _ = taken.done().await;
+            return;
+        }
+        let n = history.len() as u64;
+        let task = match relayed_task::build(state, &h, Purpose::Run { pool: pool_id }).await {
+            Ok(t) => t,
+            Err(e) => {
+                let e = e.envelope;
+                let error = TaskEvent::Error(SseError {
+                    code: e.code,
+                    message: e.message,
+                    retriable: e.retriable,
+                    retry_after_ms: e.retry_after_ms,
+                    field: e.field,
+                });
+                self.publish(&h.task_id, n, &error).await;
+                let _ = taken.done().await;
+                return;
+            }
+        };
+        // taken again after its taker stopped: it goes on after the tokens already sent
+        for ev in history.iter().filter_map(WireEvent::to_event) {
+            if let TaskEvent::Token(t) = ev {
+                task.push_scored_token(t.t, t.logprobs);
+            }
+        }
+        let lease = match place(state, &task) {
+            Placement::Leased(lease) => lease,
+            // the slot went to another task meanwhile: someone else's turn
+            Placement::Wait => {
+                let _ = taken.give_back().await;
+                return;
+            }
+            Placement::Unavailable(code, why) => {
+                let error = TaskEvent::Error(SseError {
+                    code,
+                    message: why,
+                    retriable: true,
+                    retry_after_ms: Some(1000),
+                    field: None,
+                });
+                self.publish(&h.task_id, n, &error).await;
+                let _ = taken.done().await;
+                return;
+            }
+        };
+        tracing::info!(task_id = %task.id, pool = %pool_id, delivered = taken.delivered, "cluster: task taken");
+        self.running().insert(task.id.clone(), task.clone());
+        let span = tracing::info_span!("task", task_id = %task.id, correlation_id = %task.correlation_id, pool = %pool_id);
+        tokio::spawn(runner::run(state.clone(), task.clone(), lease).instrument(span));
+        let from = task.lock().events.len();
+        let path = self.clone();
+        tokio::spawn(async move { path.relay_run(task, taken, from, n).await });
+    }
+
+    /// Puts the running task's events from index `from` on the relay as numbers `n`…, and
+    /// acknowledges progress until it ends.
+    async fn relay_run(
+        self: Arc<Self>,
+        task: Arc<Task>,
+        taken: Taken,
+        mut from: usize,
+        mut n: u64,
+    ) {
+        let mut changes = task.subscribe();
+        let mut progress = tokio::time::interval(self.ack_wait / 4);
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            let (pending, ended) = {
+                let g = task.lock();
+                (
+                    g.events[from.min(g.events.len())..].to_vec(),
+                    g.is_terminal(),
+                )
+            };
+            from += pending.len();
+            for ev in &pending {
+                self.publish(&task.id, n, ev).await;
+                n += 1;
+            }
+            if ended
+                && pending
+                    .iter()
+                    .any(|e| matches!(e, TaskEvent::End(_) | TaskEvent::Error(_)))
+            {
+                break;
+            }
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = progress.tick() => {
+                    if let Err(e) = taken.progress().await {
+                        tracing::warn!(task_id = %task.id, error = %e, "cluster: progress not acknowledged");
+                    }
+                }
+            }
+        }
+        self.running().remove(&task.id);
+        if let Err(e) = taken.done().await {
+            tracing::warn!(task_id = %task.id, error = %e, "cluster: an ended task stays in the queue");
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! A task admitted on another replica of the cluster, built here from its handoff: to run it
+//! (its prompt tokenized for the pool whose queue it came from) or to follow it (its events
+//! come from the relay). It is checked as admission checks a request, against this replica's
+//! limits; it holds no reservation of its own — the admitting replica holds the tenant's quota
+//! and session budget and settles them when the task ends.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use contracts::Priority;
+
+use crate::cluster::handoff::{unix_ms, Handoff};
+use crate::error::ApiError;
+use crate::lifecycle::admission::{count_prompt, prepare_constraint, redact, validate};
+use crate::lifecycle::state::SharedState;
+use crate::lifecycle::task::{NewTask, RunSpec, Task};
+
+/// What the task is built for.
+pub enum Purpose<'a> {
+    /// Running it on `pool` (pinned there: the pool's queue is where it was taken from).
+    Run { pool: &'a str },
+    /// Following it while another replica runs it.
+    Follow,
+}
+
+/// Builds the task of `h` for `purpose`.
+pub async fn build(
+    state: &SharedState,
+    h: &Handoff,
+    purpose: Purpose<'_>,
+) -> Result<Arc<Task>, ApiError> {
+    let req = &h.request;
+    let v = validate(state, req)?;
+    let (pin, prompt_tokens, prompt_ids, ctx) = match purpose {
+        Purpose::Run { pool } => {
+            let p = state.pools.get(pool).ok_or_else(|| {
+                ApiError::invalid("pool_id", format!("pool {pool:?} is not on this replica"))
+            })?;
+            let ctx = p.engine().map_or(0, |e| e.descriptor().ctx_max);
+            let pools = [p];
+            let (n, ids) = count_prompt(state, &pools, &v).await?;
+            if let Some(c) = &v.constraint {
+                prepare_constraint(state, &pools, c).await?;
+            }
+            (Some(pool.to_string()), n, ids, ctx)
+        }
+        Purpose::Follow => (req.pool_id.clone(), h.prompt_tokens as usize, None, 0),
+    };
+    // the deadline counts from the admission, wherever that was
+    let waited = Duration::from_millis(unix_ms().saturating_sub(h.admitted_unix_ms));
+    let deadline = req
+        .deadline_ms
+        .map(|d| Duration::from_millis(d).saturating_sub(waited));
+    Ok(Arc::new(Task::new(NewTask {
+        id: h.task_id.clone(),
+        owner: h.owner.clone(),
+        correlation_id: h.correlation_id.clone(),
+        priority: req.priority.unwrap_or(Priority::Interactive),
+        // the session's budget is the admitting replica's to settle
+        session_id: None,
+        pin,
+        model: req.model.clone(),
+        spec: RunSpec {
+            prompt: v.prompt,
+            continuation: v.continuation,
+            sampling: v.sampling,
+            max_tokens: v.max_tokens,
+            stop: v.stop,
+            constraint: v.constraint,
+            logprobs: v.logprobs,
+        },
+        prompt_tokens,
+        prompt_ids,
+        params: redact(req),
+        ctx,
+        deadline,
+        start_by: None,
+        rank: None,
+        predicted_start: Duration::ZERO,
+        last_attempt: false,
+        claimant: None,
+        quota_ticket: None,
+    })))
+}

@@ -1,0 +1,370 @@
+//! CLU-TASK-1..3 (issue 38): tasks through three replicas on a real 3-node NATS JetStream
+//! cluster on loopback, each replica a real process serving the real model in a pool of one
+//! slot. A task admitted on any replica runs where a slot is free and streams, with the same
+//! event ids, from any replica; concurrent admissions on every replica never pass the
+//! cluster's bound; a cancel on any replica ends it everywhere; `kill -9` of the replica
+//! holding a client's stream → the client resumes on another after its last event id; `kill -9`
+//! of the replica running the task → another takes it after `ack_wait` and goes on after the
+//! tokens already sent (no number of the count missing or repeated).
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use support::default_model_path;
+use support::nats::NatsCluster;
+use support::procs::*;
+use support::Ev;
+
+const COUNT: &str = "Count from 1 to 1000: 1, 2, 3, 4, 5,";
+
+fn replica_config(extra: &str) -> String {
+    format!(
+        "[cluster]\nheartbeat_ms = 200\nack_wait_ms = 2000\n\n[queue]\ncapacity = 1\n\n{extra}[[pools]]\nid = \"p\"\nmodel = \"{}\"\nslots = 1\nctx = 1024\nthreads = 1\n",
+        default_model_path()
+    )
+}
+
+struct Replicas {
+    _nats: NatsCluster,
+    procs: Vec<Option<Proc>>,
+    bases: Vec<String>,
+}
+
+impl Replicas {
+    async fn start(n: usize, extra: &str) -> Self {
+        let nats = NatsCluster::start(3).await;
+        let urls = nats.urls();
+        let (mut procs, mut bases) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let name = format!("r{i}");
+            let env = [
+                ("ORCHD_CLUSTER_NATS", urls.as_str()),
+                ("ORCHD_REPLICA_ID", name.as_str()),
+            ];
+            let (p, base) = server_env(&replica_config(extra), &env).await;
+            procs.push(Some(p));
+            bases.push(base);
+        }
+        // every replica knows every other's slots (the bound counts them)
+        for base in &bases {
+            let seen = eventually(Duration::from_secs(10), || async {
+                let v: Value = match reqwest::get(format!("{base}/v1/pools")).await {
+                    Ok(r) => r.json().await.unwrap_or_default(),
+                    Err(_) => return false,
+                };
+                v["pools"].as_array().map_or(0, |a| a.len()) == n
+            })
+            .await;
+            assert!(seen, "{base} does not list every replica's pool");
+        }
+        Self {
+            _nats: nats,
+            procs,
+            bases,
+        }
+    }
+
+    fn log(&self, i: usize) -> String {
+        self.procs[i]
+            .as_ref()
+            .map_or(String::new(), |p| p.log_text())
+    }
+
+    fn logs(&self) -> String {
+        (0..self.procs.len())
+            .map(|i| format!("--- r{i}\n{}", self.log(i)))
+            .collect()
+    }
+
+    /// The replica that took `id` from the queue last (from its log).
+    fn runner_of(&self, id: &str) -> Option<usize> {
+        (0..self.procs.len()).rev().find(|&i| {
+            self.log(i)
+                .lines()
+                .any(|l| l.contains("cluster: task taken") && l.contains(id))
+        })
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(p) = self.procs[i].take() {
+            p.signal("-9");
+        }
+    }
+}
+
+async fn submit(base: &str, body: Value) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(format!("{base}/v1/tasks"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+}
+
+async fn submit_ok(base: &str, body: Value) -> String {
+    let r = submit(base, body).await;
+    assert_eq!(r.status(), 202, "{:?}", r.text().await);
+    r.json::<Value>().await.unwrap()["task_id"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// Reads `base`'s stream of `id` (after `last_id`) to its end, or until `stop` says so.
+async fn read_stream(
+    base: &str,
+    id: &str,
+    last_id: Option<usize>,
+    mut stop: impl FnMut(&[Ev]) -> bool,
+) -> Vec<Ev> {
+    let mut req = reqwest::Client::new().get(format!("{base}/v1/tasks/{id}/stream"));
+    if let Some(l) = last_id {
+        req = req.header("Last-Event-ID", l.to_string());
+    }
+    let r = req.send().await.unwrap();
+    assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    let mut body = r.bytes_stream();
+    let (mut buf, mut events) = (String::new(), Vec::new());
+    while let Some(Ok(chunk)) = body.next().await {
+        buf.push_str(std::str::from_utf8(&chunk).unwrap());
+        events.extend(support::parse_frames(&mut buf));
+        if events
+            .iter()
+            .any(|e| e.event == "end" || e.event == "error")
+            || stop(&events)
+        {
+            break;
+        }
+    }
+    events
+}
+
+fn text_of(events: &[Ev]) -> String {
+    events
+        .iter()
+        .filter(|e| e.event == "token")
+        .map(|e| e.data["t"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// The numbers of a count, in order (the model counts "6, 7, 8, …").
+fn numbers(text: &str) -> Vec<u64> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse().unwrap())
+        .collect()
+}
+
+/// The events' ids are 0, 1, 2, … with no gap or repeat, and exactly one terminal event, last.
+fn assert_whole(events: &[Ev], what: &str) {
+    let ids: Vec<usize> = events.iter().map(|e| e.id.unwrap()).collect();
+    let want: Vec<usize> = (0..events.len()).collect();
+    assert_eq!(ids, want, "{what}: event ids");
+    let ends = events
+        .iter()
+        .filter(|e| e.event == "end" || e.event == "error")
+        .count();
+    assert_eq!(ends, 1, "{what}: terminal events");
+    assert!(matches!(
+        events.last().unwrap().event.as_str(),
+        "end" | "error"
+    ));
+}
+
+/// CLU-TASK-1: tasks admitted on one replica spread over the replicas' free slots, stream from
+/// any replica with the same events and ids, and give the answer one box gives; admissions at
+/// once on every replica never pass the cluster's bound; a cancel on any replica ends a task
+/// everywhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_run_on_any_replica_and_stream_from_any() {
+    let r = Replicas::start(3, "").await;
+    let b = &r.bases;
+    // three at once on r0: its one slot takes one, the others' slots the rest
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        ids.push(
+            submit_ok(
+                &b[0],
+                json!({"prompt": format!("{COUNT} (list {i})"), "max_tokens": 24, "temperature": 0}),
+            )
+            .await,
+        );
+    }
+    let mut texts = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        // followed from another replica than the one it was admitted on, and from that one
+        let elsewhere = read_stream(&b[1 + i % 2], id, None, |_| false).await;
+        let admitted_on = read_stream(&b[0], id, None, |_| false).await;
+        assert_whole(&elsewhere, "followed from another replica");
+        assert_eq!(
+            elsewhere, admitted_on,
+            "the same events and ids on every replica"
+        );
+        assert_eq!(elsewhere.last().unwrap().event, "end", "{elsewhere:?}");
+        texts.push(text_of(&elsewhere));
+    }
+    let runners: BTreeSet<usize> = ids.iter().filter_map(|id| r.runner_of(id)).collect();
+    assert!(runners.len() >= 2, "all ran on {runners:?}:\n{}", r.logs());
+    // greedy: the answer one box gives (each replica has the same model)
+    let one_box = support::procs::server(&format!(
+        "[[pools]]\nid = \"p\"\nmodel = \"{}\"\nslots = 1\nctx = 1024\nthreads = 1\n",
+        default_model_path()
+    ))
+    .await;
+    for (i, text) in texts.iter().enumerate() {
+        let id = submit_ok(
+            &one_box.1,
+            json!({"prompt": format!("{COUNT} (list {i})"), "max_tokens": 24, "temperature": 0}),
+        )
+        .await;
+        let alone = read_stream(&one_box.1, &id, None, |_| false).await;
+        assert_eq!(&text_of(&alone), text, "task {i}: cluster vs one box");
+    }
+    drop(one_box);
+
+    // the bound: capacity 1 + three slots = 4 tasks of a class, queued or running, whatever
+    // the replica admitting them (the ended tasks' places are given back right after their
+    // last event)
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut burst = tokio::task::JoinSet::new();
+    for i in 0..12 {
+        let base = b[i % 3].clone();
+        burst.spawn(async move {
+            let r = submit(&base, json!({"prompt": COUNT, "max_tokens": 400})).await;
+            let status = r.status().as_u16();
+            let retry = r.headers().contains_key("retry-after");
+            let body: Value = r.json().await.unwrap_or_default();
+            (status, retry, body["task_id"].as_str().map(String::from))
+        });
+    }
+    let (mut admitted, mut refused) = (Vec::new(), 0);
+    while let Some(out) = burst.join_next().await {
+        match out.unwrap() {
+            (202, _, Some(id)) => admitted.push(id),
+            (429, true, _) => refused += 1,
+            other => panic!("unexpected answer {other:?}"),
+        }
+    }
+    assert_eq!(admitted.len(), 4, "admitted {admitted:?}\n{}", r.logs());
+    assert_eq!(refused, 8);
+
+    // a cancel on r2 ends each everywhere at once, wherever it runs
+    let client = reqwest::Client::new();
+    for id in &admitted {
+        let sent = Instant::now();
+        let c = client
+            .post(format!("{}/v1/tasks/{id}/cancel", b[2]))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(c.status(), 204);
+        for base in &b[..2] {
+            let events = read_stream(base, id, None, |_| false).await;
+            assert_whole(&events, "a cancelled task");
+            assert_eq!(events.last().unwrap().data["finish_reason"], "cancelled");
+        }
+        eprintln!(
+            "cancel of {id} through r2: ended on r0 and r1 within {:?}",
+            sent.elapsed()
+        );
+    }
+    // the places are free again once the takers dropped the cancelled tasks still queued
+    let free = eventually(Duration::from_secs(5), || async {
+        submit(&b[1], json!({"prompt": COUNT, "max_tokens": 4}))
+            .await
+            .status()
+            == 202
+    })
+    .await;
+    assert!(
+        free,
+        "no place freed after the cancels:
+{}",
+        r.logs()
+    );
+}
+
+/// CLU-TASK-2: `kill -9` of the replica a client streams from: the client resumes on another
+/// with `Last-Event-ID` and gets every later event once; `kill -9` of the replica running the
+/// task: another takes it after `ack_wait` and goes on after the tokens already sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_replica_loses_no_token_of_a_stream() {
+    let mut r = Replicas::start(3, "").await;
+    let body = json!({"prompt": COUNT, "max_tokens": 160, "temperature": 0});
+
+    // the replica holding the stream dies
+    let id = submit_ok(&r.bases[0], body.clone()).await;
+    let runner = loop {
+        if let Some(i) = r.runner_of(&id) {
+            break i;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let follower = (runner + 1) % 3;
+    let spare = (runner + 2) % 3;
+    let first = read_stream(&r.bases[follower], &id, None, |e| {
+        e.iter().filter(|e| e.event == "token").count() >= 10
+    })
+    .await;
+    r.kill(follower);
+    let last = first.last().unwrap().id.unwrap();
+    let rest = read_stream(&r.bases[spare], &id, Some(last), |_| false).await;
+    let whole: Vec<Ev> = first.into_iter().chain(rest).collect();
+    assert_whole(&whole, "resumed on another replica");
+    let count = numbers(&text_of(&whole));
+    let want: Vec<u64> = (6..6 + count.len() as u64).collect();
+    assert_eq!(count, want, "the count across the resume");
+    eprintln!(
+        "stream resumed after id {last} on r{spare}: {} events in all",
+        whole.len()
+    );
+
+    // the replica running the task dies: one of the two left takes it after ack_wait
+    let id = submit_ok(&r.bases[spare], body.clone()).await;
+    let runner = loop {
+        if let Some(i) = r.runner_of(&id) {
+            break i;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let left: Vec<usize> = (0..3).filter(|&i| i != follower && i != runner).collect();
+    let watcher = left[0];
+    let base = r.bases[watcher].clone();
+    let (tx, mut rx) = tokio::sync::watch::channel(0usize);
+    let id2 = id.clone();
+    let reader = tokio::spawn(async move {
+        read_stream(&base, &id2, None, move |e| {
+            let _ = tx.send(e.iter().filter(|e| e.event == "token").count());
+            false
+        })
+        .await
+    });
+    tokio::time::timeout(Duration::from_secs(60), rx.wait_for(|n| *n >= 10))
+        .await
+        .expect("tokens before the kill")
+        .unwrap();
+    let killed = Instant::now();
+    r.kill(runner);
+    let events = tokio::time::timeout(Duration::from_secs(120), reader)
+        .await
+        .expect("the task ends after its runner died")
+        .unwrap();
+    assert_whole(&events, "after the runner died");
+    assert_eq!(events.last().unwrap().event, "end", "{:?}", events.last());
+    let tokens = events.iter().filter(|e| e.event == "token").count();
+    assert_eq!(tokens, 160, "every token once");
+    assert_eq!(events.last().unwrap().data["tokens_out"], 160);
+    let count = numbers(&text_of(&events));
+    let want: Vec<u64> = (6..6 + count.len() as u64).collect();
+    assert_eq!(count, want, "the count across the takeover");
+    let taken_again = r.runner_of(&id);
+    assert_eq!(taken_again, Some(watcher), "{}", r.logs());
+    eprintln!(
+        "runner r{runner} killed: r{watcher} finished the task {:?} later",
+        killed.elapsed()
+    );
+}
