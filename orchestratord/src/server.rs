@@ -362,11 +362,18 @@ pub async fn serve(
         st.shutdown.cancel();
         tracing::info!("shutting down: admitting nothing new");
         st.workers.drain_all(st.as_ref(), "server_shutdown", grace);
+        // tasks another replica runs go on there: their streams here just close (a client
+        // resumes on another replica after its last event id)
+        let here = || {
+            let mut t = st.tasks.unfinished();
+            t.retain(|t| !t.is_relayed());
+            t
+        };
         let until = Instant::now() + grace;
-        while Instant::now() < until && !st.tasks.unfinished().is_empty() {
+        while Instant::now() < until && !here().is_empty() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        for t in st.tasks.unfinished() {
+        for t in here() {
             st.fail_task(
                 &t,
                 ErrorCode::ShuttingDown,

@@ -80,12 +80,18 @@ impl Replicas {
             .collect()
     }
 
-    /// The replica that took `id` from the queue last (from its log).
+    /// The replica that took `id` from the queue first (from its log).
     fn runner_of(&self, id: &str) -> Option<usize> {
-        (0..self.procs.len()).rev().find(|&i| {
-            self.log(i)
-                .lines()
-                .any(|l| l.contains("cluster: task taken") && l.contains(id))
+        self.taker_of(id, 1)
+    }
+
+    /// The replica that took `id` from the queue for the `delivered`th time (from its log).
+    fn taker_of(&self, id: &str, delivered: u32) -> Option<usize> {
+        let mark = format!("delivered={delivered}");
+        (0..self.procs.len()).find(|&i| {
+            self.log(i).lines().any(|l| {
+                l.contains("cluster: task taken") && l.contains(id) && l.ends_with(&mark)
+            })
         })
     }
 
@@ -361,10 +367,68 @@ async fn a_killed_replica_loses_no_token_of_a_stream() {
     let count = numbers(&text_of(&events));
     let want: Vec<u64> = (6..6 + count.len() as u64).collect();
     assert_eq!(count, want, "the count across the takeover");
-    let taken_again = r.runner_of(&id);
+    let taken_again = r.taker_of(&id, 2);
     assert_eq!(taken_again, Some(watcher), "{}", r.logs());
     eprintln!(
         "runner r{runner} killed: r{watcher} finished the task {:?} later",
         killed.elapsed()
+    );
+}
+
+/// CLU-TASK-3: the replica running a task is stopped (`SIGSTOP`) past `ack_wait`: another takes
+/// the task and finishes it; when the stopped one runs again it finds another appending to the
+/// task and stops its own run — the stream followed elsewhere has every token once and one end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_runner_that_comes_back_appends_nothing() {
+    let r = Replicas::start(3, "").await;
+    let id = submit_ok(
+        &r.bases[0],
+        json!({"prompt": COUNT, "max_tokens": 120, "temperature": 0}),
+    )
+    .await;
+    let runner = loop {
+        if let Some(i) = r.runner_of(&id) {
+            break i;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let watcher = (runner + 1) % 3;
+    let first = read_stream(&r.bases[watcher], &id, None, |e| {
+        e.iter().filter(|e| e.event == "token").count() >= 10
+    })
+    .await;
+    let stopped = r.procs[runner].as_ref().unwrap();
+    stopped.signal("-STOP");
+    let stopped_at = Instant::now();
+    let last = first.last().unwrap().id.unwrap();
+    let rest = tokio::time::timeout(
+        Duration::from_secs(120),
+        read_stream(&r.bases[watcher], &id, Some(last), |_| false),
+    )
+    .await
+    .expect("another replica finishes the task");
+    let finished = stopped_at.elapsed();
+    stopped.signal("-CONT");
+    // the one that came back finds another's events after its own, and stops
+    let noticed = eventually(Duration::from_secs(10), || async {
+        r.log(runner)
+            .contains("another replica appended to the task")
+    })
+    .await;
+    assert!(noticed, "{}", r.logs());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let whole = read_stream(&r.bases[(runner + 2) % 3], &id, None, |_| false).await;
+    assert_eq!(whole, first.into_iter().chain(rest).collect::<Vec<_>>());
+    assert_whole(&whole, "after the runner was stopped and came back");
+    assert_eq!(whole.last().unwrap().event, "end");
+    assert_eq!(whole.iter().filter(|e| e.event == "token").count(), 120);
+    let count = numbers(&text_of(&whole));
+    let want: Vec<u64> = (6..6 + count.len() as u64).collect();
+    assert_eq!(count, want, "the count across the takeover");
+    let taker = r.taker_of(&id, 2);
+    assert!(taker.is_some_and(|t| t != runner), "{taker:?}");
+    eprintln!(
+        "r{runner} stopped: the task finished on r{} {finished:?} later",
+        taker.unwrap()
     );
 }

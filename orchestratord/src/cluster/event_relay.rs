@@ -109,15 +109,76 @@ impl EventRelay {
         Ok(ack.sequence)
     }
 
+    /// Appends event `number` of `task_id`'s run `run` (its delivery from the queue) only if
+    /// the task's last event is still `last` (the one this run appended or read last): a
+    /// replica that lost the task to another (it was stopped past `ack_wait`, and another took
+    /// it) learns so here, and appends nothing. Two runs never share an event's dedupe id, so
+    /// the stale one cannot pass for a retry of the other's append.
+    pub async fn append_after(
+        &self,
+        task_id: &str,
+        run: i64,
+        number: u64,
+        payload: Bytes,
+        last: u64,
+    ) -> Result<Appended, ClusterError> {
+        use async_nats::jetstream::context::PublishErrorKind;
+        let own = format!("{task_id}-r{run}-{number}");
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", own.as_str());
+        headers.insert(
+            "Nats-Expected-Last-Subject-Sequence",
+            last.to_string().as_str(),
+        );
+        let sent = self
+            .js
+            .publish_with_headers(subject(task_id)?, headers, payload)
+            .await;
+        let ack = match sent {
+            Ok(pending) => pending.await,
+            Err(e) => Err(e),
+        };
+        match ack {
+            Ok(a) if a.duplicate => Ok(Appended::Duplicate(a.sequence)),
+            Ok(a) => Ok(Appended::At(a.sequence)),
+            Err(e) if e.kind() == PublishErrorKind::WrongLastSequence => {
+                // a retry of an append that landed (its answer lost) finds itself last
+                match self
+                    .stream
+                    .get_last_raw_message_by_subject(&subject(task_id)?)
+                    .await
+                {
+                    Ok(m)
+                        if m.headers
+                            .get("Nats-Msg-Id")
+                            .is_some_and(|v| v.as_str() == own) =>
+                    {
+                        Ok(Appended::Duplicate(m.sequence))
+                    }
+                    _ => Ok(Appended::Superseded),
+                }
+            }
+            Err(e) => Err(ClusterError::jetstream(e)),
+        }
+    }
+
     /// The id of `task_id`'s last event so far; `None` when it has none.
     pub async fn last_id(&self, task_id: &str) -> Result<Option<u64>, ClusterError> {
+        Ok(self.last(task_id).await?.map(|r| r.id))
+    }
+
+    /// `task_id`'s last event so far; `None` when it has none.
+    pub async fn last(&self, task_id: &str) -> Result<Option<Relayed>, ClusterError> {
         use async_nats::jetstream::stream::LastRawMessageErrorKind;
         match self
             .stream
             .get_last_raw_message_by_subject(&subject(task_id)?)
             .await
         {
-            Ok(m) => Ok(Some(m.sequence)),
+            Ok(m) => Ok(Some(Relayed {
+                id: m.sequence,
+                payload: m.payload,
+            })),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
             Err(e) => Err(ClusterError::jetstream(e)),
         }
@@ -213,6 +274,17 @@ impl EventRelay {
 }
 
 type Ordered = async_nats::jetstream::consumer::pull::Ordered;
+
+/// What a fenced append did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Appended {
+    /// Appended with this id.
+    At(u64),
+    /// Appended before (a retry after a lost answer): its id.
+    Duplicate(u64),
+    /// Another event came after `last`: someone else appends to the task now.
+    Superseded,
+}
 
 /// A follower silent this long checks whether it missed events.
 pub const RECHECK: Duration = Duration::from_secs(2);

@@ -41,6 +41,7 @@ impl TaskPath {
         task: Arc<Task>,
         events: Events,
     ) {
+        task.mark_relayed();
         let path = self.clone();
         tokio::spawn(async move { path.feed(state, task, events).await });
     }

@@ -12,6 +12,7 @@ use contracts::{ErrorCode, Priority, SseError};
 use futures::StreamExt;
 use tracing::Instrument;
 
+use super::event_relay::Appended;
 use super::handoff::{Handoff, WireEvent};
 use super::task_path::TaskPath;
 use super::task_queue::{Take, Taken};
@@ -93,7 +94,7 @@ impl TaskPath {
                         retry_after_ms: Some(1000),
                         field: None,
                     });
-                    let n = self.history(&task_id).await.len() as u64;
+                    let n = self.history(&task_id).await.0.len() as u64;
                     self.publish(&task_id, n, &error).await;
                 }
                 Ok(Take::Empty) => {}
@@ -105,9 +106,10 @@ impl TaskPath {
         }
     }
 
-    /// The events of `task_id` on the relay so far, waiting a moment for its `started` (the
-    /// admitting replica puts it there right after the queue took the task).
-    async fn history(&self, task_id: &str) -> Vec<WireEvent> {
+    /// The events of `task_id` on the relay so far and the last one's id, waiting a moment
+    /// for its `started` (the admitting replica puts it there right after the queue took the
+    /// task). Empty when it has none.
+    async fn history(&self, task_id: &str) -> (Vec<WireEvent>, u64) {
         let until = tokio::time::Instant::now() + STARTED_WAIT;
         let last = loop {
             match self.relay.last_id(task_id).await {
@@ -115,11 +117,11 @@ impl TaskPath {
                 _ if tokio::time::Instant::now() < until => {
                     tokio::time::sleep(Duration::from_millis(10)).await
                 }
-                _ => return Vec::new(),
+                _ => return (Vec::new(), 0),
             }
         };
         let Ok(events) = self.relay.follow(task_id, 0).await else {
-            return Vec::new();
+            return (Vec::new(), 0);
         };
         let mut events = Box::pin(events);
         let mut out = Vec::new();
@@ -128,10 +130,11 @@ impl TaskPath {
                 out.push(w);
             }
             if r.id >= last {
-                break;
+                return (out, r.id);
             }
         }
-        out
+        // the history could not be read to its end: not a base to go on from
+        (Vec::new(), 0)
     }
 
     /// Puts event `n` of `task_id` on the relay, trying again for a while.
@@ -159,7 +162,7 @@ impl TaskPath {
             let _ = taken.done().await;
             return;
         };
-        let history = self.history(&h.task_id).await;
+        let (history, last) = self.history(&h.task_id).await;
         if history.is_empty() {
             // its admitting replica could not put its `started` on the relay, and refused it
             let _ = taken.done().await;
@@ -218,54 +221,147 @@ impl TaskPath {
         let span = tracing::info_span!("task", task_id = %task.id, correlation_id = %task.correlation_id, pool = %pool_id);
         tokio::spawn(runner::run(state.clone(), task.clone(), lease).instrument(span));
         let from = task.lock().events.len();
-        let path = self.clone();
-        tokio::spawn(async move { path.relay_run(task, taken, from, n).await });
+        let (path, state) = (self.clone(), state.clone());
+        tokio::spawn(async move {
+            let run = Run {
+                task,
+                taken,
+                from,
+                n,
+                last,
+            };
+            path.relay_run(state, run).await
+        });
     }
 
-    /// Puts the running task's events from index `from` on the relay as numbers `n`…, and
-    /// acknowledges progress until it ends.
-    async fn relay_run(
-        self: Arc<Self>,
-        task: Arc<Task>,
-        taken: Taken,
-        mut from: usize,
-        mut n: u64,
-    ) {
+    /// Puts the running task's events on the relay in order, each only while the task's last
+    /// event is the one this replica put there last, and acknowledges progress until it ends.
+    /// Another replica that took the task meanwhile (this one was stopped past `ack_wait`)
+    /// makes this one stop it here; a shutdown hands it back to the queue at once, for another
+    /// replica to go on with.
+    async fn relay_run(self: Arc<Self>, state: Arc<AppState>, mut run: Run) {
+        let task = run.task.clone();
         let mut changes = task.subscribe();
         let mut progress = tokio::time::interval(self.ack_wait / 4);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            let (pending, ended) = {
+        let outcome = loop {
+            let pending = {
                 let g = task.lock();
-                (
-                    g.events[from.min(g.events.len())..].to_vec(),
-                    g.is_terminal(),
-                )
+                g.events[run.from.min(g.events.len())..].to_vec()
             };
-            from += pending.len();
-            for ev in &pending {
-                self.publish(&task.id, n, ev).await;
-                n += 1;
-            }
-            if ended
-                && pending
-                    .iter()
-                    .any(|e| matches!(e, TaskEvent::End(_) | TaskEvent::Error(_)))
-            {
-                break;
+            run.from += pending.len();
+            match self.append_all(&task.id, &mut run, &pending).await {
+                Appending::Ended => break Outcome::Ended,
+                Appending::Lost => break Outcome::Lost,
+                Appending::More => {}
             }
             tokio::select! {
                 _ = changes.changed() => {}
+                _ = state.shutdown.cancelled() => break Outcome::HandBack,
                 _ = progress.tick() => {
-                    if let Err(e) = taken.progress().await {
+                    if let Err(e) = run.taken.progress().await {
                         tracing::warn!(task_id = %task.id, error = %e, "cluster: progress not acknowledged");
                     }
                 }
             }
-        }
+        };
         self.running().remove(&task.id);
-        if let Err(e) = taken.done().await {
-            tracing::warn!(task_id = %task.id, error = %e, "cluster: an ended task stays in the queue");
+        match outcome {
+            Outcome::Ended => {
+                if let Err(e) = run.taken.done().await {
+                    tracing::warn!(task_id = %task.id, error = %e, "cluster: an ended task stays in the queue");
+                }
+            }
+            Outcome::Lost => {
+                state.cancel_task(&task, crate::metrics::CancelReason::Client);
+                // ended meanwhile (a follower's cancel, or another replica that took it over
+                // finished it): out of the queue now, its place free
+                let ended = self
+                    .relay
+                    .last(&task.id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| {
+                        WireEvent::decode(&r.payload).is_some_and(|w| w.is_terminal())
+                    });
+                tracing::info!(task_id = %task.id, ended, "cluster: another replica appended to the task; stopped here");
+                if ended {
+                    let _ = run.taken.done().await;
+                }
+            }
+            Outcome::HandBack => {
+                tracing::info!(task_id = %task.id, "cluster: shutting down, task handed back");
+                let _ = run.taken.give_back().await;
+                state.cancel_task(&task, crate::metrics::CancelReason::Client);
+            }
         }
     }
+
+    /// Appends `events` after `run.last`.
+    async fn append_all(&self, task_id: &str, run: &mut Run, events: &[TaskEvent]) -> Appending {
+        for ev in events {
+            let payload = WireEvent::of(ev).encode();
+            let until = tokio::time::Instant::now() + PUBLISH_FOR;
+            let appended = loop {
+                match self
+                    .relay
+                    .append_after(
+                        task_id,
+                        run.taken.delivered,
+                        run.n,
+                        payload.clone(),
+                        run.last,
+                    )
+                    .await
+                {
+                    Ok(a) => break a,
+                    Err(_) if tokio::time::Instant::now() < until => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    // the relay is gone for good: leave the task to whoever can reach it
+                    Err(e) => {
+                        tracing::warn!(%task_id, error = %e, "cluster: the relay does not answer");
+                        return Appending::Lost;
+                    }
+                }
+            };
+            match appended {
+                Appended::At(id) | Appended::Duplicate(id) => {
+                    run.last = id;
+                    run.n += 1;
+                }
+                Appended::Superseded => return Appending::Lost,
+            }
+            if matches!(ev, TaskEvent::End(_) | TaskEvent::Error(_)) {
+                return Appending::Ended;
+            }
+        }
+        Appending::More
+    }
+}
+
+/// A task this replica runs, and where its events stand on the relay.
+struct Run {
+    task: Arc<Task>,
+    taken: Taken,
+    /// The next of the task's own events to append.
+    from: usize,
+    /// The next event number.
+    n: u64,
+    /// The id of the task's last event on the relay (this replica's, or the history's).
+    last: u64,
+}
+
+enum Appending {
+    More,
+    Ended,
+    /// Another replica appends to the task now (or the relay is unreachable).
+    Lost,
+}
+
+enum Outcome {
+    Ended,
+    Lost,
+    HandBack,
 }

@@ -157,6 +157,9 @@ pub struct Task {
     pub stop_cause: StopCause,
     inner: Mutex<TaskInner>,
     changed: watch::Sender<u64>,
+    /// Its events come from the cluster's relay: another replica runs it (see
+    /// `cluster/mirror.rs`).
+    relayed: std::sync::atomic::AtomicBool,
     /// Who follows the task now, and how many times the last of them left (see
     /// `subscription.rs`: a disconnect cancels only when nobody came back in the grace period).
     followers: Mutex<Followers>,
@@ -236,8 +239,20 @@ impl Task {
                 counted_prompt_tokens: None,
             }),
             changed: watch::channel(0).0,
+            relayed: std::sync::atomic::AtomicBool::new(false),
             followers: Mutex::new(Followers::default()),
         }
+    }
+
+    /// From now on its events come from the cluster's relay.
+    pub fn mark_relayed(&self) {
+        self.relayed
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether another replica runs it and its events come from the relay.
+    pub fn is_relayed(&self) -> bool {
+        self.relayed.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn followers(&self) -> MutexGuard<'_, Followers> {
