@@ -51,6 +51,9 @@ pub struct PoolHealth {
     /// `loading` | `ready` | `draining` | `drained` | `reloading` | `unready`
     pub state: String,
     pub model_ref: String,
+    /// The name unpinned tasks ask for its model by (`model`); absent from older replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_alias: Option<String>,
     pub engine: String,
     pub engine_version: String,
     pub slots_total: u32,

@@ -36,6 +36,11 @@ struct Replicas {
 
 impl Replicas {
     async fn start(n: usize, extra: &str) -> Self {
+        Self::start_with(n, &replica_config(extra), n).await
+    }
+
+    /// `n` replicas of `config`, once each lists `pools` pools.
+    async fn start_with(n: usize, config: &str, pools: usize) -> Self {
         let nats = NatsCluster::start(3).await;
         let urls = nats.urls();
         let (mut procs, mut bases) = (Vec::new(), Vec::new());
@@ -45,7 +50,7 @@ impl Replicas {
                 ("ORCHD_CLUSTER_NATS", urls.as_str()),
                 ("ORCHD_REPLICA_ID", name.as_str()),
             ];
-            let (p, base) = server_env(&replica_config(extra), &env).await;
+            let (p, base) = server_env(config, &env).await;
             procs.push(Some(p));
             bases.push(base);
         }
@@ -56,7 +61,7 @@ impl Replicas {
                     Ok(r) => r.json().await.unwrap_or_default(),
                     Err(_) => return false,
                 };
-                v["pools"].as_array().map_or(0, |a| a.len()) == n
+                v["pools"].as_array().map_or(0, |a| a.len()) == pools
             })
             .await;
             assert!(seen, "{base} does not list every replica's pool");
@@ -431,4 +436,81 @@ async fn a_stopped_runner_that_comes_back_appends_nothing() {
         "r{runner} stopped: the task finished on r{} {finished:?} later",
         taker.unwrap()
     );
+}
+
+/// CLU-TASK-4: a remote worker connected to one replica serves a task admitted on another (its
+/// model's queue is the cluster's); a cancel on the admitting replica stops it on the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_on_one_replica_serves_tasks_admitted_on_another() {
+    const SECRET: &str = "cluster-worker-secret-0123456789";
+    let cfg = format!(
+        "pools = []\n[cluster]\nheartbeat_ms = 200\nack_wait_ms = 2000\n[workers]\nsecret = \"{SECRET}\"\nheartbeat_interval_ms = 200\npong_timeout_ms = 1000\n"
+    );
+    let r = Replicas::start_with(2, &cfg, 0).await;
+    let _w = worker(
+        &r.bases[0],
+        SECRET,
+        "w",
+        &worker_config(&default_model_path(), 1),
+        &[],
+    );
+    // r1 learns of the worker's pool on r0 from the directory
+    let b1 = r.bases[1].clone();
+    let seen = eventually(Duration::from_secs(60), || async {
+        let v: Value = match reqwest::get(format!("{b1}/v1/pools")).await {
+            Ok(r) => r.json().await.unwrap_or_default(),
+            Err(_) => return false,
+        };
+        v["pools"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|p| p["replica"] == "r0" && p["model_alias"] == "smol" && p["ready"] == true)
+        })
+    })
+    .await;
+    assert!(seen, "r1 never listed the worker's pool:\n{}", r.logs());
+    let id = submit_ok(
+        &r.bases[1],
+        json!({"model": "smol", "prompt": COUNT, "max_tokens": 24, "temperature": 0}),
+    )
+    .await;
+    let events = read_stream(&r.bases[1], &id, None, |_| false).await;
+    assert_whole(&events, "a worker's task followed where it was admitted");
+    assert_eq!(events.last().unwrap().event, "end", "{:?}", events.last());
+    assert_eq!(events.iter().filter(|e| e.event == "token").count(), 24);
+    let count = numbers(&text_of(&events));
+    assert_eq!(count, (6..6 + count.len() as u64).collect::<Vec<_>>());
+    assert_eq!(r.runner_of(&id), Some(0), "{}", r.logs());
+
+    // a cancel where it was admitted stops it on the worker: its slot is free again
+    let id = submit_ok(
+        &r.bases[1],
+        json!({"model": "smol", "prompt": COUNT, "max_tokens": 400}),
+    )
+    .await;
+    let some = read_stream(&r.bases[1], &id, None, |e| {
+        e.iter().filter(|e| e.event == "token").count() >= 5
+    })
+    .await;
+    assert!(some.iter().all(|e| e.event != "end"));
+    let c = reqwest::Client::new()
+        .post(format!("{}/v1/tasks/{id}/cancel", r.bases[1]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(c.status(), 204);
+    let b0 = r.bases[0].clone();
+    let freed = eventually(Duration::from_secs(3), || async {
+        let v: Value = match reqwest::get(format!("{b0}/v1/pools")).await {
+            Ok(r) => r.json().await.unwrap_or_default(),
+            Err(_) => return false,
+        };
+        v["pools"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|p| p["replica"] == "r0" && p["slots_free"] == 1 && p["metrics"]["tasks_finished"] == 2)
+        })
+    })
+    .await;
+    assert!(freed, "the worker still runs the cancelled task:\n{}", r.logs());
+    let ended = read_stream(&r.bases[1], &id, None, |_| false).await;
+    assert_eq!(ended.last().unwrap().data["finish_reason"], "cancelled");
 }

@@ -14,7 +14,7 @@ use tracing::Instrument;
 
 use super::event_relay::Appended;
 use super::handoff::{Handoff, WireEvent};
-use super::task_path::TaskPath;
+use super::task_path::{QueueKey, TaskPath};
 use super::task_queue::{Take, Taken};
 use crate::lifecycle::placement::{place, Placement};
 use crate::lifecycle::relayed_task::{self, Purpose};
@@ -67,19 +67,38 @@ impl TaskPath {
                 tokio::time::sleep(SLOT_POLL).await;
                 continue;
             }
-            let bound = self.bound_for(&state, &pool_id);
-            let q = match self.pool_queue(&pool_id, bound).await {
-                Ok(q) => q,
-                Err(e) => {
-                    tracing::warn!(pool = %pool_id, error = %e, "cluster: cannot open the pool's queue");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
+            // its own queue (tasks pinned to it) and its model's
+            let keys = [
+                QueueKey::Pool(pool_id.clone()),
+                QueueKey::Model(pool.spec().model_alias.clone()),
+            ];
+            let mut queues = Vec::with_capacity(keys.len());
+            for key in &keys {
+                match self.queue(key, self.bound_for(&state, key)).await {
+                    Ok(q) => queues.push(q),
+                    Err(e) => {
+                        tracing::warn!(queue = %key.name(), error = %e, "cluster: cannot open a queue");
+                    }
                 }
-            };
-            let took = match q.take(Priority::Interactive, INTERACTIVE_WAIT).await {
-                Ok(Take::Empty) => q.take(Priority::Batch, BATCH_WAIT).await,
-                other => other,
-            };
+            }
+            if queues.is_empty() {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+            let wait = INTERACTIVE_WAIT / queues.len() as u32;
+            let mut took = Ok(Take::Empty);
+            for class in [Priority::Interactive, Priority::Batch] {
+                for q in &queues {
+                    let wait = if class == Priority::Interactive { wait } else { BATCH_WAIT };
+                    took = q.take(class, wait).await;
+                    if !matches!(took, Ok(Take::Empty)) {
+                        break;
+                    }
+                }
+                if !matches!(took, Ok(Take::Empty)) {
+                    break;
+                }
+            }
             match took {
                 Ok(Take::Task(t)) => self.start(&state, &pool_id, *t).await,
                 Ok(Take::Exhausted { task_id, delivered }) => {

@@ -69,58 +69,71 @@ impl TaskPath {
         self.running().get(id).cloned()
     }
 
-    /// The bound of `pool`'s queue, per class, queued and running together: the configured
-    /// capacity plus the pool's slots on every live replica.
-    pub fn bound_for(&self, state: &AppState, pool: &str) -> i64 {
-        let here = state
+    /// The bound of `key`'s queue, per class, queued and running together: the configured
+    /// capacity plus the slots of the pools that take from it on every live replica.
+    pub fn bound_for(&self, state: &AppState, key: &QueueKey) -> i64 {
+        let here: usize = state
             .pools
-            .get(pool)
-            .map_or(0, |p| p.snapshot().slots_total as i64);
+            .all()
+            .iter()
+            .filter(|p| key.taken_by(p.id(), &p.spec().model_alias))
+            .map(|p| p.snapshot().slots_total)
+            .sum();
         let elsewhere: i64 = self
             .cluster
             .directory()
             .others()
             .iter()
-            .filter(|h| h.pool_id == pool)
+            .filter(|h| key.taken_by(&h.pool_id, h.model_alias.as_deref().unwrap_or("")))
             .map(|h| i64::from(h.slots_total))
             .sum();
-        state.cfg.queue.capacity as i64 + here + elsewhere
+        state.cfg.queue.capacity as i64 + here as i64 + elsewhere
     }
 
-    /// `pool`'s queue with `bound` (opened once; its bound updated when it changed).
-    pub async fn pool_queue(&self, pool: &str, bound: i64) -> Result<Arc<PoolQueue>, ClusterError> {
+    /// Whether a live replica other than this one has a pool that takes from `key`'s queue.
+    pub fn taken_elsewhere(&self, key: &QueueKey) -> bool {
+        self.cluster
+            .directory()
+            .others()
+            .iter()
+            .any(|h| key.taken_by(&h.pool_id, h.model_alias.as_deref().unwrap_or("")))
+    }
+
+    /// `key`'s queue with `bound` (opened once; its bound updated when it changed).
+    pub async fn queue(&self, key: &QueueKey, bound: i64) -> Result<Arc<PoolQueue>, ClusterError> {
+        let name = key.name();
         let known = self
             .opened
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(pool)
+            .get(&name)
             .cloned();
         if let Some((b, q)) = known {
             if b == bound {
                 return Ok(q);
             }
         }
-        let q = Arc::new(self.queues.pool(pool, bound).await?);
+        let q = Arc::new(self.queues.pool(&name, bound).await?);
         self.opened
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(pool.to_string(), (bound, q.clone()));
+            .insert(name, (bound, q.clone()));
         Ok(q)
     }
 
-    /// Admits `task` (built from `handoff`) into `pool`'s queue, then puts its `started` on the
-    /// relay (the event that carries the handoff) and follows its events. The relay's `started`
-    /// is what any other replica adopts the task from; the replica that takes it waits for it
-    /// before it appends anything.
+    /// Admits `task` (built from `handoff`) into its queue: its pinned pool's, or its model's.
     pub async fn admit(
         self: &Arc<Self>,
         state: &Arc<AppState>,
         task: &Arc<Task>,
         handoff: Handoff,
-        pool: &str,
     ) -> Result<Queued, AdmitError> {
-        let bound = self.bound_for(state, pool);
-        let q = self.pool_queue(pool, bound).await?;
+        let key = match (&task.pin, &task.model) {
+            (Some(pool), _) => QueueKey::Pool(pool.clone()),
+            (None, model) => QueueKey::Model(model.clone().unwrap_or_default()),
+        };
+        let bound = self.bound_for(state, &key);
+        let q = self.queue(&key, bound).await?;
         let payload =
             bytes::Bytes::from(serde_json::to_vec(&handoff).map_err(ClusterError::jetstream)?);
         q.admit(task.priority, &task.id, payload).await?;
@@ -152,5 +165,31 @@ impl TaskPath {
         let events = self.relay.follow(&task.id, id).await?;
         self.spawn_feeder(state.clone(), task.clone(), Box::pin(events));
         Ok(())
+    }
+}
+
+/// Which queue a task waits in: its pinned pool's, or its model's, which every pool serving the
+/// model takes from (on any replica, a remote worker's included).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QueueKey {
+    Pool(String),
+    Model(String),
+}
+
+impl QueueKey {
+    /// The queue's name (its stream's, encoded by `task_queue.rs`).
+    pub fn name(&self) -> String {
+        match self {
+            Self::Pool(p) => format!("pool-{p}"),
+            Self::Model(m) => format!("model-{m}"),
+        }
+    }
+
+    /// Whether the pool `pool_id` serving `alias` takes from this queue.
+    pub fn taken_by(&self, pool_id: &str, alias: &str) -> bool {
+        match self {
+            Self::Pool(p) => p == pool_id,
+            Self::Model(m) => m == alias || m == pool_id,
+        }
     }
 }

@@ -9,6 +9,7 @@ use pool_manager::{ChatTurn, OutputConstraint, Pool, PortError, PromptInput, Sam
 
 use crate::auth::Caller;
 use crate::cluster::handoff::{unix_ms, Handoff};
+use crate::cluster::task_path::QueueKey;
 use crate::cluster::task_queue::AdmitError;
 use crate::error::ApiError;
 use crate::lifecycle::deadline::{self, Delivery, Limits};
@@ -157,6 +158,14 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
         }
         // seed 003 OC-CTRL-2014: a deterministic INVALID_PARAMS for an unknown pool
         let Some(pool) = all.into_iter().find(|p| p.id() == pin) else {
+            if elsewhere(state, QueueKey::Pool(pin.clone())) {
+                // another replica's pool: the task waits in its queue for it
+                return Ok(Resolved {
+                    pools: Vec::new(),
+                    load_wait_ms: 0,
+                    model: req.model.clone(),
+                });
+            }
             return Err(ApiError::invalid(
                 "pool_id",
                 format!("pool_id {pin:?} names no pool of this server"),
@@ -203,7 +212,9 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
             .ok_or_else(|| ApiError::new(ErrorCode::PoolUnavailable, "no pools", true))?,
     };
     let serving: Vec<Arc<Pool>> = all.into_iter().filter(|p| p.serves(&model)).collect();
-    let from_workers = state.workers.knows_model(&model);
+    // remote workers here, or any pool of another replica, serve it: the task waits for one
+    let from_workers =
+        state.workers.knows_model(&model) || elsewhere(state, QueueKey::Model(model.clone()));
     if serving.is_empty() {
         if from_workers {
             // a model remote workers serve: the task waits for one (queue timeout)
@@ -247,6 +258,14 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
         load_wait_ms: 0,
         model: Some(model),
     })
+}
+
+/// Whether, in a cluster, another replica has a pool that takes tasks from `key`'s queue.
+fn elsewhere(state: &SharedState, key: QueueKey) -> bool {
+    state
+        .cluster_tasks
+        .get()
+        .is_some_and(|path| path.taken_elsewhere(&key))
 }
 
 pub(super) struct Validated {
@@ -784,11 +803,7 @@ async fn admit_task(
         (path, handoff)
     });
     let position = if let Some((path, handoff)) = &cluster {
-        let pool = pools
-            .first()
-            .map(|p| p.id().to_string())
-            .unwrap_or_default();
-        match path.admit(state, &task, handoff.clone(), &pool).await {
+        match path.admit(state, &task, handoff.clone()).await {
             Ok(q) => q.position,
             Err(e) => {
                 state.tasks.remove(&task);

@@ -33,6 +33,7 @@ pub(crate) fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
             .as_ref()
             .map(|d| d.model_ref.clone())
             .unwrap_or_else(|| pool.spec().model_ref.clone()),
+        model_alias: Some(pool.spec().model_alias.clone()),
         engine: d.as_ref().map(|d| d.engine.clone()).unwrap_or_default(),
         engine_version: d
             .as_ref()
