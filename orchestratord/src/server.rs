@@ -268,9 +268,8 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
     }
     let cluster = Arc::new(crate::cluster::Cluster::connect(&state.cfg.cluster).await?);
     let _ = state.cluster.set(cluster.clone());
-    let path =
-        Arc::new(crate::cluster::task_path::TaskPath::open(cluster.clone(), &state.cfg).await?);
-    let _ = state.cluster_tasks.set(path.clone());
+    let path = Arc::new(crate::cluster::task_path::TaskPath::open(cluster.clone(), state).await?);
+    let _ = state.cluster_tasks.set(Arc::new(path.clone()));
     path.spawn_takers(state);
     let directory = cluster.directory().clone();
     let stop = state.shutdown.clone();

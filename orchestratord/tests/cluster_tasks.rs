@@ -94,9 +94,9 @@ impl Replicas {
     fn taker_of(&self, id: &str, delivered: u32) -> Option<usize> {
         let mark = format!("delivered={delivered}");
         (0..self.procs.len()).find(|&i| {
-            self.log(i).lines().any(|l| {
-                l.contains("cluster: task taken") && l.contains(id) && l.ends_with(&mark)
-            })
+            self.log(i)
+                .lines()
+                .any(|l| l.contains("cluster: task taken") && l.contains(id) && l.ends_with(&mark))
         })
     }
 
@@ -218,6 +218,30 @@ async fn tasks_run_on_any_replica_and_stream_from_any() {
         assert_eq!(elsewhere.last().unwrap().event, "end", "{elsewhere:?}");
         texts.push(text_of(&elsewhere));
     }
+    // the record, from a replica that neither admitted nor followed the first task
+    let rec = eventually(Duration::from_secs(5), || async {
+        let v: Value = reqwest::get(format!("{}/v1/artifacts/{}", b[2], ids[0]))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap_or_default();
+        v["terminal"]["event"] == "end"
+    })
+    .await;
+    let stored: Value = reqwest::get(format!("{}/v1/artifacts/{}", b[2], ids[0]))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(rec, "no record of the first task on r2: {stored}");
+    assert_eq!(stored["tokens_out"], 24, "{stored}");
+    assert_eq!(
+        stored["transcript"].as_array().map(Vec::len),
+        Some(read_stream(&b[1], &ids[0], None, |_| false).await.len()),
+        "{stored}"
+    );
     let runners: BTreeSet<usize> = ids.iter().filter_map(|id| r.runner_of(id)).collect();
     assert!(runners.len() >= 2, "all ran on {runners:?}:\n{}", r.logs());
     // greedy: the answer one box gives (each replica has the same model)
@@ -276,7 +300,14 @@ async fn tasks_run_on_any_replica_and_stream_from_any() {
         for base in &b[..2] {
             let events = read_stream(base, id, None, |_| false).await;
             assert_whole(&events, "a cancelled task");
-            assert_eq!(events.last().unwrap().data["finish_reason"], "cancelled");
+            assert_eq!(
+                events.last().unwrap().data["finish_reason"],
+                "cancelled",
+                "{id} on {base}: {} events, cancel sent {:?} ago\n{}",
+                events.len(),
+                sent.elapsed(),
+                r.logs()
+            );
         }
         eprintln!(
             "cancel of {id} through r2: ended on r0 and r1 within {:?}",
@@ -505,12 +536,17 @@ async fn a_worker_on_one_replica_serves_tasks_admitted_on_another() {
             Err(_) => return false,
         };
         v["pools"].as_array().is_some_and(|a| {
-            a.iter()
-                .any(|p| p["replica"] == "r0" && p["slots_free"] == 1 && p["metrics"]["tasks_finished"] == 2)
+            a.iter().any(|p| {
+                p["replica"] == "r0" && p["slots_free"] == 1 && p["metrics"]["tasks_finished"] == 2
+            })
         })
     })
     .await;
-    assert!(freed, "the worker still runs the cancelled task:\n{}", r.logs());
+    assert!(
+        freed,
+        "the worker still runs the cancelled task:\n{}",
+        r.logs()
+    );
     let ended = read_stream(&r.bases[1], &id, None, |_| false).await;
     assert_eq!(ended.last().unwrap().data["finish_reason"], "cancelled");
 }

@@ -16,10 +16,10 @@ use futures::{Stream, StreamExt};
 
 use super::cancel::CancelAsk;
 use super::event_relay::Relayed;
-use super::handoff::WireEvent;
 use super::task_path::TaskPath;
 use super::ClusterError;
 use crate::error::ApiError;
+use crate::lifecycle::handoff::WireEvent;
 use crate::lifecycle::relayed_task::{self, Purpose};
 use crate::lifecycle::state::AppState;
 use crate::lifecycle::task::{Task, TaskEvent};
@@ -94,7 +94,7 @@ impl TaskPath {
 
     /// The task `id` as the relay holds it, followed from here from now on, when `tenant` may
     /// see it (`sees_all`: any tenant's). `None` when the relay has no such task (for them).
-    pub async fn adopt(
+    pub async fn adopt_task(
         self: &Arc<Self>,
         state: &Arc<AppState>,
         tenant: &str,

@@ -5,14 +5,15 @@
 //! pool directory (`pool_directory.rs`), answers cancels (`cancel.rs`), and its tasks take the
 //! cluster's path (`task_path.rs`): the pools' queues on JetStream (`task_queue.rs`), taken by
 //! any replica with a free slot (`taker.rs`), their events relayed (`event_relay.rs`,
-//! `handoff.rs`) to every replica following them (`mirror.rs`).
+//! `lifecycle/handoff.rs`) to every replica following them (`mirror.rs`), their records kept for every
+//! replica to read (`record_stream.rs`).
 
 pub mod cancel;
 mod error;
 pub mod event_relay;
-pub mod handoff;
 mod mirror;
 mod pool_directory;
+pub mod record_stream;
 mod taker;
 pub mod task_path;
 pub mod task_queue;
@@ -111,6 +112,16 @@ impl Cluster {
         limits: event_relay::RelayLimits,
     ) -> Result<event_relay::EventRelay, ClusterError> {
         event_relay::EventRelay::open(self.js.clone(), self.stream_replicas, limits).await
+    }
+
+    /// The cluster's task records (their stream created or opened).
+    pub async fn records(
+        &self,
+        keep: Duration,
+        max_bytes: u64,
+    ) -> Result<record_stream::RecordStream, ClusterError> {
+        record_stream::RecordStream::open(self.js.clone(), self.stream_replicas, keep, max_bytes)
+            .await
     }
 
     /// Every live replica's pools.

@@ -13,9 +13,9 @@ use futures::StreamExt;
 use tracing::Instrument;
 
 use super::event_relay::Appended;
-use super::handoff::{Handoff, WireEvent};
 use super::task_path::{QueueKey, TaskPath};
 use super::task_queue::{Take, Taken};
+use crate::lifecycle::handoff::{Handoff, WireEvent};
 use crate::lifecycle::placement::{place, Placement};
 use crate::lifecycle::relayed_task::{self, Purpose};
 use crate::lifecycle::runner;
@@ -89,7 +89,11 @@ impl TaskPath {
             let mut took = Ok(Take::Empty);
             for class in [Priority::Interactive, Priority::Batch] {
                 for q in &queues {
-                    let wait = if class == Priority::Interactive { wait } else { BATCH_WAIT };
+                    let wait = if class == Priority::Interactive {
+                        wait
+                    } else {
+                        BATCH_WAIT
+                    };
                     took = q.take(class, wait).await;
                     if !matches!(took, Ok(Take::Empty)) {
                         break;
@@ -209,6 +213,7 @@ impl TaskPath {
                 return;
             }
         };
+        task.mark_run_for_cluster();
         // taken again after its taker stopped: it goes on after the tokens already sent
         for ev in history.iter().filter_map(WireEvent::to_event) {
             if let TaskEvent::Token(t) = ev {

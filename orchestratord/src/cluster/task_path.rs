@@ -11,16 +11,25 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::event_relay::{EventRelay, RelayLimits};
-use super::handoff::{Handoff, WireEvent};
+use super::record_stream::RecordStream;
 use super::task_queue::{AdmitError, ClusterQueue, PoolQueue};
 use super::{Cluster, ClusterError};
-use crate::config::Config;
+use crate::lifecycle::handoff::{Handoff, WireEvent};
+use contracts::TaskRecord;
+use futures::future::BoxFuture;
+
+use crate::error::ApiError;
+use crate::lifecycle::cluster_port::{ClusterPort, ClusterRefusal};
 use crate::lifecycle::state::AppState;
 use crate::lifecycle::task::{Task, TaskEvent};
 
 pub struct TaskPath {
+    /// The server's state (weak: the state holds this path).
+    state: std::sync::Weak<AppState>,
     pub(super) cluster: Arc<Cluster>,
     pub(super) relay: EventRelay,
+    /// Ended tasks' records, for every replica (none while `records.enabled` is off).
+    records: Option<RecordStream>,
     queues: ClusterQueue,
     pub(super) ack_wait: Duration,
     /// Each pool's queue as opened, with the bound it was opened with.
@@ -37,7 +46,8 @@ pub struct Queued {
 
 impl TaskPath {
     /// Opens the relay (its stream created by the first replica) for `cluster`.
-    pub async fn open(cluster: Arc<Cluster>, cfg: &Config) -> Result<Self, ClusterError> {
+    pub async fn open(cluster: Arc<Cluster>, state: &Arc<AppState>) -> Result<Self, ClusterError> {
+        let cfg = &state.cfg;
         let limits = RelayLimits {
             keep: Duration::from_millis(cfg.stream.transcript_ttl_ms.max(1000)),
             // a token each, a metrics frame at most each, started and the end
@@ -45,11 +55,19 @@ impl TaskPath {
             bytes: cfg.cluster.relay_max_bytes.min(i64::MAX as u64) as i64,
         };
         let relay = cluster.events(limits).await?;
+        let records = if cfg.records.enabled {
+            let keep = Duration::from_secs(cfg.records.max_age_s.max(1));
+            Some(cluster.records(keep, cfg.records.max_bytes).await?)
+        } else {
+            None
+        };
         let ack_wait = Duration::from_millis(cfg.cluster.ack_wait_ms);
         Ok(Self {
+            state: Arc::downgrade(state),
             queues: cluster.queue(ack_wait),
             cluster,
             relay,
+            records,
             ack_wait,
             opened: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
@@ -62,6 +80,33 @@ impl TaskPath {
 
     pub(super) fn running(&self) -> MutexGuard<'_, HashMap<String, Arc<Task>>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Stores the record of a task this replica followed, for every replica to read (in the
+    /// background: a task's end never waits on the cluster).
+    fn store_record(&self, tenant: &str, record: contracts::TaskRecord) {
+        let Some(records) = self.records.clone() else {
+            return;
+        };
+        let tenant = tenant.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = records.put(&tenant, record).await {
+                tracing::warn!(error = %e, "cluster: a task record was not stored");
+            }
+        });
+    }
+
+    /// The record of task `id` as a replica that followed it stored it.
+    async fn read_record(
+        &self,
+        tenant: &str,
+        any_tenant: bool,
+        id: &str,
+    ) -> Result<Option<contracts::TaskRecord>, ClusterError> {
+        match &self.records {
+            Some(r) => r.get(tenant, any_tenant, id).await,
+            None => Ok(None),
+        }
     }
 
     /// The task `id` when this replica took it from the cluster's queue and runs it now.
@@ -91,7 +136,7 @@ impl TaskPath {
     }
 
     /// Whether a live replica other than this one has a pool that takes from `key`'s queue.
-    pub fn taken_elsewhere(&self, key: &QueueKey) -> bool {
+    fn taken_elsewhere(&self, key: &QueueKey) -> bool {
         self.cluster
             .directory()
             .others()
@@ -122,8 +167,8 @@ impl TaskPath {
     }
 
     /// Admits `task` (built from `handoff`) into its queue: its pinned pool's, or its model's.
-    pub async fn admit(
-        self: &Arc<Self>,
+    async fn admit_task(
+        &self,
         state: &Arc<AppState>,
         task: &Arc<Task>,
         handoff: Handoff,
@@ -146,7 +191,7 @@ impl TaskPath {
 
     /// Puts `task`'s `started` (its first event) on the relay with `handoff`, and follows the
     /// task's later events from there.
-    pub async fn announce(
+    async fn announce_task(
         self: &Arc<Self>,
         state: &Arc<AppState>,
         task: &Arc<Task>,
@@ -191,5 +236,78 @@ impl QueueKey {
             Self::Pool(p) => p == pool_id,
             Self::Model(m) => m == alias || m == pool_id,
         }
+    }
+}
+
+impl ClusterPort for Arc<TaskPath> {
+    fn serves_elsewhere(&self, pin: Option<&str>, model: &str) -> bool {
+        let key = match pin {
+            Some(p) => QueueKey::Pool(p.to_string()),
+            None => QueueKey::Model(model.to_string()),
+        };
+        self.taken_elsewhere(&key)
+    }
+
+    fn admit<'a>(
+        &'a self,
+        task: &'a Arc<Task>,
+        handoff: Handoff,
+    ) -> BoxFuture<'a, Result<usize, ClusterRefusal>> {
+        Box::pin(async move {
+            let Some(state) = self.state.upgrade() else {
+                return Err(ClusterRefusal::Unavailable("the server is stopping".into()));
+            };
+            match self.admit_task(&state, task, handoff).await {
+                Ok(q) => Ok(q.position),
+                Err(AdmitError::Full { .. }) => Err(ClusterRefusal::Full),
+                Err(AdmitError::Cluster(e)) => Err(ClusterRefusal::Unavailable(e.to_string())),
+            }
+        })
+    }
+
+    fn announce<'a>(
+        &'a self,
+        task: &'a Arc<Task>,
+        handoff: Handoff,
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let Some(state) = self.state.upgrade() else {
+                return Err("the server is stopping".into());
+            };
+            self.announce_task(&state, task, handoff)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn adopt<'a>(
+        &'a self,
+        tenant: &'a str,
+        sees_all: bool,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Arc<Task>>, ApiError>> {
+        Box::pin(async move {
+            let Some(state) = self.state.upgrade() else {
+                return Ok(None);
+            };
+            self.adopt_task(&state, tenant, sees_all, id).await
+        })
+    }
+
+    fn record_ended(&self, tenant: &str, record: TaskRecord) {
+        self.store_record(tenant, record);
+    }
+
+    fn stored_record<'a>(
+        &'a self,
+        tenant: &'a str,
+        any_tenant: bool,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, String>> {
+        Box::pin(async move {
+            self.read_record(tenant, any_tenant, id)
+                .await
+                .map_err(|e| e.to_string())
+        })
     }
 }

@@ -8,12 +8,11 @@ use contracts::{AdmissionResponse, ErrorCode, Priority, StreamLinks, TaskRequest
 use pool_manager::{ChatTurn, OutputConstraint, Pool, PortError, PromptInput, SamplingParams};
 
 use crate::auth::Caller;
-use crate::cluster::handoff::{unix_ms, Handoff};
-use crate::cluster::task_path::QueueKey;
-use crate::cluster::task_queue::AdmitError;
 use crate::error::ApiError;
+use crate::lifecycle::cluster_port::ClusterRefusal;
 use crate::lifecycle::deadline::{self, Delivery, Limits};
 use crate::lifecycle::eta;
+use crate::lifecycle::handoff::{unix_ms, Handoff};
 use crate::lifecycle::queue::{Enqueued, Eviction};
 use crate::lifecycle::quota::{InFlight, OverQuota};
 use crate::lifecycle::state::SharedState;
@@ -158,7 +157,7 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
         }
         // seed 003 OC-CTRL-2014: a deterministic INVALID_PARAMS for an unknown pool
         let Some(pool) = all.into_iter().find(|p| p.id() == pin) else {
-            if elsewhere(state, QueueKey::Pool(pin.clone())) {
+            if elsewhere(state, Some(pin), "") {
                 // another replica's pool: the task waits in its queue for it
                 return Ok(Resolved {
                     pools: Vec::new(),
@@ -213,8 +212,7 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
     };
     let serving: Vec<Arc<Pool>> = all.into_iter().filter(|p| p.serves(&model)).collect();
     // remote workers here, or any pool of another replica, serve it: the task waits for one
-    let from_workers =
-        state.workers.knows_model(&model) || elsewhere(state, QueueKey::Model(model.clone()));
+    let from_workers = state.workers.knows_model(&model) || elsewhere(state, None, &model);
     if serving.is_empty() {
         if from_workers {
             // a model remote workers serve: the task waits for one (queue timeout)
@@ -260,12 +258,13 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
     })
 }
 
-/// Whether, in a cluster, another replica has a pool that takes tasks from `key`'s queue.
-fn elsewhere(state: &SharedState, key: QueueKey) -> bool {
+/// Whether, in a cluster, another replica has a pool that takes tasks pinned to `pin`, or
+/// else of `model`.
+fn elsewhere(state: &SharedState, pin: Option<&str>, model: &str) -> bool {
     state
         .cluster_tasks
         .get()
-        .is_some_and(|path| path.taken_elsewhere(&key))
+        .is_some_and(|path| path.serves_elsewhere(pin, model))
 }
 
 pub(super) struct Validated {
@@ -803,16 +802,16 @@ async fn admit_task(
         (path, handoff)
     });
     let position = if let Some((path, handoff)) = &cluster {
-        match path.admit(state, &task, handoff.clone()).await {
-            Ok(q) => q.position,
+        match path.admit(&task, handoff.clone()).await {
+            Ok(position) => position,
             Err(e) => {
                 state.tasks.remove(&task);
                 refund(state);
                 return Err(match e {
-                    AdmitError::Full { .. } => {
+                    ClusterRefusal::Full => {
                         queue_full(state, plan.rank, est_now.retry_after_ms, caller)
                     }
-                    AdmitError::Cluster(e) => reject(
+                    ClusterRefusal::Unavailable(e) => reject(
                         ErrorCode::ClusterUnavailable,
                         ApiError::new(
                             ErrorCode::ClusterUnavailable,
@@ -882,7 +881,7 @@ async fn admit_task(
     });
     if let Some((path, handoff)) = cluster {
         // the task's first event on the relay: what the replica that takes it waits for
-        if let Err(e) = path.announce(state, &task, handoff).await {
+        if let Err(e) = path.announce(&task, handoff).await {
             state.fail_task(
                 &task,
                 ErrorCode::ClusterUnavailable,

@@ -16,7 +16,17 @@ impl AppState {
     /// What every ending does after the task's own state changed.
     fn after_end(&self, task: &Task) {
         self.queue.remove(task);
-        self.records.task_ended(&task.owner, task.record());
+        // a run for the cluster leaves its record to the replicas following the task (theirs
+        // has every event its clients saw); theirs goes where every replica can read it
+        if !task.is_run_for_cluster() {
+            let record = task.record();
+            if task.is_relayed() {
+                if let Some(path) = self.cluster_tasks.get() {
+                    path.record_ended(&task.owner, record.clone());
+                }
+            }
+            self.records.task_ended(&task.owner, record);
+        }
         if let Some(ticket) = task.quota_ticket {
             // what it was served: its prompt once placed, and what it generated
             let g = task.lock();

@@ -29,15 +29,19 @@
 //! whoever ends it. [`tokenize`] templates and tokenizes prompts off the runtime, once per task.
 //! [`task_store`] keeps tasks (and their records) for the artifact TTL; [`eta`] turns pool
 //! measurements into the queue-time and on-time estimates admission and the stream report;
-//! [`running`] indexes the tasks in slots, for those estimates. In a cluster,
-//! [`relayed_task`] builds a task admitted on another replica, to run it or to follow it.
+//! [`running`] indexes the tasks in slots, for those estimates. In a cluster, admission hands
+//! tasks to the cluster through [`cluster_port`] (which `cluster/` implements: the lifecycle
+//! never names the cluster's types) as a [`handoff`], and [`relayed_task`] builds a task
+//! admitted on another replica, to run it or to follow it.
 
 pub mod admission;
+pub mod cluster_port;
 pub mod deadline;
 pub mod dispatcher;
 pub mod endings;
 pub mod eta;
 pub mod fair_share;
+pub mod handoff;
 pub mod placement;
 pub mod queue;
 pub mod quota;

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use contracts::Priority;
 
-use crate::cluster::handoff::{unix_ms, Handoff};
 use crate::error::ApiError;
 use crate::lifecycle::admission::{count_prompt, prepare_constraint, redact, validate};
+use crate::lifecycle::handoff::{unix_ms, Handoff};
 use crate::lifecycle::state::SharedState;
 use crate::lifecycle::task::{NewTask, RunSpec, Task};
 

@@ -50,7 +50,7 @@ pub struct AppState {
     /// This replica's link to its cluster (`cluster.nats_urls`), set once connected at start.
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     /// The cluster's task path (queues, relay), set with `cluster`.
-    pub cluster_tasks: std::sync::OnceLock<Arc<crate::cluster::task_path::TaskPath>>,
+    pub cluster_tasks: std::sync::OnceLock<Arc<dyn crate::lifecycle::cluster_port::ClusterPort>>,
     pub started_at: Instant,
 }
 

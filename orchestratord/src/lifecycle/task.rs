@@ -157,9 +157,8 @@ pub struct Task {
     pub stop_cause: StopCause,
     inner: Mutex<TaskInner>,
     changed: watch::Sender<u64>,
-    /// Its events come from the cluster's relay: another replica runs it (see
-    /// `cluster/mirror.rs`).
-    relayed: std::sync::atomic::AtomicBool,
+    /// Its part in a cluster: [`ROLE_OWN`], [`ROLE_FOLLOWED`] or [`ROLE_RUN_FOR_CLUSTER`].
+    role: std::sync::atomic::AtomicU8,
     /// Who follows the task now, and how many times the last of them left (see
     /// `subscription.rs`: a disconnect cancels only when nobody came back in the grace period).
     followers: Mutex<Followers>,
@@ -170,6 +169,13 @@ struct Followers {
     now: usize,
     departures: u64,
 }
+
+/// A task of this replica alone (no cluster, or admitted and run here without one).
+const ROLE_OWN: u8 = 0;
+/// Followed from the cluster's relay.
+const ROLE_FOLLOWED: u8 = 1;
+/// Run here for the cluster (taken from its queue).
+const ROLE_RUN_FOR_CLUSTER: u8 = 2;
 
 /// Fields of a new task.
 pub struct NewTask {
@@ -239,20 +245,32 @@ impl Task {
                 counted_prompt_tokens: None,
             }),
             changed: watch::channel(0).0,
-            relayed: std::sync::atomic::AtomicBool::new(false),
+            role: std::sync::atomic::AtomicU8::new(ROLE_OWN),
             followers: Mutex::new(Followers::default()),
         }
     }
 
     /// From now on its events come from the cluster's relay.
     pub fn mark_relayed(&self) {
-        self.relayed
-            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.role
+            .store(ROLE_FOLLOWED, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Whether another replica runs it and its events come from the relay.
+    /// Whether its events come from the relay (another replica runs it, or this one does
+    /// from the cluster's queue): the replica follows it as its clients see it.
     pub fn is_relayed(&self) -> bool {
-        self.relayed.load(std::sync::atomic::Ordering::Relaxed)
+        self.role.load(std::sync::atomic::Ordering::Relaxed) == ROLE_FOLLOWED
+    }
+
+    /// It is this replica's run of a task taken from the cluster's queue: its events go to the
+    /// relay; the replicas following it keep its record.
+    pub fn mark_run_for_cluster(&self) {
+        self.role
+            .store(ROLE_RUN_FOR_CLUSTER, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_run_for_cluster(&self) -> bool {
+        self.role.load(std::sync::atomic::Ordering::Relaxed) == ROLE_RUN_FOR_CLUSTER
     }
 
     fn followers(&self) -> MutexGuard<'_, Followers> {

@@ -75,10 +75,36 @@ pub async fn get(
     if let Some(t) = state.tasks.get(caller.tenant(), &id, all) {
         return Ok(Json(StoredArtifact::TaskRecord(Box::new(t.record()))));
     }
-    match state.records.task_record(caller.tenant(), all, &id).await? {
+    match stored_task_record(&state, caller.tenant(), all, &id).await? {
         Some(r) => Ok(Json(StoredArtifact::TaskRecord(Box::new(r)))),
         None => Err(ApiError::not_found("artifact", &id)),
     }
+}
+
+/// An ended task's stored record: this replica's, or in a cluster the one a replica that
+/// followed it stored.
+pub(crate) async fn stored_task_record(
+    state: &SharedState,
+    tenant: &str,
+    any_tenant: bool,
+    id: &str,
+) -> Result<Option<contracts::TaskRecord>, ApiError> {
+    if let Some(r) = state.records.task_record(tenant, any_tenant, id).await? {
+        return Ok(Some(r));
+    }
+    let Some(path) = state.cluster_tasks.get() else {
+        return Ok(None);
+    };
+    path.stored_record(tenant, any_tenant, id)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                contracts::ErrorCode::ClusterUnavailable,
+                format!("the cluster's records did not answer: {e}"),
+                true,
+            )
+            .with_retry_after(1000)
+        })
 }
 
 /// Artifacts and task records, newest first, by tag, session or kind; pages of `limit`,

@@ -69,7 +69,7 @@ pub async fn find_task(
     let Some(path) = state.cluster_tasks.get() else {
         return Err(not_here);
     };
-    path.adopt(state, caller.tenant(), caller.principal.sees_all(), id)
+    path.adopt(caller.tenant(), caller.principal.sees_all(), id)
         .await?
         .ok_or(not_here)
 }
@@ -91,10 +91,13 @@ pub async fn status(
 ) -> Result<Json<TaskStatus>, ApiError> {
     let Ok(task) = find_task(&state, &caller, &id).await else {
         // ended before the TTL or a restart: its stored record
-        let stored = state
-            .records
-            .task_record(caller.tenant(), caller.principal.sees_all(), &id)
-            .await?;
+        let stored = crate::routes::artifacts::stored_task_record(
+            &state,
+            caller.tenant(),
+            caller.principal.sees_all(),
+            &id,
+        )
+        .await?;
         return stored
             .map(|r| Json(status_of_record(r)))
             .ok_or_else(|| ApiError::not_found("task", &id));

@@ -70,7 +70,7 @@ impl NatsCluster {
             std::fs::write(
                 &conf,
                 format!(
-                    "server_name: n{i}\nlisten: 127.0.0.1:{}\nhttp: 127.0.0.1:{}\njetstream {{\n  store_dir: \"{}\"\n  max_memory_store: 64MB\n  max_file_store: 512MB\n}}\n{cluster}",
+                    "server_name: n{i}\nlisten: 127.0.0.1:{}\nhttp: 127.0.0.1:{}\njetstream {{\n  store_dir: \"{}\"\n  max_memory_store: 64MB\n  max_file_store: 4GB\n}}\n{cluster}",
                     client_ports[i],
                     http_ports[i],
                     store.display()

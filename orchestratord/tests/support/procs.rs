@@ -152,7 +152,8 @@ pub async fn server_env_answering(config: &str, env: &[(&str, &str)]) -> (Proc, 
         env,
     );
     let client = reqwest::Client::new();
-    for _ in 0..600 {
+    // a replica joins its cluster (streams and buckets opened) before it answers
+    for _ in 0..3000 {
         if client.get(format!("{base}/livez")).send().await.is_ok() {
             return (p, base);
         }

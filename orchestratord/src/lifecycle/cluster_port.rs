@@ -1,0 +1,61 @@
+//! What the lifecycle asks of the cluster, when the replica is one (`cluster.nats_urls`).
+//! `cluster/` implements it and sits above the lifecycle (it runs tasks through the runner and
+//! placement), so the lifecycle names only this trait, never the cluster's types; the
+//! implementation reaches the server's state through a weak reference given at start.
+
+use std::sync::Arc;
+
+use contracts::TaskRecord;
+use futures::future::BoxFuture;
+
+use crate::error::ApiError;
+use crate::lifecycle::handoff::Handoff;
+use crate::lifecycle::task::Task;
+
+/// Why the cluster did not take a task.
+#[derive(Debug)]
+pub enum ClusterRefusal {
+    /// Its queue holds the bound (queued and running).
+    Full,
+    /// The cluster did not answer.
+    Unavailable(String),
+}
+
+pub trait ClusterPort: Send + Sync {
+    /// Whether a pool of another replica takes tasks pinned to `pin`, or else of `model`.
+    fn serves_elsewhere(&self, pin: Option<&str>, model: &str) -> bool;
+
+    /// Puts `task` (built from `handoff`) in its queue; its place among the tasks waiting.
+    fn admit<'a>(
+        &'a self,
+        task: &'a Arc<Task>,
+        handoff: Handoff,
+    ) -> BoxFuture<'a, Result<usize, ClusterRefusal>>;
+
+    /// Puts `task`'s `started` (with `handoff`) on the relay and follows its later events.
+    fn announce<'a>(
+        &'a self,
+        task: &'a Arc<Task>,
+        handoff: Handoff,
+    ) -> BoxFuture<'a, Result<(), String>>;
+
+    /// The task `id` another replica admitted, followed here from now on, when `tenant` may
+    /// see it; `None` when the cluster has no such task (for them).
+    fn adopt<'a>(
+        &'a self,
+        tenant: &'a str,
+        sees_all: bool,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<Arc<Task>>, ApiError>>;
+
+    /// Stores the record of a task this replica followed, for every replica to read.
+    fn record_ended(&self, tenant: &str, record: TaskRecord);
+
+    /// The record of task `id` as a replica that followed it stored it.
+    fn stored_record<'a>(
+        &'a self,
+        tenant: &'a str,
+        any_tenant: bool,
+        id: &'a str,
+    ) -> BoxFuture<'a, Result<Option<TaskRecord>, String>>;
+}
