@@ -124,6 +124,33 @@ impl Cluster {
             .await
     }
 
+    /// Tells the replicas taking from queue `queue` that a task is in it (core NATS, at most
+    /// once: a replica that misses it finds the task at its next look).
+    pub async fn nudge(&self, queue: &str) {
+        let subject = format!("orchd.nudge.{}", task_queue::token(queue));
+        if let Err(e) = self.client.publish(subject, bytes::Bytes::new()).await {
+            tracing::debug!(error = %e, "cluster: nudge not sent");
+        }
+    }
+
+    /// The nudges of `queues`.
+    pub async fn nudges(
+        &self,
+        queues: &[String],
+    ) -> Result<futures::stream::SelectAll<async_nats::Subscriber>, ClusterError> {
+        let mut all = futures::stream::SelectAll::new();
+        for q in queues {
+            let subject = format!("orchd.nudge.{}", task_queue::token(q));
+            all.push(
+                self.client
+                    .subscribe(subject)
+                    .await
+                    .map_err(ClusterError::jetstream)?,
+            );
+        }
+        Ok(all)
+    }
+
     /// Every live replica's pools.
     pub fn directory(&self) -> &Arc<PoolDirectory> {
         &self.directory

@@ -22,10 +22,8 @@ use crate::lifecycle::runner;
 use crate::lifecycle::state::AppState;
 use crate::lifecycle::task::{Task, TaskEvent};
 
-/// How long a pull for an interactive task waits before looking at the batch queue.
-const INTERACTIVE_WAIT: Duration = Duration::from_millis(200);
-/// How long a pull for a batch task waits.
-const BATCH_WAIT: Duration = Duration::from_millis(20);
+/// How often a replica with a free slot looks at its queues without being nudged.
+const LOOK_EVERY: Duration = Duration::from_millis(250);
 /// How often a pool with no free slot is looked at again.
 const SLOT_POLL: Duration = Duration::from_millis(20);
 /// How long a taken task waits for the admitting replica's `started` on the relay.
@@ -56,6 +54,25 @@ impl TaskPath {
     }
 
     async fn take_loop(self: Arc<Self>, state: Arc<AppState>, pool_id: String) {
+        let Some(alias) = state
+            .pools
+            .get(&pool_id)
+            .map(|p| p.spec().model_alias.clone())
+        else {
+            return;
+        };
+        // its own queue (tasks pinned to it) and its model's
+        let keys = [QueueKey::Pool(pool_id.clone()), QueueKey::Model(alias)];
+        let names: Vec<String> = keys.iter().map(QueueKey::name).collect();
+        let mut nudges = loop {
+            match self.cluster.nudges(&names).await {
+                Ok(n) => break n,
+                Err(e) => {
+                    tracing::warn!(pool = %pool_id, error = %e, "cluster: cannot listen for new tasks");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        };
         loop {
             if state.is_shutting_down() || state.shutdown.is_cancelled() {
                 return;
@@ -67,11 +84,6 @@ impl TaskPath {
                 tokio::time::sleep(SLOT_POLL).await;
                 continue;
             }
-            // its own queue (tasks pinned to it) and its model's
-            let keys = [
-                QueueKey::Pool(pool_id.clone()),
-                QueueKey::Model(pool.spec().model_alias.clone()),
-            ];
             let mut queues = Vec::with_capacity(keys.len());
             for key in &keys {
                 match self.queue(key, self.bound_for(&state, key)).await {
@@ -85,16 +97,11 @@ impl TaskPath {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
-            let wait = INTERACTIVE_WAIT / queues.len() as u32;
+            // what is there now, interactive first
             let mut took = Ok(Take::Empty);
             for class in [Priority::Interactive, Priority::Batch] {
                 for q in &queues {
-                    let wait = if class == Priority::Interactive {
-                        wait
-                    } else {
-                        BATCH_WAIT
-                    };
-                    took = q.take(class, wait).await;
+                    took = q.take(class, Duration::ZERO).await;
                     if !matches!(took, Ok(Take::Empty)) {
                         break;
                     }
@@ -102,6 +109,16 @@ impl TaskPath {
                 if !matches!(took, Ok(Take::Empty)) {
                     break;
                 }
+            }
+            if matches!(took, Ok(Take::Empty)) {
+                // until a replica admits a task here, or a look anyway (a task handed back, or
+                // given up by a replica that stopped, comes without a nudge)
+                tokio::select! {
+                    _ = nudges.next() => {}
+                    _ = tokio::time::sleep(LOOK_EVERY) => {}
+                    _ = state.shutdown.cancelled() => return,
+                }
+                continue;
             }
             match took {
                 Ok(Take::Task(t)) => self.start(&state, &pool_id, *t).await,
@@ -240,7 +257,8 @@ impl TaskPath {
                 return;
             }
         };
-        tracing::info!(task_id = %task.id, pool = %pool_id, delivered = taken.delivered, "cluster: task taken");
+        let waited_ms = crate::lifecycle::handoff::unix_ms().saturating_sub(h.admitted_unix_ms);
+        tracing::info!(task_id = %task.id, pool = %pool_id, waited_ms, delivered = taken.delivered, "cluster: task taken");
         self.running().insert(task.id.clone(), task.clone());
         let span = tracing::info_span!("task", task_id = %task.id, correlation_id = %task.correlation_id, pool = %pool_id);
         tokio::spawn(runner::run(state.clone(), task.clone(), lease).instrument(span));

@@ -173,10 +173,7 @@ impl TaskPath {
         task: &Arc<Task>,
         handoff: Handoff,
     ) -> Result<Queued, AdmitError> {
-        let key = match (&task.pin, &task.model) {
-            (Some(pool), _) => QueueKey::Pool(pool.clone()),
-            (None, model) => QueueKey::Model(model.clone().unwrap_or_default()),
-        };
+        let key = QueueKey::of(task);
         let bound = self.bound_for(state, &key);
         let q = self.queue(&key, bound).await?;
         let payload =
@@ -207,6 +204,8 @@ impl TaskPath {
         let mut wire = WireEvent::of(&started);
         wire.handoff = Some(Box::new(handoff));
         let id = self.relay.publish(&task.id, 0, wire.encode()).await?;
+        // now the task can start: the replicas taking from its queue may look
+        self.cluster.nudge(&QueueKey::of(task).name()).await;
         let events = self.relay.follow(&task.id, id).await?;
         self.spawn_feeder(state.clone(), task.clone(), Box::pin(events));
         Ok(())
@@ -222,6 +221,14 @@ pub enum QueueKey {
 }
 
 impl QueueKey {
+    /// The queue of `task`: its pinned pool's, or its model's.
+    pub fn of(task: &Task) -> Self {
+        match (&task.pin, &task.model) {
+            (Some(pool), _) => Self::Pool(pool.clone()),
+            (None, model) => Self::Model(model.clone().unwrap_or_default()),
+        }
+    }
+
     /// The queue's name (its stream's, encoded by `task_queue.rs`).
     pub fn name(&self) -> String {
         match self {

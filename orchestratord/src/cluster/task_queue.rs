@@ -100,7 +100,7 @@ fn class_name(class: Class) -> &'static str {
 
 /// A pool id as a stream name and subject token: as it is when it is letters, digits, `-`
 /// and `_`, otherwise `x` and its bytes in hex (names are case-sensitive and unique either way).
-fn token(pool: &str) -> String {
+pub(super) fn token(pool: &str) -> String {
     if !pool.is_empty()
         && pool
             .chars()
@@ -257,7 +257,8 @@ impl PoolQueue {
         Ok(info.cluster.as_ref().and_then(|c| c.leader.clone()))
     }
 
-    /// The next task of `class` no other replica holds, waiting up to `wait` for one.
+    /// The next task of `class` no other replica holds, waiting up to `wait` for one (zero:
+    /// only what is there now).
     pub async fn take(&self, class: Class, wait: Duration) -> Result<Take, ClusterError> {
         let consumer = &self.consumers[match class {
             Class::Interactive => 0,
@@ -265,13 +266,17 @@ impl PoolQueue {
         }];
         let until = tokio::time::Instant::now() + RETRY_FOR;
         let msg = loop {
-            let pulled = match consumer
-                .batch()
-                .max_messages(1)
-                .expires(wait)
-                .messages()
-                .await
-            {
+            let batch = if wait.is_zero() {
+                consumer.fetch().max_messages(1).messages().await
+            } else {
+                consumer
+                    .batch()
+                    .max_messages(1)
+                    .expires(wait)
+                    .messages()
+                    .await
+            };
+            let pulled = match batch {
                 Ok(mut batch) => batch
                     .next()
                     .await
