@@ -130,7 +130,7 @@ pub struct Readiness {
     pub ready: bool,
     /// `ready`; `loading` (no pool takes work yet, one is still loading: requests for it are
     /// admitted and wait, with the load in their predicted start); `unavailable`;
-    /// `shutting_down`.
+    /// `cluster_unavailable` (a replica that does not reach its NATS cluster); `shutting_down`.
     pub status: String,
     /// Pools that take work now (ready, engine alive).
     pub pools_ready: u32,

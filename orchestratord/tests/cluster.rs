@@ -122,6 +122,30 @@ async fn every_replica_lists_every_live_replicas_pools() {
             nats.log(1)
         );
     }
+
+    // CLU-START-1: a replica that no longer reaches any NATS node is not ready (no traffic
+    // for it from a load balancer) until it does
+    for (_, base) in &replicas {
+        let r = reqwest::get(format!("{base}/readyz")).await.unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    nats.kill(1);
+    nats.kill(2);
+    for (p, base) in &replicas {
+        let down = eventually(Duration::from_secs(10), || async {
+            let v: Value = match reqwest::get(format!("{base}/readyz")).await {
+                Ok(r) => r.json().await.unwrap_or_default(),
+                Err(_) => return false,
+            };
+            v["ready"] == false && v["status"] == "cluster_unavailable"
+        })
+        .await;
+        assert!(
+            down,
+            "{base} still ready without its cluster: {}",
+            p.log_text()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -242,7 +242,11 @@ async fn tasks_run_on_any_replica_and_stream_from_any() {
         Some(read_stream(&b[1], &ids[0], None, |_| false).await.len()),
         "{stored}"
     );
-    for line in r.logs().lines().filter(|l| l.contains("cluster: task taken")) {
+    for line in r
+        .logs()
+        .lines()
+        .filter(|l| l.contains("cluster: task taken"))
+    {
         eprintln!("{line}");
     }
     let runners: BTreeSet<usize> = ids.iter().filter_map(|id| r.runner_of(id)).collect();

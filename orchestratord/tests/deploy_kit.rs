@@ -306,6 +306,87 @@ fn kubernetes_manifests_validate_and_agree_with_the_server() {
     );
 }
 
+/// CLU-DEPLOY-1: the replicas' manifests (`deploy/k8s/cluster/`) validate, the replicas'
+/// config is a valid cluster config naming every node of the NATS StatefulSet, each pod is a
+/// replica named after itself, both sides have a PodDisruptionBudget, and the NATS config
+/// passes `nats-server -t` with every write flushed before it is acknowledged.
+#[test]
+fn cluster_manifests_validate_and_agree_with_the_server() {
+    let dir = deploy("k8s/cluster");
+    let files = [dir.join("nats.yaml"), dir.join("orchestratord.yaml")];
+    let out = std::process::Command::new("python3")
+        .args(["-m", "kubernetes_validate", "--strict"])
+        .args(&files)
+        .env("PYTHONPATH", sdk_pythonpath())
+        .output()
+        .expect("python3 runs");
+    let says = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "kubernetes-validate: {says}");
+    assert_eq!(says.matches(" passed for resource ").count(), 8, "{says}");
+
+    let replicas = std::fs::read_to_string(dir.join("orchestratord.yaml")).unwrap();
+    let mut cfg = orchestratord::config::Config::from_toml(&embedded_config(&replicas))
+        .expect("the replicas' config parses");
+    assert!(cfg.cluster.enabled());
+    cfg.cluster.replica_id = "orchestratord-cluster-5d9c-x2x4q".into();
+    cfg.validate().expect("the replicas' config is valid");
+    assert!(
+        replicas.contains("name: ORCHD_REPLICA_ID")
+            && replicas.contains("fieldPath: metadata.name")
+    );
+    assert!(replicas.contains("replicas: 3") && replicas.contains("kind: PodDisruptionBudget"));
+
+    let nats = std::fs::read_to_string(dir.join("nats.yaml")).unwrap();
+    assert!(nats.contains("replicas: 3") && nats.contains("kind: PodDisruptionBudget"));
+    let urls: Vec<String> = (0..3)
+        .map(|i| format!("nats://nats-{i}.nats:4222"))
+        .collect();
+    assert_eq!(cfg.cluster.nats_urls, urls);
+    assert_eq!(cfg.cluster.stream_replicas, 3);
+    // the NATS config as nats-server reads it
+    let conf: String = nats
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with("nats.conf: |"))
+        .skip(1)
+        .take_while(|l| l.starts_with("    ") || l.trim().is_empty())
+        .map(|l| l.get(4..).unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(conf.contains("sync_interval: always"), "{conf}");
+    for i in 0..3 {
+        assert!(
+            conf.contains(&format!("nats-route://nats-{i}.nats:6222")),
+            "{conf}"
+        );
+    }
+    let bin = repo_root().join(".cache/bin/nats-server");
+    let tmp = std::env::temp_dir().join(format!("orchd-nats-conf-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let path = tmp.join("nats.conf");
+    std::fs::write(
+        &path,
+        conf.replace("/data", &tmp.join("data").display().to_string()),
+    )
+    .unwrap();
+    let checked = std::process::Command::new(&bin)
+        .args(["-t", "-c"])
+        .arg(&path)
+        .env("POD_NAME", "nats-0")
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e} (ci/install-nats.sh)", bin.display()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    assert!(
+        checked.status.success(),
+        "nats-server -t: {}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+}
+
 /// OPS-DEPLOY-2: `/livez` answers while the server runs; `/readyz` is 200 while a pool takes
 /// work and 503 (`shutting_down`) once shutdown began; both need no key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -96,6 +96,11 @@ impl Cluster {
         })
     }
 
+    /// Whether the replica is connected to a NATS server of its cluster now.
+    pub fn connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
     /// This replica's name in the cluster.
     pub fn replica(&self) -> &str {
         &self.replica

@@ -1,6 +1,7 @@
 //! Kubernetes probes. `/livez`: the process answers HTTP (no pool state: a pod whose pools are
 //! loading or drained on purpose must not be restarted). `/readyz`: it should get traffic — a
-//! pool takes work and the server is not shutting down; while the pools load, 503 `loading`
+//! pool takes work, the server is not shutting down and, in a cluster, the replica reaches
+//! its NATS cluster (else 503 `cluster_unavailable`); while the pools load, 503 `loading`
 //! with each pool's progress. Both answer from the server's first second (the pools load
 //! behind it) and need no key.
 
@@ -38,7 +39,10 @@ pub async fn readyz(State(state): State<SharedState>) -> (StatusCode, Json<Readi
         })
         .count();
     let shutting_down = state.is_shutting_down();
-    let ready = pools_ready > 0 && !shutting_down;
+    // a replica takes traffic only while it reaches its cluster (its queues and relay)
+    let cluster_down =
+        state.cfg.cluster.enabled() && !state.cluster.get().is_some_and(|c| c.connected());
+    let ready = pools_ready > 0 && !shutting_down && !cluster_down;
     let code = if ready {
         StatusCode::OK
     } else {
@@ -58,6 +62,8 @@ pub async fn readyz(State(state): State<SharedState>) -> (StatusCode, Json<Readi
         .collect();
     let status = if shutting_down {
         "shutting_down"
+    } else if cluster_down {
+        "cluster_unavailable"
     } else if ready {
         "ready"
     } else if pool_states.iter().any(|p| p.loading_ms.is_some()) {
