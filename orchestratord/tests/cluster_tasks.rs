@@ -29,7 +29,7 @@ fn replica_config(extra: &str) -> String {
 }
 
 struct Replicas {
-    _nats: NatsCluster,
+    nats: NatsCluster,
     procs: Vec<Option<Proc>>,
     bases: Vec<String>,
 }
@@ -66,11 +66,7 @@ impl Replicas {
             .await;
             assert!(seen, "{base} does not list every replica's pool");
         }
-        Self {
-            _nats: nats,
-            procs,
-            bases,
-        }
+        Self { nats, procs, bases }
     }
 
     fn log(&self, i: usize) -> String {
@@ -556,4 +552,116 @@ async fn a_worker_on_one_replica_serves_tasks_admitted_on_another() {
     );
     let ended = read_stream(&r.bases[1], &id, None, |_| false).await;
     assert_eq!(ended.last().unwrap().data["finish_reason"], "cancelled");
+}
+
+/// The NATS node (index) leading the stream `stream` now, from the nodes' monitoring endpoints.
+async fn stream_leader(nats: &NatsCluster, stream: &str) -> Option<usize> {
+    for port in &nats.http_ports {
+        let url = format!("http://127.0.0.1:{port}/jsz?streams=true&accounts=true");
+        let Ok(r) = reqwest::get(&url).await else {
+            continue;
+        };
+        let v: Value = r.json().await.unwrap_or_default();
+        for account in v["account_details"].as_array().into_iter().flatten() {
+            for s in account["stream_detail"].as_array().into_iter().flatten() {
+                if s["name"] == stream {
+                    if let Some(l) = s["cluster"]["leader"].as_str() {
+                        return l.trim_start_matches('n').parse().ok();
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
+/// CLU-TASK-5: `kill -9` of the NATS node leading the queue's stream in the middle of a burst
+/// of admissions through three replicas: every task answered 202 runs to its end (a client
+/// retries what was not answered, with the same task id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_admitted_task_is_lost_when_the_queue_leader_dies() {
+    let cfg = replica_config("").replace("capacity = 1", "capacity = 500");
+    let mut r = Replicas::start_with(3, &cfg, 3).await;
+    // the model's queue exists once a task went through it
+    let first = submit_ok(&r.bases[0], json!({"prompt": "Hi", "max_tokens": 1})).await;
+    read_stream(&r.bases[0], &first, None, |_| false).await;
+    let pools: Value = reqwest::get(format!("{}/v1/pools", r.bases[0]))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let alias = pools["pools"][0]["model_alias"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // the stream's name as the queue spells it (`cluster/task_queue.rs`: hex past [A-Za-z0-9_-])
+    let name = format!("model-{alias}");
+    let token = if name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        name
+    } else {
+        let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+        format!("x{hex}")
+    };
+    let stream = format!("ORCHD_QUEUE_{token}");
+    let leader = stream_leader(&r.nats, &stream)
+        .await
+        .unwrap_or_else(|| panic!("no leader of {stream}"));
+    let retried = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut burst = tokio::task::JoinSet::new();
+    for i in 0..90 {
+        let base = r.bases[i % 3].clone();
+        let retried = retried.clone();
+        burst.spawn(async move {
+            let id = format!("burst-{i}");
+            for _ in 0..100 {
+                let sent = reqwest::Client::new()
+                    .post(format!("{base}/v1/tasks"))
+                    .json(&json!({"task_id": id, "prompt": format!("Say {i}."), "max_tokens": 2}))
+                    .send()
+                    .await;
+                match sent.map(|r| r.status().as_u16()) {
+                    Ok(202) => return Some((base, id)),
+                    Ok(429) => return None,
+                    _ => {
+                        retried.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                }
+            }
+            panic!("{id}: never answered");
+        });
+        if i == 20 {
+            r.nats.kill(leader);
+        }
+    }
+    let mut admitted = Vec::new();
+    while let Some(out) = burst.join_next().await {
+        if let Some(a) = out.unwrap() {
+            admitted.push(a);
+        }
+    }
+    assert_eq!(admitted.len(), 90, "refused: {}", 90 - admitted.len());
+    for (base, id) in &admitted {
+        let events = tokio::time::timeout(
+            Duration::from_secs(60),
+            read_stream(base, id, None, |_| false),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{id} never ended:\n{}", r.logs()));
+        assert_whole(&events, id);
+        assert_eq!(
+            events.last().unwrap().event,
+            "end",
+            "{id}: {:?}",
+            events.last()
+        );
+    }
+    eprintln!(
+        "node n{leader} (the queue's leader) killed during 90 admissions: {} retried, all 90 ran to their end",
+        retried.load(std::sync::atomic::Ordering::Relaxed)
+    );
 }

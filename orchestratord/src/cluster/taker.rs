@@ -26,8 +26,9 @@ use crate::lifecycle::task::{Task, TaskEvent};
 const LOOK_EVERY: Duration = Duration::from_millis(250);
 /// How often a pool with no free slot is looked at again.
 const SLOT_POLL: Duration = Duration::from_millis(20);
-/// How long a taken task waits for the admitting replica's `started` on the relay.
-const STARTED_WAIT: Duration = Duration::from_secs(2);
+/// How long a taken task waits for the admitting replica's `started` on the relay (longer
+/// than the admitting replica tries to put it there).
+const STARTED_WAIT: Duration = Duration::from_secs(15);
 /// How long a relay publish is tried again (a stream between leaders answers nobody).
 const PUBLISH_FOR: Duration = Duration::from_secs(5);
 

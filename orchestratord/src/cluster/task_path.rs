@@ -23,6 +23,11 @@ use crate::lifecycle::cluster_port::{ClusterPort, ClusterRefusal};
 use crate::lifecycle::state::AppState;
 use crate::lifecycle::task::{Task, TaskEvent};
 
+/// How long a task admitted into its queue waits for the relay to take its `started` (a
+/// stream electing a new leader answers nobody for a few seconds). The replica that takes the
+/// task waits longer for it (`taker.rs`).
+pub(super) const ANNOUNCE_FOR: Duration = Duration::from_secs(10);
+
 pub struct TaskPath {
     /// The server's state (weak: the state holds this path).
     state: std::sync::Weak<AppState>,
@@ -203,10 +208,27 @@ impl TaskPath {
         };
         let mut wire = WireEvent::of(&started);
         wire.handoff = Some(Box::new(handoff));
-        let id = self.relay.publish(&task.id, 0, wire.encode()).await?;
+        let payload = wire.encode();
+        // the task is in its queue already: the relay between leaders (a NATS node lost) is
+        // waited for, the same event id making a resend safe
+        let until = tokio::time::Instant::now() + ANNOUNCE_FOR;
+        let (id, events) = loop {
+            let tried = async {
+                let id = self.relay.publish(&task.id, 0, payload.clone()).await?;
+                let events = self.relay.follow(&task.id, id).await?;
+                Ok::<_, ClusterError>((id, events))
+            };
+            match tried.await {
+                Ok(done) => break done,
+                Err(_) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => return Err(e),
+            }
+        };
+        tracing::debug!(task_id = %task.id, started_id = id, "task announced");
         // now the task can start: the replicas taking from its queue may look
         self.cluster.nudge(&QueueKey::of(task).name()).await;
-        let events = self.relay.follow(&task.id, id).await?;
         self.spawn_feeder(state.clone(), task.clone(), Box::pin(events));
         Ok(())
     }

@@ -882,13 +882,9 @@ async fn admit_task(
     if let Some((path, handoff)) = cluster {
         // the task's first event on the relay: what the replica that takes it waits for
         if let Err(e) = path.announce(&task, handoff).await {
-            state.fail_task(
-                &task,
-                ErrorCode::ClusterUnavailable,
-                format!("the cluster's event relay did not answer: {e}"),
-                true,
-                Some(1000),
-            );
+            // never started: the replica that takes it drops it without its `started`
+            state.tasks.remove(&task);
+            refund(state);
             return Err(reject(
                 ErrorCode::ClusterUnavailable,
                 ApiError::new(
