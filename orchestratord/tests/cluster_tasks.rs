@@ -238,6 +238,16 @@ async fn tasks_run_on_any_replica_and_stream_from_any() {
         Some(read_stream(&b[1], &ids[0], None, |_| false).await.len()),
         "{stored}"
     );
+    // a client's own task id, with the `.` and `:` a subject would split on
+    let own = "report.2026-11:a";
+    submit_ok(
+        &b[0],
+        json!({"task_id": own, "prompt": COUNT, "max_tokens": 4}),
+    )
+    .await;
+    let events = read_stream(&b[2], own, None, |_| false).await;
+    assert_whole(&events, own);
+    assert_eq!(events.last().unwrap().event, "end", "{events:?}");
     for line in r
         .logs()
         .lines()

@@ -221,6 +221,23 @@ async fn vllm_named_gauges_follow_the_queue_and_the_slots() {
 }
 
 /// The `config.toml: |` block of a manifest (the lines indented under it).
+/// Validates `files` against the Kubernetes schemas (strict); how many resources passed.
+fn validated_resources(files: &[std::path::PathBuf]) -> usize {
+    let out = std::process::Command::new("python3")
+        .args(["-m", "kubernetes_validate", "--strict"])
+        .args(files)
+        .env("PYTHONPATH", sdk_pythonpath())
+        .output()
+        .expect("python3 runs");
+    let says = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "kubernetes-validate: {says}");
+    says.matches(" passed for resource ").count()
+}
+
 fn embedded_config(manifest: &str) -> String {
     let mut lines = manifest
         .lines()
@@ -247,19 +264,7 @@ fn kubernetes_manifests_validate_and_agree_with_the_server() {
         .collect();
     files.sort();
     assert!(files.len() >= 5, "{files:?}");
-    let out = std::process::Command::new("python3")
-        .args(["-m", "kubernetes_validate", "--strict"])
-        .args(&files)
-        .env("PYTHONPATH", sdk_pythonpath())
-        .output()
-        .expect("python3 runs");
-    let says = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "kubernetes-validate: {says}");
-    assert_eq!(says.matches(" passed for resource ").count(), 8, "{says}");
+    assert_eq!(validated_resources(&files), 8);
 
     let server = std::fs::read_to_string(dir.join("configmap.yaml")).unwrap();
     let cfg = orchestratord::config::Config::from_toml(&embedded_config(&server))
@@ -314,19 +319,7 @@ fn kubernetes_manifests_validate_and_agree_with_the_server() {
 fn cluster_manifests_validate_and_agree_with_the_server() {
     let dir = deploy("k8s/cluster");
     let files = [dir.join("nats.yaml"), dir.join("orchestratord.yaml")];
-    let out = std::process::Command::new("python3")
-        .args(["-m", "kubernetes_validate", "--strict"])
-        .args(&files)
-        .env("PYTHONPATH", sdk_pythonpath())
-        .output()
-        .expect("python3 runs");
-    let says = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "kubernetes-validate: {says}");
-    assert_eq!(says.matches(" passed for resource ").count(), 8, "{says}");
+    assert_eq!(validated_resources(&files), 8);
 
     let replicas = std::fs::read_to_string(dir.join("orchestratord.yaml")).unwrap();
     let mut cfg = orchestratord::config::Config::from_toml(&embedded_config(&replicas))

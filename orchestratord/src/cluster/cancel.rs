@@ -9,12 +9,13 @@ use async_nats::client::RequestErrorKind;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
+use super::subject_token::subject_token;
 use super::{Cluster, ClusterError};
 
 const PREFIX: &str = "orchd.cancel";
 /// How long a replica waits for the one holding a task to answer its cancel.
 pub const ANSWER_WAIT: Duration = Duration::from_millis(500);
-/// Largest cancel request read (a tenant's name and a flag).
+/// Largest cancel request read (a task id, a tenant's name and a flag).
 const MAX_ASK_BYTES: usize = 4 << 10;
 
 /// Who asks: the holder applies the same visibility as for its own callers.
@@ -29,14 +30,17 @@ struct CancelDone {
     replica: String,
 }
 
-/// A task id as a subject token (the server's ids are UUIDs; anything else is nobody's).
-fn subject(task_id: &str) -> Option<String> {
-    let ok = !task_id.is_empty()
-        && task_id.len() <= 128
-        && task_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    ok.then(|| format!("{PREFIX}.{task_id}"))
+/// What goes on the wire: the task (its id in full: the subject holds it encoded) and who asks.
+#[derive(Serialize, Deserialize)]
+struct CancelRequest {
+    task_id: String,
+    #[serde(flatten)]
+    ask: CancelAsk,
+}
+
+/// The subject of `task_id`'s cancels (any task id: see `subject_token.rs`).
+fn subject(task_id: &str) -> String {
+    format!("{PREFIX}.{}", subject_token(task_id))
 }
 
 impl Cluster {
@@ -47,15 +51,17 @@ impl Cluster {
         task_id: &str,
         ask: &CancelAsk,
     ) -> Result<Option<String>, ClusterError> {
-        let Some(subject) = subject(task_id) else {
-            return Ok(None);
-        };
+        let subject = subject(task_id);
         if self.client.connection_state() != async_nats::connection::State::Connected {
             return Err(ClusterError::JetStream(
                 "not connected to the NATS cluster".into(),
             ));
         }
-        let payload = serde_json::to_vec(ask).map_err(ClusterError::jetstream)?;
+        let payload = serde_json::to_vec(&CancelRequest {
+            task_id: task_id.to_string(),
+            ask: ask.clone(),
+        })
+        .map_err(ClusterError::jetstream)?;
         let request = async_nats::Request::new()
             .payload(payload.into())
             .timeout(Some(ANSWER_WAIT));
@@ -99,20 +105,17 @@ impl Cluster {
             let Some(msg) = msg else {
                 return Ok(());
             };
-            let Some(task_id) = msg
-                .subject
-                .as_str()
-                .strip_prefix(PREFIX)
-                .and_then(|s| s.strip_prefix('.'))
-            else {
-                continue;
-            };
             if msg.payload.len() > MAX_ASK_BYTES {
                 continue;
             }
-            let Ok(ask) = serde_json::from_slice::<CancelAsk>(&msg.payload) else {
+            let Ok(req) = serde_json::from_slice::<CancelRequest>(&msg.payload) else {
                 continue;
             };
+            // the subject names the task the payload names, or the request is nobody's
+            if msg.subject.as_str() != subject(&req.task_id) {
+                continue;
+            }
+            let (task_id, ask) = (req.task_id.as_str(), req.ask);
             if !cancel(task_id, &ask) {
                 continue;
             }

@@ -14,24 +14,15 @@ use async_nats::jetstream::stream::{self, DiscardPolicy, StorageType};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 
+use super::subject_token::subject_token;
 use super::ClusterError;
 
 /// The stream's name.
 pub const STREAM: &str = "ORCHD_EVENTS";
 
-/// Task ids as subject tokens: letters, digits, `-`, `_` (the server's ids are UUIDs).
+/// A task's subject (any task id: see `subject_token.rs`).
 fn subject(task_id: &str) -> Result<String, ClusterError> {
-    if task_id.is_empty()
-        || task_id.len() > 128
-        || !task_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return Err(ClusterError::JetStream(format!(
-            "a task id for the event relay must be 1 to 128 letters, digits, '-' or '_': {task_id:?}"
-        )));
-    }
-    Ok(format!("orchd.events.{task_id}"))
+    Ok(format!("orchd.events.{}", subject_token(task_id)))
 }
 
 /// How the relay keeps events.

@@ -14,6 +14,7 @@ pub mod event_relay;
 mod mirror;
 mod pool_directory;
 pub mod record_stream;
+mod subject_token;
 mod taker;
 pub mod task_path;
 pub mod task_queue;
@@ -132,7 +133,7 @@ impl Cluster {
     /// Tells the replicas taking from queue `queue` that a task is in it (core NATS, at most
     /// once: a replica that misses it finds the task at its next look).
     pub async fn nudge(&self, queue: &str) {
-        let subject = format!("orchd.nudge.{}", task_queue::token(queue));
+        let subject = format!("orchd.nudge.{}", subject_token::subject_token(queue));
         if let Err(e) = self.client.publish(subject, bytes::Bytes::new()).await {
             tracing::debug!(error = %e, "cluster: nudge not sent");
         }
@@ -145,7 +146,7 @@ impl Cluster {
     ) -> Result<futures::stream::SelectAll<async_nats::Subscriber>, ClusterError> {
         let mut all = futures::stream::SelectAll::new();
         for q in queues {
-            let subject = format!("orchd.nudge.{}", task_queue::token(q));
+            let subject = format!("orchd.nudge.{}", subject_token::subject_token(q));
             all.push(
                 self.client
                     .subscribe(subject)

@@ -13,6 +13,7 @@ use async_nats::jetstream::stream::{self, DiscardPolicy, LastRawMessageErrorKind
 use contracts::TaskRecord;
 use serde::{Deserialize, Serialize};
 
+use super::subject_token::subject_token;
 use super::ClusterError;
 
 const STREAM: &str = "ORCHD_RECORDS";
@@ -24,12 +25,7 @@ struct Stored {
 }
 
 fn subject(task_id: &str) -> Option<String> {
-    let ok = !task_id.is_empty()
-        && task_id.len() <= 128
-        && task_id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
-    ok.then(|| format!("orchd.records.{task_id}"))
+    Some(format!("orchd.records.{}", subject_token(task_id)))
 }
 
 #[derive(Clone)]

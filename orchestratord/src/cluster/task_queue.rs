@@ -20,6 +20,7 @@ use async_nats::jetstream::{self, AckKind};
 use bytes::Bytes;
 use futures::StreamExt;
 
+use super::subject_token::subject_token;
 use super::ClusterError;
 use contracts::Priority as Class;
 
@@ -98,22 +99,8 @@ fn class_name(class: Class) -> &'static str {
     }
 }
 
-/// A pool id as a stream name and subject token: as it is when it is letters, digits, `-`
-/// and `_`, otherwise `x` and its bytes in hex (names are case-sensitive and unique either way).
-pub(super) fn token(pool: &str) -> String {
-    if !pool.is_empty()
-        && pool
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
-    {
-        return pool.to_string();
-    }
-    let hex: String = pool.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("x{hex}")
-}
-
 fn subject(pool: &str, class: Class) -> String {
-    format!("orchd.queue.{}.{}", token(pool), class_name(class))
+    format!("orchd.queue.{}.{}", subject_token(pool), class_name(class))
 }
 
 impl ClusterQueue {
@@ -128,7 +115,7 @@ impl ClusterQueue {
     /// Opens `pool`'s queue, creating its stream (or updating its bound) as needed: at most
     /// `bound` tasks per class, queued or running.
     pub async fn pool(&self, pool: &str, bound: i64) -> Result<PoolQueue, ClusterError> {
-        let name = format!("ORCHD_QUEUE_{}", token(pool));
+        let name = format!("ORCHD_QUEUE_{}", subject_token(pool));
         let config = stream::Config {
             name: name.clone(),
             description: Some(format!("orchestratord queue of pool {pool:?}")),
@@ -343,12 +330,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pool_ids_become_stream_names_and_subject_tokens() {
-        assert_eq!(token("default"), "default");
-        assert_eq!(token("gpu-a_1"), "gpu-a_1");
-        assert_eq!(token("a.b"), "x612e62");
-        assert_eq!(token("a b>"), "x6120623e");
-        assert_ne!(token("a.b"), token("a_b"));
+    fn queue_names_become_subject_tokens() {
         assert_eq!(subject("p", Class::Batch), "orchd.queue.p.batch");
+        assert_eq!(
+            subject("a.b", Class::Interactive),
+            "orchd.queue.x612e62.interactive"
+        );
     }
 }

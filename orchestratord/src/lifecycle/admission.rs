@@ -277,6 +277,21 @@ pub(super) struct Validated {
     pub(super) logprobs: Option<usize>,
 }
 
+impl Validated {
+    /// What the engine runs.
+    pub(super) fn into_spec(self) -> RunSpec {
+        RunSpec {
+            prompt: self.prompt,
+            continuation: self.continuation,
+            sampling: self.sampling,
+            max_tokens: self.max_tokens,
+            stop: self.stop,
+            constraint: self.constraint,
+            logprobs: self.logprobs,
+        }
+    }
+}
+
 /// `logprobs` and `top_logprobs` as the run's: `Some(n)` when asked for.
 fn logprobs_of(req: &TaskRequest) -> Result<Option<usize>, ApiError> {
     let top = req.top_logprobs.unwrap_or(0) as usize;
@@ -744,15 +759,7 @@ async fn admit_task(
         session_id: req.session_id.clone(),
         pin,
         model,
-        spec: RunSpec {
-            prompt: v.prompt,
-            continuation: v.continuation,
-            sampling: v.sampling,
-            max_tokens: v.max_tokens,
-            stop: v.stop,
-            constraint: v.constraint,
-            logprobs: v.logprobs,
-        },
+        spec: v.into_spec(),
         prompt_tokens: n_prompt,
         prompt_ids,
         params: redact(&req),

@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::lifecycle::admission::{count_prompt, prepare_constraint, redact, validate};
 use crate::lifecycle::handoff::{unix_ms, Handoff};
 use crate::lifecycle::state::SharedState;
-use crate::lifecycle::task::{NewTask, RunSpec, Task};
+use crate::lifecycle::task::{NewTask, Task};
 
 /// What the task is built for.
 pub enum Purpose<'a> {
@@ -60,15 +60,7 @@ pub async fn build(
         session_id: None,
         pin,
         model: req.model.clone(),
-        spec: RunSpec {
-            prompt: v.prompt,
-            continuation: v.continuation,
-            sampling: v.sampling,
-            max_tokens: v.max_tokens,
-            stop: v.stop,
-            constraint: v.constraint,
-            logprobs: v.logprobs,
-        },
+        spec: v.into_spec(),
         prompt_tokens,
         prompt_ids,
         params: redact(req),
