@@ -293,4 +293,38 @@ async fn a_cancel_on_any_replica_stops_the_task_where_it_runs() {
             .unwrap();
         assert_eq!(r.status(), 404);
     }
+    // ids no task can have (too long for a task id, a subject's wildcard): 404 on every route,
+    // never a cluster error
+    let long = "a".repeat(3000);
+    for bad in [long.as_str(), "a*b", "a%3Eb"] {
+        for base in [a, b] {
+            let status = client
+                .get(format!("{base}/v1/tasks/{bad}"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16();
+            let stream = client
+                .get(format!("{base}/v1/tasks/{bad}/stream"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16();
+            let cancel = client
+                .post(format!("{base}/v1/tasks/{bad}/cancel"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16();
+            assert_eq!(
+                (status, stream, cancel),
+                (404, 404, 404),
+                "{}",
+                &bad[..bad.len().min(20)]
+            );
+        }
+    }
 }

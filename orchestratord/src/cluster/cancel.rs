@@ -9,7 +9,7 @@ use async_nats::client::RequestErrorKind;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
-use super::subject_token::subject_token;
+use super::subject_token::task_token;
 use super::{Cluster, ClusterError};
 
 const PREFIX: &str = "orchd.cancel";
@@ -38,9 +38,9 @@ struct CancelRequest {
     ask: CancelAsk,
 }
 
-/// The subject of `task_id`'s cancels (any task id: see `subject_token.rs`).
-fn subject(task_id: &str) -> String {
-    format!("{PREFIX}.{}", subject_token(task_id))
+/// The subject of `task_id`'s cancels (see `subject_token.rs`); `None`: nobody's task.
+fn subject(task_id: &str) -> Option<String> {
+    task_token(task_id).map(|t| format!("{PREFIX}.{t}"))
 }
 
 impl Cluster {
@@ -51,7 +51,9 @@ impl Cluster {
         task_id: &str,
         ask: &CancelAsk,
     ) -> Result<Option<String>, ClusterError> {
-        let subject = subject(task_id);
+        let Some(subject) = subject(task_id) else {
+            return Ok(None);
+        };
         if self.client.connection_state() != async_nats::connection::State::Connected {
             return Err(ClusterError::JetStream(
                 "not connected to the NATS cluster".into(),
@@ -112,7 +114,7 @@ impl Cluster {
                 continue;
             };
             // the subject names the task the payload names, or the request is nobody's
-            if msg.subject.as_str() != subject(&req.task_id) {
+            if subject(&req.task_id).as_deref() != Some(msg.subject.as_str()) {
                 continue;
             }
             let (task_id, ask) = (req.task_id.as_str(), req.ask);

@@ -14,15 +14,17 @@ use async_nats::jetstream::stream::{self, DiscardPolicy, StorageType};
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 
-use super::subject_token::subject_token;
+use super::subject_token::task_token;
 use super::ClusterError;
 
 /// The stream's name.
 pub const STREAM: &str = "ORCHD_EVENTS";
 
-/// A task's subject (any task id: see `subject_token.rs`).
+/// A task's subject (see `subject_token.rs`).
 fn subject(task_id: &str) -> Result<String, ClusterError> {
-    Ok(format!("orchd.events.{}", subject_token(task_id)))
+    task_token(task_id)
+        .map(|t| format!("orchd.events.{t}"))
+        .ok_or_else(|| ClusterError::JetStream(format!("not a task id: {task_id:?}")))
 }
 
 /// How the relay keeps events.

@@ -109,11 +109,11 @@ impl TaskPath {
             )
             .with_retry_after(1000)
         };
-        // ids the relay cannot name are nobody's
-        let Ok(last) = self.relay.last_id(id).await else {
+        // ids admission would not take are nobody's
+        if !crate::lifecycle::admission::valid_id(id) {
             return Ok(None);
-        };
-        let Some(last) = last else {
+        }
+        let Some(last) = self.relay.last_id(id).await.map_err(unavailable)? else {
             return Ok(None);
         };
         let mut events: Events = Box::pin(self.relay.follow(id, 0).await.map_err(unavailable)?);

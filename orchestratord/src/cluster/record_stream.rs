@@ -13,7 +13,7 @@ use async_nats::jetstream::stream::{self, DiscardPolicy, LastRawMessageErrorKind
 use contracts::TaskRecord;
 use serde::{Deserialize, Serialize};
 
-use super::subject_token::subject_token;
+use super::subject_token::task_token;
 use super::ClusterError;
 
 const STREAM: &str = "ORCHD_RECORDS";
@@ -25,7 +25,7 @@ struct Stored {
 }
 
 fn subject(task_id: &str) -> Option<String> {
-    Some(format!("orchd.records.{}", subject_token(task_id)))
+    task_token(task_id).map(|t| format!("orchd.records.{t}"))
 }
 
 #[derive(Clone)]

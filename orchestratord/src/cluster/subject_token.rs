@@ -17,6 +17,13 @@ pub fn subject_token(name: &str) -> String {
     format!("x{hex}")
 }
 
+/// A task id's token, for a task id only (what admission accepts: the server's UUIDs, a
+/// client's 1–128 characters of `A-Za-z0-9-_.:`); `None` for anything else — nobody's task, and
+/// never a subject NATS could refuse for its length.
+pub fn task_token(task_id: &str) -> Option<String> {
+    crate::lifecycle::admission::valid_id(task_id).then(|| subject_token(task_id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -38,6 +45,10 @@ mod tests {
         let tokens: std::collections::BTreeSet<String> =
             names.iter().map(|n| subject_token(n)).collect();
         assert_eq!(tokens.len(), names.len());
+        assert_eq!(task_token("job:1").as_deref(), Some("x6a6f623a31"));
+        assert_eq!(task_token(&"a".repeat(129)), None);
+        assert_eq!(task_token("a>b"), None);
+        assert_eq!(task_token(""), None);
         for t in &tokens {
             assert!(
                 !t.is_empty() && !t.contains(['.', '*', '>', ' ', ':']),
