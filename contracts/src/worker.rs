@@ -177,6 +177,11 @@ pub struct WorkerInfo {
     /// The load it last reported (`pong`, `models_update`).
     pub current_load: u32,
     pub draining: bool,
+    /// In a cluster (`cluster.nats_urls`): the replica the worker is connected to. Every
+    /// replica lists every replica's workers (as each last announced them); drain and
+    /// `models_refresh` on any replica reach the one holding the worker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
 }
 
 /// `GET /v1/workers`.

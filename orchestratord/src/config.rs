@@ -677,6 +677,10 @@ pub struct ClusterConfig {
     /// What the cluster's event relay keeps at most, all tasks together (the oldest events go
     /// first); it must fit the JetStream nodes' `max_file_store`.
     pub relay_max_bytes: u64,
+    /// Runs of one task at most: a task whose runner stopped (killed, stopped, cut off) this
+    /// many times ends `REPLICA_EXHAUSTED` instead of being taken again (the first run and
+    /// two requeues by default).
+    pub max_deliveries: u32,
 }
 
 impl Default for ClusterConfig {
@@ -689,6 +693,7 @@ impl Default for ClusterConfig {
             connect_timeout_ms: 30_000,
             ack_wait_ms: 10_000,
             relay_max_bytes: 256 << 20,
+            max_deliveries: 3,
         }
     }
 }
@@ -718,6 +723,12 @@ impl ClusterConfig {
             return Err(format!(
                 "cluster.stream_replicas must be between 1 and 5, got {}",
                 self.stream_replicas
+            ));
+        }
+        if !(1..=10).contains(&self.max_deliveries) {
+            return Err(format!(
+                "cluster.max_deliveries must be between 1 and 10, got {}",
+                self.max_deliveries
             ));
         }
         if self.relay_max_bytes < 1 << 20 {
@@ -1161,9 +1172,11 @@ impl Config {
             p.spec()?;
         }
         let folder = self.models.on_demand && !self.models.dirs.is_empty();
-        if self.pools.is_empty() && self.workers.active_secret().is_none() && !folder {
+        // a replica of a cluster may serve nothing itself: it admits for the others' pools
+        let serves_nothing = self.pools.is_empty() && self.workers.active_secret().is_none();
+        if serves_nothing && !folder && !self.cluster.enabled() {
             return bad(
-                "at least one pool is required (or remote workers: [workers] secret, or a model folder: [models] dirs)".into(),
+                "at least one pool is required (or remote workers: [workers] secret, or a model folder: [models] dirs, or a cluster: [cluster] nats_urls)".into(),
             );
         }
         if folder && self.models.slots == 0 {

@@ -291,6 +291,17 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
             tracing::error!(error = %e, "cluster: cannot take the other replicas' cancels");
         }
     });
+    let (c, st) = (cluster.clone(), state.clone());
+    tokio::spawn(async move {
+        // the other replicas' drains and refreshes of the workers connected here
+        let apply = |id: &str, action: &crate::cluster::worker_control::WorkerAction| {
+            let link = st.workers.get(id)?;
+            Some(crate::routes::workers::apply(&st, &link, action))
+        };
+        if let Err(e) = c.serve_worker_controls(apply, st.shutdown.clone()).await {
+            tracing::error!(error = %e, "cluster: cannot take the other replicas' worker requests");
+        }
+    });
     let st = state.clone();
     tokio::spawn(async move {
         let directory = cluster.directory();
@@ -302,13 +313,24 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
                 _ = st.shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            let pools = st
-                .pools
-                .all()
-                .iter()
-                .map(|p| crate::routes::pools::health_of(&st, p))
-                .collect();
-            match directory.announce(pools).await {
+            let now = crate::cluster::pool_directory::Announcement {
+                pools: st
+                    .pools
+                    .all()
+                    .iter()
+                    .map(|p| crate::routes::pools::health_of(&st, p))
+                    .collect(),
+                workers: st
+                    .workers
+                    .list()
+                    .iter()
+                    .map(|l| crate::routes::workers::info(&st, l))
+                    .collect(),
+                lines: crate::lifecycle::deadline::forecasts(&st, &st.pools.all())
+                    .into_iter()
+                    .collect(),
+            };
+            match directory.announce(&now).await {
                 Ok(()) if failing => {
                     failing = false;
                     tracing::info!("cluster: announcing this replica's pools again");

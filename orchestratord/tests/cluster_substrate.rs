@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use contracts::Priority;
-use orchestratord::cluster::task_queue::{AdmitError, PoolQueue, Take, MAX_DELIVERIES};
+use orchestratord::cluster::task_queue::{AdmitError, PoolQueue, Take};
 use orchestratord::cluster::Cluster;
 use orchestratord::config::ClusterConfig;
 use support::nats::NatsCluster;
@@ -140,7 +140,7 @@ async fn the_bound_holds_whatever_the_replicas_admitting() {
 
 /// CLU-Q-2: a task taken by a replica that stops answering goes to another after `ack_wait`
 /// (delivered twice); progress acknowledgements keep it with a working taker; past
-/// `MAX_DELIVERIES` it is terminated and handed back as exhausted, its place freed.
+/// `cluster.max_deliveries` (3 by default) it is terminated and handed back as exhausted, its place freed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_whose_taker_stops_goes_to_another() {
     let nats = NatsCluster::start(3).await;
@@ -207,7 +207,8 @@ async fn a_task_whose_taker_stops_goes_to_another() {
         }
     };
     assert_eq!(deliveries, vec![2, 3]);
-    assert_eq!(exhausted, ("t1".to_string(), MAX_DELIVERIES + 1));
+    let max = i64::from(ClusterConfig::default().max_deliveries);
+    assert_eq!(exhausted, ("t1".to_string(), max + 1));
     // its place is free (the stream applies the acknowledgement through its own log)
     let mut depth = 1;
     for _ in 0..40 {

@@ -12,14 +12,12 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
 use serde_json::{json, Value};
 use support::default_model_path;
 use support::nats::NatsCluster;
 use support::procs::*;
+use support::task_client::*;
 use support::Ev;
-
-const COUNT: &str = "Count from 1 to 1000: 1, 2, 3, 4, 5,";
 
 fn replica_config(extra: &str) -> String {
     format!(
@@ -101,85 +99,6 @@ impl Replicas {
             p.signal("-9");
         }
     }
-}
-
-async fn submit(base: &str, body: Value) -> reqwest::Response {
-    reqwest::Client::new()
-        .post(format!("{base}/v1/tasks"))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-}
-
-async fn submit_ok(base: &str, body: Value) -> String {
-    let r = submit(base, body).await;
-    assert_eq!(r.status(), 202, "{:?}", r.text().await);
-    r.json::<Value>().await.unwrap()["task_id"]
-        .as_str()
-        .unwrap()
-        .to_string()
-}
-
-/// Reads `base`'s stream of `id` (after `last_id`) to its end, or until `stop` says so.
-async fn read_stream(
-    base: &str,
-    id: &str,
-    last_id: Option<usize>,
-    mut stop: impl FnMut(&[Ev]) -> bool,
-) -> Vec<Ev> {
-    let mut req = reqwest::Client::new().get(format!("{base}/v1/tasks/{id}/stream"));
-    if let Some(l) = last_id {
-        req = req.header("Last-Event-ID", l.to_string());
-    }
-    let r = req.send().await.unwrap();
-    assert_eq!(r.status(), 200, "{:?}", r.text().await);
-    let mut body = r.bytes_stream();
-    let (mut buf, mut events) = (String::new(), Vec::new());
-    while let Some(Ok(chunk)) = body.next().await {
-        buf.push_str(std::str::from_utf8(&chunk).unwrap());
-        events.extend(support::parse_frames(&mut buf));
-        if events
-            .iter()
-            .any(|e| e.event == "end" || e.event == "error")
-            || stop(&events)
-        {
-            break;
-        }
-    }
-    events
-}
-
-fn text_of(events: &[Ev]) -> String {
-    events
-        .iter()
-        .filter(|e| e.event == "token")
-        .map(|e| e.data["t"].as_str().unwrap().to_string())
-        .collect()
-}
-
-/// The numbers of a count, in order (the model counts "6, 7, 8, …").
-fn numbers(text: &str) -> Vec<u64> {
-    text.split(|c: char| !c.is_ascii_digit())
-        .filter(|s| !s.is_empty())
-        .map(|s| s.parse().unwrap())
-        .collect()
-}
-
-/// The events' ids are 0, 1, 2, … with no gap or repeat, and exactly one terminal event, last.
-fn assert_whole(events: &[Ev], what: &str) {
-    let ids: Vec<usize> = events.iter().map(|e| e.id.unwrap()).collect();
-    let want: Vec<usize> = (0..events.len()).collect();
-    assert_eq!(ids, want, "{what}: event ids");
-    let ends = events
-        .iter()
-        .filter(|e| e.event == "end" || e.event == "error")
-        .count();
-    assert_eq!(ends, 1, "{what}: terminal events");
-    assert!(matches!(
-        events.last().unwrap().event.as_str(),
-        "end" | "error"
-    ));
 }
 
 /// CLU-TASK-1: tasks admitted on one replica spread over the replicas' free slots, stream from
@@ -562,6 +481,51 @@ async fn a_worker_on_one_replica_serves_tasks_admitted_on_another() {
     );
     let ended = read_stream(&r.bases[1], &id, None, |_| false).await;
     assert_eq!(ended.last().unwrap().data["finish_reason"], "cancelled");
+
+    // the worker directory is the cluster's: r1 lists the worker connected to r0, and a drain
+    // sent to r1 drains it on r0
+    let workers: Value = reqwest::get(format!("{}/v1/workers", r.bases[1]))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let listed = &workers["workers"][0];
+    assert_eq!(listed["replica"], "r0", "{workers}");
+    assert_eq!(listed["models"], json!(["smol"]), "{workers}");
+    let wid = listed["worker_id"].as_str().unwrap().to_string();
+    let client = reqwest::Client::new();
+    let unknown = client
+        .post(format!("{}/v1/workers/w-nobody/drain", r.bases[1]))
+        .json(&json!({"deadline_ms": 1000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+    let drained = client
+        .post(format!("{}/v1/workers/{wid}/drain", r.bases[1]))
+        .json(&json!({"deadline_ms": 5000}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(drained.status(), 202, "{:?}", drained.text().await);
+    let drained: Value = drained.json().await.unwrap();
+    assert_eq!(drained["draining"], true, "{drained}");
+    assert_eq!(drained["replica"], "r0", "{drained}");
+    let on_r0: Value = reqwest::get(format!("{b0}/v1/workers"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let here = on_r0["workers"]
+        .as_array()
+        .and_then(|a| a.iter().find(|w| w["worker_id"] == wid.as_str()));
+    // drained with nothing running: its socket may be closed already
+    assert!(
+        here.is_none_or(|w| w["draining"] == true),
+        "r0 still has the worker undrained: {on_r0}"
+    );
 }
 
 /// The NATS node (index) leading the stream `stream` now, from the nodes' monitoring endpoints.
@@ -674,4 +638,204 @@ async fn no_admitted_task_is_lost_when_the_queue_leader_dies() {
         "node n{leader} (the queue's leader) killed during 90 admissions: {} retried, all 90 ran to their end",
         retried.load(std::sync::atomic::Ordering::Relaxed)
     );
+}
+
+/// CLU-TASK-6: a task whose runners keep stopping is not taken for ever: past
+/// `cluster.max_deliveries` runs (1 here) the replica that takes it next ends it
+/// `REPLICA_EXHAUSTED` — the client's stream ends with that error after the tokens already
+/// sent, its status says so on every replica, its place in the bound is free again, and the
+/// stopped runner, when it comes back, appends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_whose_runners_keep_stopping_ends_replica_exhausted() {
+    let cfg = replica_config("").replace(
+        "ack_wait_ms = 2000",
+        "ack_wait_ms = 2000\nmax_deliveries = 1",
+    );
+    let r = Replicas::start_with(2, &cfg, 2).await;
+    let id = submit_ok(
+        &r.bases[0],
+        json!({"prompt": COUNT, "max_tokens": 400, "temperature": 0}),
+    )
+    .await;
+    let runner = loop {
+        if let Some(i) = r.runner_of(&id) {
+            break i;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let watcher = 1 - runner;
+    let first = read_stream(&r.bases[watcher], &id, None, |e| {
+        e.iter().filter(|e| e.event == "token").count() >= 5
+    })
+    .await;
+    let stopped = r.procs[runner].as_ref().unwrap();
+    stopped.signal("-STOP");
+    let stopped_at = Instant::now();
+    let last = first.last().unwrap().id.unwrap();
+    let rest = tokio::time::timeout(
+        Duration::from_secs(60),
+        read_stream(&r.bases[watcher], &id, Some(last), |_| false),
+    )
+    .await
+    .expect("the task ends while its runner is stopped");
+    let ended_after = stopped_at.elapsed();
+    let whole: Vec<Ev> = first.into_iter().chain(rest).collect();
+    assert_whole(&whole, "an exhausted task");
+    let end = whole.last().unwrap();
+    assert_eq!(end.event, "error", "{end:?}\n{}", r.logs());
+    assert_eq!(end.data["code"], "REPLICA_EXHAUSTED", "{end:?}");
+    assert_eq!(end.data["retriable"], true, "{end:?}");
+    assert!(whole.iter().filter(|e| e.event == "token").count() >= 5);
+    let status: Value = reqwest::get(format!("{}/v1/tasks/{id}", r.bases[watcher]))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["error_code"], "REPLICA_EXHAUSTED", "{status}");
+    // its place is free: the bound (capacity 1 + 2 slots, one of them stopped) admits again
+    let admitted = submit(&r.bases[watcher], json!({"prompt": COUNT, "max_tokens": 2})).await;
+    assert_eq!(admitted.status(), 202, "{:?}", admitted.text().await);
+    stopped.signal("-CONT");
+    let noticed = eventually(Duration::from_secs(10), || async {
+        r.log(runner)
+            .contains("another replica appended to the task")
+    })
+    .await;
+    assert!(noticed, "{}", r.logs());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let again = read_stream(&r.bases[runner], &id, None, |_| false).await;
+    assert_eq!(again, whole, "the runner that came back appended nothing");
+    let status: Value = reqwest::get(format!("{}/v1/tasks/{id}", r.bases[runner]))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(status["error_code"], "REPLICA_EXHAUSTED", "{status}");
+    eprintln!(
+        "r{runner} stopped: the task ended REPLICA_EXHAUSTED on r{watcher} {ended_after:?} later"
+    );
+}
+
+/// CLU-ETA-2: a replica answers with the cluster's line, not its own: r0 has no pool at all
+/// (its own estimate would be "now"), r1 one slot with three long tasks on it. A task admitted
+/// on r0 is told its place among the cluster's waiting tasks and a start seconds away; a task
+/// whose deadline the line ahead makes late is refused 429 (`policy_label` `deadline`) and not
+/// queued; a full queue's `Retry-After` is when the cluster's first slot frees up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_answers_with_the_clusters_line() {
+    let nats = NatsCluster::start(3).await;
+    let urls = nats.urls();
+    let cluster = "[cluster]\nheartbeat_ms = 200\nack_wait_ms = 2000\n\n[queue]\ncapacity = 3\n\n";
+    let configs = [
+        format!("pools = []\n{cluster}"),
+        replica_config("").replace("[queue]\ncapacity = 1\n", "[queue]\ncapacity = 3\n"),
+    ];
+    let (mut procs, mut bases) = (Vec::new(), Vec::new());
+    for (i, cfg) in configs.iter().enumerate() {
+        let name = format!("r{i}");
+        let env = [
+            ("ORCHD_CLUSTER_NATS", urls.as_str()),
+            ("ORCHD_REPLICA_ID", name.as_str()),
+        ];
+        let (p, base) = server_env(cfg, &env).await;
+        procs.push(p);
+        bases.push(base);
+    }
+    let logs = || -> String { procs.iter().map(|p| p.log_text()).collect() };
+    let b0 = bases[0].clone();
+    let listed = eventually(Duration::from_secs(10), || async {
+        let v: Value = match reqwest::get(format!("{b0}/v1/pools")).await {
+            Ok(r) => r.json().await.unwrap_or_default(),
+            Err(_) => return false,
+        };
+        v["pools"].as_array().map_or(0, |a| a.len()) == 1
+    })
+    .await;
+    assert!(listed, "r0 does not list r1's pool:\n{}", logs());
+    let pools: Value = reqwest::get(format!("{b0}/v1/pools"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let model = pools["pools"][0]["model_alias"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // a task through r0 first: r1's pace is confirmed by a real task
+    let id = submit_ok(
+        &b0,
+        json!({"model": model, "prompt": COUNT, "max_tokens": 8}),
+    )
+    .await;
+    read_stream(&b0, &id, None, |_| false).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let long = json!({"model": model, "prompt": COUNT, "max_tokens": 300});
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(submit_ok(&bases[1], long.clone()).await);
+    }
+    let running = eventually(Duration::from_secs(20), || async {
+        let v: Value = reqwest::get(format!("{}/v1/tasks/{}", bases[1], ids[0]))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap_or_default();
+        v["state"] == "running"
+    })
+    .await;
+    assert!(running, "{}", logs());
+    // r1 has announced its busy slot
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    // a task whose deadline the line makes late: refused, not queued
+    let late = submit(
+        &b0,
+        json!({"task_id": "late-1", "model": model, "prompt": COUNT, "max_tokens": 16, "deadline_ms": 3000}),
+    )
+    .await;
+    assert_eq!(late.status(), 429, "{:?}", late.text().await);
+    assert!(late.headers().contains_key("retry-after"));
+    let body: Value = late.json().await.unwrap();
+    assert_eq!(body["code"], "ADMISSION_REJECT", "{body}");
+    assert_eq!(body["policy_label"], "deadline", "{body}");
+
+    // one more without a deadline: its place and start are the cluster's
+    let r = submit(&b0, long.clone()).await;
+    assert_eq!(r.status(), 202);
+    let admitted: Value = r.json().await.unwrap();
+    ids.push(admitted["task_id"].as_str().unwrap().to_string());
+    assert_eq!(admitted["queue_position"], 2, "{admitted}");
+    let predicted = admitted["predicted_start_ms"].as_u64().unwrap();
+    assert!(
+        predicted >= 1000,
+        "r0 predicted its own empty line: {admitted}"
+    );
+    eprintln!("behind 1 running and 2 queued on r1: r0 predicts a start in {predicted} ms");
+
+    // the bound (3 + 1 slot) is reached: the 429's wait is the first slot's, before the queued
+    // tasks start
+    let full = submit(&b0, long.clone()).await;
+    assert_eq!(full.status(), 429);
+    let retry: Value = full.json().await.unwrap();
+    let retry_ms = retry["retry_after_ms"].as_u64().unwrap();
+    assert!(
+        (100..predicted).contains(&retry_ms),
+        "retry after {retry_ms} ms, the fourth task starts in {predicted} ms: {retry}"
+    );
+    let nowhere = reqwest::get(format!("{}/v1/tasks/late-1", bases[1]))
+        .await
+        .unwrap();
+    assert_eq!(nowhere.status(), 404, "the late task was queued");
+    for id in &ids {
+        reqwest::Client::new()
+            .post(format!("{b0}/v1/tasks/{id}/cancel"))
+            .send()
+            .await
+            .unwrap();
+    }
 }

@@ -6,18 +6,20 @@
 //! cluster's path (`task_path.rs`): the pools' queues on JetStream (`task_queue.rs`), taken by
 //! any replica with a free slot (`taker.rs`), their events relayed (`event_relay.rs`,
 //! `lifecycle/handoff.rs`) to every replica following them (`mirror.rs`), their records kept for every
-//! replica to read (`record_stream.rs`).
+//! replica to read (`record_stream.rs`); a worker connected to any replica is listed and
+//! driven from every replica (`pool_directory.rs`, `worker_control.rs`).
 
 pub mod cancel;
 mod error;
 pub mod event_relay;
 mod mirror;
-mod pool_directory;
+pub mod pool_directory;
 pub mod record_stream;
 mod subject_token;
 mod taker;
 pub mod task_path;
 pub mod task_queue;
+pub mod worker_control;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +39,7 @@ pub struct Cluster {
     client: async_nats::Client,
     js: jetstream::Context,
     stream_replicas: usize,
+    max_deliveries: u32,
 }
 
 impl Cluster {
@@ -94,6 +97,7 @@ impl Cluster {
             client,
             js,
             stream_replicas: cfg.stream_replicas,
+            max_deliveries: cfg.max_deliveries,
         })
     }
 
@@ -109,7 +113,12 @@ impl Cluster {
 
     /// The cluster's task queues, a taker losing a task it is silent on for `ack_wait`.
     pub fn queue(&self, ack_wait: Duration) -> task_queue::ClusterQueue {
-        task_queue::ClusterQueue::new(self.js.clone(), self.stream_replicas, ack_wait)
+        task_queue::ClusterQueue::new(
+            self.js.clone(),
+            self.stream_replicas,
+            ack_wait,
+            self.max_deliveries,
+        )
     }
 
     /// The cluster's event relay (its stream created or opened with `limits`).

@@ -1,5 +1,5 @@
 //! The cluster's pool directory: every replica announces its pools (their health, as its own
-//! `/v1/pools` lists them) under its name in the KV bucket `orchd_pools` every
+//! `/v1/pools` lists them) and its remote workers (as its `/v1/workers` lists them) under its name in the KV bucket `orchd_pools` every
 //! `cluster.heartbeat_ms`, and watches the bucket for the others'. A replica silent for three
 //! heartbeats (killed, stopped, cut off) is left out of the list; one shutting down deletes its
 //! entry. The bucket keeps one value per replica, and JetStream replicates it
@@ -10,12 +10,14 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_nats::jetstream::{self, kv};
+use contracts::worker::WorkerInfo;
 use contracts::PoolHealth;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::ClusterError;
 use crate::config::ClusterConfig;
+use crate::lifecycle::eta::SlotForecast;
 
 /// The bucket's name.
 pub const BUCKET: &str = "orchd_pools";
@@ -28,12 +30,21 @@ const ENTRY_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// What a replica puts under its name.
 #[derive(Serialize, Deserialize)]
-struct Announcement {
-    pools: Vec<PoolHealth>,
+pub struct Announcement {
+    pub pools: Vec<PoolHealth>,
+    /// Absent from replicas older than the cluster-wide worker list.
+    #[serde(default)]
+    pub workers: Vec<WorkerInfo>,
+    /// Each pool's line (by pool id): when its slots free up, for the other replicas'
+    /// predicted starts. Absent for a pool with no measured pace.
+    #[serde(default)]
+    pub lines: HashMap<String, SlotForecast>,
 }
 
 struct Peer {
     pools: Vec<PoolHealth>,
+    workers: Vec<WorkerInfo>,
+    lines: HashMap<String, SlotForecast>,
     /// When the announcement was written (by the NATS server's clock, as this host sees it).
     written: Instant,
 }
@@ -82,9 +93,9 @@ impl PoolDirectory {
         self.heartbeat
     }
 
-    /// Puts this replica's pools under its name.
-    pub async fn announce(&self, pools: Vec<PoolHealth>) -> Result<(), ClusterError> {
-        let value = serde_json::to_vec(&Announcement { pools }).map_err(ClusterError::jetstream)?;
+    /// Puts this replica's pools and workers under its name.
+    pub async fn announce(&self, now: &Announcement) -> Result<(), ClusterError> {
+        let value = serde_json::to_vec(now).map_err(ClusterError::jetstream)?;
         self.kv
             .put(&self.replica, value.into())
             .await
@@ -102,6 +113,30 @@ impl PoolDirectory {
 
     /// The pools of every other replica heard from within three heartbeats, by replica name.
     pub fn others(&self) -> Vec<PoolHealth> {
+        self.of_others(|p| p.pools.clone())
+    }
+
+    /// The workers connected to every other replica heard from within three heartbeats, by
+    /// replica name.
+    pub fn other_workers(&self) -> Vec<WorkerInfo> {
+        self.of_others(|p| p.workers.clone())
+    }
+
+    /// The lines of the other live replicas' pools that `takes` selects, as they stand now
+    /// (each slot closer to free by the time since its replica announced it).
+    pub fn other_lines(&self, takes: impl Fn(&PoolHealth) -> bool) -> Vec<SlotForecast> {
+        self.of_others(|p| {
+            let age = p.written.elapsed().as_millis() as u64;
+            p.pools
+                .iter()
+                .filter(|pool| takes(pool))
+                .filter_map(|pool| p.lines.get(&pool.pool_id).cloned())
+                .map(|l| l.aged(age))
+                .collect()
+        })
+    }
+
+    fn of_others<T>(&self, of: impl Fn(&Peer) -> Vec<T>) -> Vec<T> {
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         let mut names: Vec<&String> = peers
             .iter()
@@ -111,7 +146,7 @@ impl PoolDirectory {
         names.sort();
         names
             .into_iter()
-            .flat_map(|name| peers[name].pools.iter().cloned())
+            .flat_map(|name| of(&peers[name]))
             .collect()
     }
 
@@ -180,6 +215,22 @@ impl PoolDirectory {
                 ..p
             })
             .collect();
-        peers.insert(entry.key, Peer { pools, written });
+        let workers = a
+            .workers
+            .into_iter()
+            .map(|w| WorkerInfo {
+                replica: Some(entry.key.clone()),
+                ..w
+            })
+            .collect();
+        peers.insert(
+            entry.key,
+            Peer {
+                pools,
+                workers,
+                lines: a.lines,
+                written,
+            },
+        );
     }
 }

@@ -2,8 +2,7 @@
 //! whenever the pool has a free slot (interactive before batch), runs it on that slot, puts its
 //! events on the relay in order, and acknowledges progress to the queue while it runs. A task
 //! taken again after its first taker stopped continues after the tokens already on the relay;
-//! one taken [`MAX_DELIVERIES`](super::task_queue::MAX_DELIVERIES) times ends
-//! `REPLICA_EXHAUSTED`.
+//! one whose runners stopped `cluster.max_deliveries` times ends `REPLICA_EXHAUSTED`.
 
 use std::sync::Arc;
 use std::time::Duration;

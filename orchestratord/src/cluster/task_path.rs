@@ -3,8 +3,10 @@
 //! replica with a free slot of that pool takes it (`taker.rs`), and its events go through the
 //! relay to every replica following it (`mirror.rs`): the one that admitted it, and any other
 //! a client asks for it. Admission's own checks (the request, its prompt and context, the
-//! tenant's quota and session budget, the deadline) stay on the admitting replica; the bound is
-//! the stream's.
+//! tenant's quota and session budget) stay on the admitting replica; the bound is the stream's,
+//! and the place and predicted start are the cluster's: the stream's depth, played forward
+//! over the slots of every replica's pools that take from the queue (each replica announces
+//! when its slots free up, `pool_directory.rs`), checked against the task's limits.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,7 +21,9 @@ use contracts::TaskRecord;
 use futures::future::BoxFuture;
 
 use crate::error::ApiError;
-use crate::lifecycle::cluster_port::{ClusterPort, ClusterRefusal};
+use crate::lifecycle::cluster_port::{ClusterPlace, ClusterPort, ClusterRefusal};
+use crate::lifecycle::deadline;
+use crate::lifecycle::eta::{start_over, SlotForecast};
 use crate::lifecycle::state::AppState;
 use crate::lifecycle::task::{Task, TaskEvent};
 
@@ -41,12 +45,6 @@ pub struct TaskPath {
     opened: Mutex<HashMap<String, (i64, Arc<PoolQueue>)>>,
     /// The tasks this replica took from the cluster's queues and runs now (for cancels).
     running: Mutex<HashMap<String, Arc<Task>>>,
-}
-
-/// A task admitted into the cluster's queue.
-pub struct Queued {
-    /// Tasks of its class ahead of it waiting for a slot, as the stream counts them.
-    pub position: usize,
 }
 
 impl TaskPath {
@@ -171,23 +169,84 @@ impl TaskPath {
         Ok(q)
     }
 
-    /// Admits `task` (built from `handoff`) into its queue: its pinned pool's, or its model's.
+    /// The lines of every pool that takes from `key`'s queue, this replica's as they stand
+    /// and the others' as last announced.
+    fn lines_of(&self, state: &Arc<AppState>, key: &QueueKey) -> Vec<SlotForecast> {
+        let here: Vec<_> = state
+            .pools
+            .all()
+            .into_iter()
+            .filter(|p| key.taken_by(p.id(), &p.spec().model_alias))
+            .collect();
+        let mut lines: Vec<SlotForecast> = deadline::forecasts(state, &here)
+            .into_iter()
+            .map(|(_, f)| f)
+            .collect();
+        lines.extend(
+            self.cluster
+                .directory()
+                .other_lines(|h| key.taken_by(&h.pool_id, h.model_alias.as_deref().unwrap_or(""))),
+        );
+        lines
+    }
+
+    /// Admits `task` (built from `handoff`) into its queue — its pinned pool's, or its
+    /// model's — with its place and predicted start there; taken out again when that start
+    /// comes after `wait_allowed`.
     async fn admit_task(
         &self,
         state: &Arc<AppState>,
         task: &Arc<Task>,
         handoff: Handoff,
-    ) -> Result<Queued, AdmitError> {
+        wait_allowed: Option<Duration>,
+    ) -> Result<ClusterPlace, ClusterRefusal> {
+        let unavailable = |e: ClusterError| ClusterRefusal::Unavailable(e.to_string());
         let key = QueueKey::of(task);
         let bound = self.bound_for(state, &key);
-        let q = self.queue(&key, bound).await?;
+        let q = self.queue(&key, bound).await.map_err(unavailable)?;
         let payload =
-            bytes::Bytes::from(serde_json::to_vec(&handoff).map_err(ClusterError::jetstream)?);
-        q.admit(task.priority, &task.id, payload).await?;
+            serde_json::to_vec(&handoff).map_err(|e| unavailable(ClusterError::jetstream(e)))?;
+        let admitted = match q.admit(task.priority, &task.id, payload.into()).await {
+            Ok(a) => a,
+            Err(AdmitError::Full { .. }) => {
+                // a place frees when the first of the cluster's slots does
+                let retry_after_ms = start_over(&self.lines_of(state, &key), 0).map(|ms| ms.max(1));
+                return Err(ClusterRefusal::Full { retry_after_ms });
+            }
+            Err(AdmitError::Cluster(e)) => return Err(unavailable(e)),
+        };
         let depth = q.depth(task.priority).await.unwrap_or(0);
         let slots = (bound - state.cfg.queue.capacity as i64).max(0) as u64;
-        Ok(Queued {
-            position: depth.saturating_sub(slots) as usize,
+        // the tasks ahead of it in the queue, as one box counts them (the stream counts the
+        // running ones and this one too)
+        let position = depth.saturating_sub(slots + 1) as usize;
+        // played forward: the tasks before it in the stream not yet in a slot each take the
+        // first slot to free up (the stream counts those already running too)
+        let lines = self.lines_of(state, &key);
+        let busy = lines
+            .iter()
+            .flat_map(|l| &l.free_in_ms)
+            .filter(|&&f| f > 0)
+            .count() as u64;
+        let before = depth.saturating_sub(1).saturating_sub(busy) as usize;
+        let predicted_start_ms = start_over(&lines, before);
+        if let (Some(predicted), Some(allowed)) = (predicted_start_ms, wait_allowed) {
+            let allowed_ms = allowed.as_millis() as u64;
+            // a retry of an admitted task (the same id) is the task already there: kept
+            if predicted > allowed_ms && !admitted.duplicate {
+                if let Err(e) = q.withdraw(admitted.sequence).await {
+                    // it stays queued without its `started`: the taker drops it
+                    tracing::warn!(task_id = %task.id, error = %e, "cluster: a late task not taken out of its queue");
+                }
+                return Err(ClusterRefusal::Late {
+                    predicted_start_ms: predicted,
+                    allowed_ms,
+                });
+            }
+        }
+        Ok(ClusterPlace {
+            position,
+            predicted_start_ms,
         })
     }
 
@@ -277,20 +336,29 @@ impl ClusterPort for Arc<TaskPath> {
         self.taken_elsewhere(&key)
     }
 
+    fn pace_confirmed_elsewhere(&self, pin: Option<&str>, model: &str) -> bool {
+        let key = match pin {
+            Some(p) => QueueKey::Pool(p.to_string()),
+            None => QueueKey::Model(model.to_string()),
+        };
+        self.cluster
+            .directory()
+            .other_lines(|h| key.taken_by(&h.pool_id, h.model_alias.as_deref().unwrap_or("")))
+            .iter()
+            .any(|l| l.confirmed)
+    }
+
     fn admit<'a>(
         &'a self,
         task: &'a Arc<Task>,
         handoff: Handoff,
-    ) -> BoxFuture<'a, Result<usize, ClusterRefusal>> {
+        wait_allowed: Option<Duration>,
+    ) -> BoxFuture<'a, Result<ClusterPlace, ClusterRefusal>> {
         Box::pin(async move {
             let Some(state) = self.state.upgrade() else {
                 return Err(ClusterRefusal::Unavailable("the server is stopping".into()));
             };
-            match self.admit_task(&state, task, handoff).await {
-                Ok(q) => Ok(q.position),
-                Err(AdmitError::Full { .. }) => Err(ClusterRefusal::Full),
-                Err(AdmitError::Cluster(e)) => Err(ClusterRefusal::Unavailable(e.to_string())),
-            }
+            self.admit_task(&state, task, handoff, wait_allowed).await
         })
     }
 

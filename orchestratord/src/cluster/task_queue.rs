@@ -9,7 +9,7 @@
 //! Taking: every replica pulls from one durable consumer per pool and class, so each task goes
 //! to one of them; the taker acknowledges progress while it works (`Taken::progress`); a taker
 //! that stops (killed, stopped, cut off) loses the task to the next puller after `ack_wait`.
-//! A task delivered more than [`MAX_DELIVERIES`] times is taken out of the queue and handed
+//! A task delivered more than `cluster.max_deliveries` times is taken out of the queue and handed
 //! back as exhausted, for the caller to fail (`REPLICA_EXHAUSTED`).
 
 use std::time::Duration;
@@ -24,8 +24,6 @@ use super::subject_token::subject_token;
 use super::ClusterError;
 use contracts::Priority as Class;
 
-/// Deliveries of one task at most (the first and two requeues).
-pub const MAX_DELIVERIES: i64 = 3;
 /// Largest task accepted into the stream (its prompt and parameters).
 const MAX_TASK_BYTES: i32 = 4 << 20;
 /// How long an admission or a take is tried again while the stream or its consumer has no
@@ -40,6 +38,7 @@ pub struct ClusterQueue {
     js: jetstream::Context,
     replicas: usize,
     ack_wait: Duration,
+    max_deliveries: i64,
 }
 
 /// One pool's queue.
@@ -48,6 +47,7 @@ pub struct PoolQueue {
     pool: String,
     stream: stream::Stream,
     consumers: [jetstream::consumer::PullConsumer; 2],
+    max_deliveries: i64,
 }
 
 /// A task admitted into a pool's queue.
@@ -104,11 +104,19 @@ fn subject(pool: &str, class: Class) -> String {
 }
 
 impl ClusterQueue {
-    pub fn new(js: jetstream::Context, replicas: usize, ack_wait: Duration) -> Self {
+    /// The queues of `js`, their streams kept `replicas` times, a taker silent on a task for
+    /// `ack_wait` losing it, a task delivered more than `max_deliveries` times exhausted.
+    pub fn new(
+        js: jetstream::Context,
+        replicas: usize,
+        ack_wait: Duration,
+        max_deliveries: u32,
+    ) -> Self {
         Self {
             js,
             replicas,
             ack_wait,
+            max_deliveries: i64::from(max_deliveries),
         }
     }
 
@@ -176,6 +184,7 @@ impl ClusterQueue {
             pool: pool.to_string(),
             stream,
             consumers: [interactive, batch],
+            max_deliveries: self.max_deliveries,
         })
     }
 }
@@ -222,6 +231,15 @@ impl PoolQueue {
                 Err(e) => return Err(ClusterError::jetstream(e).into()),
             }
         }
+    }
+
+    /// Takes the task at `sequence` out of the queue (admitted, then refused).
+    pub async fn withdraw(&self, sequence: u64) -> Result<(), ClusterError> {
+        self.stream
+            .delete_message(sequence)
+            .await
+            .map(|_| ())
+            .map_err(ClusterError::jetstream)
     }
 
     /// Tasks in `class`'s queue, queued or running, as the stream counts them now.
@@ -288,7 +306,7 @@ impl PoolQueue {
             .and_then(|h| h.get("Nats-Msg-Id"))
             .map(|v| v.to_string())
             .unwrap_or_default();
-        if delivered > MAX_DELIVERIES {
+        if delivered > self.max_deliveries {
             // out of the queue, confirmed (the caller fails the task)
             msg.double_ack().await.map_err(ClusterError::jetstream)?;
             return Ok(Take::Exhausted { task_id, delivered });

@@ -616,6 +616,10 @@ async fn admit_task(
         None => 0,
     };
     let resolved = resolve_pools(state, &req).map_err(|e| reject(e.code(), e))?;
+    let confirmed_elsewhere = state.cluster_tasks.get().is_some_and(|path| {
+        let model = resolved.model.as_deref().unwrap_or("");
+        path.pace_confirmed_elsewhere(req.pool_id.as_deref(), model)
+    });
     let pools = resolved.pools;
     let load_wait_ms = folder_wait_ms.max(resolved.load_wait_ms);
     if req.deadline_ms.is_some_and(|d| d < load_wait_ms) {
@@ -644,6 +648,7 @@ async fn admit_task(
             max_tokens: v.max_tokens,
             prompt_tokens: estimated_tokens(&v.prompt, &v.continuation),
             priority,
+            confirmed_elsewhere,
         },
         caller,
         delivery,
@@ -808,15 +813,43 @@ async fn admit_task(
         };
         (path, handoff)
     });
+    let mut cluster_start_ms = None;
     let position = if let Some((path, handoff)) = &cluster {
-        match path.admit(&task, handoff.clone()).await {
-            Ok(position) => position,
+        match path.admit(&task, handoff.clone(), plan.wait_allowed).await {
+            Ok(place) => {
+                cluster_start_ms = place.predicted_start_ms;
+                place.position
+            }
             Err(e) => {
                 state.tasks.remove(&task);
                 refund(state);
                 return Err(match e {
-                    ClusterRefusal::Full => {
-                        queue_full(state, plan.rank, est_now.retry_after_ms, caller)
+                    ClusterRefusal::Full { retry_after_ms } => queue_full(
+                        state,
+                        plan.rank,
+                        retry_after_ms.unwrap_or(est_now.retry_after_ms),
+                        caller,
+                    ),
+                    ClusterRefusal::Late {
+                        predicted_start_ms,
+                        allowed_ms,
+                    } => {
+                        let retry = deadline::retry_after_ms(
+                            predicted_start_ms.saturating_sub(allowed_ms),
+                            allowed_ms,
+                        );
+                        reject(
+                            ErrorCode::AdmissionReject,
+                            ApiError::new(
+                                ErrorCode::AdmissionReject,
+                                format!(
+                                    "the predicted wait for a slot of the cluster ({predicted_start_ms} ms) leaves no time to answer within the task's limits (a wait of {allowed_ms} ms at most): come back in {retry} ms"
+                                ),
+                                true,
+                            )
+                            .with_retry_after(retry)
+                            .with_policy("deadline"),
+                        )
                     }
                     ClusterRefusal::Unavailable(e) => reject(
                         ErrorCode::ClusterUnavailable,
@@ -880,7 +913,9 @@ async fn admit_task(
         }
     };
     let est = eta::estimate(position, &snapshots, typical);
-    let predicted_start_ms = plan.predicted_start.as_millis() as u64 + load_wait_ms;
+    // in a cluster, the cluster's line (every replica's slots), else this replica's
+    let predicted_start_ms =
+        cluster_start_ms.unwrap_or(plan.predicted_start.as_millis() as u64) + load_wait_ms;
     task.push_started(contracts::SseStarted {
         queue_position: position as u32,
         predicted_start_ms,

@@ -4,6 +4,7 @@
 //! implementation reaches the server's state through a weak reference given at start.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use contracts::TaskRecord;
 use futures::future::BoxFuture;
@@ -12,11 +13,27 @@ use crate::error::ApiError;
 use crate::lifecycle::handoff::Handoff;
 use crate::lifecycle::task::Task;
 
+/// Where the cluster's queue put a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterPlace {
+    /// Tasks of its class ahead of it waiting for a slot, on every replica.
+    pub position: usize,
+    /// Its predicted wait for a slot of any replica's pool (`None`: no pool's pace measured).
+    pub predicted_start_ms: Option<u64>,
+}
+
 /// Why the cluster did not take a task.
 #[derive(Debug)]
 pub enum ClusterRefusal {
-    /// Its queue holds the bound (queued and running).
-    Full,
+    /// Its queue holds the bound (queued and running); `retry_after_ms`: when the first of the
+    /// cluster's slots is predicted to free up.
+    Full { retry_after_ms: Option<u64> },
+    /// The cluster's line is too long for the task's limits: predicted to start after
+    /// `predicted_start_ms`, where `allowed_ms` was the longest wait; not queued.
+    Late {
+        predicted_start_ms: u64,
+        allowed_ms: u64,
+    },
     /// The cluster did not answer.
     Unavailable(String),
 }
@@ -25,12 +42,19 @@ pub trait ClusterPort: Send + Sync {
     /// Whether a pool of another replica takes tasks pinned to `pin`, or else of `model`.
     fn serves_elsewhere(&self, pin: Option<&str>, model: &str) -> bool;
 
-    /// Puts `task` (built from `handoff`) in its queue; its place among the tasks waiting.
+    /// Whether a pool of another replica that takes tasks pinned to `pin`, or else of
+    /// `model`, confirmed its pace on a real task.
+    fn pace_confirmed_elsewhere(&self, pin: Option<&str>, model: &str) -> bool;
+
+    /// Puts `task` (built from `handoff`) in its queue: its place among the tasks waiting and
+    /// its predicted start over every replica's pools — unless that start comes after
+    /// `wait_allowed` (its limits' longest wait for a slot), when it is taken out again.
     fn admit<'a>(
         &'a self,
         task: &'a Arc<Task>,
         handoff: Handoff,
-    ) -> BoxFuture<'a, Result<usize, ClusterRefusal>>;
+        wait_allowed: Option<Duration>,
+    ) -> BoxFuture<'a, Result<ClusterPlace, ClusterRefusal>>;
 
     /// Puts `task`'s `started` (with `handoff`) on the relay and follows its later events.
     fn announce<'a>(

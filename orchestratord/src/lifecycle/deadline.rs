@@ -80,6 +80,10 @@ pub struct Plan<'a> {
     pub predicted_start: Duration,
     /// The longest it may wait for a slot before answering in time becomes impossible.
     pub start_budget: Option<Duration>,
+    /// The longest predicted wait for a slot it is admitted with (the tightest of its
+    /// limits); `None` without a limit, or on the client's last attempt (queued however late
+    /// it is predicted). A replica checks the cluster's line against it (`cluster_port.rs`).
+    pub wait_allowed: Option<Duration>,
     /// Its place in line, promised until its task is queued (counted ahead of admissions
     /// that plan meanwhile); drop it after the push.
     pub promised: Promised<'a>,
@@ -122,6 +126,9 @@ pub struct Limits {
     /// Prompt tokens (an estimate from its size: no tokenizer has run yet).
     pub prompt_tokens: usize,
     pub priority: Priority,
+    /// In a cluster: another replica's pool that could run it confirmed its pace on a real
+    /// task (what refuses a limit for good, as this replica's own pools would).
+    pub confirmed_elsewhere: bool,
 }
 
 fn ms(d: Duration) -> u64 {
@@ -243,7 +250,7 @@ pub fn plan<'a>(
     };
     let ((first_alone, whole_alone), (first, whole)) = (needs(alone), needs(beside));
     let margin_ms = state.cfg.admission.deadline_margin_ms;
-    let confirmed = eta::pace_confirmed(snapshots);
+    let confirmed = eta::pace_confirmed(snapshots) || limits.confirmed_elsewhere;
 
     let mut bounds: Vec<Bound> = Vec::with_capacity(3);
     if let Some(end) = limits.end_within {
@@ -314,7 +321,13 @@ pub fn plan<'a>(
         .min();
 
     let predicted = eta::predict_start_ms(&lines, &ahead_needs, probe_factor).unwrap_or(0);
-    if let Some(b) = budget {
+    let wait_allowed = budget
+        .filter(|_| !caller.patience.is_last_attempt())
+        .map(|b| Duration::from_millis(b.allowed_ms(confirmed).clamp(0, u64::MAX as i128) as u64));
+    // a replica of a cluster sees only its own slots and none of the cluster's queue: the
+    // line is checked against the cluster's once the task has its place there (`wait_allowed`)
+    let clustered = state.cluster_tasks.get().is_some();
+    if let Some(b) = budget.filter(|_| !clustered) {
         let allowed = b.allowed_ms(confirmed);
         let why = &b.why;
         if predicted as i128 > allowed && caller.patience.is_last_attempt() {
@@ -361,8 +374,46 @@ pub fn plan<'a>(
         rank,
         predicted_start: Duration::from_millis(predicted),
         start_budget: start_budget.map(Duration::from_millis),
+        wait_allowed,
         promised,
     })
+}
+
+/// The line of each of `pools` as this replica tells the others of a cluster (issue 38): when
+/// its slots free up and what a typical task (`admission.default_max_tokens`, prompt aside)
+/// then holds one for; pools without a measured pace are left out.
+pub fn forecasts(
+    state: &SharedState,
+    pools: &[std::sync::Arc<Pool>],
+) -> Vec<(String, eta::SlotForecast)> {
+    let snapshots: Vec<PoolSnapshot> = pools.iter().map(|p| p.snapshot()).collect();
+    let lines: Vec<PoolLine<'_>> = pools
+        .iter()
+        .zip(&snapshots)
+        .map(|(p, s)| PoolLine {
+            snapshot: s,
+            in_slots: state.running.in_slots(p.id()),
+        })
+        .collect();
+    let Some(line) = eta::Line::new(&lines, state.cfg.admission.probe_pace_factor) else {
+        return Vec::new();
+    };
+    let typical = Need {
+        max_tokens: state.cfg.admission.default_max_tokens as usize,
+        prompt_tokens: 0,
+    };
+    pools
+        .iter()
+        .zip(&snapshots)
+        .zip(line.forecasts(typical))
+        .filter_map(|((p, snapshot), f)| {
+            let f = eta::SlotForecast {
+                confirmed: snapshot.pace_confirmed,
+                ..f?
+            };
+            Some((p.id().to_string(), f))
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -280,6 +280,70 @@ impl Line {
     pub fn is_settled(&self) -> bool {
         self.settled
     }
+
+    /// Each pool's slots as played forward now, for a task like `need`, by pool index
+    /// (`None`: a pool with no measured pace, or that takes no work).
+    pub fn forecasts(&self, need: Need) -> Vec<Option<SlotForecast>> {
+        let mut out: Vec<Option<SlotForecast>> = self
+            .paces
+            .iter()
+            .map(|pace| {
+                pace.map(|p| SlotForecast {
+                    free_in_ms: Vec::new(),
+                    task_ms: p.service_ms(need).ceil() as u64,
+                    confirmed: false,
+                })
+            })
+            .collect();
+        for Reverse((at, i)) in self.free_at.iter() {
+            if let Some(Some(f)) = out.get_mut(*i) {
+                f.free_in_ms.push(at.div_ceil(1000));
+            }
+        }
+        for f in out.iter_mut().flatten() {
+            f.free_in_ms.sort_unstable();
+        }
+        out
+    }
+}
+
+/// One pool's line as a replica tells the others (issue 38): when each of its slots is
+/// predicted to free up, and how long a typical task then holds one.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct SlotForecast {
+    /// Per slot, ms from the forecast until it is free (0: free now), soonest first.
+    pub free_in_ms: Vec<u64>,
+    /// What a typical task holds a slot of this pool for, in ms.
+    pub task_ms: u64,
+    /// Whether the pool's pace was confirmed by a real task (see [`pace_confirmed`]).
+    #[serde(default)]
+    pub confirmed: bool,
+}
+
+impl SlotForecast {
+    /// The forecast `ms` later (each slot that much closer to free).
+    pub fn aged(mut self, ms: u64) -> Self {
+        for f in &mut self.free_in_ms {
+            *f = f.saturating_sub(ms);
+        }
+        self
+    }
+}
+
+/// The predicted wait, in ms, of a task with `ahead` tasks in front of it, over the slots of
+/// every pool that could run it (any replica's): each task ahead takes the first slot to free
+/// up and holds it for its pool's typical task. `None` without any slot.
+pub fn start_over(pools: &[SlotForecast], ahead: usize) -> Option<u64> {
+    let mut free_at: BinaryHeap<Reverse<(u64, usize)>> = pools
+        .iter()
+        .enumerate()
+        .flat_map(|(i, p)| p.free_in_ms.iter().map(move |&at| Reverse((at, i))))
+        .collect();
+    for _ in 0..ahead {
+        let Reverse((at, i)) = free_at.pop()?;
+        free_at.push(Reverse((at.saturating_add(pools[i].task_ms.max(1)), i)));
+    }
+    free_at.peek().map(|Reverse((at, _))| *at)
 }
 
 /// Time per token of one sequence alone on the fastest pool that takes work (its solo pace,
@@ -356,6 +420,33 @@ pub fn on_time_probability(
 mod tests {
     use super::*;
     use pool_manager::PoolState;
+
+    /// CLU-ETA-1: the cluster's line: tasks ahead take the soonest slot of any replica's pool
+    /// and hold it for that pool's typical task; a forecast read later is that much closer.
+    #[test]
+    fn the_clusters_line_takes_the_soonest_slot_of_any_pool() {
+        let fast = SlotForecast {
+            free_in_ms: vec![100, 900],
+            task_ms: 1000,
+            confirmed: true,
+        };
+        let slow = SlotForecast {
+            free_in_ms: vec![300],
+            task_ms: 4000,
+            confirmed: false,
+        };
+        let both = [fast.clone(), slow.clone()];
+        assert_eq!(start_over(&both, 0), Some(100));
+        // the first ahead takes the fast slot at 100 (free again at 1100), the second the slow
+        // one at 300, the third the fast one at 900
+        assert_eq!(start_over(&both, 1), Some(300));
+        assert_eq!(start_over(&both, 2), Some(900));
+        assert_eq!(start_over(&both, 3), Some(1100));
+        assert_eq!(start_over(&both, 4), Some(1900));
+        assert_eq!(start_over(&[], 0), None);
+        assert_eq!(fast.clone().aged(500).free_in_ms, vec![0, 400]);
+        assert_eq!(start_over(&[fast.aged(5000)], 0), Some(0));
+    }
 
     /// A load-time pace factor for the tests (`admission.probe_pace_factor`; its default is
     /// the config's): it changes only lines a load-time pace alone measures.

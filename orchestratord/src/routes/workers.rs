@@ -6,8 +6,9 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use contracts::worker::{ServerToWorker, WorkerInfo, WorkerList};
-use contracts::{DrainRequest, ErrorEnvelope};
+use contracts::{DrainRequest, ErrorCode, ErrorEnvelope};
 
+use crate::cluster::worker_control::WorkerAction;
 use crate::error::ApiError;
 use crate::examples;
 use crate::json_body::JsonBody;
@@ -27,9 +28,10 @@ pub async fn connect(
 ) -> axum::response::Response {
     crate::remote_workers::connect(state, q, headers, peer, ws).await
 }
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::{AppState, SharedState};
 
-fn info(link: &WorkerLink) -> WorkerInfo {
+/// A worker connected here, as `/v1/workers` lists it.
+pub fn info(state: &AppState, link: &WorkerLink) -> WorkerInfo {
     let models = link.models();
     WorkerInfo {
         worker_id: link.id.clone(),
@@ -41,18 +43,77 @@ fn info(link: &WorkerLink) -> WorkerInfo {
         in_flight: link.in_flight() as u32,
         current_load: link.load() as u32,
         draining: link.is_draining(),
+        replica: state.cluster.get().map(|c| c.replica().to_string()),
     }
 }
 
-/// The connected workers.
+/// Applies `action` to a worker connected here (asked here, or by another replica).
+pub fn apply(state: &AppState, link: &WorkerLink, action: &WorkerAction) -> WorkerInfo {
+    match action {
+        WorkerAction::Drain { deadline_ms } => {
+            crate::remote_workers::drain(
+                state,
+                link,
+                "drain requested",
+                Duration::from_millis(*deadline_ms),
+            );
+            state.wake.notify_one();
+        }
+        WorkerAction::ModelsRefresh => {
+            link.send(ServerToWorker::ModelsRefresh {
+                reason: Some("requested".into()),
+            });
+        }
+    }
+    info(state, link)
+}
+
+/// Applies `action` to worker `id`, here or (in a cluster) where it is connected.
+async fn act(state: &AppState, id: &str, action: WorkerAction) -> Result<WorkerInfo, ApiError> {
+    if let Some(link) = state.workers.get(id) {
+        return Ok(apply(state, &link, &action));
+    }
+    let not_found = || ApiError::not_found("worker", id);
+    let Some(cluster) = state.cluster.get() else {
+        return Err(not_found());
+    };
+    // only a worker the directory lists is asked for
+    let listed = cluster
+        .directory()
+        .other_workers()
+        .iter()
+        .any(|w| w.worker_id == id);
+    if !listed {
+        return Err(not_found());
+    }
+    match cluster.control_worker(id, &action).await {
+        Ok(Some(info)) => Ok(info),
+        Ok(None) => Err(not_found()),
+        Err(e) => Err(ApiError::new(
+            ErrorCode::ClusterUnavailable,
+            format!("the request could not reach the worker's replica: {e}"),
+            true,
+        )
+        .with_retry_after(1000)),
+    }
+}
+
+/// The connected workers (in a cluster, every live replica's).
 #[utoipa::path(
     get, operation_id = "listWorkers", path = "/v1/workers", tag = "control",
-    responses((status = 200, description = "Every registered worker", body = WorkerList))
+    responses((status = 200, description = "Every registered worker (in a cluster, every live replica's)", body = WorkerList))
 )]
 pub async fn list(State(state): State<SharedState>) -> Json<WorkerList> {
-    Json(WorkerList {
-        workers: state.workers.list().iter().map(|l| info(l)).collect(),
-    })
+    let mut workers: Vec<WorkerInfo> = state
+        .workers
+        .list()
+        .iter()
+        .map(|l| info(&state, l))
+        .collect();
+    if let Some(c) = state.cluster.get() {
+        workers.extend(c.directory().other_workers());
+    }
+    Json(WorkerList { workers })
 }
 
 /// Drain a worker: `graceful_shutdown`, no new work, its socket closes once its requests end.
@@ -64,6 +125,7 @@ pub async fn list(State(state): State<SharedState>) -> Json<WorkerList> {
         (status = 202, description = "Draining", body = WorkerInfo),
         (status = 400, description = "Bad body", body = ErrorEnvelope, example = examples::invalid_params),
         (status = 404, description = "Unknown worker", body = ErrorEnvelope, example = examples::not_found),
+        (status = 503, description = "In a cluster: the replica holding the worker could not be reached", body = ErrorEnvelope, example = examples::cluster_unavailable),
     )
 )]
 pub async fn drain(
@@ -71,18 +133,10 @@ pub async fn drain(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<DrainRequest>,
 ) -> Result<(StatusCode, Json<WorkerInfo>), ApiError> {
-    let link = state
-        .workers
-        .get(&id)
-        .ok_or_else(|| ApiError::not_found("worker", &id))?;
-    crate::remote_workers::drain(
-        state.as_ref(),
-        &link,
-        "drain requested",
-        Duration::from_millis(req.deadline_ms),
-    );
-    state.wake.notify_one();
-    Ok((StatusCode::ACCEPTED, Json(info(&link))))
+    let action = WorkerAction::Drain {
+        deadline_ms: req.deadline_ms,
+    };
+    Ok((StatusCode::ACCEPTED, Json(act(&state, &id, action).await?)))
 }
 
 /// Ask a worker to report its models again (`models_refresh`).
@@ -92,18 +146,13 @@ pub async fn drain(
     responses(
         (status = 202, description = "Asked; its `models_update` updates its pools", body = WorkerInfo),
         (status = 404, description = "Unknown worker", body = ErrorEnvelope, example = examples::not_found),
+        (status = 503, description = "In a cluster: the replica holding the worker could not be reached", body = ErrorEnvelope, example = examples::cluster_unavailable),
     )
 )]
 pub async fn refresh(
     State(state): State<SharedState>,
     Path(id): Path<String>,
 ) -> Result<(StatusCode, Json<WorkerInfo>), ApiError> {
-    let link = state
-        .workers
-        .get(&id)
-        .ok_or_else(|| ApiError::not_found("worker", &id))?;
-    link.send(ServerToWorker::ModelsRefresh {
-        reason: Some("requested".into()),
-    });
-    Ok((StatusCode::ACCEPTED, Json(info(&link))))
+    let action = WorkerAction::ModelsRefresh;
+    Ok((StatusCode::ACCEPTED, Json(act(&state, &id, action).await?)))
 }

@@ -6,6 +6,7 @@ pub mod browser;
 pub mod fake_worker;
 pub mod nats;
 pub mod procs;
+pub mod task_client;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
