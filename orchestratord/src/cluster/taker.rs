@@ -152,7 +152,7 @@ impl TaskPath {
     async fn history(&self, task_id: &str) -> (Vec<WireEvent>, u64) {
         let until = tokio::time::Instant::now() + STARTED_WAIT;
         let last = loop {
-            match self.relay.last_id(task_id).await {
+            match self.relay.last(task_id).await {
                 Ok(Some(last)) => break last,
                 _ if tokio::time::Instant::now() < until => {
                     tokio::time::sleep(Duration::from_millis(10)).await
@@ -160,6 +160,11 @@ impl TaskPath {
                 _ => return (Vec::new(), 0),
             }
         };
+        // only its `started` so far (a task taken the first time): that is the history
+        if let Some(w) = WireEvent::decode(&last.payload).filter(|w| w.event == "started") {
+            return (vec![w], last.id);
+        }
+        let last = last.id;
         let Ok(events) = self.relay.follow(task_id, 0).await else {
             return (Vec::new(), 0);
         };

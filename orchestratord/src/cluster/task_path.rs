@@ -19,6 +19,7 @@ use super::{Cluster, ClusterError};
 use crate::lifecycle::handoff::{Handoff, WireEvent};
 use contracts::TaskRecord;
 use futures::future::BoxFuture;
+use futures::StreamExt;
 
 use crate::error::ApiError;
 use crate::lifecycle::cluster_port::{ClusterPlace, ClusterPort, ClusterRefusal};
@@ -272,9 +273,17 @@ impl TaskPath {
         // waited for, the same event id making a resend safe
         let until = tokio::time::Instant::now() + ANNOUNCE_FOR;
         let (id, events) = loop {
+            // the follower's consumer is set up while the event goes out (one round trip
+            // less before the task can start); it skips the `started` it was made before
             let tried = async {
-                let id = self.relay.publish(&task.id, 0, payload.clone()).await?;
-                let events = self.relay.follow(&task.id, id).await?;
+                let (id, events) = tokio::join!(
+                    self.relay.publish(&task.id, 0, payload.clone()),
+                    self.relay.follow(&task.id, 0)
+                );
+                let id = id?;
+                let events = events?.skip_while(move |r| {
+                    std::future::ready(matches!(r, Ok(r) if r.id <= id))
+                });
                 Ok::<_, ClusterError>((id, events))
             };
             match tried.await {

@@ -380,8 +380,9 @@ pub fn plan<'a>(
 }
 
 /// The line of each of `pools` as this replica tells the others of a cluster (issue 38): when
-/// its slots free up and what a typical task (`admission.default_max_tokens`, prompt aside)
-/// then holds one for; pools without a measured pace are left out.
+/// its slots free up and what a task then holds one for (the mean of the pool's real tasks,
+/// else an answer of `admission.default_max_tokens` at its pace, prompt aside); pools without
+/// a measured pace are left out.
 pub fn forecasts(
     state: &SharedState,
     pools: &[std::sync::Arc<Pool>],
@@ -407,9 +408,15 @@ pub fn forecasts(
         .zip(&snapshots)
         .zip(line.forecasts(typical))
         .filter_map(|((p, snapshot), f)| {
+            let f = f?;
             let f = eta::SlotForecast {
+                // the pool's real tasks, as long as they held a slot of late, when measured
+                task_ms: snapshot
+                    .service_ms_ewma
+                    .filter(|v| v.is_finite() && *v > 0.0)
+                    .map_or(f.task_ms, |v| v.ceil() as u64),
                 confirmed: snapshot.pace_confirmed,
-                ..f?
+                ..f
             };
             Some((p.id().to_string(), f))
         })
