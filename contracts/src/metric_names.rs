@@ -28,6 +28,10 @@ pub const POOL_LOAD_SECONDS: &str = "orchd_pool_model_load_seconds";
 pub const POOL_CIRCUIT_OPEN: &str = "orchd_pool_circuit_open";
 pub const POOL_PROMPT_REUSED: &str = "orchd_pool_prompt_tokens_reused_total";
 pub const POOL_PROMPT_CACHE_BYTES: &str = "orchd_pool_prompt_cache_bytes";
+/// In a cluster only, the same on every replica: tasks in the cluster's queues (queued and
+/// running), by priority, and the live replicas.
+pub const CLUSTER_TASKS: &str = "orchd_cluster_tasks";
+pub const CLUSTER_REPLICAS: &str = "orchd_cluster_replicas";
 /// What the prompt-cache series' names start with (shown to admin keys only, SEC-TEN-1).
 pub const PROMPT_CACHE_PREFIX: &str = "orchd_pool_prompt_";
 pub const WORKERS_CONNECTED: &str = "orchd_workers_connected";

@@ -79,6 +79,14 @@ fn describe() {
     describe_counter!(ERRORS, "Errors answered or streamed, by code");
     describe_gauge!(QUEUE_DEPTH, "Queued tasks, by priority");
     describe_gauge!(
+        CLUSTER_TASKS,
+        "In a cluster: tasks in the cluster's queues (queued and running, every replica's), by priority"
+    );
+    describe_gauge!(
+        CLUSTER_REPLICAS,
+        "In a cluster: live replicas (this one and those heard from within three heartbeats)"
+    );
+    describe_gauge!(
         QUEUE_CAPACITY,
         "The queue's bound across both priorities (queue.capacity)"
     );
@@ -450,6 +458,13 @@ pub fn error(code: ErrorCode) {
 pub fn queue_depth(interactive: usize, batch: usize) {
     gauge!(QUEUE_DEPTH, L_PRIORITY => "interactive").set(interactive as f64);
     gauge!(QUEUE_DEPTH, L_PRIORITY => "batch").set(batch as f64);
+}
+
+/// The cluster's tasks (queued and running) by priority, and its live replicas.
+pub fn cluster(interactive: u64, batch: u64, replicas: usize) {
+    gauge!(CLUSTER_TASKS, L_PRIORITY => "interactive").set(interactive as f64);
+    gauge!(CLUSTER_TASKS, L_PRIORITY => "batch").set(batch as f64);
+    gauge!(CLUSTER_REPLICAS).set(replicas as f64);
 }
 
 pub fn ttft(d: Duration) {

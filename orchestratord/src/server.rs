@@ -275,11 +275,11 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
     let stop = state.shutdown.clone();
     tokio::spawn(async move { directory.follow(stop).await });
     // the others' cancels of tasks this replica holds
-    let (st, c, path) = (state.clone(), cluster.clone(), path.clone());
+    let (st, c, taker) = (state.clone(), cluster.clone(), path.clone());
     tokio::spawn(async move {
         // the task where it runs (taken from the cluster's queue), or as this replica follows it
         let cancel = |id: &str, ask: &crate::cluster::cancel::CancelAsk| {
-            let running = path
+            let running = taker
                 .running_task(id)
                 .filter(|t| ask.sees_all || t.owner == ask.tenant);
             match running.or_else(|| st.tasks.get(&ask.tenant, id, ask.sees_all)) {
@@ -302,7 +302,7 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
             tracing::error!(error = %e, "cluster: cannot take the other replicas' worker requests");
         }
     });
-    let st = state.clone();
+    let (st, path) = (state.clone(), path.clone());
     tokio::spawn(async move {
         let directory = cluster.directory();
         let mut tick = tokio::time::interval(directory.heartbeat());
@@ -330,6 +330,10 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
                     .into_iter()
                     .collect(),
             };
+            // the cluster's figures, the same on every replica
+            if let Ok((interactive, batch)) = path.queued_and_running().await {
+                crate::metrics::cluster(interactive, batch, directory.live_replicas());
+            }
             match directory.announce(&now).await {
                 Ok(()) if failing => {
                     failing = false;

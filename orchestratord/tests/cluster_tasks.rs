@@ -729,10 +729,15 @@ async fn a_task_whose_runners_keep_stopping_ends_replica_exhausted() {
 async fn a_replica_answers_with_the_clusters_line() {
     let nats = NatsCluster::start(3).await;
     let urls = nats.urls();
-    let cluster = "[cluster]\nheartbeat_ms = 200\nack_wait_ms = 2000\n\n[queue]\ncapacity = 3\n\n";
+    // no longest queue wait: only the task's own deadline limits its wait (on a busy machine
+    // the three long tasks alone would pass 30 s)
+    let no_wait_limit = "[admission]\nmax_queue_wait_ms = 0\n\n";
+    let cluster = format!(
+        "[cluster]\nheartbeat_ms = 200\nack_wait_ms = 2000\n\n[queue]\ncapacity = 3\n\n{no_wait_limit}"
+    );
     let configs = [
         format!("pools = []\n{cluster}"),
-        replica_config("").replace("[queue]\ncapacity = 1\n", "[queue]\ncapacity = 3\n"),
+        replica_config(no_wait_limit).replace("[queue]\ncapacity = 1\n", "[queue]\ncapacity = 3\n"),
     ];
     let (mut procs, mut bases) = (Vec::new(), Vec::new());
     for (i, cfg) in configs.iter().enumerate() {
@@ -808,7 +813,7 @@ async fn a_replica_answers_with_the_clusters_line() {
 
     // one more without a deadline: its place and start are the cluster's
     let r = submit(&b0, long.clone()).await;
-    assert_eq!(r.status(), 202);
+    assert_eq!(r.status(), 202, "{:?}", r.text().await);
     let admitted: Value = r.json().await.unwrap();
     ids.push(admitted["task_id"].as_str().unwrap().to_string());
     assert_eq!(admitted["queue_position"], 2, "{admitted}");
@@ -829,6 +834,19 @@ async fn a_replica_answers_with_the_clusters_line() {
         (100..predicted).contains(&retry_ms),
         "retry after {retry_ms} ms, the fourth task starts in {predicted} ms: {retry}"
     );
+    // the cluster's figures on the replica that runs nothing: 4 tasks, 2 replicas
+    let figures = eventually(Duration::from_secs(5), || async {
+        let text = reqwest::get(format!("{b0}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap_or_default();
+        support::counter(&text, "orchd_cluster_tasks{priority=\"interactive\"}") == 4.0
+            && support::counter(&text, "orchd_cluster_replicas") == 2.0
+    })
+    .await;
+    assert!(figures, "r0's metrics do not show the cluster's tasks");
     let nowhere = reqwest::get(format!("{}/v1/tasks/late-1", bases[1]))
         .await
         .unwrap();

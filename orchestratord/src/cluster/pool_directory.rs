@@ -136,6 +136,15 @@ impl PoolDirectory {
         })
     }
 
+    /// Live replicas: this one and every other heard from within three heartbeats.
+    pub fn live_replicas(&self) -> usize {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        1 + peers
+            .iter()
+            .filter(|(name, p)| **name != self.replica && p.written.elapsed() < 3 * self.heartbeat)
+            .count()
+    }
+
     fn of_others<T>(&self, of: impl Fn(&Peer) -> Vec<T>) -> Vec<T> {
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         let mut names: Vec<&String> = peers

@@ -113,6 +113,11 @@ impl TaskPath {
         }
     }
 
+    /// Tasks in the cluster's queues (queued and running), interactive and batch.
+    pub async fn queued_and_running(&self) -> Result<(u64, u64), ClusterError> {
+        self.queues.tasks_by_class().await
+    }
+
     /// The task `id` when this replica took it from the cluster's queue and runs it now.
     pub fn running_task(&self, id: &str) -> Option<Arc<Task>> {
         self.running().get(id).cloned()
@@ -281,9 +286,8 @@ impl TaskPath {
                     self.relay.follow(&task.id, 0)
                 );
                 let id = id?;
-                let events = events?.skip_while(move |r| {
-                    std::future::ready(matches!(r, Ok(r) if r.id <= id))
-                });
+                let events = events?
+                    .skip_while(move |r| std::future::ready(matches!(r, Ok(r) if r.id <= id)));
                 Ok::<_, ClusterError>((id, events))
             };
             match tried.await {

@@ -24,6 +24,8 @@ use super::subject_token::subject_token;
 use super::ClusterError;
 use contracts::Priority as Class;
 
+/// The queues' stream names begin so (then the queue's name as a subject token).
+const STREAM_PREFIX: &str = "ORCHD_QUEUE_";
 /// Largest task accepted into the stream (its prompt and parameters).
 const MAX_TASK_BYTES: i32 = 4 << 20;
 /// How long an admission or a take is tried again while the stream or its consumer has no
@@ -120,10 +122,40 @@ impl ClusterQueue {
         }
     }
 
+    /// Tasks in every queue of the cluster (queued and running), interactive and batch.
+    pub async fn tasks_by_class(&self) -> Result<(u64, u64), ClusterError> {
+        let mut names = self.js.stream_names();
+        let (mut interactive, mut batch) = (0u64, 0u64);
+        while let Some(name) = names.next().await {
+            let name = name.map_err(ClusterError::jetstream)?;
+            if !name.starts_with(STREAM_PREFIX) {
+                continue;
+            }
+            let stream = self
+                .js
+                .get_stream(&name)
+                .await
+                .map_err(ClusterError::jetstream)?;
+            let mut subjects = stream
+                .info_with_subjects("orchd.queue.>")
+                .await
+                .map_err(ClusterError::jetstream)?;
+            while let Some(s) = subjects.next().await {
+                let (subject, n) = s.map_err(ClusterError::jetstream)?;
+                if subject.ends_with(class_name(Class::Batch)) {
+                    batch += n as u64;
+                } else {
+                    interactive += n as u64;
+                }
+            }
+        }
+        Ok((interactive, batch))
+    }
+
     /// Opens `pool`'s queue, creating its stream (or updating its bound) as needed: at most
     /// `bound` tasks per class, queued or running.
     pub async fn pool(&self, pool: &str, bound: i64) -> Result<PoolQueue, ClusterError> {
-        let name = format!("ORCHD_QUEUE_{}", subject_token(pool));
+        let name = format!("{STREAM_PREFIX}{}", subject_token(pool));
         let config = stream::Config {
             name: name.clone(),
             description: Some(format!("orchestratord queue of pool {pool:?}")),
