@@ -54,14 +54,7 @@ impl Replicas {
         }
         // every replica knows every other's slots (the bound counts them)
         for base in &bases {
-            let seen = eventually(Duration::from_secs(10), || async {
-                let v: Value = match reqwest::get(format!("{base}/v1/pools")).await {
-                    Ok(r) => r.json().await.unwrap_or_default(),
-                    Err(_) => return false,
-                };
-                v["pools"].as_array().map_or(0, |a| a.len()) == pools
-            })
-            .await;
+            let seen = lists_pools(base, pools, Duration::from_secs(10)).await;
             assert!(seen, "{base} does not list every replica's pool");
         }
         Self { nats, procs, bases }
@@ -92,6 +85,58 @@ impl Replicas {
                 .lines()
                 .any(|l| l.contains("cluster: task taken") && l.contains(id) && l.ends_with(&mark))
         })
+    }
+
+    /// The replica that took `id` first, once one did.
+    async fn runner(&self, id: &str) -> usize {
+        loop {
+            if let Some(i) = self.runner_of(id) {
+                return i;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Follows `id` on `watcher` until `tokens` tokens came, stops (`SIGSTOP`) `runner`, and
+    /// reads the rest on `watcher` while it stays stopped: the whole stream, and how long
+    /// after the stop it ended.
+    async fn stream_across_a_stopped_runner(
+        &self,
+        id: &str,
+        runner: usize,
+        watcher: usize,
+        tokens: usize,
+    ) -> (Vec<Ev>, Duration) {
+        let first = read_stream(&self.bases[watcher], id, None, |e| {
+            e.iter().filter(|e| e.event == "token").count() >= tokens
+        })
+        .await;
+        self.procs[runner].as_ref().unwrap().signal("-STOP");
+        let stopped_at = Instant::now();
+        let last = first.last().unwrap().id.unwrap();
+        let rest = tokio::time::timeout(
+            Duration::from_secs(120),
+            read_stream(&self.bases[watcher], id, Some(last), |_| false),
+        )
+        .await
+        .expect("the task ends while its runner is stopped");
+        (
+            first.into_iter().chain(rest).collect(),
+            stopped_at.elapsed(),
+        )
+    }
+
+    /// Lets the stopped `runner` run again; it must find another replica's events after its
+    /// own and stop its run.
+    async fn resume_stopped(&self, runner: usize) {
+        self.procs[runner].as_ref().unwrap().signal("-CONT");
+        let noticed = eventually(Duration::from_secs(10), || async {
+            self.log(runner)
+                .contains("another replica appended to the task")
+        })
+        .await;
+        assert!(noticed, "{}", self.logs());
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
 
     fn kill(&mut self, i: usize) {
@@ -272,12 +317,7 @@ async fn a_killed_replica_loses_no_token_of_a_stream() {
 
     // the replica holding the stream dies
     let id = submit_ok(&r.bases[0], body.clone()).await;
-    let runner = loop {
-        if let Some(i) = r.runner_of(&id) {
-            break i;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let runner = r.runner(&id).await;
     let follower = (runner + 1) % 3;
     let spare = (runner + 2) % 3;
     let first = read_stream(&r.bases[follower], &id, None, |e| {
@@ -299,12 +339,7 @@ async fn a_killed_replica_loses_no_token_of_a_stream() {
 
     // the replica running the task dies: one of the two left takes it after ack_wait
     let id = submit_ok(&r.bases[spare], body.clone()).await;
-    let runner = loop {
-        if let Some(i) = r.runner_of(&id) {
-            break i;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let runner = r.runner(&id).await;
     let left: Vec<usize> = (0..3).filter(|&i| i != follower && i != runner).collect();
     let watcher = left[0];
     let base = r.bases[watcher].clone();
@@ -354,39 +389,14 @@ async fn a_stopped_runner_that_comes_back_appends_nothing() {
         json!({"prompt": COUNT, "max_tokens": 120, "temperature": 0}),
     )
     .await;
-    let runner = loop {
-        if let Some(i) = r.runner_of(&id) {
-            break i;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let runner = r.runner(&id).await;
     let watcher = (runner + 1) % 3;
-    let first = read_stream(&r.bases[watcher], &id, None, |e| {
-        e.iter().filter(|e| e.event == "token").count() >= 10
-    })
-    .await;
-    let stopped = r.procs[runner].as_ref().unwrap();
-    stopped.signal("-STOP");
-    let stopped_at = Instant::now();
-    let last = first.last().unwrap().id.unwrap();
-    let rest = tokio::time::timeout(
-        Duration::from_secs(120),
-        read_stream(&r.bases[watcher], &id, Some(last), |_| false),
-    )
-    .await
-    .expect("another replica finishes the task");
-    let finished = stopped_at.elapsed();
-    stopped.signal("-CONT");
-    // the one that came back finds another's events after its own, and stops
-    let noticed = eventually(Duration::from_secs(10), || async {
-        r.log(runner)
-            .contains("another replica appended to the task")
-    })
-    .await;
-    assert!(noticed, "{}", r.logs());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (seen, finished) = r
+        .stream_across_a_stopped_runner(&id, runner, watcher, 10)
+        .await;
+    r.resume_stopped(runner).await;
     let whole = read_stream(&r.bases[(runner + 2) % 3], &id, None, |_| false).await;
-    assert_eq!(whole, first.into_iter().chain(rest).collect::<Vec<_>>());
+    assert_eq!(whole, seen);
     assert_whole(&whole, "after the runner was stopped and came back");
     assert_eq!(whole.last().unwrap().event, "end");
     assert_eq!(whole.iter().filter(|e| e.event == "token").count(), 120);
@@ -561,12 +571,7 @@ async fn no_admitted_task_is_lost_when_the_queue_leader_dies() {
     // the model's queue exists once a task went through it
     let first = submit_ok(&r.bases[0], json!({"prompt": "Hi", "max_tokens": 1})).await;
     read_stream(&r.bases[0], &first, None, |_| false).await;
-    let pools: Value = reqwest::get(format!("{}/v1/pools", r.bases[0]))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let pools = get_json(&format!("{}/v1/pools", r.bases[0])).await;
     let alias = pools["pools"][0]["model_alias"]
         .as_str()
         .unwrap()
@@ -659,29 +664,11 @@ async fn a_task_whose_runners_keep_stopping_ends_replica_exhausted() {
         json!({"prompt": COUNT, "max_tokens": 400, "temperature": 0}),
     )
     .await;
-    let runner = loop {
-        if let Some(i) = r.runner_of(&id) {
-            break i;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let runner = r.runner(&id).await;
     let watcher = 1 - runner;
-    let first = read_stream(&r.bases[watcher], &id, None, |e| {
-        e.iter().filter(|e| e.event == "token").count() >= 5
-    })
-    .await;
-    let stopped = r.procs[runner].as_ref().unwrap();
-    stopped.signal("-STOP");
-    let stopped_at = Instant::now();
-    let last = first.last().unwrap().id.unwrap();
-    let rest = tokio::time::timeout(
-        Duration::from_secs(60),
-        read_stream(&r.bases[watcher], &id, Some(last), |_| false),
-    )
-    .await
-    .expect("the task ends while its runner is stopped");
-    let ended_after = stopped_at.elapsed();
-    let whole: Vec<Ev> = first.into_iter().chain(rest).collect();
+    let (whole, ended_after) = r
+        .stream_across_a_stopped_runner(&id, runner, watcher, 5)
+        .await;
     assert_whole(&whole, "an exhausted task");
     let end = whole.last().unwrap();
     assert_eq!(end.event, "error", "{end:?}\n{}", r.logs());
@@ -698,14 +685,7 @@ async fn a_task_whose_runners_keep_stopping_ends_replica_exhausted() {
     // its place is free: the bound (capacity 1 + 2 slots, one of them stopped) admits again
     let admitted = submit(&r.bases[watcher], json!({"prompt": COUNT, "max_tokens": 2})).await;
     assert_eq!(admitted.status(), 202, "{:?}", admitted.text().await);
-    stopped.signal("-CONT");
-    let noticed = eventually(Duration::from_secs(10), || async {
-        r.log(runner)
-            .contains("another replica appended to the task")
-    })
-    .await;
-    assert!(noticed, "{}", r.logs());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    r.resume_stopped(runner).await;
     let again = read_stream(&r.bases[runner], &id, None, |_| false).await;
     assert_eq!(again, whole, "the runner that came back appended nothing");
     let status: Value = reqwest::get(format!("{}/v1/tasks/{id}", r.bases[runner]))
@@ -752,21 +732,9 @@ async fn a_replica_answers_with_the_clusters_line() {
     }
     let logs = || -> String { procs.iter().map(|p| p.log_text()).collect() };
     let b0 = bases[0].clone();
-    let listed = eventually(Duration::from_secs(10), || async {
-        let v: Value = match reqwest::get(format!("{b0}/v1/pools")).await {
-            Ok(r) => r.json().await.unwrap_or_default(),
-            Err(_) => return false,
-        };
-        v["pools"].as_array().map_or(0, |a| a.len()) == 1
-    })
-    .await;
+    let listed = lists_pools(&b0, 1, Duration::from_secs(10)).await;
     assert!(listed, "r0 does not list r1's pool:\n{}", logs());
-    let pools: Value = reqwest::get(format!("{b0}/v1/pools"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let pools = get_json(&format!("{b0}/v1/pools")).await;
     let model = pools["pools"][0]["model_alias"]
         .as_str()
         .unwrap()

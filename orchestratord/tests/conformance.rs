@@ -68,14 +68,7 @@ impl Deployment {
             bases.push(base);
         }
         for base in &bases {
-            let both = eventually(Duration::from_secs(10), || async {
-                let v: Value = match reqwest::get(format!("{base}/v1/pools")).await {
-                    Ok(r) => r.json().await.unwrap_or_default(),
-                    Err(_) => return false,
-                };
-                v["pools"].as_array().map_or(0, |a| a.len()) == 2
-            })
-            .await;
+            let both = lists_pools(base, 2, Duration::from_secs(10)).await;
             assert!(both, "{base} does not list both replicas' pools");
         }
         Self {

@@ -5,8 +5,6 @@
 
 use std::time::Duration;
 
-use async_nats::client::RequestErrorKind;
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::subject_token::task_token;
@@ -54,33 +52,15 @@ impl Cluster {
         let Some(subject) = subject(task_id) else {
             return Ok(None);
         };
-        if self.client.connection_state() != async_nats::connection::State::Connected {
-            return Err(ClusterError::JetStream(
-                "not connected to the NATS cluster".into(),
-            ));
-        }
         let payload = serde_json::to_vec(&CancelRequest {
             task_id: task_id.to_string(),
             ask: ask.clone(),
         })
         .map_err(ClusterError::jetstream)?;
-        let request = async_nats::Request::new()
-            .payload(payload.into())
-            .timeout(Some(ANSWER_WAIT));
-        match self.client.send_request(subject, request).await {
-            Ok(msg) => Ok(serde_json::from_slice::<CancelDone>(&msg.payload)
-                .ok()
-                .map(|d| d.replica)),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    RequestErrorKind::NoResponders | RequestErrorKind::TimedOut
-                ) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(ClusterError::jetstream(e)),
-        }
+        let answer = self.ask(subject, payload, ANSWER_WAIT).await?;
+        Ok(answer
+            .and_then(|a| serde_json::from_slice::<CancelDone>(&a).ok())
+            .map(|d| d.replica))
     }
 
     /// Answers the other replicas' cancels until `stop`: `cancel(task_id, ask)` cancels a task
@@ -90,42 +70,19 @@ impl Cluster {
         cancel: impl Fn(&str, &CancelAsk) -> bool,
         stop: tokio_util::sync::CancellationToken,
     ) -> Result<(), ClusterError> {
-        let mut asks = self
-            .client
-            .subscribe(format!("{PREFIX}.*"))
-            .await
-            .map_err(ClusterError::jetstream)?;
         let done = serde_json::to_vec(&CancelDone {
             replica: self.replica.clone(),
         })
         .map_err(ClusterError::jetstream)?;
-        loop {
-            let msg = tokio::select! {
-                _ = stop.cancelled() => return Ok(()),
-                m = asks.next() => m,
-            };
-            let Some(msg) = msg else {
-                return Ok(());
-            };
-            if msg.payload.len() > MAX_ASK_BYTES {
-                continue;
-            }
-            let Ok(req) = serde_json::from_slice::<CancelRequest>(&msg.payload) else {
-                continue;
-            };
+        let answer = |subject_named: &str, payload: &[u8]| {
+            let req = serde_json::from_slice::<CancelRequest>(payload).ok()?;
             // the subject names the task the payload names, or the request is nobody's
-            if subject(&req.task_id).as_deref() != Some(msg.subject.as_str()) {
-                continue;
+            if subject(&req.task_id).as_deref() != Some(subject_named) {
+                return None;
             }
-            let (task_id, ask) = (req.task_id.as_str(), req.ask);
-            if !cancel(task_id, &ask) {
-                continue;
-            }
-            if let Some(reply) = msg.reply {
-                if let Err(e) = self.client.publish(reply, done.clone().into()).await {
-                    tracing::warn!(error = %e, task_id, "cluster: cancel done, answer not sent");
-                }
-            }
-        }
+            cancel(&req.task_id, &req.ask).then(|| done.clone())
+        };
+        self.answer(format!("{PREFIX}.*"), MAX_ASK_BYTES, stop, answer)
+            .await
     }
 }

@@ -9,6 +9,7 @@
 //! replica to read (`record_stream.rs`); a worker connected to any replica is listed and
 //! driven from every replica (`pool_directory.rs`, `worker_control.rs`).
 
+mod ask;
 pub mod cancel;
 mod error;
 pub mod event_relay;

@@ -6,9 +6,7 @@
 
 use std::time::Duration;
 
-use async_nats::client::RequestErrorKind;
 use contracts::worker::WorkerInfo;
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::subject_token::subject_token;
@@ -56,31 +54,13 @@ impl Cluster {
         let Some(subject) = subject(worker_id) else {
             return Ok(None);
         };
-        if !self.connected() {
-            return Err(ClusterError::JetStream(
-                "not connected to the NATS cluster".into(),
-            ));
-        }
         let payload = serde_json::to_vec(&WorkerRequest {
             worker_id: worker_id.to_string(),
             action: action.clone(),
         })
         .map_err(ClusterError::jetstream)?;
-        let request = async_nats::Request::new()
-            .payload(payload.into())
-            .timeout(Some(ANSWER_WAIT));
-        match self.client.send_request(subject, request).await {
-            Ok(msg) => Ok(serde_json::from_slice::<WorkerInfo>(&msg.payload).ok()),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    RequestErrorKind::NoResponders | RequestErrorKind::TimedOut
-                ) =>
-            {
-                Ok(None)
-            }
-            Err(e) => Err(ClusterError::jetstream(e)),
-        }
+        let answer = self.ask(subject, payload, ANSWER_WAIT).await?;
+        Ok(answer.and_then(|a| serde_json::from_slice::<WorkerInfo>(&a).ok()))
     }
 
     /// Answers the other replicas' requests for this replica's workers until `stop`:
@@ -91,38 +71,15 @@ impl Cluster {
         apply: impl Fn(&str, &WorkerAction) -> Option<WorkerInfo>,
         stop: tokio_util::sync::CancellationToken,
     ) -> Result<(), ClusterError> {
-        let mut asks = self
-            .client
-            .subscribe(format!("{PREFIX}.*"))
-            .await
-            .map_err(ClusterError::jetstream)?;
-        loop {
-            let msg = tokio::select! {
-                _ = stop.cancelled() => return Ok(()),
-                m = asks.next() => m,
-            };
-            let Some(msg) = msg else {
-                return Ok(());
-            };
-            if msg.payload.len() > MAX_ASK_BYTES {
-                continue;
-            }
-            let Ok(req) = serde_json::from_slice::<WorkerRequest>(&msg.payload) else {
-                continue;
-            };
+        let answer = |subject_named: &str, payload: &[u8]| {
+            let req = serde_json::from_slice::<WorkerRequest>(payload).ok()?;
             // the subject names the worker the payload names, or the request is nobody's
-            if subject(&req.worker_id).as_deref() != Some(msg.subject.as_str()) {
-                continue;
+            if subject(&req.worker_id).as_deref() != Some(subject_named) {
+                return None;
             }
-            let Some(info) = apply(&req.worker_id, &req.action) else {
-                continue;
-            };
-            let (Some(reply), Ok(body)) = (msg.reply, serde_json::to_vec(&info)) else {
-                continue;
-            };
-            if let Err(e) = self.client.publish(reply, body.into()).await {
-                tracing::warn!(error = %e, worker_id = %req.worker_id, "cluster: worker request done, answer not sent");
-            }
-        }
+            serde_json::to_vec(&apply(&req.worker_id, &req.action)?).ok()
+        };
+        self.answer(format!("{PREFIX}.*"), MAX_ASK_BYTES, stop, answer)
+            .await
     }
 }

@@ -222,3 +222,16 @@ pub async fn post_json(url: &str, body: &serde_json::Value) -> serde_json::Value
         .await
         .unwrap_or_else(|e| panic!("POST {url}: not JSON: {e}"))
 }
+
+/// Whether `base`'s `/v1/pools` lists `n` pools within `within` (in a cluster: every
+/// replica's, once their announcements arrived).
+pub async fn lists_pools(base: &str, n: usize, within: Duration) -> bool {
+    eventually(within, || async {
+        let v: serde_json::Value = match reqwest::get(format!("{base}/v1/pools")).await {
+            Ok(r) => r.json().await.unwrap_or_default(),
+            Err(_) => return false,
+        };
+        v["pools"].as_array().map_or(0, |a| a.len()) == n
+    })
+    .await
+}
