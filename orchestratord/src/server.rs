@@ -79,6 +79,7 @@ pub fn build_state(
         records,
         cluster: std::sync::OnceLock::new(),
         cluster_tasks: std::sync::OnceLock::new(),
+        admitting: Default::default(),
         started_at: Instant::now(),
         cfg,
     });

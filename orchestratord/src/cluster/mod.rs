@@ -68,6 +68,9 @@ impl Cluster {
             let attempt = async_nats::ConnectOptions::new()
                 .name(format!("orchestratord {}", cfg.replica_id))
                 .connection_timeout(Duration::from_secs(2))
+                // a node that stops answering (stopped, cut off) without closing the socket
+                // is left for another after two pings unanswered, not after minutes
+                .ping_interval(Duration::from_millis(cfg.heartbeat_ms))
                 .connect(addrs.clone());
             match tokio::time::timeout_at(deadline, attempt).await {
                 Ok(Ok(client)) => break client,

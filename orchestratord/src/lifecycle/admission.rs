@@ -578,11 +578,48 @@ pub async fn admit(
     caller: &Caller,
     delivery: Delivery,
 ) -> Result<(AdmissionResponse, Arc<Task>, bool), ApiError> {
-    let out = admit_task(state, req, caller, delivery).await;
+    let out = match state.cluster_tasks.get() {
+        None => admit_task(state, req, caller, delivery).await,
+        Some(_) => admit_in_cluster(state, req, caller, delivery).await,
+    };
     if let Err(e) = &out {
         metrics::tenant_refused(state.queue.fair().label(caller.tenant()), e.code());
     }
     out
+}
+
+/// In a cluster: the admission runs on its own (a client gone mid-way does not cut it short),
+/// and one task id's admissions one after the other (`in_flight.rs`).
+async fn admit_in_cluster(
+    state: &SharedState,
+    req: TaskRequest,
+    caller: &Caller,
+    delivery: Delivery,
+) -> Result<(AdmissionResponse, Arc<Task>, bool), ApiError> {
+    let owner = caller.tenant().to_string();
+    let (state, caller) = (state.clone(), caller.clone());
+    let run = tokio::spawn(async move {
+        let _running = match req.task_id.clone() {
+            Some(id) => loop {
+                match state.admitting.begin(&owner, &id) {
+                    Ok(running) => break Some(running),
+                    // the same id under way: its outcome first (then it is known here, or not)
+                    Err(mut first) => {
+                        let _ = first.wait_for(|done| *done).await;
+                    }
+                }
+            },
+            None => None,
+        };
+        admit_task(&state, req, &caller, delivery).await
+    });
+    run.await.unwrap_or_else(|e| {
+        Err(ApiError::new(
+            ErrorCode::Internal,
+            format!("the admission stopped: {e}"),
+            false,
+        ))
+    })
 }
 
 async fn admit_task(

@@ -42,6 +42,7 @@ pub mod endings;
 pub mod eta;
 pub mod fair_share;
 pub mod handoff;
+pub mod in_flight;
 pub mod placement;
 pub mod queue;
 pub mod quota;

@@ -51,6 +51,8 @@ pub struct AppState {
     pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     /// The cluster's task path (queues, relay), set with `cluster`.
     pub cluster_tasks: std::sync::OnceLock<Arc<dyn crate::lifecycle::cluster_port::ClusterPort>>,
+    /// In a cluster: the admissions under way, by client task id (`in_flight.rs`).
+    pub admitting: crate::lifecycle::in_flight::InFlight,
     pub started_at: Instant,
 }
 

@@ -116,6 +116,16 @@ impl NatsCluster {
         }
     }
 
+    /// Sends `sig` (`-STOP`, `-CONT`) to node `i`.
+    pub fn signal(&self, i: usize, sig: &str) {
+        if let Some(n) = &self.nodes[i] {
+            let _ = std::process::Command::new("kill")
+                .arg(sig)
+                .arg(n.id().to_string())
+                .status();
+        }
+    }
+
     /// A node's log, for failure messages.
     pub fn log(&self, i: usize) -> String {
         std::fs::read_to_string(self.dir.join(format!("n{i}.log"))).unwrap_or_default()
