@@ -269,7 +269,20 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
     }
     let cluster = Arc::new(crate::cluster::Cluster::connect(&state.cfg.cluster).await?);
     let _ = state.cluster.set(cluster.clone());
-    let path = Arc::new(crate::cluster::task_path::TaskPath::open(cluster.clone(), state).await?);
+    // the relay's and records' streams: a cluster just started may still be electing their
+    // leaders (a JetStream request then times out), tried again within `connect_timeout_ms`
+    let until = tokio::time::Instant::now()
+        + std::time::Duration::from_millis(state.cfg.cluster.connect_timeout_ms);
+    let path = loop {
+        match crate::cluster::task_path::TaskPath::open(cluster.clone(), state).await {
+            Ok(path) => break Arc::new(path),
+            Err(e) if tokio::time::Instant::now() < until => {
+                tracing::info!(error = %e, "cluster: the task path's streams not ready yet");
+                tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    };
     let _ = state.cluster_tasks.set(Arc::new(path.clone()));
     path.spawn_takers(state);
     let directory = cluster.directory().clone();
