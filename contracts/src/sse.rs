@@ -25,12 +25,15 @@ pub struct SseEvent {
 
 /// First event of every stream.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"queue_position": 2, "predicted_start_ms": 840, "tenant_queue_share": 32.0}))]
+#[schema(example = json!({"queue_position": 2, "predicted_start_ms": 840, "prediction": "measured", "tenant_queue_share": 32.0}))]
 pub struct SseStarted {
     /// Tasks ahead of this one when it was admitted (in the fair order across tenants).
     pub queue_position: u32,
     /// Predicted wait until a slot starts it, from the measured service rate.
     pub predicted_start_ms: u64,
+    /// Whether `predicted_start_ms` comes from a measured pace or is an estimate.
+    #[serde(default)]
+    pub prediction: crate::task::Prediction,
     /// Under fair share: the queue places its tenant was entitled to at admission (the
     /// capacity times its weight over the weights of the tenants waiting).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -146,13 +146,28 @@ pub struct StreamLinks {
     pub sse: String,
 }
 
+/// What a predicted start stands on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Prediction {
+    /// The pace real tasks showed, or the pool's own measurement with every slot busy.
+    #[default]
+    Measured,
+    /// One sequence's pace alone, before any measurement of a full pool (just after a load):
+    /// admission does not refuse on it.
+    Estimated,
+}
+
 /// 202 reply of `POST /v1/tasks`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
-#[schema(example = json!({"task_id": "6f1c0d9e-2b7a-4c1e-9a43-1f0d7f2b9c11", "queue_position": 0, "predicted_start_ms": 0, "backoff_ms": 0, "streams": {"sse": "/v1/tasks/6f1c0d9e-2b7a-4c1e-9a43-1f0d7f2b9c11/stream"}}))]
+#[schema(example = json!({"task_id": "6f1c0d9e-2b7a-4c1e-9a43-1f0d7f2b9c11", "queue_position": 0, "predicted_start_ms": 0, "prediction": "measured", "backoff_ms": 0, "streams": {"sse": "/v1/tasks/6f1c0d9e-2b7a-4c1e-9a43-1f0d7f2b9c11/stream"}}))]
 pub struct AdmissionResponse {
     pub task_id: String,
     pub queue_position: u32,
     pub predicted_start_ms: u64,
+    /// Whether `predicted_start_ms` comes from a measured pace or is an estimate.
+    #[serde(default)]
+    pub prediction: Prediction,
     /// Advisory pause before submitting more work (0 when the queue is short).
     pub backoff_ms: u64,
     pub streams: StreamLinks,

@@ -49,6 +49,7 @@ fn run(e: &CandleEngine, prompts: &[Vec<u32>], max_tokens: usize) -> Vec<Run> {
             logprobs: None,
             cancel: CancellationToken::new(),
             events: tx,
+            failure: Default::default(),
         })
         .expect("submit");
         rxs.push(rx);

@@ -55,6 +55,7 @@ fn run_sampled(
             logprobs: None,
             cancel: CancellationToken::new(),
             events: tx,
+            failure: Default::default(),
         })
         .expect("submit");
         rxs.push(rx);

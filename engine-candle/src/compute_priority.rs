@@ -41,6 +41,18 @@ pub(crate) fn lower_compute_thread() {
     }
 }
 
+/// Lowers the calling thread by `steps` (another pool of threads than the compute's: the
+/// server's request-work threads); a failure is logged, never fatal. Elsewhere than Linux:
+/// nothing.
+pub fn lower_current_thread(steps: u8) {
+    #[cfg(target_os = "linux")]
+    if let Err(e) = lower_this_thread(steps) {
+        tracing::warn!(error = %e, steps, "cannot lower a thread's priority");
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = steps;
+}
+
 /// Raises the calling thread's nice value by `steps` (at most to [`MAX_NICE`]); returns the
 /// value it has now.
 #[cfg(target_os = "linux")]

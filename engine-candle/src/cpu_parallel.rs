@@ -18,14 +18,37 @@
 use std::any::Any;
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use candle_core::utils::barrier_pool;
 
 thread_local! {
     /// Workers the calling thread's jobs may use (0: all of the pool).
     static LIMIT: Cell<usize> = const { Cell::new(0) };
+    /// The calling thread's parallel jobs since it last asked (`take_waits`): time in them,
+    /// and time it waited in them for workers after it found no chunk left to take.
+    static WAITS: Cell<Waits> = const { Cell::new(Waits { in_jobs: Duration::ZERO, waited: Duration::ZERO }) };
+}
+
+/// What the calling thread's parallel jobs cost it: time in them, and the part of it spent
+/// waiting for workers that had not finished (or not even started: a worker whose core another
+/// process holds keeps every job of the step waiting for the scheduler to give it back).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Waits {
+    pub in_jobs: Duration,
+    pub waited: Duration,
+}
+
+/// The calling thread's waits since it last asked.
+pub(crate) fn take_waits() -> Waits {
+    WAITS.with(|w| w.replace(Waits::default()))
+}
+
+/// Sets the workers the calling thread's jobs may use from now on (0: all of the pool).
+pub(crate) fn set_threads(threads: usize) {
+    LIMIT.with(|l| l.set(threads));
 }
 
 /// Threads in the process's compute pool (the caller included).
@@ -78,6 +101,9 @@ pub(crate) fn par_chunks_mut<T: Send>(
     let next = AtomicUsize::new(0);
     let base = SlicePtr(data.as_mut_ptr());
     let panicked: Mutex<Option<Box<dyn Any + Send>>> = Mutex::new(None);
+    let started = Instant::now();
+    // when the caller found no chunk left (ns after `started`)
+    let caller_done = AtomicU64::new(0);
     pool.execute(|tid| {
         // the caller always works; of the pool's workers, the first `workers - 1`
         if tid != caller && tid + 1 >= workers {
@@ -98,12 +124,23 @@ pub(crate) fn par_chunks_mut<T: Send>(
             fault::maybe_panic();
             f(i, chunk);
         }));
+        if tid == caller {
+            caller_done.store(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        }
         if let Err(payload) = run {
             // the others stop taking chunks; the first panic is raised after the pool is done
             next.store(chunks, Ordering::Relaxed);
             let mut p = panicked.lock().unwrap_or_else(|e| e.into_inner());
             p.get_or_insert(payload);
         }
+    });
+    let in_job = started.elapsed();
+    let waited = in_job.saturating_sub(Duration::from_nanos(caller_done.load(Ordering::Relaxed)));
+    WAITS.with(|w| {
+        let mut now = w.get();
+        now.in_jobs += in_job;
+        now.waited += waited;
+        w.set(now);
     });
     if let Some(payload) = panicked.into_inner().unwrap_or_else(|e| e.into_inner()) {
         resume_unwind(payload);

@@ -9,6 +9,7 @@ mod attention;
 mod chat_template;
 mod compute_priority;
 mod constrained;
+mod contention;
 mod cpu_parallel;
 mod cpu_quant;
 mod cpu_tensor;
@@ -39,8 +40,8 @@ mod tokenizer;
 mod weights;
 
 pub use chat_template::{ChatTemplate, Piece, TemplateSource, CHATML_FALLBACK, GEMMA_FALLBACK};
-pub use compute_priority::MAX_NICE;
-pub use constrained::Constrained;
+pub use compute_priority::{lower_current_thread, MAX_NICE};
+pub use constrained::{Constrained, ConstraintFailure};
 pub use cpu_parallel::fault;
 pub use engine::{
     configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, EngineSettings,

@@ -17,7 +17,8 @@ use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::mpsc::Sender;
 use tokio_util::sync::CancellationToken;
 
-use crate::constrained::Constrained;
+use crate::constrained::{Constrained, ConstraintFailure};
+use crate::contention::Governor;
 use crate::error::EngineError;
 use crate::model::{KvCache, Model, Segment};
 use crate::prompt_cache::{common_prefix, Entry, PromptCache};
@@ -27,8 +28,8 @@ use crate::sampling::Sampler;
 use crate::text_stream::TextStream;
 use crate::tokenizer::GgufTokenizer;
 use engine_port::{
-    Finish, FinishReason, SamplingParams, SeqEvent, SlotPermit, StepLogprobs, TokenLogprob,
-    MAX_TOP_LOGPROBS,
+    FailureNote, Finish, FinishReason, PortError, SamplingParams, SeqEvent, SlotPermit,
+    StepLogprobs, TokenLogprob, MAX_TOP_LOGPROBS,
 };
 
 /// A generation request for one sequence.
@@ -47,6 +48,9 @@ pub struct GenerateRequest {
     pub logprobs: Option<usize>,
     pub cancel: CancellationToken,
     pub events: Sender<SeqEvent>,
+    /// Set before a `Failed` event that is the request's own doing (its constraint could not
+    /// be followed: the field and why), so the caller answers it as the client's mistake.
+    pub failure: FailureNote,
 }
 
 pub(crate) enum Command {
@@ -69,9 +73,19 @@ struct Running {
     first_token: Instant,
     prefill_ms: u64,
     /// Why its constraint could not pick the token (the row then fails).
-    failed: Option<String>,
+    failed: Option<ConstraintFailure>,
     /// The log-probabilities of the step that picked `next`, when asked for.
     logprobs: Option<Box<StepLogprobs>>,
+}
+
+/// The event of a sequence whose constraint could not be followed: noted as the request's
+/// own doing (its field and why, for the caller's answer), then failed.
+fn constraint_failed(req: &GenerateRequest, why: ConstraintFailure) -> SeqEvent {
+    req.failure.set(PortError::Refused {
+        field: why.field.to_string(),
+        message: why.message.clone(),
+    });
+    SeqEvent::Failed(format!("constrained decoding: {why}"))
 }
 
 /// Shared prompt tokens worth waiting for another sequence's prefill (and copying its keys and
@@ -87,7 +101,7 @@ fn pick(
     logits: &mut [f32],
     recent: &[u32],
     tokenizer: &GgufTokenizer,
-) -> Result<(u32, Option<Box<StepLogprobs>>), String> {
+) -> Result<(u32, Option<Box<StepLogprobs>>), ConstraintFailure> {
     if let Some(c) = req.constraint.as_mut() {
         c.mask(logits)?;
     }
@@ -226,6 +240,7 @@ impl Scheduler {
 
     pub fn run(mut self, rx: Receiver<Command>) {
         let _guard = AliveGuard(self.shared.clone());
+        let mut governor = Governor::new(crate::cpu_parallel::current_workers());
         loop {
             if self.running.is_empty()
                 && self.prefilling.is_empty()
@@ -258,6 +273,7 @@ impl Scheduler {
                 // every running sequence waits for its receiver: do not spin
                 std::thread::sleep(Duration::from_millis(1));
             }
+            governor.after_step();
         }
     }
 
@@ -567,10 +583,8 @@ impl Scheduler {
         }
         if let Some(why) = seq.failed.take() {
             flush(&mut seq.backlog, &seq.req.events);
-            self.remove_row(
-                i,
-                Some(SeqEvent::Failed(format!("constrained decoding: {why}"))),
-            );
+            let ev = constraint_failed(&seq.req, why);
+            self.remove_row(i, Some(ev));
             return;
         }
         if self.tokenizer.is_stop(tok) {
@@ -596,10 +610,8 @@ impl Scheduler {
         if let Some(c) = seq.req.constraint.as_mut() {
             if let Err(why) = c.consume(tok) {
                 flush(&mut seq.backlog, &seq.req.events);
-                self.remove_row(
-                    i,
-                    Some(SeqEvent::Failed(format!("constrained decoding: {why}"))),
-                );
+                let ev = constraint_failed(&seq.req, why);
+                self.remove_row(i, Some(ev));
                 return;
             }
             grammar_done = c.is_done();

@@ -89,6 +89,7 @@ pub fn start(
             logprobs: None,
             cancel: cancel.clone(),
             events: tx.clone(),
+            failure: Default::default(),
         };
         match e.submit(req) {
             Ok(()) => return (rx, cancel),
@@ -394,6 +395,7 @@ pub fn greedy_logprobs(
         logprobs: Some(top),
         cancel: CancellationToken::new(),
         events: tx,
+        failure: Default::default(),
     })
     .expect("submit");
     let mut out = Vec::new();

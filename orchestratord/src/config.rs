@@ -147,8 +147,17 @@ pub struct AdmissionConfig {
     pub max_stop_chars: usize,
     /// Most prompts in one `/v1/completions` request (each becomes a task).
     pub max_prompts_per_request: usize,
-    /// Prompts templated and tokenized at once, on blocking threads (0 = one per CPU).
+    /// Threads that template and tokenize prompts and compile grammars before admission
+    /// (`request_work.rs`; 0 = one per CPU).
     pub tokenize_concurrency: usize,
+    /// Nice steps those threads run below the process (ISO-1; 0 = the same): the work a
+    /// request brings before it is admitted never takes the cores from running streams.
+    pub request_work_nice: u8,
+    /// Jobs of one tenant on those threads at once (0 = all the threads but one, at least
+    /// one): another tenant always finds one free.
+    pub request_work_per_tenant: usize,
+    /// Jobs of one tenant waiting for those threads; more are refused at once (429).
+    pub request_work_waiting_per_tenant: usize,
     /// Longest predicted wait for a slot a task is admitted with, and longest it stays queued
     /// (then it leaves with a retriable `QUEUE_TIMEOUT`); 0 = no limit.
     pub max_queue_wait_ms: u64,
@@ -163,6 +172,22 @@ pub struct AdmissionConfig {
     pub probe_pace_factor: f64,
 }
 
+/// The request-work threads' default nice steps below the process (ISO-1, measured with
+/// `ci/isolation_bench.py`).
+pub const DEFAULT_REQUEST_WORK_NICE: u8 = 10;
+
+impl AdmissionConfig {
+    /// How the request-work threads are set up.
+    pub fn request_work_limits(&self) -> crate::lifecycle::request_work::Limits {
+        crate::lifecycle::request_work::Limits {
+            threads: self.tokenize_concurrency,
+            nice: self.request_work_nice.min(candle::MAX_NICE),
+            per_tenant: self.request_work_per_tenant,
+            waiting_per_tenant: self.request_work_waiting_per_tenant,
+        }
+    }
+}
+
 impl Default for AdmissionConfig {
     fn default() -> Self {
         Self {
@@ -174,6 +199,9 @@ impl Default for AdmissionConfig {
             max_stop_chars: 128,
             max_prompts_per_request: 16,
             tokenize_concurrency: 0,
+            request_work_nice: DEFAULT_REQUEST_WORK_NICE,
+            request_work_per_tenant: 0,
+            request_work_waiting_per_tenant: 16,
             max_queue_wait_ms: 30_000,
             deadline_margin_ms: 500,
             probe_pace_factor: 1.75,
@@ -839,9 +867,10 @@ fn default_step_ms() -> u64 {
     candle::DEFAULT_STEP_MS
 }
 
-/// The compute threads' default nice steps: the lowest priority, so a request thread that
-/// wakes preempts them at once (measured in ORCH-CPU-1).
-pub const DEFAULT_COMPUTE_NICE: u8 = candle::MAX_NICE;
+/// The compute threads' default nice steps: none. Decoding competes with the machine's other
+/// processes as an equal (at the lowest priority it lost to every one of them: ISO-2), and
+/// the work requests bring runs below it instead (`admission.request_work_nice`).
+pub const DEFAULT_COMPUTE_NICE: u8 = 0;
 
 /// The default model's cached location (filled by `ci/fetch-model.sh`).
 pub const DEFAULT_MODEL_PATH: &str = ".cache/models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -881,8 +910,9 @@ pub struct Config {
     pub bind: String,
     /// Grace period on SIGTERM/SIGINT for running tasks.
     pub shutdown_grace_ms: u64,
-    /// Nice steps the compute threads run below the request threads (ORCH-CPU-1; 0 = same).
+    /// Nice steps the compute threads run below the process (ORCH-CPU-1; 0 = none).
     pub compute_nice: u8,
+
     pub queue: QueueConfig,
     pub admission: AdmissionConfig,
     pub stream: StreamConfig,
@@ -906,6 +936,7 @@ impl Default for Config {
             bind: "127.0.0.1:8080".into(),
             shutdown_grace_ms: 10_000,
             compute_nice: DEFAULT_COMPUTE_NICE,
+
             queue: QueueConfig::default(),
             admission: AdmissionConfig::default(),
             stream: StreamConfig::default(),
@@ -1132,6 +1163,16 @@ impl Config {
                 self.compute_nice
             ));
         }
+        if self.admission.request_work_nice > candle::MAX_NICE {
+            return bad(format!(
+                "admission.request_work_nice must be between 0 and {}, got {}",
+                candle::MAX_NICE,
+                self.admission.request_work_nice
+            ));
+        }
+        if self.admission.request_work_waiting_per_tenant == 0 {
+            return bad("admission.request_work_waiting_per_tenant must be at least 1".into());
+        }
         let f = self.admission.probe_pace_factor;
         if !(f.is_finite() && (1.0..=100.0).contains(&f)) {
             return bad(format!(
@@ -1356,16 +1397,23 @@ mod tests {
         }
     }
 
-    /// ORCH-CPU-1: the compute threads go to the lowest priority unless told; the README's
-    /// value is read; past the lowest priority is named, not clamped silently.
+    /// ORCH-CPU-1, ISO-1: the compute threads keep the process's priority unless told, the
+    /// request-work threads go 10 steps below; the README's values are read; past the lowest
+    /// priority is named, not clamped silently.
     #[test]
-    fn compute_nice_defaults_to_the_lowest_priority_and_is_bounded() {
-        assert_eq!(Config::default().compute_nice, 19);
+    fn compute_nice_defaults_to_none_and_is_bounded() {
+        assert_eq!(Config::default().compute_nice, 0);
+        assert_eq!(Config::default().admission.request_work_nice, 10);
         let cfg = readme_config();
-        assert_eq!(cfg.compute_nice, 19);
-        let off = Config::from_toml("compute_nice = 0\n").unwrap();
-        off.validate().unwrap();
-        assert_eq!(off.compute_nice, 0);
+        assert_eq!(cfg.compute_nice, 0);
+        assert_eq!(cfg.admission.request_work_nice, 10);
+        let low = Config::from_toml("compute_nice = 19\n").unwrap();
+        low.validate().unwrap();
+        assert_eq!(low.compute_nice, 19);
+        let e = Config::from_toml("[admission]\nrequest_work_nice = 20\n")
+            .unwrap()
+            .validate();
+        assert!(e.unwrap_err().to_string().contains("request_work_nice"));
         let e = Config::from_toml("compute_nice = 20\n").unwrap().validate();
         assert!(e.unwrap_err().to_string().contains("compute_nice"));
         assert!(Config::from_toml("compute_nice = -1\n").is_err());

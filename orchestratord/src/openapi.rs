@@ -23,7 +23,7 @@ use crate::{adapters, routes};
     ),
     components(schemas(
         contracts::TaskRequest, contracts::AdmissionResponse, contracts::ErrorEnvelope,
-        contracts::ErrorCode, contracts::SseStarted, contracts::SseToken, contracts::SseMetrics,
+        contracts::ErrorCode, contracts::Prediction, contracts::SseStarted, contracts::SseToken, contracts::SseMetrics,
         contracts::SseEnd, contracts::SseError, contracts::SseEvent, contracts::TaskStatus, contracts::TaskRecord,
         contracts::SessionInfo, contracts::ArtifactRequest, contracts::ArtifactMeta,
         contracts::Artifact, contracts::ArtifactList, contracts::StoredArtifact,

@@ -70,7 +70,9 @@ pub fn build_state(
         shutting_down: AtomicBool::new(false),
         shutdown: tokio_util::sync::CancellationToken::new(),
         hyperswarm: std::sync::OnceLock::new(),
-        tokenizers: crate::lifecycle::tokenize::Tokenizers::new(cfg.admission.tokenize_concurrency),
+        request_work: crate::lifecycle::request_work::RequestWork::new(
+            cfg.admission.request_work_limits(),
+        ),
         workers: crate::remote_workers::WorkerRegistry::new(&cfg.workers),
         auth,
         model_dirs: model_dirs(&cfg),

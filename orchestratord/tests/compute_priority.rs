@@ -1,7 +1,9 @@
 //! ORCH-CPU-1: the compute threads (the process's compute pool and the engine's decode
 //! thread) run `compute_nice` steps below the threads that accept, admit and stream, as `top
-//! -H` or `ps -L -o nice` shows an operator; 0 leaves every thread at the process's priority.
-//! The real default model loads and streams either way.
+//! -H` or `ps -L -o nice` shows an operator; 0 (the default) leaves them at the process's
+//! priority. ISO-1: the request-work threads (`orchd-prep-N`: tokenizing, templates, grammar
+//! compiles) run `admission.request_work_nice` (10) steps below. The real default model loads
+//! and streams either way.
 
 mod support;
 
@@ -74,6 +76,8 @@ async fn streams_a_reply(base: &str) {
     );
 }
 
+/// ORCH-CPU-1, ISO-1: `compute_nice` lowers the compute threads; at 0 (the default) they keep
+/// the process's priority and only the request-work threads go below it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compute_threads_run_below_the_request_threads() {
     let base_nice = own_nice();
@@ -109,8 +113,23 @@ async fn compute_threads_run_below_the_request_threads() {
     let (p, base) = server_with(0).await;
     streams_a_reply(&base).await;
     let nices = thread_nices(p.pid());
+    let prep = (base_nice + 10).min(19);
     assert!(
-        nices.values().flatten().all(|&n| n == base_nice),
-        "0 leaves every thread at the process's priority: {nices:?}"
+        nices
+            .iter()
+            .filter(|(n, _)| !n.starts_with("orchd-prep-"))
+            .flat_map(|(_, v)| v)
+            .all(|&n| n == base_nice),
+        "0 leaves the compute at the process's priority: {nices:?}"
+    );
+    // ISO-1: the work requests bring before admission (tokenizing, grammars) runs below it
+    let prepping: Vec<i32> = nices
+        .iter()
+        .filter(|(n, _)| n.starts_with("orchd-prep-"))
+        .flat_map(|(_, v)| v.clone())
+        .collect();
+    assert!(
+        !prepping.is_empty() && prepping.iter().all(|&n| n == prep),
+        "{nices:?}"
     );
 }

@@ -49,6 +49,7 @@ fn task(id: usize) -> Arc<Task> {
         ctx: 256,
         deadline: None,
         start_by: None,
+        start_by_servers: false,
         rank: None,
         predicted_start: std::time::Duration::ZERO,
         last_attempt: false,
@@ -116,6 +117,7 @@ async fn any_token_text_survives_the_sse_writer() {
                 tenant_queue_share: None,
                 queue_position: 0,
                 predicted_start_ms: 0,
+                prediction: Default::default(),
             });
             for text in &texts {
                 t.push_token(text.clone());

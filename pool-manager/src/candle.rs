@@ -20,8 +20,8 @@ pub use engine_candle::fault;
 pub use engine_candle::fresh_pages::FreshPages;
 pub use engine_candle::model_facts::{inspect, FileFacts};
 pub use engine_candle::{
-    configure_process_threads, DeviceChoice, EngineSettings as Settings, KvType, WeightFormat,
-    DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS,
+    configure_process_threads, lower_current_thread, DeviceChoice, EngineSettings as Settings,
+    KvType, WeightFormat, DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS,
     DEFAULT_STEP_PROMPT_TOKENS, MAX_NICE,
 };
 
@@ -165,6 +165,7 @@ impl Engine for CandlePortEngine {
                 logprobs: job.logprobs,
                 cancel: job.cancel,
                 events: tx,
+                failure: job.failure,
             })
             .map_err(map_err)?;
         Ok(rx)

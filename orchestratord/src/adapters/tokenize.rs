@@ -14,9 +14,12 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::adapters::openai::types::{chat_turns, Message};
+use crate::auth::Caller;
 use crate::error::openai::OpenAiError;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
+use crate::lifecycle::quota::OverQuota;
+use crate::lifecycle::request_work::Turn;
 use crate::lifecycle::state::SharedState;
 
 /// Most ids one `/detokenize` takes.
@@ -139,6 +142,7 @@ fn no_ids() -> ApiError {
 )]
 pub async fn tokenize(
     State(state): State<SharedState>,
+    caller: Caller,
     body: Result<JsonBody<TokenizeRequest>, ApiError>,
 ) -> Result<Json<TokenizeResponse>, OpenAiError> {
     // a malformed body is answered in this route's shape too
@@ -168,14 +172,40 @@ pub async fn tokenize(
     };
     let engine = engine_for(&state, req.model.as_deref())?;
     let ctx = engine.descriptor().ctx_max;
-    let ids = state
-        .tokenizers
-        .tokenize(engine.clone(), &prompt, "")
+    let tenant = caller.tenant();
+    state
+        .quotas
+        .count_request(tenant, std::time::Instant::now())
+        .map_err(OverQuota::into_api)?;
+    let special = req.add_special.or(req.add_special_tokens).unwrap_or(true);
+    let with_pieces = req.with_pieces;
+    let (count, tokens) = state
+        .request_work
+        .run(Turn::Request(tenant), move || {
+            tokens_of(engine.as_ref(), &prompt, field, special, with_pieces)
+        })
         .await
+        .map_err(|e| e.into_api(field))??;
+    Ok(Json(TokenizeResponse {
+        tokens,
+        count,
+        max_model_len: ctx,
+    }))
+}
+
+/// The ids of `prompt` (without the model's start token unless `special`), and with their
+/// pieces when asked: the work of `/tokenize`, on a request-work thread.
+fn tokens_of(
+    engine: &dyn Engine,
+    prompt: &PromptInput,
+    field: &str,
+    special: bool,
+    with_pieces: bool,
+) -> Result<(usize, Tokens), ApiError> {
+    let mut ids = engine
+        .tokenize(prompt, "")
         .map_err(|e| ApiError::invalid(field, e.to_string()))?
         .ok_or_else(no_ids)?;
-    let mut ids = ids.ids.as_ref().clone();
-    let special = req.add_special.or(req.add_special_tokens).unwrap_or(true);
     if !special {
         // the start token the model adds to every prompt, when it wants one
         let bos = engine
@@ -188,24 +218,18 @@ pub async fn tokenize(
         }
     }
     let count = ids.len();
-    let tokens = if req.with_pieces {
-        let mut pieces = Vec::with_capacity(ids.len());
-        for id in ids {
-            let piece = engine
-                .detokenize(&[id])
-                .map_err(|e| ApiError::invalid("tokens", e.to_string()))?
-                .unwrap_or_default();
-            pieces.push(Piece { id, piece });
-        }
-        Tokens::Pieces(pieces)
-    } else {
-        Tokens::Ids(ids)
-    };
-    Ok(Json(TokenizeResponse {
-        tokens,
-        count,
-        max_model_len: ctx,
-    }))
+    if !with_pieces {
+        return Ok((count, Tokens::Ids(ids)));
+    }
+    let mut pieces = Vec::with_capacity(ids.len());
+    for id in ids {
+        let piece = engine
+            .detokenize(&[id])
+            .map_err(|e| ApiError::invalid("tokens", e.to_string()))?
+            .unwrap_or_default();
+        pieces.push(Piece { id, piece });
+    }
+    Ok((count, Tokens::Pieces(pieces)))
 }
 
 /// The text of token ids (control tokens left out).
@@ -221,6 +245,7 @@ pub async fn tokenize(
 )]
 pub async fn detokenize(
     State(state): State<SharedState>,
+    caller: Caller,
     body: Result<JsonBody<DetokenizeRequest>, ApiError>,
 ) -> Result<Json<DetokenizeResponse>, OpenAiError> {
     let JsonBody(req) = body?;
@@ -232,8 +257,17 @@ pub async fn detokenize(
         .into());
     }
     let engine = engine_for(&state, req.model.as_deref())?;
-    let text = engine
-        .detokenize(&req.tokens)
+    let tenant = caller.tenant();
+    state
+        .quotas
+        .count_request(tenant, std::time::Instant::now())
+        .map_err(OverQuota::into_api)?;
+    let ids = req.tokens;
+    let text = state
+        .request_work
+        .run(Turn::Request(tenant), move || engine.detokenize(&ids))
+        .await
+        .map_err(|e| e.into_api("tokens"))?
         .map_err(|e| ApiError::invalid("tokens", e.to_string()))?
         .ok_or_else(no_ids)?;
     Ok(Json(DetokenizeResponse {

@@ -76,10 +76,15 @@ pub fn retry_after_ms(excess_ms: u64, allowed_ms: u64) -> u64 {
 pub struct Plan<'a> {
     /// Its place in line (a claimed place for a retry, else now).
     pub rank: Instant,
+    /// Whether `predicted_start` comes from a measured pace (else it is an estimate).
+    pub measured: bool,
     /// The predicted wait for a slot.
     pub predicted_start: Duration,
     /// The longest it may wait for a slot before answering in time becomes impossible.
     pub start_budget: Option<Duration>,
+    /// Whether that is the server's longest queue wait (not the client's time): a task
+    /// waiting for its pool's load waits for the load however long it takes (ISO-7).
+    pub start_budget_servers: bool,
     /// The longest predicted wait for a slot it is admitted with (the tightest of its
     /// limits); `None` without a limit, or on the client's last attempt (queued however late
     /// it is predicted). A replica checks the cluster's line against it (`cluster_port.rs`).
@@ -104,6 +109,8 @@ struct Bound {
     /// longest queue wait do; `deadline_ms` does not (a task that stops early may still end
     /// in time, and one that does not ends `DEADLINE_UNMET`).
     expires_queue: bool,
+    /// Whether the server set it (the longest queue wait), not the client.
+    servers: bool,
 }
 
 impl Bound {
@@ -251,6 +258,7 @@ pub fn plan<'a>(
     let ((first_alone, whole_alone), (first, whole)) = (needs(alone), needs(beside));
     let margin_ms = state.cfg.admission.deadline_margin_ms;
     let confirmed = eta::pace_confirmed(snapshots) || limits.confirmed_elsewhere;
+    let measured = eta::pace_measured(snapshots) || limits.confirmed_elsewhere;
 
     let mut bounds: Vec<Bound> = Vec::with_capacity(3);
     if let Some(end) = limits.end_within {
@@ -260,6 +268,7 @@ pub fn plan<'a>(
             need_ms: whole,
             why: format!("deadline_ms {}", ms(end)),
             expires_queue: false,
+            servers: false,
         });
     }
     if let Some((timeout, source)) = caller.patience.timeout {
@@ -277,6 +286,7 @@ pub fn plan<'a>(
                 source.as_str()
             ),
             expires_queue: true,
+            servers: false,
         });
     }
     let max_wait = state.cfg.admission.max_queue_wait_ms;
@@ -287,6 +297,7 @@ pub fn plan<'a>(
             need_ms: 0,
             why: format!("the longest queue wait of {max_wait} ms"),
             expires_queue: true,
+            servers: true,
         });
     }
     if let Some(b) = bounds.iter().find(|b| b.limit_ms < b.need_alone_ms) {
@@ -314,11 +325,12 @@ pub fn plan<'a>(
         );
     }
     let budget = bounds.iter().min_by_key(|b| b.allowed_ms(confirmed));
-    let start_budget = bounds
+    let queue_bound = bounds
         .iter()
         .filter(|b| b.expires_queue)
-        .map(|b| b.allowed_ms(confirmed).max(0) as u64)
-        .min();
+        .min_by_key(|b| b.allowed_ms(confirmed));
+    let start_budget = queue_bound.map(|b| b.allowed_ms(confirmed).max(0) as u64);
+    let start_budget_servers = queue_bound.is_some_and(|b| b.servers);
 
     let predicted = eta::predict_start_ms(&lines, &ahead_needs, probe_factor).unwrap_or(0);
     let wait_allowed = budget
@@ -339,6 +351,14 @@ pub fn plan<'a>(
                 "queued though predicted late: the client's last attempt"
             );
             metrics::retry_place("last_attempt_queued");
+        } else if predicted as i128 > allowed && !measured {
+            // an estimate, not a measurement: queued; once the running tasks show the pace the
+            // line is played again (shed.rs), and its start budget holds meanwhile
+            tracing::debug!(
+                predicted_start_ms = predicted,
+                allowed_wait_ms = allowed as i64,
+                "queued though predicted late: the pace is not measured yet"
+            );
         } else if predicted as i128 > allowed {
             let excess = (predicted as i128 - allowed) as u64;
             let retry = retry_after_ms(excess, allowed.max(0) as u64);
@@ -372,8 +392,10 @@ pub fn plan<'a>(
     }
     Ok(Plan {
         rank,
+        measured,
         predicted_start: Duration::from_millis(predicted),
         start_budget: start_budget.map(Duration::from_millis),
+        start_budget_servers,
         wait_allowed,
         promised,
     })

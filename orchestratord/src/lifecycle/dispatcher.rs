@@ -69,6 +69,16 @@ fn start_budget_spent(state: &SharedState, task: &Task) {
     }
 }
 
+/// Whether every pool that could run `task` is loading (at start-up, or on demand): it waits
+/// for the load rather than the server's longest queue wait.
+fn waits_for_a_load(state: &SharedState, task: &Task) -> bool {
+    let pools = state.candidate_snapshots(task);
+    !pools.is_empty()
+        && pools
+            .iter()
+            .all(|p| p.state == pool_manager::PoolState::Loading)
+}
+
 /// One pass over the queue. Returns when the earliest start budget of a task left waiting
 /// runs out.
 pub fn dispatch_once(state: &SharedState) -> Option<Instant> {
@@ -89,7 +99,10 @@ pub fn dispatch_once(state: &SharedState) -> Option<Instant> {
             );
             continue;
         }
-        if task.start_by.is_some_and(|d| now >= d) && task.lock().first_token_at.is_none() {
+        if task.start_by.is_some_and(|d| now >= d)
+            && task.lock().first_token_at.is_none()
+            && !(task.start_by_servers && waits_for_a_load(state, &task))
+        {
             start_budget_spent(state, &task);
             continue;
         }

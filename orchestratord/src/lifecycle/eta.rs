@@ -158,8 +158,13 @@ impl Pace {
                 .filter(|s| s.ms_per_token_now.is_some() && s.pace_gaps >= SETTLE_GAPS)
                 .count()
                 > line.in_slots.len();
-        let settled =
-            now.is_some() && full.is_some() && (!p.full_pace_from_probe_only || read_long);
+        // without the load-time measurement (a lease cancelled it: traffic came first), the
+        // running tasks' own pace settles the line once most of a full pool read it long
+        let settled = now.is_some()
+            && match full {
+                Some(_) => !p.full_pace_from_probe_only || read_long,
+                None => read_long,
+            };
         // until the line settles, the load-time probe's pace is a lower bound of what a burst
         // will show: taken `probe_factor` times slower
         let full = match (settled, p.full_pace_from_probe_only) {
@@ -355,6 +360,16 @@ pub fn solo_ms_per_token(pools: &[PoolSnapshot]) -> Option<f64> {
         .filter_map(|p| p.solo_ms_per_token.or(p.ms_per_token_ewma))
         .filter(|t| t.is_finite() && *t > 0.0)
         .min_by(f64::total_cmp)
+}
+
+/// Whether a wait in line can be predicted from a measurement: some pool that takes work has
+/// finished a real task since it loaded, or measured itself with every slot busy. Until then
+/// a prediction is an estimate (from one sequence's pace alone), and admission does not refuse
+/// on it (ISO-7).
+pub fn pace_measured(pools: &[PoolSnapshot]) -> bool {
+    pools
+        .iter()
+        .any(|p| p.accepts_work && (p.pace_confirmed || p.full_ms_per_token_ewma.is_some()))
 }
 
 /// Whether every pace admission would refuse on for good was confirmed by a real task: some

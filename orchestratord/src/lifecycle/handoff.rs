@@ -95,6 +95,7 @@ mod tests {
             TaskEvent::Started(SseStarted {
                 queue_position: 2,
                 predicted_start_ms: 40,
+                prediction: contracts::Prediction::Estimated,
                 tenant_queue_share: None,
             }),
             TaskEvent::Token(SseToken {

@@ -412,9 +412,10 @@ impl TaskQueue {
             }
         };
         let first = |p: &Priority| matches!(p, Priority::Interactive);
-        // under fair share another tenant's admission in flight goes behind its own queued
-        // tasks, so after this one, unless that tenant has none queued (level with this one)
-        let fifo = self.fair.mode() == crate::config::Fairness::Fifo;
+        // only the tenant's own admissions in flight: another tenant's may yet be refused (a
+        // prompt larger than the context, its quota, its own line) and holds no place ahead of
+        // anyone but its own tenant's later requests (ISO-3: four loops of refused prompts
+        // made every other tenant's request predicted minutes late)
         let promised = q
             .pending
             .iter()
@@ -422,7 +423,7 @@ impl TaskQueue {
                 Priority::Interactive => first(&p.priority) && p.rank <= rank,
                 Priority::Batch => first(&p.priority) || p.rank <= rank,
             })
-            .filter(|p| fifo || p.tenant == tenant || !q.holds_tenant(&p.tenant))
+            .filter(|p| p.tenant == tenant)
             .map(|p| p.need)
             .collect();
         let kept_places = q.kept.iter().filter(|k| k.rank < rank).count();
@@ -590,6 +591,9 @@ mod tests {
         // an admission promised a place counts ahead of the next one until it is dropped
         let (b, _) = q.ahead_of("local", Priority::Interactive, Instant::now(), (1, 1));
         assert_eq!(b.promised, vec![(1, 1)]);
+        // ISO-3: another tenant's admission in flight is no place ahead of this one
+        let (c, _) = q.ahead_of("other", Priority::Interactive, Instant::now(), (1, 1));
+        assert!(c.promised.is_empty(), "{:?}", c.promised);
         drop(promise);
         let rank = q.claim_place(now, anyone).unwrap();
         assert_eq!(rank, early);

@@ -30,6 +30,23 @@ pub enum OverQuota {
     Never { field: &'static str, why: String },
 }
 
+impl OverQuota {
+    /// The answer: 429 with the wait after which it would pass, or 400 naming the field when
+    /// it never could.
+    pub fn into_api(self) -> crate::error::ApiError {
+        use crate::error::ApiError;
+        match self {
+            OverQuota::Wait {
+                why,
+                retry_after_ms,
+            } => ApiError::new(contracts::ErrorCode::AdmissionReject, why, true)
+                .with_retry_after(retry_after_ms)
+                .with_policy("quota"),
+            OverQuota::Never { field, why } => ApiError::invalid(field, why),
+        }
+    }
+}
+
 /// A request's reservation in its tenant's token window, settled when its task ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ticket(u64);
@@ -184,6 +201,60 @@ impl Quotas {
         Ok(Some(Ticket(ticket)))
     }
 
+    /// A request of `tenant` that brings work of its own before (or instead of) a task —
+    /// `/tokenize`, a count of tokens —: refused when over its requests per minute, else
+    /// counted in them (ISO-1).
+    pub fn count_request(&self, tenant: &str, now: Instant) -> Result<(), OverQuota> {
+        self.requests(tenant, now, true)
+    }
+
+    /// Whether a request of `tenant` would pass its requests per minute now (nothing counted:
+    /// admission asks before it tokenizes, and counts the request when it is admitted or
+    /// refused for the client's own mistake).
+    pub fn check_requests(&self, tenant: &str, now: Instant) -> Result<(), OverQuota> {
+        self.requests(tenant, now, false)
+    }
+
+    /// A request refused for the client's own mistake after its prompt was tokenized (a
+    /// prompt larger than the context…): the work it cost counts in its requests per minute.
+    pub fn charge_refused(&self, tenant: &str, now: Instant) {
+        if self
+            .limits
+            .get(tenant)
+            .is_some_and(|l| l.requests_per_minute.is_some())
+        {
+            let mut g = self.lock();
+            g.0.entry(tenant.to_string())
+                .or_default()
+                .requests
+                .push_back(now);
+        }
+    }
+
+    fn requests(&self, tenant: &str, now: Instant, count: bool) -> Result<(), OverQuota> {
+        let Some(rpm) = self.limits.get(tenant).and_then(|l| l.requests_per_minute) else {
+            return Ok(());
+        };
+        let mut g = self.lock();
+        let w = g.0.entry(tenant.to_string()).or_default();
+        if let Some(since) = now.checked_sub(WINDOW) {
+            w.forget_before(since);
+        }
+        let rpm = rpm as usize;
+        if w.requests.len() >= rpm {
+            let first_to_leave = w.requests[w.requests.len() - rpm];
+            let wait = (first_to_leave + WINDOW).saturating_duration_since(now);
+            return Err(OverQuota::Wait {
+                why: format!("tenant {tenant:?} is over its quota of {rpm} requests per minute"),
+                retry_after_ms: (wait.as_micros() as u64).div_ceil(1000).max(1),
+            });
+        }
+        if count {
+            w.requests.push_back(now);
+        }
+        Ok(())
+    }
+
     /// The task of `ticket` ended having been served `tokens`: its reservation becomes that.
     pub fn settle(&self, tenant: &str, ticket: Ticket, tokens: u64) {
         let mut g = self.lock();
@@ -249,6 +320,40 @@ mod tests {
             q.admit("u", Priority::Interactive, 1, none, 0, t0),
             Ok(None)
         );
+    }
+
+    /// ISO-1: requests that bring work before a task (`/tokenize`) and requests refused for the
+    /// client's mistake after their prompt was tokenized count in the requests per minute;
+    /// a check counts nothing.
+    #[test]
+    fn work_before_admission_counts_in_requests_per_minute() {
+        let q = quotas(TenantConfig {
+            requests_per_minute: Some(3),
+            ..Default::default()
+        });
+        let t0 = Instant::now();
+        q.count_request("t", t0).unwrap();
+        q.check_requests("t", t0).unwrap();
+        q.charge_refused("t", t0 + Duration::from_secs(1));
+        q.admit(
+            "t",
+            Priority::Interactive,
+            1,
+            none,
+            0,
+            t0 + Duration::from_secs(2),
+        )
+        .unwrap();
+        match q.check_requests("t", t0 + Duration::from_secs(3)) {
+            Err(OverQuota::Wait { retry_after_ms, .. }) => assert_eq!(retry_after_ms, 57_000),
+            other => panic!("{other:?}"),
+        }
+        assert!(q.count_request("t", t0 + Duration::from_secs(4)).is_err());
+        assert!(q.count_request("t", t0 + Duration::from_secs(61)).is_ok());
+        // no quota: nothing counted, nothing refused
+        for _ in 0..10 {
+            q.count_request("u", t0).unwrap();
+        }
     }
 
     /// ORCH-FAIR-5: tokens per minute count reservations, settled to what was served; the

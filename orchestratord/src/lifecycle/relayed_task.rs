@@ -12,6 +12,7 @@ use contracts::Priority;
 use crate::error::ApiError;
 use crate::lifecycle::admission::{count_prompt, prepare_constraint, redact, validate};
 use crate::lifecycle::handoff::{unix_ms, Handoff};
+use crate::lifecycle::request_work::Turn;
 use crate::lifecycle::state::SharedState;
 use crate::lifecycle::task::{NewTask, Task};
 
@@ -38,9 +39,10 @@ pub async fn build(
             })?;
             let ctx = p.engine().map_or(0, |e| e.descriptor().ctx_max);
             let pools = [p];
-            let (n, ids) = count_prompt(state, &pools, &v).await?;
+            let turn = Turn::Admitted(&h.owner);
+            let (n, ids) = count_prompt(state, turn, &pools, &v).await?;
             if let Some(c) = &v.constraint {
-                prepare_constraint(state, &pools, c).await?;
+                prepare_constraint(state, turn, &pools, c).await?;
             }
             (Some(pool.to_string()), n, ids, ctx)
         }
@@ -67,6 +69,7 @@ pub async fn build(
         ctx,
         deadline,
         start_by: None,
+        start_by_servers: false,
         rank: None,
         predicted_start: Duration::ZERO,
         last_attempt: false,

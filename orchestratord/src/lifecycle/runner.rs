@@ -55,12 +55,8 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     let recounted = counted.is_none() && produced == 0;
     let tokens = match counted {
         Some(p) => Some(p.ids.as_ref().clone()),
-        None => match state
-            .tokenizers
-            .tokenize(engine.clone(), &task.spec.prompt, &continuation)
-            .await
-        {
-            Ok(ids) => ids.map(|p| p.ids.as_ref().clone()),
+        None => match tokenize_admitted(&state, &task, engine.clone(), &continuation).await {
+            Ok(ids) => ids,
             Err(e) => {
                 state.fail_task(&task, ErrorCode::InvalidParams, e.to_string(), false, None);
                 return;
@@ -345,4 +341,22 @@ fn wire_logprobs(l: pool_manager::StepLogprobs) -> contracts::SseLogprobs {
         bytes: chosen.bytes,
         top: l.top.into_iter().map(one).collect(),
     }
+}
+
+/// The task's prompt (and `continuation`) tokenized by `engine`, on the request-work threads
+/// in its tenant's turn.
+async fn tokenize_admitted(
+    state: &SharedState,
+    task: &Arc<Task>,
+    engine: Arc<dyn pool_manager::Engine>,
+    continuation: &str,
+) -> Result<Option<Vec<u32>>, crate::lifecycle::request_work::WorkError> {
+    let (prompt, continuation) = (task.spec.prompt.clone(), continuation.to_string());
+    Ok(state
+        .request_work
+        .run(
+            crate::lifecycle::request_work::Turn::Admitted(&task.owner),
+            move || engine.tokenize(&prompt, &continuation),
+        )
+        .await??)
 }

@@ -33,8 +33,9 @@ pub struct AppState {
     pub shutdown: tokio_util::sync::CancellationToken,
     /// What the Hyperswarm host reports to `/v1/capabilities`, set by the host once it runs.
     pub hyperswarm: std::sync::OnceLock<CapabilityReport<contracts::HyperswarmCapability>>,
-    /// Where prompts are templated and tokenized (bounded, off the async runtime).
-    pub tokenizers: crate::lifecycle::tokenize::Tokenizers,
+    /// Where prompts are templated and tokenized and grammars compiled: threads of their own,
+    /// below the decode loop, fair among tenants (`request_work.rs`).
+    pub request_work: crate::lifecycle::request_work::RequestWork,
     /// Connected remote workers.
     pub workers: crate::remote_workers::WorkerRegistry,
     /// API keys and the failed-attempt limiter.

@@ -9,7 +9,7 @@ use contracts::{
 };
 use pool_manager::{EngineDescriptor, OutputConstraint, PromptInput, SamplingParams, StopCause};
 
-use super::tokenize::PromptIds;
+use super::request_work::PromptIds;
 use serde::Serialize;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -139,6 +139,9 @@ pub struct Task {
     /// The task must start by then to answer in time (a stream's client timeout, the longest
     /// queue wait); past it, a queued task leaves the queue (ORCH-ADM-DL-3).
     pub start_by: Option<Instant>,
+    /// Whether `start_by` is the server's longest queue wait, not the client's time: while
+    /// every pool that could run it is loading, it waits for the load instead (ISO-7).
+    pub start_by_servers: bool,
     /// Its place in line: when it arrived, or the place a refusal kept for this retry.
     pub rank: Instant,
     /// Admission's prediction of its wait for a slot (compared with the real one, metrics).
@@ -193,6 +196,7 @@ pub struct NewTask {
     pub ctx: usize,
     pub deadline: Option<Duration>,
     pub start_by: Option<Duration>,
+    pub start_by_servers: bool,
     /// The place in line a retry claimed (default: now).
     pub rank: Option<Instant>,
     pub predicted_start: Duration,
@@ -220,6 +224,7 @@ impl Task {
             submitted: now,
             deadline: n.deadline.map(|d| now + d),
             start_by: n.start_by.map(|d| now + d),
+            start_by_servers: n.start_by_servers,
             rank: n.rank.unwrap_or(now),
             predicted_start: n.predicted_start,
             last_attempt: n.last_attempt,
@@ -625,6 +630,7 @@ pub(crate) fn test_task(id: &str, rank: Option<Instant>) -> std::sync::Arc<Task>
         ctx: 16,
         deadline: None,
         start_by: None,
+        start_by_servers: false,
         rank,
         predicted_start: Duration::ZERO,
         last_attempt: false,

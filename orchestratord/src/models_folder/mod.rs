@@ -69,6 +69,18 @@ pub fn pool_id(model: &str) -> String {
     format!("auto-{clean}")
 }
 
+/// What is left of a load predicted to take `predicted_ms` that has run `spent_ms`: the rest
+/// of the prediction, and once past it — the machine is slower than the last load showed —
+/// half as long again as it has taken so far, at least a second (never "1 ms" for minutes:
+/// ISO-7).
+fn time_left(predicted_ms: u64, spent_ms: u64) -> u64 {
+    if spent_ms < predicted_ms {
+        predicted_ms - spent_ms
+    } else {
+        (spent_ms / 2).max(1000)
+    }
+}
+
 impl ModelsFolder {
     pub fn new(cfg: &ModelsConfig) -> Self {
         Self {
@@ -119,7 +131,7 @@ impl ModelsFolder {
             ),
         };
         let spent = since.elapsed().as_millis() as u64;
-        Some((spent, self.load_ms(bytes).saturating_sub(spent).max(1)))
+        Some((spent, time_left(self.load_ms(bytes), spent)))
     }
 
     /// A request for `model` said how long it stays loaded once idle: its on-demand pools keep
@@ -467,5 +479,19 @@ impl ModelsFolder {
             self.unload(state, &p, "drained");
         }
         metrics::models_resident(resident);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ISO-7: a load past its prediction is said to need half its time so far again, never
+    /// a millisecond.
+    #[test]
+    fn a_late_load_is_not_predicted_to_end_at_once() {
+        assert_eq!(time_left(2000, 500), 1500);
+        assert_eq!(time_left(2000, 2000), 1000);
+        assert_eq!(time_left(2000, 40_000), 20_000);
     }
 }

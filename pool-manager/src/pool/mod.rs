@@ -134,6 +134,11 @@ struct Inner {
     full_pace_from_probe_only: bool,
     last_tokens_per_s: Option<f64>,
     consecutive_failures: u32,
+    /// The full-occupancy measurement under way (after a load): cancelled by the first
+    /// lease, so it never keeps a real task waiting (ISO-7).
+    probe: Option<(u64, CancellationToken)>,
+    /// Measurements started so far (which one `probe` is).
+    probes: u64,
 }
 
 /// Weight of the newest sample in the service-time EWMA.
@@ -190,6 +195,8 @@ impl Pool {
                 full_pace_from_probe_only: false,
                 last_tokens_per_s: None,
                 consecutive_failures: 0,
+                probe: None,
+                probes: 0,
             }),
             wake,
             retry_now: Notify::new(),
@@ -317,6 +324,11 @@ impl Pool {
         if !accepts_work(&g) {
             return None;
         }
+        // a real task wants a slot: the load-time measurement gives way at once (its
+        // sequences end within a step; their slots wake the dispatcher when they are free)
+        if let Some((_, probe)) = g.probe.take() {
+            probe.cancel();
+        }
         let engine = g.engine.clone()?;
         if !engine.is_alive() {
             return None;
@@ -436,11 +448,12 @@ impl Pool {
         }
     }
 
-    /// Loads `model_ref`, runs the one-token self-test and measures the engine with every slot
-    /// busy (what a wait in line is paced by).
+    /// Loads `model_ref` and runs the self-test (a few tokens: the engine works, and the pace
+    /// of one sequence alone). The pool is ready then; what a full pool's pace is, is measured
+    /// after ([`Pool::measure_full_pace`]) or shown by real tasks (ISO-7: a server beside a
+    /// busy core was ready 40 s after a load of under a second).
     async fn load_engine(&self, model_ref: &str) -> Result<(Arc<dyn Engine>, u64), LoadFailure> {
         let (engine, ms, solo) = self.load_and_probe(model_ref).await?;
-        let full = full_occupancy_pace(engine.as_ref()).await;
         let mut g = self.lock();
         // a new model is a new pace: the measurements replace what the old one showed, until
         // real tasks show theirs
@@ -450,20 +463,57 @@ impl Pool {
             g.ms_per_token_ewma = Some(solo);
             g.pace_from_probe_only = true;
         }
-        // a new model is a new pace: the measurement replaces what the old one showed
-        if let Some(f) = full {
-            tracing::info!(
-                pool = %self.spec.id,
-                ms_per_token = f.ms_per_token,
-                prefill_ms_per_token = f.prefill_ms_per_token,
-                "measured with every slot busy"
-            );
-            g.full_ms_per_token_ewma = Some(f.ms_per_token);
-            g.full_pace_from_probe_only = true;
-            g.prefill_ms_per_token_ewma = Some(f.prefill_ms_per_token);
-            g.prefill_from_probe_only = true;
-        }
+        g.full_ms_per_token_ewma = None;
+        g.full_pace_from_probe_only = true;
+        g.prefill_ms_per_token_ewma = None;
+        g.prefill_from_probe_only = true;
         Ok((engine, ms))
+    }
+
+    /// Measures `engine` with every slot busy (what a wait in line is paced by), in the
+    /// background of a pool that serves already: the first lease cancels it (real tasks then
+    /// show the pace), and a pool whose real tasks measured a full pool keeps theirs.
+    fn measure_full_pace(self: &Arc<Self>, engine: Arc<dyn Engine>) {
+        let token = CancellationToken::new();
+        let id = {
+            let mut g = self.lock();
+            g.probes += 1;
+            let id = g.probes;
+            if let Some((_, old)) = g.probe.replace((id, token.clone())) {
+                old.cancel();
+            }
+            id
+        };
+        let me = self.clone();
+        tokio::spawn(async move {
+            let full = full_occupancy_pace(engine.as_ref(), &token).await;
+            let mut g = me.lock();
+            if g.probe.as_ref().is_some_and(|(p, _)| *p == id) {
+                g.probe = None;
+            }
+            let current = g.engine.as_ref().is_some_and(|e| Arc::ptr_eq(e, &engine));
+            match full {
+                Some(f) if current && g.full_pace_from_probe_only && !token.is_cancelled() => {
+                    tracing::info!(
+                        pool = %me.spec.id,
+                        ms_per_token = f.ms_per_token,
+                        prefill_ms_per_token = f.prefill_ms_per_token,
+                        "measured with every slot busy"
+                    );
+                    g.full_ms_per_token_ewma = Some(f.ms_per_token);
+                    if g.prefill_from_probe_only {
+                        g.prefill_ms_per_token_ewma = Some(f.prefill_ms_per_token);
+                    }
+                }
+                _ => tracing::debug!(
+                    pool = %me.spec.id,
+                    "the measurement with every slot busy gave way to real tasks"
+                ),
+            }
+            drop(g);
+            // its slots are free again
+            me.wake.notify_one();
+        });
     }
 
     async fn load_and_probe(
@@ -474,7 +524,9 @@ impl Pool {
         let factory = self.factory.clone();
         let spec = self.spec.clone();
         let model = model_ref.to_string();
-        let engine = tokio::task::spawn_blocking(move || factory.load(&spec, &model))
+        let load = tokio::task::spawn_blocking(move || factory.load(&spec, &model));
+        let engine = self
+            .logging_progress("reading the model", load)
             .await
             .map_err(|e| LoadFailure::passing(format!("load task failed: {e}")))?
             .map_err(|e| LoadFailure {
@@ -482,10 +534,36 @@ impl Pool {
                 message: e.to_string(),
             })?;
         let load_ms = started.elapsed().as_millis() as u64;
-        let solo = self_test(engine.as_ref())
+        let solo = self
+            .logging_progress("its self-test", self_test(engine.as_ref()))
             .await
             .map_err(LoadFailure::passing)?;
         Ok((engine, load_ms, solo))
+    }
+
+    /// Runs `step` of a load, logging every few seconds that it is still under way (a load
+    /// on a busy machine is not silent: ISO-7).
+    async fn logging_progress<T>(
+        &self,
+        what: &str,
+        step: impl std::future::Future<Output = T>,
+    ) -> T {
+        let started = Instant::now();
+        tokio::pin!(step);
+        let mut every = tokio::time::interval_at(
+            tokio::time::Instant::now() + LOAD_PROGRESS_EVERY,
+            LOAD_PROGRESS_EVERY,
+        );
+        loop {
+            tokio::select! {
+                out = &mut step => return out,
+                _ = every.tick() => tracing::info!(
+                    pool = %self.spec.id,
+                    seconds = started.elapsed().as_secs(),
+                    "still loading: {what}"
+                ),
+            }
+        }
     }
 
     /// One load attempt: load, self-test, `Ready`; on failure `Unready` with `last_error`.
@@ -493,7 +571,7 @@ impl Pool {
         match self.load_engine(&self.spec.model_ref).await {
             Ok((engine, ms)) => {
                 let mut g = self.lock();
-                g.engine = Some(engine);
+                g.engine = Some(engine.clone());
                 g.model_load_ms = ms;
                 g.last_error = None;
                 g.consecutive_failures = 0;
@@ -505,6 +583,8 @@ impl Pool {
                         let _ = self.apply(&mut g, PoolEvent::DrainComplete);
                     }
                 }
+                drop(g);
+                self.measure_full_pace(engine);
                 Ok(())
             }
             Err(e) => {
@@ -654,7 +734,7 @@ impl Pool {
             Ok((engine, ms)) => {
                 let mut g = self.lock();
                 // running leases keep their Arc to the old engine; it is freed after them
-                retire(&mut g, Some(engine));
+                retire(&mut g, Some(engine.clone()));
                 g.model_load_ms = ms;
                 g.last_error = None;
                 g.drain_token = CancellationToken::new();
@@ -663,6 +743,8 @@ impl Pool {
                 g.held_drained = false;
                 let _ = self.apply(&mut g, PoolEvent::ReloadDone);
                 self.reloads_ok.fetch_add(1, Ordering::Relaxed);
+                drop(g);
+                self.measure_full_pace(engine);
                 Ok(ms)
             }
             Err(LoadFailure { message: e, .. }) => {
@@ -685,6 +767,9 @@ fn accepts_work(g: &Inner) -> bool {
         _ => false,
     }
 }
+
+/// How often a load under way says it still is.
+const LOAD_PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// How often a pool whose model cannot load looks at the file for a change.
 const FILE_CHECK_EVERY: Duration = Duration::from_secs(2);
@@ -827,19 +912,26 @@ fn full_pace_of(
 
 /// Every slot starts a greedy sequence with a prompt of its own, one after another; the gaps
 /// between tokens once every slot decodes give the pace of a full pool. `None` when the
-/// engine has no free slot or fails (the self-test already proved it works).
-async fn full_occupancy_pace(engine: &dyn Engine) -> Option<FullPace> {
+/// engine has no free slot, fails (the self-test already proved it works) or `cancel` stops
+/// it (its sequences end at once).
+async fn full_occupancy_pace(engine: &dyn Engine, cancel: &CancellationToken) -> Option<FullPace> {
     let slots = engine.descriptor().slots.max(1);
     let started = Instant::now();
     let mut readers = Vec::with_capacity(slots);
     let mut prompt_tokens = 0usize;
+    // a slot taken by a real task meanwhile: the sequences already started end too
+    let stop_all = cancel.clone().drop_guard();
     for i in 0..slots {
         let prompt = PromptInput::Text(format!("{i} {FULL_PROBE_TEXT}"));
         let tokens = engine.tokenize(&prompt, "").ok()?;
         prompt_tokens += tokens.as_ref().map_or(0, Vec::len);
+        if cancel.is_cancelled() {
+            return None;
+        }
         let permit = engine.try_acquire()?;
         let mut job = EngineJob::new(permit, prompt, SamplingParams::default(), FULL_PROBE_TOKENS);
         job.prompt_tokens = tokens;
+        job.cancel = cancel.child_token();
         let mut rx = engine.start(job).ok()?;
         // read every stream at once: when each token comes is the measurement
         readers.push(tokio::spawn(async move {
@@ -861,6 +953,10 @@ async fn full_occupancy_pace(engine: &dyn Engine) -> Option<FullPace> {
         Some(out)
     };
     let tokens = tokio::time::timeout(SELF_TEST_TIMEOUT, all).await.ok()??;
+    if cancel.is_cancelled() {
+        return None;
+    }
+    stop_all.disarm();
     full_pace_of(started, &tokens, prompt_tokens)
 }
 

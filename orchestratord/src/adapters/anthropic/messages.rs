@@ -60,7 +60,7 @@ pub async fn messages(
     let (task_req, toolbox) = messages_task(&req)?;
     if task_req.max_tokens == Some(0) {
         // Anthropic's cache pre-warm: nothing generated, the prompt counted
-        let input_tokens = input_tokens(&state, &task_req, &req.model).await?;
+        let input_tokens = input_tokens(&state, &caller, &task_req, &req.model).await?;
         return Ok(nothing_generated(&req, input_tokens));
     }
     let tools = toolbox.is_some();
@@ -236,28 +236,40 @@ fn block_frame(step: Step, in_call: &mut bool, calls: usize, task_id: &str) -> B
 )]
 pub async fn count_tokens(
     State(state): State<SharedState>,
+    caller: Caller,
     body: Result<JsonBody<CountRequest>, ApiError>,
 ) -> Result<Json<TokenCount>, AnthropicError> {
     let JsonBody(req) = body?;
     let task = count_task(&req)?;
     Ok(Json(TokenCount {
-        input_tokens: input_tokens(&state, &task, &req.model).await?,
+        input_tokens: input_tokens(&state, &caller, &task, &req.model).await?,
     }))
 }
 
 /// The prompt tokens of `task` as the model would run it.
 async fn input_tokens(
     state: &SharedState,
+    caller: &Caller,
     task: &contracts::TaskRequest,
     model: &str,
 ) -> Result<u32, ApiError> {
     let (prompt, continuation) = crate::lifecycle::admission::prompt_of(task)?;
     let engine = crate::adapters::tokenize::engine_for(state, Some(model))?;
+    let tenant = caller.tenant();
+    state
+        .quotas
+        .count_request(tenant, std::time::Instant::now())
+        .map_err(crate::lifecycle::quota::OverQuota::into_api)?;
     let ids = state
-        .tokenizers
-        .tokenize(engine, &prompt, &continuation)
+        .request_work
+        .tokenize(
+            crate::lifecycle::request_work::Turn::Request(tenant),
+            engine,
+            &prompt,
+            &continuation,
+        )
         .await
-        .map_err(|e| ApiError::invalid("messages", e.to_string()))?
+        .map_err(|e| e.into_api("messages"))?
         .ok_or_else(|| {
             ApiError::invalid(
                 "model",
