@@ -242,7 +242,7 @@ def http2_prior_knowledge(srv, a):
 
 def header_dribble(srv, a):
     """A request head sent a byte at a time never completes: closed at the header timeout."""
-    head = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 400
+    head = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 400
     limit = srv.header_timeout_ms / 1000
     out, closed, took = raw_exchange(srv, b"G", limit + 5, trickle=(head[1:], 0.1))
     return closed and took < limit + 2, f"closed {closed} after {took:.2f} s (timeout {limit} s)"
@@ -250,7 +250,7 @@ def header_dribble(srv, a):
 
 def slow_body(srv, a):
     """A body trickled a byte at a time is cut at the body deadline: 408 REQUEST_TIMEOUT."""
-    head = (b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (b"POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Authorization: Bearer " + DATA_A.encode() + b"\r\nContent-Length: 100000\r\n\r\n{")
     every = 0.2 if a.short else 5.0
     limit = srv.body_timeout_ms / 1000
@@ -265,24 +265,24 @@ def oversized_and_malformed(srv, a):
     server still serves."""
     auth = b"Authorization: Bearer " + DATA_A.encode() + b"\r\n"
     cases = {
-        "head 200 KB": (b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000
+        "head 200 KB": (b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 200_000
                         + b"\r\n\r\n", {431}),
-        "body 2 MiB": (b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "body 2 MiB": (b"POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                        + auth + b"Content-Length: 2097152\r\n\r\n" + b" " * 2097152, {413}),
         "nesting 100k": (None, {400}),
         "bad UTF-8": (None, {400}),
-        "CL and TE": (b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "CL and TE": (b"POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                       + auth + b"Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
                       {400, None}),
-        "two CLs": (b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "two CLs": (b"POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                     + auth + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}", {400, None}),
     }
     nested = b"[" * 100_000
-    cases["nesting 100k"] = (b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    cases["nesting 100k"] = (b"POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                              + auth + b"Content-Length: " + str(len(nested)).encode()
                              + b"\r\n\r\n" + nested, {400})
     bad = b'{"prompt": "\xff\xfe"}'
-    cases["bad UTF-8"] = (b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    cases["bad UTF-8"] = (b"POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                           + auth + b"Content-Length: " + str(len(bad)).encode() + b"\r\n\r\n" + bad,
                           {400})
     seen, held = [], True
@@ -445,7 +445,7 @@ class WorkerSocket:
     def __init__(self, srv, secret):
         self.s = socket.create_connection((srv.host, srv.port), timeout=10)
         key = base64.b64encode(os.urandom(16)).decode()
-        self.s.sendall((f"GET /v1/worker/connect HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+        self.s.sendall((f"GET /v1/worker/connect HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\n"
                         f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\n"
                         f"Sec-WebSocket-Version: 13\r\nx-worker-secret: {secret}\r\n\r\n").encode())
         head = b""

@@ -50,6 +50,9 @@ pub const MODEL_LOADS: &str = "orchd_model_loads_total";
 pub const MODEL_UNLOADS: &str = "orchd_model_unloads_total";
 pub const MODELS_RESIDENT_BYTES: &str = "orchd_models_resident_bytes";
 /// Per tenant (label `tenant`: configured and key-set tenants, the rest `other`).
+/// What every per-tenant series' name starts with (shown to admin keys only when keys are
+/// configured: SEC-MET-1).
+pub const TENANT_PREFIX: &str = "orchd_tenant_";
 pub const TENANT_QUEUED: &str = "orchd_tenant_queued";
 pub const TENANT_RUNNING: &str = "orchd_tenant_running";
 pub const TENANT_TOKENS: &str = "orchd_tenant_tokens_total";

@@ -550,6 +550,9 @@ pub struct HttpConfig {
     /// Proxies (addresses or CIDR ranges) whose `X-Forwarded-For` names the client, for the
     /// failed-attempt limits; empty: the peer address is the client.
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Host names the server answers to without API keys besides IP addresses, `localhost`
+    /// and `*.localhost` (SEC-HOST-1: any other `Host` is 403, against DNS rebinding).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Default for HttpConfig {
@@ -561,6 +564,7 @@ impl Default for HttpConfig {
             write_stall_timeout_ms: 60_000,
             max_connections: 1024,
             trusted_proxies: Vec::new(),
+            allowed_hosts: Vec::new(),
         }
     }
 }

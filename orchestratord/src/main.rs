@@ -145,7 +145,19 @@ async fn shutdown_signal() {
     });
 }
 
-fn main() -> anyhow::Result<()> {
+/// A failure to start (a config error, an address in use) is one line: its message and
+/// causes, never a stack backtrace, whatever `RUST_BACKTRACE` says (issue 49).
+fn main() -> std::process::ExitCode {
+    match serve() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn serve() -> anyhow::Result<()> {
     let args = Args::parse();
     logging::init(args.log_format);
     let mut cfg = Config::load(args.config.as_deref())?;
@@ -187,11 +199,7 @@ async fn run_worker(cfg: Config, w: WorkerArgs, bind: Option<String>) -> anyhow:
     }
     if let Some(addr) = &bind {
         // the worker's own API has the server's routes: the same rule for exposing it
-        let auth = orchestratord::auth::Auth::load(
-            &cfg.auth,
-            &cfg.http.cors_allowed_origins,
-            &cfg.http.trusted_proxies,
-        )?;
+        let auth = orchestratord::auth::Auth::load(&cfg.auth, &cfg.http)?;
         orchestratord::auth::check_exposure(addr, &auth, cfg.auth.insecure_no_auth)?;
     }
     let choice = match w.backend_url {

@@ -229,7 +229,13 @@ fn describe() {
 const WORKER_DISCONNECT_REASONS: [&str; 5] =
     ["closed", "heartbeat", "drained", "shutdown", "refused"];
 /// Reasons of `orchd_auth_failures_total`.
-const AUTH_FAILURE_REASONS: [&str; 4] = ["missing", "invalid", "forbidden", "rate_limited"];
+const AUTH_FAILURE_REASONS: [&str; 5] = [
+    "missing",
+    "invalid",
+    "forbidden",
+    "rate_limited",
+    "foreign_host",
+];
 /// Outcomes of `orchd_tasks_finished_total`.
 const OUTCOMES: [&str; 4] = ["stop", "length", "cancelled", "error"];
 

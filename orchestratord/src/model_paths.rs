@@ -65,6 +65,12 @@ impl ModelDirs {
         self.dirs.iter().map(|(_, c)| c.as_path())
     }
 
+    /// Whether `path`, its links resolved, lies inside one of the directories (nothing else
+    /// is checked: a listing's filter, before `check` on use).
+    pub fn contains(&self, path: &Path) -> bool {
+        std::fs::canonicalize(path).is_ok_and(|c| self.dirs.iter().any(|(_, d)| c.starts_with(d)))
+    }
+
     /// The canonical path of an allowed GGUF model at `requested`.
     pub fn check(&self, requested: &str) -> Result<PathBuf, ModelPathError> {
         use ModelPathError::*;

@@ -24,11 +24,7 @@ pub fn build_state(
     cfg: Config,
     factory: Arc<dyn EngineFactory>,
 ) -> Result<SharedState, ConfigError> {
-    let auth = Arc::new(crate::auth::Auth::load(
-        &cfg.auth,
-        &cfg.http.cors_allowed_origins,
-        &cfg.http.trusted_proxies,
-    )?);
+    let auth = Arc::new(crate::auth::Auth::load(&cfg.auth, &cfg.http)?);
     crate::auth::check_exposure(&cfg.bind, &auth, cfg.auth.insecure_no_auth)?;
     let wake = Arc::new(Notify::new());
     let records = crate::records::Records::open(&cfg.records)
@@ -76,7 +72,7 @@ pub fn build_state(
         workers: crate::remote_workers::WorkerRegistry::new(&cfg.workers),
         auth,
         model_dirs: model_dirs(&cfg),
-        models_folder: crate::models_folder::ModelsFolder::new(&cfg.models),
+        models_folder: crate::models_folder::ModelsFolder::new(&cfg.models, model_dirs(&cfg)),
         model_digests: Default::default(),
         records,
         cluster: std::sync::OnceLock::new(),

@@ -28,7 +28,7 @@ async fn closed_within(stream: &mut TcpStream, within: Duration) -> Option<Vec<u
 /// A request on its own connection, answered within `within`: its status line.
 async fn health_within(addr: &str, within: Duration) -> Option<String> {
     let mut c = TcpStream::connect(addr).await.ok()?;
-    c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    c.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
         .await
         .ok()?;
     let answer = closed_within(&mut c, within).await?;
@@ -56,7 +56,7 @@ async fn silent_connections_are_closed_after_the_header_timeout() {
     assert!(started.elapsed() >= Duration::from_millis(400));
     let mut partial = TcpStream::connect(&addr).await.unwrap();
     partial
-        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
         .await
         .unwrap();
     assert!(closed_within(&mut partial, Duration::from_secs(5))
@@ -64,7 +64,7 @@ async fn silent_connections_are_closed_after_the_header_timeout() {
         .is_some());
     // kept alive after one answer, then silent
     let mut kept = TcpStream::connect(&addr).await.unwrap();
-    kept.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    kept.write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         .await
         .unwrap();
     let answered = Instant::now();
@@ -104,7 +104,7 @@ async fn silent_connections_at_the_cap_give_way_to_requests() {
         let mut c = TcpStream::connect(&addr).await.unwrap();
         let body = json!({"prompt": "x", "max_tokens": 1}).to_string();
         let head = format!(
-            "POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
+            "POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{}",
             body.len() + 10,
             body
         );
@@ -159,7 +159,7 @@ async fn a_trickled_body_is_cut_at_its_deadline() {
     let s = start(cfg, Duration::from_millis(1)).await;
     let mut c = TcpStream::connect(addr(&s)).await.unwrap();
     c.write_all(
-        b"POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{",
+        b"POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n{",
     )
     .await
     .unwrap();
@@ -249,7 +249,7 @@ async fn hurried(s: &TestServer, client: &reqwest::Client, retry_header: bool) -
 async fn hurried_on(c: &mut TcpStream) -> u16 {
     let body = json!({"prompt": "x", "max_tokens": 4}).to_string();
     let req = format!(
-        "POST /v1/tasks HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Request-Deadline-Ms: 1500\r\nX-Retry-Count: 0\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/tasks HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nX-Request-Deadline-Ms: 1500\r\nX-Retry-Count: 0\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     c.write_all(req.as_bytes()).await.unwrap();

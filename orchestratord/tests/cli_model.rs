@@ -61,12 +61,16 @@ async fn the_model_flags_set_the_first_pool() {
             .starts_with(" 6, 7"),
         "{r}"
     );
-    // a flag the config cannot take is refused at start, naming it
+    // a flag the config cannot take is refused at start, naming it, in one line — a
+    // developer's RUST_BACKTRACE adds no stack to it (issue 49)
     let out = std::process::Command::new(orchestratord_binary())
         .args(["--slots", "0"])
+        .env("RUST_BACKTRACE", "1")
         .output()
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("slots"), "{err}");
+    assert!(!err.to_lowercase().contains("backtrace"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
 }

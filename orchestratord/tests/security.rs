@@ -342,6 +342,33 @@ async fn browsers_cannot_drive_the_server() {
         .await
         .unwrap();
     assert_eq!(r.status(), 415, "no content type");
+    // issue 49: Ollama's routes take JSON however it is declared (its documented `curl -d`
+    // sends it form-encoded); a page's form still carries its Origin
+    let ollama = json!({"model": "scripted-model", "stream": false,
+                        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    for ct in [
+        None,
+        Some("application/x-www-form-urlencoded"),
+        Some("text/plain"),
+    ] {
+        let mut r = s.client.post(s.url("/api/chat")).body(ollama.clone());
+        if let Some(ct) = ct {
+            r = r.header("content-type", ct);
+        }
+        let r = r.send().await.unwrap();
+        assert_eq!(r.status(), 200, "{ct:?}");
+    }
+    let r = s
+        .client
+        .post(s.url("/api/chat"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("origin", "https://evil.example")
+        .body(ollama)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403, "a page's form");
     let r = s
         .client
         .post(s.url("/v1/pools/p1/resume"))
@@ -518,6 +545,153 @@ async fn engines_load_only_allowed_model_files() {
         .await;
     assert_eq!(r.status(), 201);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// SEC-MODEL-1 (issue 49): one check for every way a file becomes a model — a link in the
+/// model folder to a file outside every model folder is not listed and not loaded, and no
+/// answer to a data key carries a path or a file's content.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_out_of_the_model_folder_are_no_models() {
+    let outside = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("orchd-outside-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&outside);
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("x.gguf"), b"GGUF\x03\x00\x00\x00rest").unwrap();
+    let folder = procs_scratch("folder");
+    std::os::unix::fs::symlink(outside.join("x.gguf"), folder.join("outlink.gguf")).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", folder.join("evil.gguf")).unwrap();
+    std::fs::write(folder.join("inside.gguf"), b"GGUF\x03\x00\x00\x00rest").unwrap();
+    let mut cfg = keyed(config(vec![pool("p1", 1)]));
+    cfg.models.dirs = vec![folder.display().to_string()];
+    cfg.models.on_demand = true;
+    let s = start(cfg, Duration::from_millis(1)).await;
+    let listed = get_as(&s, "/v1/models", ALICE).await;
+    let names: Vec<&str> = listed["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert!(
+        !names.contains(&"outlink") && !names.contains(&"evil"),
+        "{listed}"
+    );
+    for model in ["outlink", "evil", "inside"] {
+        let body = json!({"model": model, "max_tokens": 4,
+                          "messages": [{"role": "user", "content": "hi"}]});
+        let r = req(&s, "POST", "/v1/chat/completions", Some(ALICE), Some(&body))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let body = r.text().await.unwrap();
+        assert!(status == 404 || status == 400, "{model}: {status} {body}");
+        if model != "inside" {
+            assert_eq!(status, 404, "{model}: {body}");
+        }
+        for leak in [
+            folder.display().to_string(),
+            outside.display().to_string(),
+            "/etc".to_string(),
+            "magic".to_string(),
+            "root:".to_string(),
+        ] {
+            assert!(!body.contains(&leak), "{model}: {leak} in {body}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(folder);
+    let _ = std::fs::remove_dir_all(outside);
+}
+
+/// SEC-HOST-1 (issue 49): without keys every caller is the local admin, so a `Host` that a web
+/// page's DNS could point here (any name but loopback ones, the machine's own and
+/// `http.allowed_hosts`) is refused on every route — reads included; IP literals, `localhost`
+/// and allowed names are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyless_servers_answer_only_to_local_names() {
+    let mut cfg = config(vec![pool("p1", 1)]);
+    cfg.http.allowed_hosts = vec!["orchd.example".into()];
+    let s = start(cfg, Duration::from_millis(1)).await;
+    let port = s.base.rsplit(':').next().unwrap().to_string();
+    let with_host = |path: &str, host: &str| {
+        s.client
+            .get(s.url(path))
+            .header("host", host.to_string())
+            .send()
+    };
+    for path in [
+        "/v1/pools",
+        "/v1/artifacts?limit=2",
+        "/v1/tasks/x",
+        "/metrics",
+        "/v1/models",
+        "/readyz",
+    ] {
+        for host in [
+            format!("evil.example:{port}"),
+            "evil.example".into(),
+            format!("127.0.0.1.nip.io:{port}"),
+        ] {
+            let r = with_host(path, &host).await.unwrap();
+            assert_eq!(r.status(), 403, "{path} {host}");
+            let body = r.text().await.unwrap();
+            assert!(body.contains("allowed_hosts"), "{path}: {body}");
+        }
+        for host in [
+            format!("127.0.0.1:{port}"),
+            format!("localhost:{port}"),
+            format!("[::1]:{port}"),
+            "orchd.example".to_string(),
+            format!("ORCHD.example:{port}"),
+        ] {
+            let r = with_host(path, &host).await.unwrap();
+            assert_ne!(r.status(), 403, "{path} {host}");
+        }
+    }
+    // a write too
+    let r = s
+        .client
+        .post(s.url("/v1/tasks"))
+        .header("host", "evil.example")
+        .json(&json!({"prompt": "hi", "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+}
+
+/// SEC-MET-1 (issue 49): with keys, `/metrics` (open to scrapes by default) names no tenant
+/// and says nothing of what each was served, unless the scrape carries an admin key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_name_tenants_to_admins_only() {
+    let s = keyed_server().await;
+    let r = req(
+        &s,
+        "POST",
+        "/v1/tasks",
+        Some(ALICE),
+        Some(&json!({"prompt": "hi", "max_tokens": 2})),
+    )
+    .send()
+    .await
+    .unwrap();
+    assert_eq!(r.status(), 202);
+    let scrape = |key: Option<&'static str>| {
+        let mut r = s.client.get(s.url("/metrics"));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        async move { r.send().await.unwrap().text().await.unwrap() }
+    };
+    for key in [None, Some(ALICE)] {
+        let text = scrape(key).await;
+        assert!(text.contains("orchd_tasks_enqueued_total"), "{text}");
+        assert!(!text.contains("orchd_tenant_"), "{key:?}: {text}");
+        assert!(!text.contains("alice") && !text.contains("bob"), "{key:?}");
+    }
+    let text = scrape(Some(OPS)).await;
+    assert!(text.contains("orchd_tenant_tokens_total"), "{text}");
+    assert!(text.contains("tenant=\"alice\""), "{text}");
 }
 
 fn procs_scratch(tag: &str) -> std::path::PathBuf {

@@ -40,15 +40,14 @@ pub struct Auth {
     pub allowed_origins: Vec<String>,
     /// Proxies whose forwarded client address is believed (`http.trusted_proxies`).
     pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Names besides loopback ones and IP addresses the server answers to without keys
+    /// (`http.allowed_hosts`).
+    pub allowed_hosts: Vec<String>,
 }
 
 impl Auth {
     /// Keys from `cfg.keys`, `cfg.key_file` and `ORCHD_API_KEYS`.
-    pub fn load(
-        cfg: &AuthConfig,
-        allowed_origins: &[String],
-        trusted_proxies: &[ipnet::IpNet],
-    ) -> Result<Self, ConfigError> {
+    pub fn load(cfg: &AuthConfig, http: &crate::config::HttpConfig) -> Result<Self, ConfigError> {
         let bad = |e: keys::KeyError| ConfigError::Invalid(format!("API keys: {e}"));
         let mut keys = KeyStore::default();
         keys.add_entries("auth.keys", cfg.keys.iter().map(String::as_str))
@@ -68,8 +67,14 @@ impl Auth {
             keys,
             limiter: limiter::FailureLimiter::new(cfg.max_failures_per_minute),
             metrics_public: cfg.metrics_public,
-            allowed_origins: allowed_origins.to_vec(),
-            trusted_proxies: trusted_proxies.to_vec(),
+            allowed_origins: http.cors_allowed_origins.clone(),
+            trusted_proxies: http.trusted_proxies.clone(),
+            allowed_hosts: http
+                .allowed_hosts
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .chain(own_hostname())
+                .collect(),
         })
     }
 
@@ -175,22 +180,72 @@ fn own_page(auth: &Auth, origin: &str, h: &HeaderMap) -> bool {
     if !same {
         return false;
     }
-    let name = host
-        .rsplit_once(':')
-        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
-        .map_or(host, |(name, _)| name);
-    let literal = name.eq_ignore_ascii_case("localhost")
+    unbindable(host_name(host)) || auth.enabled()
+}
+
+/// This machine's own name (Linux), which its users may reach it by.
+fn own_hostname() -> Option<String> {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
+    let name = name.trim().to_ascii_lowercase();
+    (!name.is_empty()).then_some(name)
+}
+
+/// The name of a `Host` header's value, without its port.
+fn host_name(host: &str) -> &str {
+    host.rsplit_once(':')
+        .filter(|(name, port)| port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':'))
+        .map_or(host, |(name, _)| name)
+}
+
+/// Whether `name` cannot be a name someone else's DNS points at this server: an IP literal,
+/// `localhost` or a name under `.localhost` (which resolvers keep to the machine).
+fn unbindable(name: &str) -> bool {
+    let lower = name.to_ascii_lowercase();
+    lower == "localhost"
+        || lower.ends_with(".localhost")
         || name.parse::<IpAddr>().is_ok()
         || name
             .strip_prefix('[')
             .and_then(|n| n.strip_suffix(']'))
-            .is_some_and(|n| n.parse::<IpAddr>().is_ok());
-    literal || auth.enabled()
+            .is_some_and(|n| n.parse::<IpAddr>().is_ok())
+}
+
+/// SEC-HOST-1: without keys every caller is the local admin, so a request must have been
+/// meant for this machine: its `Host` is an IP literal, a loopback name, the machine's own
+/// name, or a name the operator allowed (`http.allowed_hosts`) — not a name a web page's DNS
+/// rebinding points here (as Ollama refuses them). A request without a `Host` (HTTP/1.0, a raw socket) comes
+/// from no browser and passes.
+fn host_refused(auth: &Auth, h: &HeaderMap, shape: Shape) -> Option<Response> {
+    let host = h.get(header::HOST)?;
+    let Ok(host) = host.to_str() else {
+        return Some(foreign_host(shape));
+    };
+    let name = host_name(host);
+    if unbindable(name)
+        || auth
+            .allowed_hosts
+            .iter()
+            .any(|a| a.eq_ignore_ascii_case(name))
+    {
+        return None;
+    }
+    Some(foreign_host(shape))
+}
+
+fn foreign_host(shape: Shape) -> Response {
+    respond(
+        shape,
+        ApiError::new(
+            ErrorCode::Forbidden,
+            "without API keys this server answers only to loopback names and IP addresses: add this Host to http.allowed_hosts, or configure keys",
+            false,
+        ),
+    )
 }
 
 /// Request hygiene before any key is looked at: a write from a browser page of a foreign
 /// origin is refused (403; the server's own page is not foreign), and a body that is not
-/// declared JSON is 415.
+/// declared JSON is 415 (but on Ollama's routes).
 fn hygiene(auth: &Auth, req: &Request, shape: Shape) -> Option<Response> {
     let h = req.headers();
     if is_write(req.method()) {
@@ -210,7 +265,10 @@ fn hygiene(auth: &Auth, req: &Request, shape: Shape) -> Option<Response> {
             }
         }
     }
-    if has_body(h) && !is_json(h) {
+    // Ollama's own examples send JSON with `curl -d` (form-encoded, by curl's default) and its
+    // clients may send none: its routes read the body as JSON whatever it is declared as. A
+    // page's form or "simple" POST still carries its foreign Origin (403 above).
+    if has_body(h) && !is_json(h) && shape != Shape::Ollama {
         let mut e = ApiError::new(
             ErrorCode::UnsupportedMediaType,
             "request bodies must be sent with Content-Type: application/json",
@@ -250,6 +308,12 @@ pub async fn middleware(
         return next.run(req).await;
     }
     if !auth.enabled() {
+        // a worker's socket carries its secret (no page has it): the name it dials is its own
+        let worker = req.uri().path() == contracts::worker::CONNECT_PATH;
+        if let Some(refused) = host_refused(auth, req.headers(), shape).filter(|_| !worker) {
+            crate::metrics::auth_failed("foreign_host");
+            return refused;
+        }
         req.extensions_mut().insert(Principal::local());
         return next.run(req).await;
     }

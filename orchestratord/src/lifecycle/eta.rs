@@ -498,6 +498,7 @@ mod tests {
             prefill_ms_per_token_ewma: None,
             full_ms_per_token_ewma: None,
             full_pace_from_probe_only: false,
+            measuring: false,
             drain_deadline_remaining_ms: None,
             drain_cut_off: 0,
             consecutive_failures: 0,

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use pool_manager::candle::{inspect, FileFacts};
 
+use crate::model_paths::ModelDirs;
+
 /// How often the folders are listed again (a listing and a request each look).
 const RESCAN_EVERY: Duration = Duration::from_secs(1);
 /// Most files one listing takes (a folder of thousands is an operator's mistake, bounded).
@@ -29,13 +31,16 @@ type Version = (PathBuf, u64, Option<SystemTime>);
 
 pub struct Catalog {
     dirs: Vec<PathBuf>,
+    /// Where a model file may really be (links resolved): the server's model folders.
+    allowed: ModelDirs,
     listed: Mutex<Option<(Instant, Vec<Entry>)>>,
     read: Mutex<HashMap<Version, Result<FileFacts, String>>>,
 }
 
 impl Catalog {
-    pub fn new(dirs: &[String]) -> Self {
+    pub fn new(dirs: &[String], allowed: ModelDirs) -> Self {
         Self {
+            allowed,
             dirs: dirs
                 .iter()
                 .filter(|d| !d.is_empty())
@@ -88,6 +93,7 @@ impl Catalog {
             let Ok(files) = std::fs::read_dir(dir) else {
                 continue;
             };
+
             let mut paths: Vec<PathBuf> = files
                 .filter_map(|f| f.ok().map(|f| f.path()))
                 .filter(|p| {
@@ -99,6 +105,10 @@ impl Catalog {
             for path in paths {
                 if out.len() >= MAX_FILES {
                     break;
+                }
+                // a link to a file outside every model folder is no model (SEC-MODEL-1)
+                if !self.allowed.contains(&path) {
+                    continue;
                 }
                 let Some(entry) = self.entry(&path, &mut seen) else {
                     continue;

@@ -69,6 +69,20 @@ pub fn pool_id(model: &str) -> String {
     format!("auto-{clean}")
 }
 
+/// `why` with the file's path said as its name only: a client is never told where the server
+/// keeps its files (SEC-MODEL-1).
+fn without_path(why: &str, path: &std::path::Path) -> String {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut out = why.replace(&path.display().to_string(), &name);
+    if let Ok(c) = std::fs::canonicalize(path) {
+        out = out.replace(&c.display().to_string(), &name);
+    }
+    out
+}
+
 /// What is left of a load predicted to take `predicted_ms` that has run `spent_ms`: the rest
 /// of the prediction, and once past it — the machine is slower than the last load showed —
 /// half as long again as it has taken so far, at least a second (never "1 ms" for minutes:
@@ -82,9 +96,9 @@ fn time_left(predicted_ms: u64, spent_ms: u64) -> u64 {
 }
 
 impl ModelsFolder {
-    pub fn new(cfg: &ModelsConfig) -> Self {
+    pub fn new(cfg: &ModelsConfig, allowed: crate::model_paths::ModelDirs) -> Self {
         Self {
-            catalog: Catalog::new(&cfg.dirs),
+            catalog: Catalog::new(&cfg.dirs, allowed),
             cfg: cfg.clone(),
             owned: Mutex::new(HashMap::new()),
             failed: Mutex::new(HashMap::new()),
@@ -237,10 +251,23 @@ impl ModelsFolder {
         else {
             return Ok(0);
         };
-        if let Err(why) = &entry.facts {
+        // the one check of every file that becomes a model (SEC-MODEL-1): inside the model
+        // folders once links are resolved, a regular file, a GGUF
+        if let Err(e) = state.model_dirs.check(&entry.path.display().to_string()) {
+            tracing::warn!(model, path = %entry.path.display(), error = %e, "a model of the folder refused");
             return Err(ApiError::invalid(
                 "model",
-                format!("model {model:?} cannot be loaded: {why}"),
+                format!("model {model:?} cannot be loaded: {e}"),
+            ));
+        }
+        if let Err(why) = &entry.facts {
+            tracing::warn!(model, path = %entry.path.display(), error = %why, "a model of the folder cannot be read");
+            return Err(ApiError::invalid(
+                "model",
+                format!(
+                    "model {model:?} cannot be loaded: {}",
+                    without_path(why, &entry.path)
+                ),
             ));
         }
         let estimate = entry.bytes + (me.cfg.kv_cache_mib << 20);
@@ -277,7 +304,7 @@ impl ModelsFolder {
         let wait = me.load_ms(entry.bytes);
         let file_bytes = entry.bytes;
         tracing::info!(model, pool = %id, path = %entry.path.display(), "loading a model of the folder on demand");
-        let (s, model) = (state.clone(), model.to_string());
+        let (s, model, path) = (state.clone(), model.to_string(), entry.path.clone());
         tokio::spawn(async move {
             let started = Instant::now();
             match pool.load_once().await {
@@ -301,7 +328,10 @@ impl ModelsFolder {
                         .failed
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
-                        .insert(model, (Instant::now(), why.to_string()));
+                        .insert(
+                            model,
+                            (Instant::now(), without_path(&why.to_string(), &path)),
+                        );
                     // its waiting tasks end: no pool serves the model any more
                     s.pools.remove(&id);
                     s.models_folder.owned().remove(&id);

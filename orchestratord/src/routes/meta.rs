@@ -11,8 +11,9 @@ use crate::lifecycle::state::SharedState;
 use crate::openapi;
 
 /// The Prometheus text. Prompt-cache series (how many prompt tokens came from a cache) would
-/// tell a tenant whether a prefix it guessed was sent by another, so with keys configured
-/// they are shown to admin keys only. The vLLM-named gauges are left out unless
+/// tell a tenant whether a prefix it guessed was sent by another, and the per-tenant series
+/// name every tenant and what it was served (SEC-MET-1), so with keys configured both are
+/// shown to admin keys only (a scrape config gives Prometheus one as its bearer token). The vLLM-named gauges are left out unless
 /// `metrics.vllm_names`.
 pub async fn metrics(
     State(state): State<SharedState>,
@@ -22,13 +23,18 @@ pub async fn metrics(
     crate::metrics::process();
     let text = state.metrics.render();
     let admin = principal.is_some_and(|Extension(p)| p.scope == Scope::Admin);
+    // with keys, what tenants there are and what each was served is for admins (SEC-MET-1)
     let hide_cache = !admin && state.auth.enabled();
     let hide_vllm = !state.cfg.metrics.vllm_names;
     let body = if !hide_cache && !hide_vllm {
         text
     } else {
         text.lines()
-            .filter(|l| !(hide_cache && l.contains(crate::metrics::PROMPT_CACHE_PREFIX)))
+            .filter(|l| {
+                !(hide_cache
+                    && (l.contains(crate::metrics::PROMPT_CACHE_PREFIX)
+                        || l.contains(contracts::metric_names::TENANT_PREFIX)))
+            })
             .filter(|l| !(hide_vllm && l.contains(crate::metrics::VLLM_PREFIX)))
             .flat_map(|l| [l, "\n"])
             .collect()

@@ -340,6 +340,7 @@ pub async fn start_with(cfg: Config, factory: Arc<dyn EngineFactory>) -> TestSer
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let bg = orchestratord::server::start_background(&state).await;
+    measured(&state).await;
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     let st = state.clone();
     tokio::spawn(async move {
@@ -357,6 +358,18 @@ pub async fn start_with(cfg: Config, factory: Arc<dyn EngineFactory>) -> TestSer
             .build()
             .unwrap(),
         shutdown: Some(tx),
+    }
+}
+
+/// Waits (10 s at most) until no pool still measures itself with every slot busy: the tests
+/// start from a server that has measured its pace, as one that served a while has (a first
+/// request would cancel the measurement, ISO-7).
+pub async fn measured(state: &SharedState) {
+    for _ in 0..1000 {
+        if state.pools.all().iter().all(|p| !p.snapshot().measuring) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
 

@@ -67,6 +67,9 @@ pub struct PoolSnapshot {
     /// Whether that pace is still the load-time measurement only (short prompts: it leaves out
     /// the stalls other slots' prefills cause), not yet refined by real tasks.
     pub full_pace_from_probe_only: bool,
+    /// Whether the measurement with every slot busy runs now (after a load, until a lease
+    /// cancels it).
+    pub measuring: bool,
     /// Smoothed prefill time per prompt token: taking the slot to the first token, less one
     /// step.
     pub prefill_ms_per_token_ewma: Option<f64>,
@@ -244,7 +247,7 @@ impl Pool {
     /// Slots the pool's engines hold now (the current one's and those of engines it replaced):
     /// what the snapshot's `slots_busy` says, without building a snapshot.
     pub fn slots_busy(&self) -> usize {
-        busy(&self.lock())
+        busy_with_tasks(&self.lock())
     }
 
     /// Whether new slot leases may be granted: a ready pool, or one reloading from ready
@@ -277,7 +280,7 @@ impl Pool {
             descriptor: g.engine.as_ref().map(|e| e.descriptor()),
             model_alias: self.spec.model_alias.clone(),
             slots_total: self.spec.slots,
-            slots_busy: busy(&g),
+            slots_busy: busy_with_tasks(&g),
             engine_load: g.engine.as_ref().and_then(|e| e.current_load()),
             last_error: g.last_error.clone(),
             engine_alive: g.engine.as_ref().is_some_and(|e| e.is_alive()),
@@ -295,6 +298,7 @@ impl Pool {
             prefill_ms_per_token_ewma: g.prefill_ms_per_token_ewma,
             full_ms_per_token_ewma: g.full_ms_per_token_ewma,
             full_pace_from_probe_only: g.full_pace_from_probe_only,
+            measuring: g.probe.is_some(),
             drain_deadline_remaining_ms: g
                 .drain_deadline
                 .filter(|_| g.state == PoolState::Draining)
@@ -510,8 +514,11 @@ impl Pool {
                     "the measurement with every slot busy gave way to real tasks"
                 ),
             }
+            // its slots are free again: a drain that waited for them is done
+            if g.state == PoolState::Draining && busy(&g) == 0 {
+                let _ = me.apply(&mut g, PoolEvent::DrainComplete);
+            }
             drop(g);
-            // its slots are free again
             me.wake.notify_one();
         });
     }
@@ -680,6 +687,10 @@ impl Pool {
     pub fn drain(self: &Arc<Self>, deadline: Duration) -> Result<(), PoolError> {
         let mut g = self.lock();
         self.apply(&mut g, PoolEvent::Drain)?;
+        // the load-time measurement is no task to wait for
+        if let Some((_, probe)) = g.probe.take() {
+            probe.cancel();
+        }
         g.held_drained = true;
         g.drain_deadline = Some(Instant::now() + deadline);
         g.drain_cut_off = 0;
@@ -807,6 +818,18 @@ fn busy(g: &Inner) -> usize {
         .map(|e| e.slots_in_use())
         .sum();
     current + old
+}
+
+/// Slots tasks hold: the engine's, less those the load-time measurement holds while it runs
+/// (it gives them up to the first lease, so admission counts them free). While it runs no
+/// task has leased the current engine (a lease cancels it first): all its slots are the
+/// measurement's.
+fn busy_with_tasks(g: &Inner) -> usize {
+    let measuring = match (&g.probe, &g.engine) {
+        (Some(_), Some(e)) => e.slots_in_use(),
+        _ => 0,
+    };
+    busy(g).saturating_sub(measuring)
 }
 
 /// Puts `next` in the place of the pool's engine; the one it replaces keeps counting its

@@ -229,8 +229,9 @@ pub struct SubmitArgs {
     /// Nucleus sampling: keep the likeliest tokens up to this probability mass (0-1].
     #[arg(long)]
     pub top_p: Option<f32>,
-    /// End the answer at this text (repeat for several).
-    #[arg(long)]
+    /// End the answer at this text (repeat for several). The escapes users type mean what they
+    /// say, as llama.cpp's `-e`: `\n`, `\t`, `\r`, `\\`, `\"`, `\'` and `\xHH`.
+    #[arg(long, value_parser = unescape)]
     pub stop: Vec<String>,
     /// The session whose token and time budget the task draws on.
     #[arg(long)]
@@ -496,9 +497,66 @@ async fn capabilities(ctl: &Ctl) -> Result<Output, CtlError> {
     })
 }
 
+/// `s` with the escapes a shell user types for control characters turned into them (issue
+/// 49: `--stop "\n\n"` sent a backslash and an n): `\n`, `\t`, `\r`, `\0`, `\\`, `\"`, `\'`,
+/// `\xHH`. Any other backslash is kept as it is.
+fn unescape(s: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.peek().copied() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some('0') => out.push('\0'),
+            Some('\\') => out.push('\\'),
+            Some('"') => out.push('"'),
+            Some('\'') => out.push('\''),
+            Some('x') => {
+                chars.next();
+                let hex: String = chars.by_ref().take(2).collect();
+                let byte = u8::from_str_radix(&hex, 16)
+                    .ok()
+                    .filter(|b| b.is_ascii() && hex.len() == 2)
+                    .ok_or_else(|| {
+                        format!("\\x{hex}: want two hex digits of an ASCII character")
+                    })?;
+                out.push(byte as char);
+                continue;
+            }
+            _ => {
+                out.push('\\');
+                continue;
+            }
+        }
+        chars.next();
+    }
+    if out.is_empty() {
+        return Err("a stop sequence is not empty".into());
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    use super::unescape;
+
+    /// Issue 49: the escapes users type in `--stop` mean what they say.
+    #[test]
+    fn stop_escapes_mean_what_they_say() {
+        assert_eq!(unescape("\\n\\n").unwrap(), "\n\n");
+        assert_eq!(unescape("a\\tb\\\\c\\x41").unwrap(), "a\tb\\cA");
+        assert_eq!(unescape("\\q").unwrap(), "\\q");
+        assert_eq!(unescape("END").unwrap(), "END");
+        assert!(unescape("\\xZZ").is_err());
+        assert!(unescape("").is_err());
+    }
 
     /// FC-CTL-1: every command and every flag or argument of orchctl says what it is for.
     #[test]

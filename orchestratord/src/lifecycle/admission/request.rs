@@ -10,9 +10,12 @@ use crate::lifecycle::task::RunSpec;
 
 const MAX_ID_LEN: usize = 128;
 
-/// A client-chosen task or session id: 1-128 characters of `A-Z a-z 0-9 - _ . :`.
+/// A client-chosen task or session id: 1-128 characters of `A-Z a-z 0-9 - _ . :`, and not
+/// `.` or `..` (a path segment of its own: the stream URL in the 202 could not be used).
 pub(crate) fn valid_id(s: &str) -> bool {
     !s.is_empty()
+        && s != "."
+        && s != ".."
         && s.len() <= MAX_ID_LEN
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
@@ -221,7 +224,7 @@ pub fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, Api
         if !valid_id(id) {
             return Err(ApiError::invalid(
                 "task_id",
-                "task_id must be 1-128 characters of [A-Za-z0-9-_.:]",
+                "task_id must be 1-128 characters of [A-Za-z0-9-_.:], not . or ..",
             ));
         }
     }
@@ -229,7 +232,7 @@ pub fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, Api
         if !valid_id(id) {
             return Err(ApiError::invalid(
                 "session_id",
-                "session_id must be 1-128 characters of [A-Za-z0-9-_.:]",
+                "session_id must be 1-128 characters of [A-Za-z0-9-_.:], not . or ..",
             ));
         }
     }
@@ -303,4 +306,21 @@ pub(super) fn estimated_tokens(prompt: &PromptInput, continuation: &str) -> usiz
         PromptInput::Chat(turns) => turns.iter().map(|t| t.content.len() + 8).sum(),
     } + continuation.len();
     bytes.div_ceil(4).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ORCH-ADM-1 (issue 49): ids are path segments of the stream URL: `.` and `..` are
+    /// refused, dots inside an id are not.
+    #[test]
+    fn ids_that_are_path_segments_of_their_own_are_refused() {
+        for bad in ["", ".", "..", "a/b", "a b", &"x".repeat(129)] {
+            assert!(!valid_id(bad), "{bad:?}");
+        }
+        for good in ["...", ".a", "a..b", "job-1:2_3", &"x".repeat(128)] {
+            assert!(valid_id(good), "{good:?}");
+        }
+    }
 }
