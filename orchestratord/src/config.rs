@@ -156,7 +156,8 @@ pub struct AdmissionConfig {
     /// Jobs of one tenant on those threads at once (0 = all the threads but one, at least
     /// one): another tenant always finds one free.
     pub request_work_per_tenant: usize,
-    /// Jobs of one tenant waiting for those threads; more are refused at once (429).
+    /// Jobs of one tenant waiting for those threads; more are refused at once (429). 0 = the
+    /// queue's capacity (a burst the queue could hold is never refused for its preparation).
     pub request_work_waiting_per_tenant: usize,
     /// Longest predicted wait for a slot a task is admitted with, and longest it stays queued
     /// (then it leaves with a retriable `QUEUE_TIMEOUT`); 0 = no limit.
@@ -177,13 +178,19 @@ pub struct AdmissionConfig {
 pub const DEFAULT_REQUEST_WORK_NICE: u8 = 10;
 
 impl AdmissionConfig {
-    /// How the request-work threads are set up.
-    pub fn request_work_limits(&self) -> crate::lifecycle::request_work::Limits {
+    /// How the request-work threads are set up (`queue_capacity`: what 0 waiting jobs means).
+    pub fn request_work_limits(
+        &self,
+        queue_capacity: usize,
+    ) -> crate::lifecycle::request_work::Limits {
         crate::lifecycle::request_work::Limits {
             threads: self.tokenize_concurrency,
             nice: self.request_work_nice.min(candle::MAX_NICE),
             per_tenant: self.request_work_per_tenant,
-            waiting_per_tenant: self.request_work_waiting_per_tenant,
+            waiting_per_tenant: match self.request_work_waiting_per_tenant {
+                0 => queue_capacity.max(1),
+                n => n,
+            },
         }
     }
 }
@@ -201,7 +208,7 @@ impl Default for AdmissionConfig {
             tokenize_concurrency: 0,
             request_work_nice: DEFAULT_REQUEST_WORK_NICE,
             request_work_per_tenant: 0,
-            request_work_waiting_per_tenant: 16,
+            request_work_waiting_per_tenant: 0,
             max_queue_wait_ms: 30_000,
             deadline_margin_ms: 500,
             probe_pace_factor: 1.75,
@@ -1173,9 +1180,6 @@ impl Config {
                 candle::MAX_NICE,
                 self.admission.request_work_nice
             ));
-        }
-        if self.admission.request_work_waiting_per_tenant == 0 {
-            return bad("admission.request_work_waiting_per_tenant must be at least 1".into());
         }
         let f = self.admission.probe_pace_factor;
         if !(f.is_finite() && (1.0..=100.0).contains(&f)) {

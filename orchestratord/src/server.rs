@@ -67,7 +67,7 @@ pub fn build_state(
         shutdown: tokio_util::sync::CancellationToken::new(),
         hyperswarm: std::sync::OnceLock::new(),
         request_work: crate::lifecycle::request_work::RequestWork::new(
-            cfg.admission.request_work_limits(),
+            cfg.admission.request_work_limits(cfg.queue.capacity),
         ),
         workers: crate::remote_workers::WorkerRegistry::new(&cfg.workers),
         auth,

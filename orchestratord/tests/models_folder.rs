@@ -16,13 +16,19 @@ use serde_json::json;
 use support::procs::eventually;
 use support::*;
 
-/// A folder of its own with `models` (name → file) linked into it.
+/// A folder of its own with `models` (name → file) in it: hard links (the folder is on the
+/// build's file system), a copy where that fails — a symbolic link out of the folder is no
+/// model (SEC-MODEL-1).
 fn folder(tag: &str, models: &[(&str, PathBuf)]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("orchd-folder-{tag}-{}", std::process::id()));
+    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("orchd-folder-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for (name, file) in models {
-        std::os::unix::fs::symlink(file, dir.join(format!("{name}.gguf"))).unwrap();
+        let to = dir.join(format!("{name}.gguf"));
+        if std::fs::hard_link(file, &to).is_err() {
+            std::fs::copy(file, &to).unwrap();
+        }
     }
     dir
 }

@@ -149,9 +149,11 @@ async fn shutdown_is_bounded_and_a_second_interrupt_is_immediate() {
     let id = start_long_task(&base);
     let addr = base.trim_start_matches("http://").to_string();
     let mut idle = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    idle.write_all(format!("GET /v1/tasks/{id}/stream HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    idle.write_all(
+        format!("GET /v1/tasks/{id}/stream HTTP/1.1\r\nHost: localhost\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     tokio::time::sleep(Duration::from_millis(500)).await;
     let t0 = Instant::now();
     p.signal("-INT");

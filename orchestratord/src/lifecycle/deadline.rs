@@ -172,7 +172,8 @@ pub fn keep_place(
 
 /// Plans the task's place and predicted start, or refuses it: 422 `DEADLINE_UNMET` when even
 /// an idle pool could not answer in time, 429 `ADMISSION_REJECT` (policy `deadline`) when the
-/// line ahead is the reason.
+/// line ahead is the reason. Steps: its place in line, what is ahead of it, what its answer
+/// needs once it has a slot, the limits that need must fit, then the line played forward.
 pub fn plan<'a>(
     state: &'a SharedState,
     pools: &[std::sync::Arc<Pool>],
@@ -181,8 +182,70 @@ pub fn plan<'a>(
     caller: &Caller,
     delivery: Delivery,
 ) -> Result<Plan<'a>, ApiError> {
+    let rank = place_in_line(state, caller);
+    let refuse = |e: ApiError, keep: Option<u64>| {
+        if let Some(retry) = keep {
+            keep_place(state, rank, retry, Claimant::of(caller));
+        }
+        metrics::rejected(e.code());
+        e
+    };
+    let (ahead, promised) = line_ahead(state, snapshots, limits, caller, rank);
+    let lines: Vec<PoolLine<'_>> = pools
+        .iter()
+        .zip(snapshots)
+        .map(|(p, s)| PoolLine {
+            snapshot: s,
+            in_slots: state.running.in_slots(p.id()),
+        })
+        .collect();
+    let probe_factor = state.cfg.admission.probe_pace_factor;
+    let need = answer_needs(snapshots, &lines, ahead.len(), limits, probe_factor);
+    let confirmed = eta::pace_confirmed(snapshots) || limits.confirmed_elsewhere;
+    let measured = eta::pace_measured(snapshots) || limits.confirmed_elsewhere;
+    let bounds = bounds_of(state, limits, caller, delivery, &need);
+    if let Some(e) = unmeetable(&bounds, confirmed) {
+        return Err(refuse(e, None));
+    }
+    let budget = bounds.iter().min_by_key(|b| b.allowed_ms(confirmed));
+    let queue_bound = bounds
+        .iter()
+        .filter(|b| b.expires_queue)
+        .min_by_key(|b| b.allowed_ms(confirmed));
+    let predicted = eta::predict_start_ms(&lines, &ahead, probe_factor).unwrap_or(0);
+    let wait_allowed = budget
+        .filter(|_| !caller.patience.is_last_attempt())
+        .map(|b| Duration::from_millis(b.allowed_ms(confirmed).clamp(0, u64::MAX as i128) as u64));
+    // a replica of a cluster sees only its own slots and none of the cluster's queue: the
+    // line is checked against the cluster's once the task has its place there (`wait_allowed`)
+    let clustered = state.cluster_tasks.get().is_some();
+    if let Some(b) = budget.filter(|_| !clustered) {
+        let late = Late {
+            predicted,
+            allowed: b.allowed_ms(confirmed),
+            ahead: ahead.len(),
+            measured,
+        };
+        if let Some((e, retry)) = too_late(&late, b, caller) {
+            return Err(refuse(e, Some(retry)));
+        }
+    }
+    Ok(Plan {
+        rank,
+        measured,
+        predicted_start: Duration::from_millis(predicted),
+        start_budget: queue_bound
+            .map(|b| Duration::from_millis(b.allowed_ms(confirmed).max(0) as u64)),
+        start_budget_servers: queue_bound.is_some_and(|b| b.servers),
+        wait_allowed,
+        promised,
+    })
+}
+
+/// Its place in line: a place kept for this client's retry when it claims one, else now.
+fn place_in_line(state: &SharedState, caller: &Caller) -> Instant {
     let now = Instant::now();
-    let rank = match (caller.patience.is_retry(), Claimant::of(caller)) {
+    match (caller.patience.is_retry(), Claimant::of(caller)) {
         (true, Some(claimant)) => match state.queue.claim_place(now, claimant) {
             Some(kept) => {
                 metrics::retry_place("claimed");
@@ -191,22 +254,26 @@ pub fn plan<'a>(
             None => now,
         },
         _ => now,
-    };
-    let refuse = |e: ApiError, keep: Option<u64>| {
-        if let Some(retry) = keep {
-            keep_place(state, rank, retry, Claimant::of(caller));
-        }
-        metrics::rejected(e.code());
-        e
-    };
+    }
+}
+
+/// What is ahead of a task at `rank`, in the order the slots will take them — queued tasks,
+/// its own tenant's admissions being prepared, and kept places — and its own place promised
+/// until its task is queued.
+fn line_ahead<'a>(
+    state: &'a SharedState,
+    snapshots: &[PoolSnapshot],
+    limits: &Limits,
+    caller: &Caller,
+    rank: Instant,
+) -> (Vec<Need>, Promised<'a>) {
     let (ahead, promised) = state.queue.ahead_of(
         caller.tenant(),
         limits.priority,
         rank,
         (limits.max_tokens, limits.prompt_tokens),
     );
-    let typical = state.cfg.admission.default_max_tokens as usize;
-    let mut ahead_needs: Vec<Need> = ahead
+    let mut needs: Vec<Need> = ahead
         .tasks
         .iter()
         .map(|t| Need {
@@ -227,28 +294,36 @@ pub fn plan<'a>(
     // places never stand before a free slot: while the tasks really ahead leave one free,
     // this task takes it (a place is a promise to a client that may not come back)
     let free_now: usize = snapshots.iter().map(|s| s.slots_free()).sum();
-    if ahead_needs.len() >= free_now {
+    if needs.len() >= free_now {
         let kept = Need {
-            max_tokens: typical,
+            max_tokens: state.cfg.admission.default_max_tokens as usize,
             prompt_tokens: limits.prompt_tokens,
         };
-        ahead_needs.extend(std::iter::repeat_n(kept, ahead.kept_places));
+        needs.extend(std::iter::repeat_n(kept, ahead.kept_places));
     }
-    let lines: Vec<PoolLine<'_>> = pools
-        .iter()
-        .zip(snapshots)
-        .map(|(p, s)| PoolLine {
-            snapshot: s,
-            in_slots: state.running.in_slots(p.id()),
-        })
-        .collect();
-    let probe_factor = state.cfg.admission.probe_pace_factor;
+    (needs, promised)
+}
 
-    // what the answer needs once it has a slot: alone (an idle pool's pace), and at the pace
-    // it is expected to run at beside the tasks running and those ahead of it (issue 33: a
-    // whole answer admitted on the mean pace ran at a full pool's and missed its deadline)
+/// What an answer needs once it has a slot, in ms: its first token and the whole of it, at
+/// the pace of one sequence alone and at the pace expected beside the tasks running and the
+/// `ahead` waiting (issue 33: a whole answer admitted on the mean pace ran at a full pool's
+/// and missed its deadline).
+struct Needs {
+    first_alone: u64,
+    whole_alone: u64,
+    first: u64,
+    whole: u64,
+}
+
+fn answer_needs(
+    snapshots: &[PoolSnapshot],
+    lines: &[PoolLine<'_>],
+    ahead: usize,
+    limits: &Limits,
+    probe_factor: f64,
+) -> Needs {
     let alone = eta::solo_ms_per_token(snapshots).unwrap_or(0.0);
-    let beside = eta::run_ms_per_token(&lines, ahead_needs.len(), probe_factor).unwrap_or(alone);
+    let beside = eta::run_ms_per_token(lines, ahead, probe_factor).unwrap_or(alone);
     let per_prompt_token =
         eta::mean_prefill_ms_per_token(snapshots).unwrap_or(alone * eta::PREFILL_SHARE_OF_A_STEP);
     let needs = |per_token: f64| {
@@ -256,16 +331,31 @@ pub fn plan<'a>(
         (first, first + (per_token * limits.max_tokens as f64) as u64)
     };
     let ((first_alone, whole_alone), (first, whole)) = (needs(alone), needs(beside));
-    let margin_ms = state.cfg.admission.deadline_margin_ms;
-    let confirmed = eta::pace_confirmed(snapshots) || limits.confirmed_elsewhere;
-    let measured = eta::pace_measured(snapshots) || limits.confirmed_elsewhere;
+    Needs {
+        first_alone,
+        whole_alone,
+        first,
+        whole,
+    }
+}
 
+/// The limits a task's wait must fit: its `deadline_ms`, its client's stated timeout (for a
+/// stream its first token, else its end; with the margin kept in hand), the longest queue
+/// wait.
+fn bounds_of(
+    state: &SharedState,
+    limits: &Limits,
+    caller: &Caller,
+    delivery: Delivery,
+    need: &Needs,
+) -> Vec<Bound> {
+    let margin_ms = state.cfg.admission.deadline_margin_ms;
     let mut bounds: Vec<Bound> = Vec::with_capacity(3);
     if let Some(end) = limits.end_within {
         bounds.push(Bound {
             limit_ms: ms(end),
-            need_alone_ms: whole_alone,
-            need_ms: whole,
+            need_alone_ms: need.whole_alone,
+            need_ms: need.whole,
             why: format!("deadline_ms {}", ms(end)),
             expires_queue: false,
             servers: false,
@@ -273,8 +363,8 @@ pub fn plan<'a>(
     }
     if let Some((timeout, source)) = caller.patience.timeout {
         let (need_alone_ms, need_ms) = match delivery {
-            Delivery::Streamed => (first_alone, first),
-            Delivery::Whole => (whole_alone, whole),
+            Delivery::Streamed => (need.first_alone, need.first),
+            Delivery::Whole => (need.whole_alone, need.whole),
         };
         bounds.push(Bound {
             limit_ms: ms(timeout),
@@ -300,105 +390,101 @@ pub fn plan<'a>(
             servers: true,
         });
     }
-    if let Some(b) = bounds.iter().find(|b| b.limit_ms < b.need_alone_ms) {
-        if confirmed {
-            // no wait at all would answer in time, at a pace real tasks showed: retrying
-            // cannot help
-            return Err(refuse(
-                ApiError::new(
-                    ErrorCode::DeadlineUnmet,
-                    format!(
-                        "{} cannot be met even with no wait: predicted {} ms to answer ({} ms short)",
-                        b.why,
-                        b.need_alone_ms,
-                        b.need_alone_ms - b.limit_ms
-                    ),
-                    false,
-                ),
-                None,
-            ));
-        }
+    bounds
+}
+
+/// The 422 of a limit no wait at all would meet, at a pace real tasks showed (retrying cannot
+/// help); a pace no real task confirmed refuses nothing for good (the task is tried on a free
+/// slot).
+fn unmeetable(bounds: &[Bound], confirmed: bool) -> Option<ApiError> {
+    let b = bounds.iter().find(|b| b.limit_ms < b.need_alone_ms)?;
+    if !confirmed {
         tracing::debug!(
             need_ms = b.need_alone_ms,
             limit_ms = b.limit_ms,
             "a limit the load-time pace says cannot be met: tried on a free slot, never refused for good"
         );
+        return None;
     }
-    let budget = bounds.iter().min_by_key(|b| b.allowed_ms(confirmed));
-    let queue_bound = bounds
-        .iter()
-        .filter(|b| b.expires_queue)
-        .min_by_key(|b| b.allowed_ms(confirmed));
-    let start_budget = queue_bound.map(|b| b.allowed_ms(confirmed).max(0) as u64);
-    let start_budget_servers = queue_bound.is_some_and(|b| b.servers);
+    Some(ApiError::new(
+        ErrorCode::DeadlineUnmet,
+        format!(
+            "{} cannot be met even with no wait: predicted {} ms to answer ({} ms short)",
+            b.why,
+            b.need_alone_ms,
+            b.need_alone_ms - b.limit_ms
+        ),
+        false,
+    ))
+}
 
-    let predicted = eta::predict_start_ms(&lines, &ahead_needs, probe_factor).unwrap_or(0);
-    let wait_allowed = budget
-        .filter(|_| !caller.patience.is_last_attempt())
-        .map(|b| Duration::from_millis(b.allowed_ms(confirmed).clamp(0, u64::MAX as i128) as u64));
-    // a replica of a cluster sees only its own slots and none of the cluster's queue: the
-    // line is checked against the cluster's once the task has its place there (`wait_allowed`)
-    let clustered = state.cluster_tasks.get().is_some();
-    if let Some(b) = budget.filter(|_| !clustered) {
-        let allowed = b.allowed_ms(confirmed);
-        let why = &b.why;
-        if predicted as i128 > allowed && caller.patience.is_last_attempt() {
-            // refused now, the client is lost for good; queued, it starts if the line moves
-            // faster than predicted, and leaves before any compute when its start budget ends
-            tracing::debug!(
-                predicted_start_ms = predicted,
-                allowed_wait_ms = allowed as i64,
-                "queued though predicted late: the client's last attempt"
-            );
-            metrics::retry_place("last_attempt_queued");
-        } else if predicted as i128 > allowed && !measured {
-            // an estimate, not a measurement: queued; once the running tasks show the pace the
-            // line is played again (shed.rs), and its start budget holds meanwhile
-            tracing::debug!(
-                predicted_start_ms = predicted,
-                allowed_wait_ms = allowed as i64,
-                "queued though predicted late: the pace is not measured yet"
-            );
-        } else if predicted as i128 > allowed {
-            let excess = (predicted as i128 - allowed) as u64;
-            let retry = retry_after_ms(excess, allowed.max(0) as u64);
-            tracing::debug!(
-                predicted_start_ms = predicted,
-                allowed_wait_ms = allowed as i64,
-                retry_after_ms = retry,
-                retry_count = caller.patience.retry_count,
-                ahead = ahead_needs.len(),
-                "refused: the line is too long for the client's time"
-            );
-            let message = if allowed < 0 {
-                format!(
-                    "with {} ahead and the slots busy, an answer takes {} ms at the pace expected now, past {why}: come back in {retry} ms",
-                    ahead_needs.len(),
-                    b.need_ms
-                )
-            } else {
-                format!(
-                    "the predicted wait for a slot ({predicted} ms, {} ahead) leaves no time to answer within {why}: come back in {retry} ms",
-                    ahead_needs.len()
-                )
-            };
-            return Err(refuse(
-                ApiError::new(ErrorCode::AdmissionReject, message, true)
-                    .with_retry_after(retry)
-                    .with_policy("deadline"),
-                Some(retry),
-            ));
-        }
-    }
-    Ok(Plan {
-        rank,
+/// The line played forward against the tightest limit.
+struct Late {
+    /// The predicted wait for a slot, ms.
+    predicted: u64,
+    /// The longest wait the limit allows, ms (negative: even no wait would not do at the
+    /// expected pace).
+    allowed: i128,
+    /// Tasks ahead.
+    ahead: usize,
+    /// Whether the pace is measured (else the prediction is an estimate).
+    measured: bool,
+}
+
+/// The 429 of a task whose predicted start is past what its tightest limit `b` allows, with
+/// the wait to come back after — unless it is the client's last attempt (queued: it starts if
+/// the line moves faster than predicted, and leaves before any compute when its start budget
+/// ends) or the pace is an estimate (queued: once the running tasks show the pace the line is
+/// played again, shed.rs).
+fn too_late(late: &Late, b: &Bound, caller: &Caller) -> Option<(ApiError, u64)> {
+    let Late {
+        predicted,
+        allowed,
+        ahead,
         measured,
-        predicted_start: Duration::from_millis(predicted),
-        start_budget: start_budget.map(Duration::from_millis),
-        start_budget_servers,
-        wait_allowed,
-        promised,
-    })
+    } = *late;
+    if predicted as i128 <= allowed {
+        return None;
+    }
+    if caller.patience.is_last_attempt() || !measured {
+        tracing::debug!(
+            predicted_start_ms = predicted,
+            allowed_wait_ms = allowed as i64,
+            measured,
+            "queued though predicted late: the client's last attempt, or an estimate"
+        );
+        if caller.patience.is_last_attempt() {
+            metrics::retry_place("last_attempt_queued");
+        }
+        return None;
+    }
+    let excess = (predicted as i128 - allowed) as u64;
+    let retry = retry_after_ms(excess, allowed.max(0) as u64);
+    tracing::debug!(
+        predicted_start_ms = predicted,
+        allowed_wait_ms = allowed as i64,
+        retry_after_ms = retry,
+        retry_count = caller.patience.retry_count,
+        ahead,
+        "refused: the line is too long for the client's time"
+    );
+    let why = &b.why;
+    let message = if allowed < 0 {
+        format!(
+            "with {ahead} ahead and the slots busy, an answer takes {} ms at the pace expected now, past {why}: come back in {retry} ms",
+            b.need_ms
+        )
+    } else {
+        format!(
+            "the predicted wait for a slot ({predicted} ms, {ahead} ahead) leaves no time to answer within {why}: come back in {retry} ms"
+        )
+    };
+    Some((
+        ApiError::new(ErrorCode::AdmissionReject, message, true)
+            .with_retry_after(retry)
+            .with_policy("deadline"),
+        retry,
+    ))
 }
 
 /// The line of each of `pools` as this replica tells the others of a cluster (issue 38): when
