@@ -157,7 +157,8 @@ pub struct AdmissionConfig {
     /// one): another tenant always finds one free.
     pub request_work_per_tenant: usize,
     /// Jobs of one tenant waiting for those threads; more are refused at once (429). 0 = the
-    /// queue's capacity (a burst the queue could hold is never refused for its preparation).
+    /// queue's capacity and the pools' slots, at least 16 (a burst the server could take is
+    /// never refused for its preparation).
     pub request_work_waiting_per_tenant: usize,
     /// Longest predicted wait for a slot a task is admitted with, and longest it stays queued
     /// (then it leaves with a retriable `QUEUE_TIMEOUT`); 0 = no limit.
@@ -179,21 +180,23 @@ pub const DEFAULT_REQUEST_WORK_NICE: u8 = 10;
 
 impl AdmissionConfig {
     /// How the request-work threads are set up (`queue_capacity`: what 0 waiting jobs means).
-    pub fn request_work_limits(
-        &self,
-        queue_capacity: usize,
-    ) -> crate::lifecycle::request_work::Limits {
+    /// What the request-work threads take; `could_take`: the tasks the server could hold at
+    /// once (its queue's capacity and its pools' slots).
+    pub fn request_work_limits(&self, could_take: usize) -> crate::lifecycle::request_work::Limits {
         crate::lifecycle::request_work::Limits {
             threads: self.tokenize_concurrency,
             nice: self.request_work_nice.min(candle::MAX_NICE),
             per_tenant: self.request_work_per_tenant,
             waiting_per_tenant: match self.request_work_waiting_per_tenant {
-                0 => queue_capacity.max(1),
+                0 => could_take.max(MIN_REQUEST_WORK_WAITING),
                 n => n,
             },
         }
     }
 }
+
+/// Least default bound of one tenant's requests waiting for the request-work threads.
+const MIN_REQUEST_WORK_WAITING: usize = 16;
 
 impl Default for AdmissionConfig {
     fn default() -> Self {

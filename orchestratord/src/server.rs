@@ -67,7 +67,9 @@ pub fn build_state(
         shutdown: tokio_util::sync::CancellationToken::new(),
         hyperswarm: std::sync::OnceLock::new(),
         request_work: crate::lifecycle::request_work::RequestWork::new(
-            cfg.admission.request_work_limits(cfg.queue.capacity),
+            cfg.admission.request_work_limits(
+                cfg.queue.capacity + cfg.pools.iter().map(|p| p.slots).sum::<usize>(),
+            ),
         ),
         workers: crate::remote_workers::WorkerRegistry::new(&cfg.workers),
         auth,

@@ -89,10 +89,16 @@ impl Replicas {
 
     /// The replica that took `id` first, once one did.
     async fn runner(&self, id: &str) -> usize {
+        let until = Instant::now() + Duration::from_secs(60);
         loop {
             if let Some(i) = self.runner_of(id) {
                 return i;
             }
+            assert!(
+                Instant::now() < until,
+                "no replica took {id} first:\n{}",
+                self.logs()
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -595,8 +601,12 @@ async fn submit_until_answered(base: &str, id: &str, body: &Value) -> (u16, usiz
             .json(&body)
             .send()
             .await;
-        match sent.map(|r| r.status().as_u16()) {
-            Ok(s @ (202 | 429)) => return (s, tries),
+        match sent {
+            Ok(r) if r.status() == 202 => return (202, tries),
+            Ok(r) if r.status() == 429 => {
+                eprintln!("{id}: 429 {}", r.text().await.unwrap_or_default());
+                return (429, tries);
+            }
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
     }

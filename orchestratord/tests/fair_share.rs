@@ -547,3 +547,148 @@ async fn quotas_answer_429_with_the_wait_at_which_the_request_passes() {
     // another tenant is not affected
     assert_eq!(submit("free", "interactive").await.status(), 202);
 }
+
+/// ORCH-FAIR-6 (issue 49): every API that submits takes `priority`, and a request that names
+/// none gets its tenant's highest class — a batch-only tenant is served on OpenAI's chat,
+/// completions and Responses, Anthropic's messages, Ollama's chat and generate and the task
+/// API as batch; asking interactive is a 400 naming `priority` on each.
+#[tokio::test]
+async fn a_batch_only_tenant_is_served_as_batch_on_every_api() {
+    let _one = SERIAL.lock().await;
+    let mut cfg = support::config(vec![support::real_pool("default", 2, 1024)]);
+    cfg.auth.keys = vec![format!(
+        "nightly:data:{} max_priority=batch",
+        key("nightly")
+    )];
+    let s = support::start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
+    let model = "SmolLM2-135M-Instruct.Q4_1";
+    let hello = json!([{"role": "user", "content": "Hello"}]);
+    let calls: Vec<(&str, Value)> = vec![
+        (
+            "/v1/chat/completions",
+            json!({"model": model, "messages": hello, "max_tokens": 2}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": model, "prompt": "Hello", "max_tokens": 2}),
+        ),
+        (
+            "/v1/responses",
+            json!({"model": model, "input": "Hello", "max_output_tokens": 2}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": model, "messages": hello, "max_tokens": 2}),
+        ),
+        (
+            "/api/chat",
+            json!({"model": model, "messages": hello, "stream": false, "options": {"num_predict": 2}}),
+        ),
+        (
+            "/api/generate",
+            json!({"model": model, "prompt": "Hello", "stream": false, "options": {"num_predict": 2}}),
+        ),
+        ("/v1/tasks", json!({"prompt": "Hello", "max_tokens": 2})),
+    ];
+    let batch =
+        |text: &str| support::counter(text, "orchd_tasks_enqueued_total{priority=\"batch\"}");
+    for (route, body) in calls {
+        let before = batch(&s.metrics().await);
+        let r = s
+            .client
+            .post(s.url(route))
+            .bearer_auth(key("nightly"))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let text = r.text().await.unwrap();
+        assert!(status == 200 || status == 202, "{route}: {status} {text}");
+        assert_eq!(
+            batch(&s.metrics().await),
+            before + 1.0,
+            "{route} ran as batch"
+        );
+        // named: batch is taken, interactive refused naming the field
+        let mut named = body.clone();
+        named["priority"] = json!("batch");
+        let r = s
+            .client
+            .post(s.url(route))
+            .bearer_auth(key("nightly"))
+            .json(&named)
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            r.status().is_success(),
+            "{route} with priority batch: {}",
+            r.status()
+        );
+        named["priority"] = json!("interactive");
+        let r = s
+            .client
+            .post(s.url(route))
+            .bearer_auth(key("nightly"))
+            .json(&named)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400, "{route} with priority interactive");
+        let text = r.text().await.unwrap();
+        assert!(
+            text.contains("priority") && text.contains("batch"),
+            "{route}: {text}"
+        );
+    }
+}
+
+/// ORCH-FAIR-5 (issue 49): `n` choices are admitted together — more than the tenant's
+/// `max_concurrent` could never pass and is a 400 naming `n` (it said "has 2 unfinished tasks"
+/// with none); the Responses API's 400 for `max_output_tokens: 0` names that field.
+#[tokio::test]
+async fn what_a_request_could_never_be_given_names_its_own_field() {
+    let _one = SERIAL.lock().await;
+    let mut cfg = support::config(vec![support::real_pool("default", 2, 1024)]);
+    cfg.auth.keys = vec![format!("pair:data:{} max_concurrent=2", key("pair"))];
+    let s = support::start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
+    let post = |route: &'static str, body: Value| {
+        let s = &s;
+        async move {
+            let r = s
+                .client
+                .post(s.url(route))
+                .bearer_auth(key("pair"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (
+                r.status().as_u16(),
+                r.json::<Value>().await.unwrap_or_default(),
+            )
+        }
+    };
+    let chat = |n: u32| json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2, "n": n});
+    let (status, v) = post("/v1/chat/completions", chat(4)).await;
+    assert_eq!(status, 400, "{v}");
+    let said = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("n = 4") && said.contains("max_concurrent"),
+        "{v}"
+    );
+    assert_eq!(v["error"]["param"], "n", "{v}");
+    let (status, v) = post("/v1/chat/completions", chat(2)).await;
+    assert_eq!(status, 200, "two choices within the quota: {v}");
+    assert_eq!(v["choices"].as_array().map(Vec::len), Some(2), "{v}");
+    let (status, v) = post(
+        "/v1/responses",
+        json!({"input": "Hello", "max_output_tokens": 0}),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "max_output_tokens", "{v}");
+    let said = v["error"]["message"].as_str().unwrap_or_default();
+    assert!(said.starts_with("max_output_tokens"), "{v}");
+}

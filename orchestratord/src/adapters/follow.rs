@@ -75,6 +75,10 @@ pub async fn admit_all(
     caller: &Caller,
     delivery: Delivery,
 ) -> Result<Vec<Arc<Task>>, ApiError> {
+    state
+        .quotas
+        .check_at_once(caller.tenant(), reqs.len())
+        .map_err(crate::lifecycle::quota::OverQuota::into_api)?;
     let mut tasks = Vec::with_capacity(reqs.len());
     for req in reqs {
         match admit(state, req, caller, delivery).await {

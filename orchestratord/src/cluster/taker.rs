@@ -30,6 +30,8 @@ const SLOT_POLL: Duration = Duration::from_millis(20);
 const STARTED_WAIT: Duration = Duration::from_secs(15);
 /// How long a relay publish is tried again (a stream between leaders answers nobody).
 const PUBLISH_FOR: Duration = Duration::from_secs(5);
+/// How long a taken task waits for the slots the pool's load-time measurement gives up.
+const MEASUREMENT_GIVES_WAY: Duration = Duration::from_secs(2);
 
 impl TaskPath {
     /// Starts taking tasks for each pool of this replica (and for pools added later).
@@ -242,7 +244,7 @@ impl TaskPath {
                 task.push_scored_token(t.t, t.logprobs);
             }
         }
-        let lease = match place(state, &task) {
+        let lease = match place_giving_way(state, pool_id, &task).await {
             Placement::Leased(lease) => lease,
             // the slot went to another task meanwhile: someone else's turn
             Placement::Wait => {
@@ -411,4 +413,25 @@ enum Outcome {
     Ended,
     Lost,
     HandBack,
+}
+
+/// A slot of `pool_id` for `task`. A pool that is still measuring its pace with every slot
+/// busy counts those slots free, and a lease cancels the measurement: its sequences end
+/// within a step or two, and the task waits for them rather than going back to the queue
+/// (where it would count as taken by a replica that stopped).
+async fn place_giving_way(state: &AppState, pool_id: &str, task: &Task) -> Placement {
+    let until = tokio::time::Instant::now() + MEASUREMENT_GIVES_WAY;
+    let mut last_try = false;
+    loop {
+        let placed = place(state, task);
+        if !matches!(placed, Placement::Wait) || last_try || tokio::time::Instant::now() >= until {
+            return placed;
+        }
+        // once more after the measurement ended: its slots are free then
+        last_try = !state
+            .pools
+            .get(pool_id)
+            .is_some_and(|p| p.snapshot().measuring);
+        tokio::time::sleep(SLOT_POLL).await;
+    }
 }

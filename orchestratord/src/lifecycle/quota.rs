@@ -104,6 +104,28 @@ impl Quotas {
         names.into_iter()
     }
 
+    /// The class a request of `tenant` that names none gets: the highest it may submit.
+    pub fn default_priority(&self, tenant: &str) -> contracts::Priority {
+        self.limits
+            .get(tenant)
+            .and_then(|l| l.max_priority)
+            .unwrap_or(contracts::Priority::Interactive)
+    }
+
+    /// Whether `tenant` may ever hold `n` tasks at once (the choices of one request, `n`,
+    /// are admitted together): a 400 naming `n` when its `max_concurrent` is smaller.
+    pub fn check_at_once(&self, tenant: &str, n: usize) -> Result<(), OverQuota> {
+        match self.limits.get(tenant).and_then(|l| l.max_concurrent) {
+            Some(max) if n > max => Err(OverQuota::Never {
+                field: "n",
+                why: format!(
+                    "n = {n} asks for {n} tasks at once; tenant {tenant:?} may hold {max} (its max_concurrent)"
+                ),
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Checks a request of `tenant` asking `priority` and `tokens` (prompt and `max_tokens`)
     /// with `in_flight` of its tasks, and `typical_wait_ms` (when a task of the tenant's is
     /// predicted to start or end, for the at-once quotas). Passing, the request is counted and

@@ -329,8 +329,9 @@ impl Pool {
             return None;
         }
         // a real task wants a slot: the load-time measurement gives way at once (its
-        // sequences end within a step; their slots wake the dispatcher when they are free)
-        if let Some((_, probe)) = g.probe.take() {
+        // sequences end within a step; their slots wake the dispatcher when they are free).
+        // It stays `measuring` until they did: its slots count free for admission meanwhile.
+        if let Some((_, probe)) = &g.probe {
             probe.cancel();
         }
         let engine = g.engine.clone()?;

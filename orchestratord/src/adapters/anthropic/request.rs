@@ -257,6 +257,7 @@ pub fn messages_task(req: &MessagesRequest) -> Result<(TaskRequest, Option<Toolb
         session_id: crate::adapters::openai::session_of(user),
         continue_final_message: prefill.then_some(true),
         json_schema,
+        priority: req.priority,
         ..Default::default()
     };
     Ok((task, toolbox))

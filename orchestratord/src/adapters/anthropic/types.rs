@@ -76,6 +76,9 @@ pub struct MessagesRequest {
     pub metadata: Option<Metadata>,
     /// `auto` | `standard_only`: accepted (one tier here).
     pub service_tier: Option<String>,
+    /// `interactive` | `batch`: the task's class (this server's extension, as vLLM's and
+    /// TensorRT-LLM's `priority`); default the tenant's highest allowed.
+    pub priority: Option<contracts::Priority>,
     /// Custom tools (`name`, `description`, `input_schema`); the model's calls are decoded
     /// under their schemas, so each `tool_use` input validates. Server tools (web search,
     /// bash, …) are refused by type.

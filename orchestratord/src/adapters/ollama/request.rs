@@ -186,6 +186,7 @@ pub fn chat_task(
         json_schema: format_schema(&req.format)?,
         logprobs: req.logprobs,
         top_logprobs: req.top_logprobs,
+        priority: req.priority,
         ..Default::default()
     };
     apply_options(state, &req.model, &req.options, &mut task)?;
@@ -247,6 +248,7 @@ pub fn generate_task(
         json_schema: format_schema(&req.format)?,
         logprobs: req.logprobs,
         top_logprobs: req.top_logprobs,
+        priority: req.priority,
         ..Default::default()
     };
     apply_options(state, &req.model, &req.options, &mut task)?;

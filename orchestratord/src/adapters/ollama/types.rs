@@ -100,6 +100,9 @@ pub struct ChatRequest {
     /// With `logprobs`: the likeliest tokens at each step, 0-20.
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<u32>,
+    /// `interactive` | `batch`: the task's class (this server's extension, as vLLM's and
+    /// TensorRT-LLM's `priority`); default the tenant's highest allowed.
+    pub priority: Option<contracts::Priority>,
 }
 
 /// `POST /api/generate`.
@@ -136,6 +139,9 @@ pub struct GenerateRequest {
     /// With `logprobs`: the likeliest tokens at each step, 0-20.
     #[schema(minimum = 0, maximum = 20)]
     pub top_logprobs: Option<u32>,
+    /// `interactive` | `batch`: the task's class (this server's extension, as vLLM's and
+    /// TensorRT-LLM's `priority`); default the tenant's highest allowed.
+    pub priority: Option<contracts::Priority>,
 }
 
 /// An answer's message.

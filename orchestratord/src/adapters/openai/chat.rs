@@ -91,6 +91,7 @@ fn to_task(req: &ChatRequest, tools: Option<&Toolbox>) -> Result<TaskRequest, Ap
         json_schema,
         logprobs: req.logprobs,
         top_logprobs: req.top_logprobs,
+        priority: req.priority,
         ..Default::default()
     })
 }

@@ -180,6 +180,9 @@ pub struct ChatRequest {
     pub tool_choice: Option<super::tools::ToolChoiceField>,
     /// More than one call in an answer (default true).
     pub parallel_tool_calls: Option<bool>,
+    /// `interactive` | `batch`: the task's class (this server's extension, as vLLM's and
+    /// TensorRT-LLM's `priority`); default the tenant's highest allowed.
+    pub priority: Option<contracts::Priority>,
     /// Fields of OpenAI's API not implemented here: refused unless neutral.
     #[serde(flatten)]
     pub unimplemented: super::unimplemented::Unimplemented,
@@ -246,6 +249,9 @@ pub struct CompletionRequest {
     /// Each choice's text starts with its prompt (streamed as the choice's first frame).
     #[serde(default)]
     pub echo: bool,
+    /// `interactive` | `batch`: the task's class (this server's extension, as vLLM's and
+    /// TensorRT-LLM's `priority`); default the tenant's highest allowed.
+    pub priority: Option<contracts::Priority>,
     pub user: Option<String>,
     /// Sampling extensions (llama.cpp's and vLLM's names): 0 disables top-k.
     pub top_k: Option<u32>,

@@ -122,11 +122,15 @@ type Admitted = (AdmissionResponse, Arc<Task>, bool);
 
 async fn admit_task(
     state: &SharedState,
-    req: TaskRequest,
+    mut req: TaskRequest,
     caller: &Caller,
     delivery: Delivery,
 ) -> Result<Admitted, ApiError> {
     let owner = caller.tenant();
+    // a request that names no class gets the highest its tenant may submit
+    req.priority = req
+        .priority
+        .or_else(|| Some(state.quotas.default_priority(owner)));
     if state.is_shutting_down() {
         return Err(rejected(
             ApiError::new(ErrorCode::ShuttingDown, "the server is shutting down", true)

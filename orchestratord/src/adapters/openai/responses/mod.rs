@@ -127,7 +127,10 @@ pub async fn responses(
     let (task_req, toolbox) = to_task(&req)?;
     let tools = toolbox.is_some();
     let shaped_by = if tools { "tools" } else { "text.format" };
-    let rename = |e| follow::renamed(e, "json_schema", shaped_by);
+    let rename = |e| {
+        let e = follow::renamed(e, "json_schema", shaped_by);
+        follow::renamed(e, "max_tokens", "max_output_tokens")
+    };
     let task = follow::admit(&state, task_req, &caller, delivery)
         .await
         .map_err(rename)?;

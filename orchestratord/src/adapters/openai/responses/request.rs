@@ -191,6 +191,7 @@ pub fn to_task(req: &ResponsesRequest) -> Result<(TaskRequest, Option<Toolbox>),
         top_p: req.top_p,
         session_id: crate::adapters::openai::session_of(user),
         json_schema,
+        priority: req.priority,
         ..Default::default()
     };
     Ok((task, toolbox))

@@ -124,6 +124,9 @@ pub struct ResponsesRequest {
     /// Refused when true: answers are not kept to be fetched later.
     pub background: Option<bool>,
     pub service_tier: Option<String>,
+    /// `interactive` | `batch`: the task's class (this server's extension, as vLLM's and
+    /// TensorRT-LLM's `priority`); default the tenant's highest allowed.
+    pub priority: Option<contracts::Priority>,
 }
 
 /// A piece of output text.
