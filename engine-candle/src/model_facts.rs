@@ -15,6 +15,20 @@ pub fn parameters(content: &Content) -> u64 {
         .sum()
 }
 
+/// Where the GGUF's tensor data ends: its last tensor's end after the data offset.
+fn data_end(content: &Content) -> u64 {
+    let last = content
+        .tensor_infos
+        .values()
+        .map(|t| {
+            let blocks = t.shape.elem_count() / t.ggml_dtype.block_size().max(1);
+            t.offset + (blocks * t.ggml_dtype.type_size()) as u64
+        })
+        .max()
+        .unwrap_or(0);
+    content.tensor_data_offset + last
+}
+
 /// llama.cpp's name for a `general.file_type` (its `llama_ftype`), for the types it still
 /// writes.
 fn file_type_name(ft: u32) -> Option<&'static str> {
@@ -110,6 +124,16 @@ pub fn inspect(path: &std::path::Path) -> crate::Result<FileFacts> {
             crate::error::message_of(&e)
         ))
     })?;
+    // a file cut short (a download that stopped) reads as a header: its tensors say where it
+    // must end — refused before anything is unloaded to make room for it
+    let needs = data_end(&content);
+    let has = f.metadata().map_or(u64::MAX, |m| m.len());
+    if needs > has {
+        return Err(crate::EngineError::BadModel(format!(
+            "{}: truncated: its tensors end at byte {needs}, the file has {has} bytes",
+            path.display()
+        )));
+    }
     let md = &content.metadata;
     let text = |k: &str| match md.get(k) {
         Some(Value::String(s)) => Some(s.clone()),

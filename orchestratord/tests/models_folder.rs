@@ -310,6 +310,34 @@ async fn a_model_that_cannot_load_fails_once() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// MOD-FOLDER-4 (issue 49): a file cut short (a download that stopped) is refused from its
+/// header — a 400 naming `model` that says so, without a path — before anything is unloaded
+/// to make room for it: the idle model that fills the budget stays loaded and answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_file_unloads_nothing() {
+    let smol = std::fs::canonicalize(default_model_path()).unwrap();
+    let dir = folder("cut", &[("cut-smol", smol.clone())]);
+    let bytes = std::fs::read(&smol).unwrap();
+    std::fs::write(dir.join("cut-half.gguf"), &bytes[..bytes.len() / 2]).unwrap();
+    // SmolLM2 (94 MiB) with a 64 MiB KV budget: one fits in 200, not two
+    let s = start_with(
+        folder_config(&dir, 200, 0),
+        Arc::new(pool_manager::candle::CandleFactory),
+    )
+    .await;
+    assert_eq!(chat(&s, "cut-smol", "Hi").await.status(), 200);
+    let r = chat(&s, "cut-half", "Hi").await;
+    let status = r.status();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "model", "{v}");
+    let said = v["error"]["message"].as_str().unwrap();
+    assert!(said.contains("truncated") && !said.contains('/'), "{v}");
+    assert_eq!(pool_ids(&s).await, vec!["auto-cut-smol"]);
+    assert_eq!(chat(&s, "cut-smol", "Hi").await.status(), 200);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// MOD-FOLDER-5: an operator's drain of an on-demand pool: while it loads, a 409 that says
 /// so (the request waiting for it is answered once it loads); once it serves, the drain
 /// unloads it, and the next request loads the model again and is answered.

@@ -141,15 +141,29 @@ impl PoolDirectory {
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         1 + peers
             .iter()
-            .filter(|(name, p)| **name != self.replica && p.written.elapsed() < 3 * self.heartbeat)
+            .filter(|(name, p)| **name != self.replica && self.heard(&peers, p))
             .count()
+    }
+
+    /// Whether `p` counts as live: heard from within three heartbeats — or, while this
+    /// replica's own announcements do not come back either (the bucket's leader stopped: the
+    /// directory is silent, not its replicas), heard within three heartbeats of the last one
+    /// of its own that did.
+    fn heard(&self, peers: &HashMap<String, Peer>, p: &Peer) -> bool {
+        let window = 3 * self.heartbeat;
+        if p.written.elapsed() < window {
+            return true;
+        }
+        peers
+            .get(&self.replica)
+            .is_some_and(|own| own.written.elapsed() >= window && p.written + window > own.written)
     }
 
     fn of_others<T>(&self, of: impl Fn(&Peer) -> Vec<T>) -> Vec<T> {
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         let mut names: Vec<&String> = peers
             .iter()
-            .filter(|(name, p)| **name != self.replica && p.written.elapsed() < 3 * self.heartbeat)
+            .filter(|(name, p)| **name != self.replica && self.heard(&peers, p))
             .map(|(name, _)| name)
             .collect();
         names.sort();

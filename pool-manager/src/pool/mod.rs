@@ -826,8 +826,9 @@ fn busy(g: &Inner) -> usize {
 /// task has leased the current engine (a lease cancels it first): all its slots are the
 /// measurement's.
 fn busy_with_tasks(g: &Inner) -> usize {
+    // once a lease cancelled it, tasks may hold slots beside its last sequences: all count
     let measuring = match (&g.probe, &g.engine) {
-        (Some(_), Some(e)) => e.slots_in_use(),
+        (Some((_, probe)), Some(e)) if !probe.is_cancelled() => e.slots_in_use(),
         _ => 0,
     };
     busy(g).saturating_sub(measuring)
