@@ -396,7 +396,7 @@ def drained_reload_rollback(srv, a):
 
 def reload_memory(srv, a):
     """Reloads release the old engine's memory: resident memory after each comes back within
-    10 % (+64 MB) of what the load left, within 15 s."""
+    10 % (+64 MB) of what the load left, within a minute."""
     words = "the quick brown fox jumps over a lazy dog while rivers run to seas".split()
     # prompts (in words) that fit the context: short 2,048, full 8,192 positions a slot
     sizes = [300, 900, 1400] if a.short else [400, 1500, 3000, 6000]
@@ -422,13 +422,15 @@ def reload_memory(srv, a):
     for _ in range(2 if a.short else 4):
         st = http_call(srv, "POST", "/v1/pools/default/reload",
                        {"new_model_ref": os.path.abspath(a.model)}, key=ADMIN, timeout=120)[0]
-        # the new engine's measurement with every slot busy runs for a moment after the
-        # reload (on a busy machine, seconds): its sequences' memory is not the old engine's
-        settled = settle_rss(srv, before * 1.10 + 64, within_s=15)
+        # the new engine's measurement with every slot busy runs after the reload: its
+        # prefills' memory is not the old engine's. It took 4.5 s here (debug build, one
+        # thread); on CI's slower machine over 15 s once. An old engine kept would hold its
+        # memory for the whole minute.
+        settled = settle_rss(srv, before * 1.10 + 64, within_s=60)
         samples.append((st, round(settled)))
     worst = max(s for _, s in samples)
     held = all(st == 200 for st, _ in samples) and worst <= before * 1.10 + 64
-    return held, (f"after the load {before:.0f} MB; after each reload, within 15 s "
+    return held, (f"after the load {before:.0f} MB; after each reload, within 60 s "
                   f"(status, MB): {samples}")
 
 
