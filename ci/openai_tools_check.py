@@ -5,7 +5,9 @@ the function's schema (`finish_reason: tool_calls`, `content: null`), the tool's
 as a `tool` message beside the assistant's `tool_calls`, and the second turn answers; a named
 choice calls that function; `none` answers in text; streamed calls arrive as `tool_calls` deltas
 (index, id, name, then argument fragments) that add up to the non-streamed call; and the
-refusals name their field. The same through the Responses API (ADP-TOOL-4): `function_call`
+refusals name their field; parallel calls (the default) end at a repeated call, streamed
+and whole, and an answer cut by max_tokens never shows its JSON (ADP-TOOL-6). The same through
+the Responses API (ADP-TOOL-4): `function_call`
 output items whose arguments validate, the call and its `function_call_output` sent back as input
 items, a named choice, and the streamed `function_call_arguments` events adding up to the call.
 Exits non-zero at the first failure.
@@ -141,8 +143,51 @@ def main():
     refused("tool_choice", tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
     refused("tools[0].function.name", tools=[{"type": "function", "function": {"name": "bad name"}}])
     refused("response_format", tools=TOOLS, response_format={"type": "json_object"})
+    repeats_and_cuts(client, model)
     responses(client, model)
     print("all tools checks passed")
+
+
+SEARCH = [{"type": "function", "function": {
+    "name": "search", "description": "Search the web",
+    "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}}}]
+
+
+def repeats_and_cuts(client, model):
+    """ADP-TOOL-6 (issue 49): with parallel calls on (the default) the 135M model repeated its
+    call until max_tokens — 8 identical calls — and a runaway argument cut by max_tokens came
+    back as the answer object's JSON in `content`."""
+    cats = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": "Hi! Search for cats and dogs."}]
+    r = client.chat.completions.create(model=model, messages=cats, tools=SEARCH, temperature=0,
+                                       max_tokens=300)
+    c = r.choices[0]
+    calls = [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []]
+    check(calls and len(set(calls)) == len(calls) and c.finish_reason == "tool_calls",
+          f"parallel calls by default: distinct calls, finish_reason tool_calls "
+          f"({c.finish_reason}, {r.usage.completion_tokens} tokens): {calls}")
+    check(r.usage.completion_tokens < 300, "the answer ended at the repeat, not at max_tokens")
+    stream = client.chat.completions.create(model=model, messages=cats, tools=SEARCH,
+                                            temperature=0, max_tokens=300, stream=True)
+    streamed, finish = {}, None
+    for chunk in stream:
+        for ch in chunk.choices:
+            for d in ch.delta.tool_calls or []:
+                e = streamed.setdefault(d.index, ["", ""])
+                e[0] += (d.function.name or "") if d.function else ""
+                e[1] += (d.function.arguments or "") if d.function else ""
+            finish = ch.finish_reason or finish
+    check([tuple(v) for _, v in sorted(streamed.items())] == calls and finish == "tool_calls",
+          f"streamed: the same distinct calls, no repeat sent ({finish}): {streamed}")
+    # a runaway argument (the 135M model writes a URL that never ends) cut by max_tokens
+    news = [{"role": "user", "content": "Find me news about Rust."}]
+    for mt in (48, 300):
+        r = client.chat.completions.create(model=model, messages=news, tools=SEARCH,
+                                           temperature=0, max_tokens=mt)
+        m = r.choices[0].message
+        check("tool_calls" not in (m.content or "") and not (m.content or "").startswith("{"),
+              f"max_tokens {mt}: no answer JSON as content ({r.choices[0].finish_reason}): "
+              f"{m.content!r} {m.tool_calls}")
 
 
 def responses(client, model):

@@ -242,6 +242,9 @@ pub struct TaskRecord {
     pub engine_version: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub model_ref: Option<String>,
+    /// In a cluster: the replica that ran it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<String>,
     pub ctx: u32,
     pub timings: TaskTimings,
     #[serde(skip_serializing_if = "Option::is_none")]

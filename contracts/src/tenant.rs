@@ -28,7 +28,8 @@ pub struct TenantStatus {
     pub max_priority: Option<crate::Priority>,
 }
 
-/// `GET /v1/tenants`: configured tenants and those with tasks queued or running.
+/// `GET /v1/tenants`: configured tenants, those with keys, those served so far (idle ones
+/// too) and those with tasks queued or running.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 #[schema(example = json!({"fairness": "tenant", "queue_capacity": 64, "tenants": [{"tenant": "alice", "weight": 3.0, "queued": 2, "running": 1, "queue_share": 48.0, "weighted_tokens_served": 1520.5, "requests_per_minute": 60}]}))]
 pub struct TenantList {

@@ -170,6 +170,14 @@ impl EngineOptions {
     }
 }
 
+/// The context per sequence a load of `opts` would serve, read from the GGUF's header alone
+/// (what `/v1/models` says of a model before it is loaded).
+pub fn served_context(opts: &EngineOptions) -> Result<usize> {
+    let file = GgufFile::open(&opts.model_path)?;
+    let hp = Hparams::from_metadata(&file.content.metadata)?;
+    context_for(&hp, opts)
+}
+
 /// Tokens per sequence: `opts.ctx` (at most the trained context), or for 0 the trained context
 /// cut (to a multiple of 256 tokens) to what `opts.settings.kv_cache_max_bytes` holds for every slot.
 fn context_for(hp: &Hparams, opts: &EngineOptions) -> Result<usize> {

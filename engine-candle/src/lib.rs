@@ -44,9 +44,9 @@ pub use compute_priority::{lower_current_thread, MAX_NICE};
 pub use constrained::{Constrained, ConstraintFailure};
 pub use cpu_parallel::fault;
 pub use engine::{
-    configure_process_threads, CandleEngine, DeviceChoice, EngineOptions, EngineSettings,
-    ModelInfo, DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS,
-    DEFAULT_STEP_PROMPT_TOKENS, ENGINE_NAME, ENGINE_VERSION,
+    configure_process_threads, served_context, CandleEngine, DeviceChoice, EngineOptions,
+    EngineSettings, ModelInfo, DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES,
+    DEFAULT_STEP_MS, DEFAULT_STEP_PROMPT_TOKENS, ENGINE_NAME, ENGINE_VERSION,
 };
 pub use error::{EngineError, Result};
 pub use hparams::{Activation, Hparams, RopeStyle, SlidingWindow};

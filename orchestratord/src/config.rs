@@ -706,7 +706,8 @@ pub struct ClusterConfig {
     /// This replica's name, unique in the cluster (letters, digits, `-`, `_`); also from env
     /// `ORCHD_REPLICA_ID`. Default: the host's name.
     pub replica_id: String,
-    /// Copies JetStream keeps of the cluster's buckets and streams (at most the NATS nodes).
+    /// Copies JetStream keeps of the cluster's buckets and streams (at most the NATS nodes;
+    /// 1 for a NATS server on its own); also from env `ORCHD_CLUSTER_STREAM_REPLICAS`.
     pub stream_replicas: usize,
     /// How often a replica announces its pools; one silent for three of these is left out.
     pub heartbeat_ms: u64,
@@ -1079,7 +1080,8 @@ impl Config {
     }
 
     /// `ORCHD_BIND`, `ORCHD_QUEUE_CAPACITY`, `ORCHD_QUEUE_POLICY`, `ORCHD_RECORDS_PATH`,
-    /// `ORCHD_CLUSTER_NATS`, `ORCHD_REPLICA_ID` (the host's name when a cluster is set), and
+    /// `ORCHD_CLUSTER_NATS`, `ORCHD_REPLICA_ID` (the host's name when a cluster is set),
+    /// `ORCHD_CLUSTER_STREAM_REPLICAS`, and
     /// for the first pool
     /// `ORCHD_MODEL`, `ORCHD_SLOTS`, `ORCHD_CTX`, `ORCHD_THREADS`, `ORCHD_DEVICE`.
     pub fn apply_env(&mut self) -> Result<(), ConfigError> {
@@ -1129,6 +1131,9 @@ impl Config {
         }
         if let Some(v) = env_parse::<String>("ORCHD_REPLICA_ID")? {
             self.cluster.replica_id = v;
+        }
+        if let Some(v) = env_parse::<usize>("ORCHD_CLUSTER_STREAM_REPLICAS")? {
+            self.cluster.stream_replicas = v;
         }
         if self.cluster.enabled() && self.cluster.replica_id.is_empty() {
             self.cluster.replica_id = host_name();

@@ -455,6 +455,7 @@ pub fn tokens_in(n: usize) {
 
 pub fn token_out() {
     counter!(TOKENS_OUT).increment(1);
+    crate::routes::console::history::token_out();
 }
 
 pub fn error(code: ErrorCode) {
@@ -475,6 +476,7 @@ pub fn cluster(interactive: u64, batch: u64, replicas: usize) {
 
 pub fn ttft(d: Duration) {
     histogram!(TTFT).record(d.as_secs_f64());
+    crate::routes::console::history::first_token(d);
 }
 
 pub fn token_latency(d: Duration) {

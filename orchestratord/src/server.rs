@@ -80,6 +80,7 @@ pub fn build_state(
         cluster: std::sync::OnceLock::new(),
         cluster_tasks: std::sync::OnceLock::new(),
         admitting: Default::default(),
+        console_history: Default::default(),
         started_at: Instant::now(),
         cfg,
     });
@@ -186,6 +187,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/", get(routes::console::index))
         .route("/console/console.js", get(routes::console::script))
         .route("/console/console.css", get(routes::console::style))
+        .route("/console/history", get(routes::console::history::history))
         .route("/livez", get(routes::probes::livez))
         .route("/readyz", get(routes::probes::readyz))
         .route("/metrics", get(routes::meta::metrics))
@@ -257,6 +259,7 @@ pub async fn start_background(state: &SharedState) -> Background {
 pub fn start_loops(state: &SharedState) {
     tokio::spawn(crate::lifecycle::dispatcher::run(state.clone()));
     tokio::spawn(state.clone().metrics_upkeep_loop());
+    routes::console::History::spawn(state.clone());
     crate::models_folder::ModelsFolder::spawn_upkeep(state.clone());
 }
 

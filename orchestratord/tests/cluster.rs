@@ -201,6 +201,60 @@ async fn a_replica_whose_cluster_does_not_answer_does_not_start() {
     );
 }
 
+/// CLU-START-1 (issue 49): one NATS node on its own with the default three copies of each
+/// stream: the replica exits at once saying why and how to fix it (it used to wait out
+/// `connect_timeout_ms` and say it could not reach the cluster it had reached); with
+/// `ORCHD_CLUSTER_STREAM_REPLICAS=1` it joins and serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_nats_node_is_named_as_the_reason_and_one_copy_serves() {
+    let nats = NatsCluster::start(1).await;
+    let urls = nats.urls();
+    let cfg = replica_config("lone");
+    let mut p = spawn_env(
+        "lone",
+        &["--bind".into(), format!("127.0.0.1:{}", free_port())],
+        &cfg,
+        &[
+            ("ORCHD_CLUSTER_NATS", urls.as_str()),
+            ("ORCHD_REPLICA_ID", "lone"),
+        ],
+    );
+    let (status, log) = tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            if let Some(s) = p.child.try_wait().unwrap() {
+                return (Some(s), p.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (None, p.log_text())
+    })
+    .await
+    .unwrap();
+    let status = status.unwrap_or_else(|| panic!("still running after 10 s: {log}"));
+    assert!(!status.success(), "{log}");
+    assert!(
+        log.contains("runs alone") && log.contains("ORCHD_CLUSTER_STREAM_REPLICAS=1"),
+        "{log}"
+    );
+    assert!(!log.contains("cannot reach"), "{log}");
+    let env = [
+        ("ORCHD_CLUSTER_NATS", urls.as_str()),
+        ("ORCHD_REPLICA_ID", "lone"),
+        ("ORCHD_CLUSTER_STREAM_REPLICAS", "1"),
+    ];
+    let (_p, base) = server_env(&replica_config("lone"), &env).await;
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/chat/completions"))
+        .json(
+            &serde_json::json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
 /// CLU-CANCEL-1: a cancel sent to a replica that does not hold the task reaches the one that
 /// runs it: 204, and the task's stream there ends `cancelled` within moments; an id no replica
 /// holds is 404 on every replica.

@@ -203,6 +203,23 @@ async fn tasks_run_on_any_replica_and_stream_from_any() {
         .unwrap();
     assert!(rec, "no record of the first task on r2: {stored}");
     assert_eq!(stored["tokens_out"], 24, "{stored}");
+    // issue 49: where it ran, as the replica running it said
+    let ran_on = r.runner_of(&ids[0]).map(|i| format!("r{i}"));
+    assert_eq!(
+        (
+            &stored["pool_id"],
+            &stored["engine"],
+            stored["replica"].as_str().map(String::from)
+        ),
+        (&json!("p"), &json!("candle"), ran_on),
+        "{stored}"
+    );
+    assert!(
+        stored["model_ref"]
+            .as_str()
+            .is_some_and(|m| m.ends_with(".gguf")),
+        "{stored}"
+    );
     assert_eq!(
         stored["transcript"].as_array().map(Vec::len),
         Some(read_stream(&b[1], &ids[0], None, |_| false).await.len()),
@@ -296,6 +313,33 @@ async fn tasks_run_on_any_replica_and_stream_from_any() {
             "cancel of {id} through r2: ended on r0 and r1 within {:?}",
             sent.elapsed()
         );
+    }
+    // issue 49: a cancelled task's record, read on any replica, times what it decoded
+    for id in &admitted {
+        let rec = eventually(Duration::from_secs(5), || async {
+            let v: Value = reqwest::get(format!("{}/v1/artifacts/{id}", b[1]))
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap_or_default();
+            v["terminal"]["event"] == "end"
+        })
+        .await;
+        let stored: Value = reqwest::get(format!("{}/v1/artifacts/{id}", b[1]))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert!(rec, "{stored}");
+        if stored["tokens_out"].as_u64().unwrap_or(0) > 1 {
+            assert!(
+                stored["terminal"]["decode_time_ms"].as_u64() > Some(0)
+                    && stored["timings"]["decode_time_ms"].as_u64() > Some(0),
+                "{stored}"
+            );
+        }
     }
     // the places are free again once the takers dropped the cancelled tasks still queued
     let free = eventually(Duration::from_secs(5), || async {

@@ -2,7 +2,9 @@
 //! DevTools protocol) against a server on the real model: the page loads with no error of its
 //! own, asks for a key, shows the default pool to an admin key, streams a chat, stops one, shows
 //! a 429's advised wait and the recent tasks' outcomes, and hides the admin panels from a data
-//! key. A screenshot is kept in
+//! key; the chat keeps its conversation (and a system prompt), the model list starts with the
+//! server's default, the pools table fits at 1280 px and the charts show the last minutes as
+//! soon as the page opens (FC-CON-2, issue 49). A screenshot is kept in
 //! `target/test-artifacts/console.png` for review.
 
 mod support;
@@ -47,6 +49,7 @@ async fn chat(b: &mut Browser, prompt: &str, max_tokens: u32) {
 
 const STATUS: &str = "document.getElementById('chat-status').textContent";
 const ANSWER: &str = "document.getElementById('answer').textContent";
+const CONVERSATION: &str = "document.getElementById('conversation').innerText";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_shows_the_pools_streams_a_chat_stops_it_and_shows_a_refusal() {
@@ -97,8 +100,25 @@ async fn the_console_shows_the_pools_streams_a_chat_stops_it_and_shows_a_refusal
         "the chat's end",
     )
     .await;
-    let answer = b.eval(&format!("Promise.resolve({ANSWER})")).await;
-    assert!(!answer.as_str().unwrap().trim().is_empty(), "{done}");
+    // issue 49: the answer joins the conversation shown above the prompt; the model list
+    // starts with the server's own choice
+    let talk = b.eval(&format!("Promise.resolve({CONVERSATION})")).await;
+    let talk = talk.as_str().unwrap().to_string();
+    assert!(
+        talk.starts_with("You: What is the capital of France?")
+            && talk.contains("\nModel: ")
+            && talk.len() > "You: What is the capital of France?\nModel: ".len(),
+        "{done}: {talk}"
+    );
+    let model = b
+        .eval("Promise.resolve([document.getElementById('model').options[0].value, document.getElementById('model').value])")
+        .await;
+    assert_eq!(model, json!(["", ""]));
+    // the next turn sends the system prompt and the whole conversation
+    b.eval(
+        "Promise.resolve((() => { window.sent = []; const f = window.fetch; window.fetch = (u, o) => { if (o && o.method === 'POST' && String(u).endsWith('/v1/tasks')) window.sent.push(JSON.parse(o.body)); return f(u, o); }; document.getElementById('system').value = 'You tell stories.'; return true; })())",
+    )
+    .await;
 
     // a long one, stopped once it streams
     chat(
@@ -114,6 +134,10 @@ async fn the_console_shows_the_pools_streams_a_chat_stops_it_and_shows_a_refusal
         "the long chat streaming",
     )
     .await;
+    let roles = b
+        .eval("Promise.resolve(window.sent[0].messages.map((m) => m.role))")
+        .await;
+    assert_eq!(roles, json!(["system", "user", "assistant", "user"]));
     b.eval("Promise.resolve((() => { document.getElementById('stop').click(); return true; })())")
         .await;
     let stopped = until(
@@ -207,6 +231,21 @@ async fn the_console_shows_the_pools_streams_a_chat_stops_it_and_shows_a_refusal
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("console.png"), &png).unwrap();
     assert!(png.starts_with(b"\x89PNG"), "a PNG");
+    // issue 49: at 1280 px the pools table fits its panel (no scrollbar)
+    let fits = b
+        .eval("Promise.resolve((() => { const p = document.getElementById('pools-panel'); return [p.scrollWidth, p.clientWidth]; })())")
+        .await;
+    assert!(fits[0].as_u64() <= fits[1].as_u64(), "{fits}");
+    // issue 49: opened again, the charts show the last minutes at once (the server's notes)
+    b.goto(&format!("{}/", s.base)).await;
+    let points = until(
+        &mut b,
+        "document.body.dataset.ready === 'true'",
+        "(document.querySelector('#tps polyline')?.getAttribute('points') || '').split(' ').filter((p) => p).length",
+        "the page opened again",
+    )
+    .await;
+    assert!(points.as_u64().unwrap() >= 2, "{points}");
     for id in &ids {
         client
             .post(s.url(&format!("/v1/tasks/{id}/cancel")))

@@ -681,3 +681,60 @@ async fn what_a_request_could_never_be_given_names_its_own_field() {
     let said = v["error"]["message"].as_str().unwrap_or_default();
     assert!(said.starts_with("max_output_tokens"), "{v}");
 }
+
+/// ORCH-FAIR-4 (issue 49): `/v1/tenants` lists every tenant with keys, idle ones too — one
+/// served and gone idle keeps its count, as `/metrics` does — not only those with tasks in
+/// line; alone in line a tenant may fill the whole queue (`queue_share` is queue places).
+#[tokio::test]
+async fn idle_tenants_with_keys_are_listed() {
+    let mut cfg = support::config(vec![support::real_pool("default", 2, 1024)]);
+    cfg.queue.capacity = 8;
+    cfg.auth.keys = ["carol", "dave", "ops"]
+        .iter()
+        .map(|t| {
+            let scope = if *t == "ops" { "admin" } else { "data" };
+            format!("{t}:{scope}:{}", key(t))
+        })
+        .collect();
+    let s = support::start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await;
+    let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
+    let r = s
+        .client
+        .post(s.url("/v1/chat/completions"))
+        .bearer_auth(key("carol"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let list: Value = s
+        .client
+        .get(s.url("/v1/tenants"))
+        .bearer_auth(key("ops"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let tenant = |name: &str| {
+        list["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["tenant"] == name)
+            .cloned()
+            .unwrap_or_else(|| panic!("{name} not listed: {list}"))
+    };
+    let carol = tenant("carol");
+    assert_eq!(
+        (&carol["queued"], &carol["running"]),
+        (&json!(0), &json!(0))
+    );
+    assert!(
+        carol["weighted_tokens_served"].as_f64().unwrap() > 0.0,
+        "{carol}"
+    );
+    assert_eq!(carol["queue_share"], json!(8.0), "alone: the whole queue");
+    assert_eq!(tenant("dave")["weighted_tokens_served"], json!(0.0));
+}

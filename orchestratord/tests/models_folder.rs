@@ -3,7 +3,7 @@
 //! is loaded (`/v1/models`, Ollama's `/api/tags`), requests that alternate each answered by their model while the other is
 //! unloaded, a burst for an unloaded model loading it once, idle models unloaded after
 //! `keep_alive_s`, a file removed while listed, and a model that cannot load failing once
-//! (no retry loop).
+//! (no retry loop); before a load, `/v1/models` says the context a load serves.
 
 mod support;
 
@@ -117,9 +117,21 @@ async fn a_folder_of_two_models_under_a_budget_that_holds_one() {
     );
     let m = find(&listed, "fm-smol").unwrap();
     assert_eq!(
-        (&m["architecture"], &m["quantization"], &m["max_model_len"]),
-        (&json!("llama"), &json!("Q4_1"), &json!(8192))
+        (&m["architecture"], &m["quantization"]),
+        (&json!("llama"), &json!("Q4_1"))
     );
+    // issue 49: before a load, the context a load serves — the 64 MiB KV budget holds less
+    // than the trained 8,192 — and `created` is when the file last changed
+    let served_before = m["max_model_len"].as_u64().unwrap();
+    assert!((256..8192).contains(&served_before), "{m}");
+    let mtime = std::fs::metadata(dir.join("fm-smol.gguf"))
+        .unwrap()
+        .modified()
+        .unwrap()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert_eq!(m["created"], json!(mtime), "{m}");
     assert!(
         pool_ids(&s).await.is_empty(),
         "nothing loaded before it is asked for"
@@ -160,6 +172,16 @@ async fn a_folder_of_two_models_under_a_budget_that_holds_one() {
             "counted by the engine: {v}"
         );
         assert_eq!(pool_ids(&s).await, vec!["auto-fm-smol"]);
+        let loaded = find(&s.get_json("/v1/models").await, "fm-smol").unwrap();
+        assert_eq!(
+            (
+                &loaded["loaded"],
+                &loaded["max_model_len"],
+                &loaded["created"]
+            ),
+            (&json!(true), &json!(served_before), &json!(mtime)),
+            "{loaded}"
+        );
         let r = s
             .post(
                 "/v1/completions",
@@ -461,6 +483,23 @@ async fn a_requests_keep_alive_decides_when_its_model_unloads() {
         vec!["auto-kr-smol"],
         "keep_alive -1 stays"
     );
+    let ps = s.get_json("/api/ps").await;
+    assert!(ps["models"][0].get("expires_at").is_none(), "-1: {ps}");
+    // issue 49: `/api/ps` says when a model loaded on demand unloads if unused
+    let (status, _) = generate(&s, ask(json!("5m"))).await;
+    assert_eq!(status, 200);
+    let ps = s.get_json("/api/ps").await;
+    let at = ps["models"][0]["expires_at"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{ps}"));
+    let left = humantime::parse_rfc3339(at)
+        .unwrap()
+        .duration_since(std::time::SystemTime::now())
+        .unwrap();
+    assert!(
+        (Duration::from_secs(240)..=Duration::from_secs(300)).contains(&left),
+        "{ps}"
+    );
 
     // Ollama's unload call: no prompt, keep_alive 0
     let (status, v) = generate(
@@ -512,11 +551,79 @@ async fn configured_pools_count_in_the_budget_and_stay() {
     assert_eq!(v["error"]["param"], "model", "{v}");
     assert_eq!(pool_ids(&s).await, vec!["p1"]);
     assert_eq!(chat(&s, "pinned-smol", "Hi").await.status(), 200);
+    // issue 49 (Ollama's habits on a configured pool): its unload call says it stays loaded
+    // (`load` and a notice), `/api/ps` gives it no expiry, `/api/show` says tools work, and
+    // a `num_ctx` over the 512 served is the 512 served, as Ollama clamps
+    let r = s
+        .post(
+            "/api/generate",
+            &json!({"model": "pinned-smol", "keep_alive": 0, "stream": false}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let notice = r.headers().get("x-orchd-notice").cloned();
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["done_reason"], "load", "{v}");
+    assert!(notice.is_some_and(|n| n.to_str().unwrap().contains("stays loaded")));
+    assert_eq!(pool_ids(&s).await, vec!["p1"]);
+    let ps = s.get_json("/api/ps").await;
+    assert_eq!(ps["models"][0]["name"], "pinned-smol", "{ps}");
+    assert!(ps["models"][0].get("expires_at").is_none(), "{ps}");
+    let show: serde_json::Value = s
+        .post("/api/show", &json!({"model": "pinned-smol"}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        show["capabilities"],
+        json!(["completion", "tools"]),
+        "{show}"
+    );
+    let (status, v) = generate(
+        &s,
+        json!({"model": "pinned-smol", "prompt": "Hi", "stream": false,
+               "options": {"num_predict": 2, "num_ctx": 100000}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
     drop(s);
     let s = start(1024).await;
     assert_eq!(chat(&s, "pin-gemma", "Hi").await.status(), 200);
     let mut ids = pool_ids(&s).await;
     ids.sort();
     assert_eq!(ids, vec!["auto-pin-gemma", "p1"]);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// MOD-FOLDER-2 (issue 49): ten concurrent first requests for a model that needs another
+/// evicted all wait for the one load (before: 1-3 of them were 503 `POOL_UNAVAILABLE`, "busy
+/// hold …", as each made room for a copy of its own), back and forth.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_first_requests_wait_for_the_one_load() {
+    let smol = std::fs::canonicalize(default_model_path()).unwrap();
+    let dir = folder("burst", &[("burst-a", smol.clone()), ("burst-b", smol)]);
+    // SmolLM2 (94 MiB) with a 64 MiB KV budget: one fits in 200, not two
+    let s = Arc::new(
+        start_with(
+            folder_config(&dir, 200, 0),
+            Arc::new(pool_manager::candle::CandleFactory),
+        )
+        .await,
+    );
+    assert_eq!(chat(&s, "burst-a", "Hi").await.status(), 200);
+    for model in ["burst-b", "burst-a", "burst-b"] {
+        let answers = futures::future::join_all((0..10).map(|i| {
+            let s = s.clone();
+            async move {
+                let r = chat(&s, model, &format!("Say {i}.")).await;
+                (r.status().as_u16(), r.text().await.unwrap_or_default())
+            }
+        }))
+        .await;
+        let refused: Vec<_> = answers.iter().filter(|(st, _)| *st != 200).collect();
+        assert!(refused.is_empty(), "{model}: {refused:?}");
+        assert_eq!(pool_ids(&s).await, vec![format!("auto-{model}")]);
+    }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -196,7 +196,23 @@ impl Engine for CandlePortEngine {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CandleFactory;
 
+/// The engine options of a load of `model_ref` for `spec`.
+fn options(spec: &PoolSpec, model_ref: &str, settings: &Settings) -> EngineOptions {
+    let mut opts = EngineOptions::new(model_ref);
+    opts.slots = spec.slots;
+    opts.ctx = spec.ctx;
+    opts.settings = settings.clone();
+    opts
+}
+
 impl EngineFactory for CandleFactory {
+    fn served_context(&self, spec: &PoolSpec, model_ref: &str) -> Option<usize> {
+        let EngineConfig::Local(settings) = &spec.engine else {
+            return None;
+        };
+        engine_candle::served_context(&options(spec, model_ref, settings)).ok()
+    }
+
     fn load(&self, spec: &PoolSpec, model_ref: &str) -> Result<Arc<dyn Engine>, PortError> {
         let EngineConfig::Local(settings) = &spec.engine else {
             return Err(PortError::Load(format!(
@@ -204,17 +220,14 @@ impl EngineFactory for CandleFactory {
                 spec.id
             )));
         };
-        let mut opts = EngineOptions::new(model_ref);
-        opts.slots = spec.slots;
-        opts.ctx = spec.ctx;
-        opts.settings = settings.clone();
-        let engine = CandleEngine::load(opts).map_err(|e| match e {
-            // the file as it is: loading it again gives the same answer
-            EngineError::Unsupported(_) | EngineError::BadModel(_) => {
-                PortError::Unloadable(e.to_string())
-            }
-            other => PortError::Load(other.to_string()),
-        })?;
+        let engine =
+            CandleEngine::load(options(spec, model_ref, settings)).map_err(|e| match e {
+                // the file as it is: loading it again gives the same answer
+                EngineError::Unsupported(_) | EngineError::BadModel(_) => {
+                    PortError::Unloadable(e.to_string())
+                }
+                other => PortError::Load(other.to_string()),
+            })?;
         let info = engine.info();
         if spec.ctx == 0 && info.ctx < info.ctx_train {
             // FC-CTX-1: said at start, not found out from a refused prompt

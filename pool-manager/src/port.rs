@@ -15,4 +15,10 @@ use crate::spec::PoolSpec;
 pub trait EngineFactory: Send + Sync + 'static {
     /// Loads `model_ref` for `spec`. Runs on a blocking thread.
     fn load(&self, spec: &PoolSpec, model_ref: &str) -> Result<Arc<dyn Engine>, PortError>;
+
+    /// The context per sequence a load of `model_ref` for `spec` would serve, when it can be
+    /// told without loading (a file's header). Blocking: file reads.
+    fn served_context(&self, _spec: &PoolSpec, _model_ref: &str) -> Option<usize> {
+        None
+    }
 }

@@ -48,6 +48,12 @@ impl PoolRegistry {
     /// Builds the pool `spec` describes and adds it: a local pool in `Loading` (call
     /// [`Pool::load`] or [`Pool::load_once`]; [`PoolRegistry::load_all`] loads every one), a
     /// remote pool `Ready` with its worker's engine. The one way pools are made.
+    /// The context per sequence a local pool of `spec` would serve once loaded, when its
+    /// model's file tells (blocking: a header read).
+    pub fn served_context(&self, spec: &PoolSpec) -> Option<usize> {
+        self.factory.served_context(spec, &spec.model_ref)
+    }
+
     pub fn add(&self, spec: PoolSpec) -> Result<Arc<Pool>, AddError> {
         let mut g = self.pools.write().unwrap_or_else(|p| p.into_inner());
         if g.iter().any(|p| p.id() == spec.id) {

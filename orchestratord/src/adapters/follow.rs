@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use contracts::{ErrorCode, TaskRequest};
 
+use crate::adapters::tool_calls::AnswerStream;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::admission;
@@ -166,10 +167,45 @@ pub async fn collect(sub: Subscription) -> Result<(String, contracts::SseEnd), A
     collect_scored(sub).await.map(|(text, _, end)| (text, end))
 }
 
+/// A task's whole text, its tokens' log-probabilities (when it has them) and its `end`.
+pub type Collected = (String, Vec<contracts::SseLogprobs>, contracts::SseEnd);
+
 /// [`collect`] with the tokens' log-probabilities, when the task has them.
-pub async fn collect_scored(
+pub async fn collect_scored(sub: Subscription) -> Result<Collected, ApiError> {
+    collect_watching(sub, |_| {}).await
+}
+
+/// [`collect_scored`] for an answer under tools: the task ends where the model begins a call
+/// identical to an earlier one ([`end_at_repeat`]).
+pub async fn collect_tool_answer(
+    state: &SharedState,
+    task: &Arc<Task>,
     sub: Subscription,
-) -> Result<(String, Vec<contracts::SseLogprobs>, contracts::SseEnd), ApiError> {
+) -> Result<Collected, ApiError> {
+    let mut scan = AnswerStream::new();
+    collect_watching(sub, |text| {
+        scan.push(text);
+        if scan.repeated() {
+            end_at_repeat(state, task);
+        }
+    })
+    .await
+}
+
+/// Ends `task` where its answer under tools began a call identical to an earlier one (see
+/// [`AnswerStream`]): it stops decoding, and its `end` says `stop` (the adapters' tool-call
+/// ending); the repeat is given to no client.
+pub fn end_at_repeat(state: &SharedState, task: &Task) {
+    if state.complete_task(task, "stop", None) {
+        tracing::debug!(task_id = %task.id, "the answer repeated a tool call: it ends there");
+    }
+}
+
+/// Collects the task's events to its end, showing `watch` each token's text as it comes.
+async fn collect_watching(
+    sub: Subscription,
+    mut watch: impl FnMut(&str),
+) -> Result<Collected, ApiError> {
     use futures::StreamExt;
     let mut text = String::new();
     let mut scores = Vec::new();
@@ -177,6 +213,7 @@ pub async fn collect_scored(
     while let Some(ev) = events.next().await {
         match ev {
             TaskEvent::Token(t) => {
+                watch(&t.t);
                 text.push_str(&t.t);
                 scores.extend(t.logprobs);
             }
@@ -191,12 +228,21 @@ pub async fn collect_scored(
 }
 
 /// Waits for the ends of all of a request's tasks: each one's text, log-probabilities and
-/// `end`; the first failure answers at once (dropping the other subscriptions cancels them).
+/// `end` (`tools`: each an answer under tools, see [`collect_tool_answer`]); the first failure
+/// answers at once (dropping the other subscriptions cancels them).
 pub async fn collect_all(
     state: &SharedState,
     tasks: &[Arc<Task>],
-) -> Result<Vec<(String, Vec<contracts::SseLogprobs>, contracts::SseEnd)>, ApiError> {
-    futures::future::try_join_all(tasks.iter().map(|t| collect_scored(subscribe(state, t)))).await
+    tools: bool,
+) -> Result<Vec<Collected>, ApiError> {
+    futures::future::try_join_all(tasks.iter().map(|t| async move {
+        let sub = subscribe(state, t);
+        match tools {
+            true => collect_tool_answer(state, t, sub).await,
+            false => collect_scored(sub).await,
+        }
+    }))
+    .await
 }
 
 /// `event: <name>\ndata: <json>\n\n`: a named SSE event (Anthropic's, the Responses API's).

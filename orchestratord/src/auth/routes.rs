@@ -69,7 +69,7 @@ pub fn classify(method: &Method, path: &str) -> (Access, Shape) {
     };
     let access = if OPEN_PATHS.contains(&path) || path == contracts::worker::CONNECT_PATH {
         Access::Open
-    } else if path == "/metrics" {
+    } else if path == "/metrics" || path == "/console/history" {
         Access::Metrics
     } else if path.starts_with("/v1/pools")
         || path.starts_with("/v1/workers")

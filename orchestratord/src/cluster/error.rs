@@ -12,6 +12,10 @@ pub enum ClusterError {
         waited_ms: u64,
         message: String,
     },
+    #[error(
+        "cluster.stream_replicas = {replicas} needs a NATS cluster of at least {replicas} JetStream nodes, and the NATS server at {url} runs alone: set cluster.stream_replicas = 1 (env ORCHD_CLUSTER_STREAM_REPLICAS=1) or join it to a cluster"
+    )]
+    NotClustered { replicas: usize, url: String },
     #[error("JetStream: {0}")]
     JetStream(String),
 }

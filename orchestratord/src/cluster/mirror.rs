@@ -3,15 +3,15 @@
 //! disconnect grace). The replica that admitted a task follows it from its `started`; any other
 //! adopts it when a client asks for it there (a stream resumed after its replica died).
 //!
-//! A followed task that ends here by a cancel (the client's, or its disconnect) stops where it
-//! runs: the cancel goes to the other replicas, and a cancelled `end` goes on the relay, so a
-//! task still queued is dropped by whoever takes it.
+//! A followed task that ends here (a cancel, the client's or its disconnect's, or a tool answer
+//! ended at a repeated call) stops where it runs: the cancel goes to the other replicas, and the
+//! `end` it had here goes on the relay, so a task still queued is dropped by whoever takes it.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use contracts::{ErrorCode, TaskState};
+use contracts::ErrorCode;
 use futures::{Stream, StreamExt};
 
 use super::cancel::CancelAsk;
@@ -65,13 +65,14 @@ impl TaskPath {
                 },
             }
         }
-        // it ended here, not by the relay: a cancel stops it where it runs
-        if task.state() == TaskState::Cancelled {
+        // it ended here, not by the relay (a cancel, or a tool answer that began repeating a
+        // call): it stops where it runs
+        if task.is_terminal() {
             self.stop_elsewhere(&task).await;
         }
     }
 
-    /// Puts a cancelled `end` on the relay and asks the replica running `task` to stop it.
+    /// Puts the `end` it had here on the relay and asks the replica running `task` to stop it.
     async fn stop_elsewhere(&self, task: &Task) {
         let end = task.lock().events.last().cloned();
         if let Some(end @ TaskEvent::End(_)) = end {
@@ -170,7 +171,13 @@ impl TaskPath {
 
 /// Applies one relayed event to `task`; true once the task has ended.
 fn apply(state: &AppState, task: &Task, payload: &[u8]) -> bool {
-    let Some(ev) = WireEvent::decode(payload).and_then(|w| w.to_event()) else {
+    let Some(wire) = WireEvent::decode(payload) else {
+        return false;
+    };
+    if let Some(placed) = wire.placed.clone() {
+        task.mark_placed_elsewhere(placed);
+    }
+    let Some(ev) = wire.to_event() else {
         return false;
     };
     match ev {

@@ -82,6 +82,17 @@ impl Cluster {
                 Err(_) => return Err(unreachable("no answer".into())),
             }
         };
+        // a server on its own (no cluster) keeps one copy of a stream: asked for more, each
+        // create would fail until the start gave up, as if the server did not answer
+        if let Some(info) = client
+            .try_server_info()
+            .filter(|i| i.cluster.is_none() && cfg.stream_replicas > 1)
+        {
+            return Err(ClusterError::NotClustered {
+                replicas: cfg.stream_replicas,
+                url: format!("{}:{}", info.host, info.port),
+            });
+        }
         let js = jetstream::new(client.clone());
         let directory = loop {
             match PoolDirectory::open(&js, cfg).await {

@@ -278,6 +278,7 @@ impl TaskPath {
                 from,
                 n,
                 last,
+                placed_said: false,
             };
             path.relay_run(state, run).await
         });
@@ -350,7 +351,12 @@ impl TaskPath {
     /// Appends `events` after `run.last`.
     async fn append_all(&self, task_id: &str, run: &mut Run, events: &[TaskEvent]) -> Appending {
         for ev in events {
-            let payload = WireEvent::of(ev).encode();
+            let mut wire = WireEvent::of(ev);
+            if !run.placed_said {
+                wire.placed = run.task.placement(self.cluster.replica());
+                run.placed_said = wire.placed.is_some();
+            }
+            let payload = wire.encode();
             let until = tokio::time::Instant::now() + PUBLISH_FOR;
             let appended = loop {
                 match self
@@ -400,6 +406,8 @@ struct Run {
     n: u64,
     /// The id of the task's last event on the relay (this replica's, or the history's).
     last: u64,
+    /// Whether where it runs went on the relay (with the first event appended once placed).
+    placed_said: bool,
 }
 
 enum Appending {

@@ -141,6 +141,20 @@ impl FairShare {
         out
     }
 
+    /// The tenants it knows, idle ones too: configured and key-set ones (the labelled), then
+    /// those served so far, in name order.
+    pub fn known(&self) -> Vec<String> {
+        let mut out = self.labelled.clone();
+        let served: Vec<String> = self.lock().served.keys().cloned().collect();
+        for t in served {
+            if !out.contains(&t) {
+                out.push(t);
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
     /// Weighted tokens served to `tenant` so far.
     pub fn served(&self, tenant: &str) -> f64 {
         self.lock().served.get(tenant).copied().unwrap_or(0.0)

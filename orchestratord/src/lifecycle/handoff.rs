@@ -35,6 +35,20 @@ pub struct WireEvent {
     /// On the task's first event (`started`) only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handoff: Option<Box<Handoff>>,
+    /// On the first event a replica that took the task appends: where it runs (what the
+    /// replicas following it put in its record).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placed: Option<Placed>,
+}
+
+/// Where a task runs, as the replica running it says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placed {
+    pub replica: String,
+    pub pool_id: String,
+    pub engine: String,
+    pub engine_version: String,
+    pub model_ref: String,
 }
 
 impl WireEvent {
@@ -44,6 +58,7 @@ impl WireEvent {
             event: t.event,
             data: t.data,
             handoff: None,
+            placed: None,
         }
     }
 
@@ -131,6 +146,7 @@ mod tests {
             event: "token".into(),
             data: serde_json::json!({"nope": 1}),
             handoff: None,
+            placed: None,
         };
         assert!(odd.to_event().is_none());
     }

@@ -54,6 +54,8 @@ pub struct AppState {
     pub cluster_tasks: std::sync::OnceLock<Arc<dyn crate::lifecycle::cluster_port::ClusterPort>>,
     /// In a cluster: the admissions under way, by client task id (`in_flight.rs`).
     pub admitting: crate::lifecycle::in_flight::InFlight,
+    /// The console's last minutes (throughput, time to first token).
+    pub console_history: crate::routes::console::History,
     pub started_at: Instant,
 }
 

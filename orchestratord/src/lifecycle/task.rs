@@ -108,6 +108,8 @@ pub struct TaskInner {
     /// The prompt tokens as the engine that ran the task counted them (a remote worker's
     /// `token_counts`), when admission could only estimate.
     pub counted_prompt_tokens: Option<u32>,
+    /// Followed while another replica runs it: where it runs, as that replica said.
+    pub placed_elsewhere: Option<crate::lifecycle::handoff::Placed>,
 }
 
 impl TaskInner {
@@ -237,6 +239,7 @@ impl Task {
                 events: Vec::with_capacity(16),
                 pool_id: None,
                 engine: None,
+                placed_elsewhere: None,
                 placed_at: None,
                 first_token_at: None,
                 last_token_at: None,
@@ -332,6 +335,24 @@ impl Task {
             g.events.push(TaskEvent::Started(started));
             self.bump(&g);
         }
+    }
+
+    /// Where the replica running it says it runs (a task this replica follows).
+    pub fn mark_placed_elsewhere(&self, placed: crate::lifecycle::handoff::Placed) {
+        self.lock().placed_elsewhere = Some(placed);
+    }
+
+    /// Where it runs, as a replica following it tells the others: its pool and engine.
+    pub fn placement(&self, replica: &str) -> Option<crate::lifecycle::handoff::Placed> {
+        let g = self.lock();
+        let e = g.engine.as_ref()?;
+        Some(crate::lifecycle::handoff::Placed {
+            replica: replica.to_string(),
+            pool_id: g.pool_id.clone()?,
+            engine: e.engine.clone(),
+            engine_version: e.engine_version.clone(),
+            model_ref: e.model_ref.clone(),
+        })
     }
 
     /// Records placement. False when the task already ended (e.g. cancelled while placed).
@@ -544,6 +565,7 @@ impl Task {
             TaskEvent::Error(p) => Some(TerminalEvent::Error(p.clone())),
             _ => None,
         });
+        let elsewhere = g.placed_elsewhere.as_ref();
         let decode_time_ms = match (g.first_token_at, g.ended_at) {
             (Some(a), Some(b)) => Some((b - a).as_millis() as u64),
             _ => None,
@@ -558,10 +580,26 @@ impl Task {
             max_tokens: self.spec.max_tokens as u32,
             prompt_tokens: self.prompt_tokens as u32,
             tokens_out: g.tokens_out,
-            pool_id: g.pool_id.clone(),
-            engine: g.engine.as_ref().map(|e| e.engine.clone()),
-            engine_version: g.engine.as_ref().map(|e| e.engine_version.clone()),
-            model_ref: g.engine.as_ref().map(|e| e.model_ref.clone()),
+            pool_id: g
+                .pool_id
+                .clone()
+                .or_else(|| elsewhere.map(|p| p.pool_id.clone())),
+            engine: g
+                .engine
+                .as_ref()
+                .map(|e| e.engine.clone())
+                .or_else(|| elsewhere.map(|p| p.engine.clone())),
+            engine_version: g
+                .engine
+                .as_ref()
+                .map(|e| e.engine_version.clone())
+                .or_else(|| elsewhere.map(|p| p.engine_version.clone())),
+            model_ref: g
+                .engine
+                .as_ref()
+                .map(|e| e.model_ref.clone())
+                .or_else(|| elsewhere.map(|p| p.model_ref.clone())),
+            replica: elsewhere.map(|p| p.replica.clone()),
             ctx: self.ctx as u32,
             timings: TaskTimings {
                 queued_ms: since(g.placed_at),

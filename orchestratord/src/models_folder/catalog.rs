@@ -23,11 +23,17 @@ pub struct Entry {
     pub name: String,
     pub path: PathBuf,
     pub bytes: u64,
+    /// When the file last changed (`/v1/models`' `created`).
+    pub modified: Option<SystemTime>,
     /// What its header says, or why it could not be read.
     pub facts: Result<FileFacts, String>,
+    /// The context per sequence a load of it would serve, with the folder's settings
+    /// ([`super::ModelsFolder::entries`] fills it in).
+    pub served_ctx: Option<usize>,
 }
 
-type Version = (PathBuf, u64, Option<SystemTime>);
+/// A file as it is: its path, size and modification time.
+pub type Version = (PathBuf, u64, Option<SystemTime>);
 
 pub struct Catalog {
     dirs: Vec<PathBuf>,
@@ -156,7 +162,9 @@ impl Catalog {
             name,
             path: path.to_path_buf(),
             bytes: meta.len(),
+            modified: meta.modified().ok(),
             facts,
+            served_ctx: None,
         })
     }
 }

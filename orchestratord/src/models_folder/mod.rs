@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-pub use catalog::{Catalog, Entry, MAX_FILES};
+pub use catalog::{Catalog, Entry, Version as FileVersion, MAX_FILES};
 use contracts::ErrorCode;
 use pool_manager::{candle, Pool, PoolSpec, PoolState};
 
@@ -49,6 +49,12 @@ pub struct ModelsFolder {
     /// On-demand pools by pool id. Held across no await.
     owned: Mutex<HashMap<String, Owned>>,
     failed: Mutex<HashMap<String, (Instant, String)>>,
+    /// Held while one request makes room for a model and adds its pool (across no await):
+    /// concurrent first requests for a model find the pool the first one added, instead of
+    /// making room for a second copy (issue 49: 1-3 of 10 were refused as over the budget).
+    starting: Mutex<()>,
+    /// What a load of each file version would serve ([`Self::served_context`]).
+    served: Mutex<HashMap<FileVersion, Option<usize>>>,
     /// File bytes a millisecond of the last load timed here.
     load_rate: Mutex<Option<f64>>,
 }
@@ -102,6 +108,8 @@ impl ModelsFolder {
             cfg: cfg.clone(),
             owned: Mutex::new(HashMap::new()),
             failed: Mutex::new(HashMap::new()),
+            starting: Mutex::new(()),
+            served: Mutex::new(HashMap::new()),
             load_rate: Mutex::new(None),
         }
     }
@@ -197,9 +205,48 @@ impl ModelsFolder {
             return Vec::new();
         }
         let s = state.clone();
-        tokio::task::spawn_blocking(move || s.models_folder.catalog.entries())
-            .await
-            .unwrap_or_default()
+        tokio::task::spawn_blocking(move || {
+            let me = &s.models_folder;
+            let mut list = me.catalog.entries();
+            for e in list.iter_mut().filter(|e| e.facts.is_ok()) {
+                e.served_ctx = me.served_context(&s, e);
+            }
+            list
+        })
+        .await
+        .unwrap_or_default()
+    }
+
+    /// The context per sequence a load of `e` would serve (blocking: its header, read once
+    /// a version of the file).
+    fn served_context(&self, state: &SharedState, e: &Entry) -> Option<usize> {
+        let version = (e.path.clone(), e.bytes, e.modified);
+        let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ctx) = served.get(&version) {
+            return *ctx;
+        }
+        let ctx = state.pools.served_context(&self.spec_for(&e.name, &e.path));
+        if served.len() >= MAX_FILES {
+            served.clear();
+        }
+        served.insert(version, ctx);
+        ctx
+    }
+
+    /// The pool that serves `model` (its file at `path`) on demand.
+    fn spec_for(&self, model: &str, path: &std::path::Path) -> PoolSpec {
+        let settings = candle::Settings {
+            kv_cache_max_bytes: (self.cfg.kv_cache_mib << 20) as usize,
+            ..Default::default()
+        };
+        PoolSpec::local(
+            &pool_id(model),
+            &path.display().to_string(),
+            Some(model),
+            self.cfg.slots.max(1),
+            self.cfg.ctx,
+            settings,
+        )
     }
 
     /// Makes sure a request for `model` has a pool to wait for: when no pool serves it and the
@@ -271,20 +318,21 @@ impl ModelsFolder {
             ));
         }
         let estimate = entry.bytes + (me.cfg.kv_cache_mib << 20);
+        let starting = me.starting.lock().unwrap_or_else(|p| p.into_inner());
+        // another request for it started its pool while this one read the folder: that load
+        // is the one to wait for
+        let serving: Vec<Arc<Pool>> = state
+            .pools
+            .all()
+            .into_iter()
+            .filter(|p| p.serves(model))
+            .collect();
+        if !serving.is_empty() {
+            return Ok(me.load_wait_ms(&serving, state.started_at));
+        }
         me.make_room(state, estimate, model)?;
         let id = pool_id(model);
-        let settings = candle::Settings {
-            kv_cache_max_bytes: (me.cfg.kv_cache_mib << 20) as usize,
-            ..Default::default()
-        };
-        let spec = PoolSpec::local(
-            &id,
-            &entry.path.display().to_string(),
-            Some(model),
-            me.cfg.slots.max(1),
-            me.cfg.ctx,
-            settings,
-        );
+        let spec = me.spec_for(model, &entry.path);
         let pool = match state.pools.add(spec) {
             Ok(p) => p,
             // another request for it got here first
@@ -301,6 +349,7 @@ impl ModelsFolder {
                 keep_alive: None,
             },
         );
+        drop(starting);
         let wait = me.load_ms(entry.bytes);
         let file_bytes = entry.bytes;
         tracing::info!(model, pool = %id, path = %entry.path.display(), "loading a model of the folder on demand");

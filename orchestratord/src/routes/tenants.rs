@@ -7,7 +7,8 @@ use contracts::{TenantList, TenantStatus};
 
 use crate::lifecycle::state::SharedState;
 
-/// Tenants: configured ones and those with tasks queued or running.
+/// Tenants: configured ones, those with keys, those served so far (idle ones too) and those
+/// with tasks queued or running.
 #[utoipa::path(
     get, operation_id = "listTenants", path = "/v1/tenants", tag = "control",
     responses((status = 200, description = "Each tenant's weight, tasks, share and quotas", body = TenantList))
@@ -15,13 +16,20 @@ use crate::lifecycle::state::SharedState;
 pub async fn list(State(state): State<SharedState>) -> Json<TenantList> {
     let queued = state.queue.by_tenant();
     let running = state.running.owners();
+    let fair = state.queue.fair();
     let mut names: Vec<String> = state.quotas.configured().map(str::to_string).collect();
-    for t in queued.iter().map(|(t, _)| t).chain(&running) {
+    let known = fair.known();
+    let keyed = state.auth.keys.tenants();
+    for t in keyed
+        .iter()
+        .chain(&known)
+        .chain(queued.iter().map(|(t, _)| t))
+        .chain(&running)
+    {
         if !names.contains(t) {
             names.push(t.clone());
         }
     }
-    let fair = state.queue.fair();
     let capacity = state.queue.capacity();
     let tenants = names
         .iter()

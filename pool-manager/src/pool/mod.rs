@@ -271,6 +271,18 @@ impl Pool {
         self.lock().engine.clone()
     }
 
+    /// The context per sequence it serves: its engine's, or before one is loaded what a load
+    /// would serve (blocking then: the model file's header), else the configured `ctx`.
+    pub fn served_context(&self) -> usize {
+        match self.engine() {
+            Some(e) => e.descriptor().ctx_max,
+            None => self
+                .factory
+                .served_context(&self.spec, &self.spec.model_ref)
+                .unwrap_or(self.spec.ctx),
+        }
+    }
+
     pub fn snapshot(&self) -> PoolSnapshot {
         let g = self.lock();
         PoolSnapshot {

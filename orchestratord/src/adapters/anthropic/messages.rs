@@ -79,9 +79,13 @@ pub async fn messages(
     let model = req.model.clone();
     let mut sub = follow::subscribe(&state, &task);
     if !req.stream {
-        let (text, end) = follow::collect(sub).await.map_err(rename)?;
+        let (text, _, end) = match tools {
+            true => follow::collect_tool_answer(&state, &task, sub).await,
+            false => follow::collect_scored(sub).await,
+        }
+        .map_err(rename)?;
         let (content, called) = if tools {
-            super::tools::content(text, &task_id)
+            super::tools::content(&text, &task_id)
         } else {
             (vec![ContentBlock::Text { text }], false)
         };
@@ -130,6 +134,7 @@ pub async fn messages(
     opening.push(follow::sse_event("ping", &json!({"type": "ping"})));
     // under tools: the answer followed block by block (and whether the open one is a call)
     let blocks = tools.then(|| (BlockStream::new(), false));
+    let followed = task.clone();
     let rest = sub
         .into_stream(follow::keepalive(&state))
         .scan(blocks, move |blocks, f| {
@@ -137,11 +142,17 @@ pub async fn messages(
                 (Followed::KeepAlive, _) => {
                     vec![follow::sse_event("ping", &json!({"type": "ping"}))]
                 }
-                (Followed::Event(_, TaskEvent::Token(t)), Some((scan, in_call))) => scan
-                    .push(&t.t)
-                    .into_iter()
-                    .map(|step| block_frame(step, in_call, scan.calls(), &task_id))
-                    .collect(),
+                (Followed::Event(_, TaskEvent::Token(t)), Some((scan, in_call))) => {
+                    let steps = scan.push(&t.t);
+                    if scan.repeated() {
+                        follow::end_at_repeat(&state, &followed);
+                    }
+                    let calls = scan.calls();
+                    steps
+                        .into_iter()
+                        .map(|step| block_frame(step, in_call, calls, &task_id))
+                        .collect()
+                }
                 (Followed::Event(_, TaskEvent::Token(t)), None) if !t.t.is_empty() => {
                     vec![follow::sse_event(
                         "content_block_delta",

@@ -268,7 +268,7 @@ pub fn content_block(block: tool_calls::Block, task_id: &str, call_index: usize)
 }
 
 /// The content of a whole answer under tools, and whether it made calls.
-pub fn content(text: String, task_id: &str) -> (Vec<ContentBlock>, bool) {
+pub fn content(text: &str, task_id: &str) -> (Vec<ContentBlock>, bool) {
     let mut calls = 0;
     let blocks = tool_calls::blocks(text)
         .into_iter()
@@ -373,7 +373,7 @@ mod tests {
     #[test]
     fn answers_become_tool_use_blocks() {
         let (blocks, called) = content(
-            r#"{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}"#.into(),
+            r#"{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}"#,
             "ab-cd",
         );
         assert!(called);
@@ -382,7 +382,7 @@ mod tests {
             json!([{"type": "tool_use", "id": "toolu_abcd_0", "name": "get_weather",
                     "input": {"city": "Paris"}}])
         );
-        let (blocks, called) = content(r#"{"content":"Sunny."}"#.into(), "x");
+        let (blocks, called) = content(r#"{"content":"Sunny."}"#, "x");
         assert!(!called);
         assert_eq!(
             serde_json::to_value(&blocks).unwrap(),

@@ -177,19 +177,28 @@ async fn answer(
     keep: Option<KeepAlive>,
 ) -> Result<Response<Body>, OllamaError> {
     let Some(task) = task else {
-        let out = loaded(
+        // only a model loaded on demand follows keep_alive; a configured pool stays loaded
+        let on_demand = keep.is_some_and(|k| state.models_folder.set_keep_alive(&model, k));
+        let unload = keep == Some(KeepAlive::For(Duration::ZERO));
+        let mut out = loaded(
             &state,
             api,
             &model,
             stream,
-            if keep == Some(KeepAlive::For(Duration::ZERO)) {
+            if unload && on_demand {
                 "unload"
             } else {
                 "load"
             },
         )?;
-        if let Some(k) = keep {
-            state.models_folder.set_keep_alive(&model, k);
+        if unload && !on_demand {
+            tracing::info!(model, "keep_alive 0 for a configured pool: it stays loaded");
+            out.headers_mut().insert(
+                "x-orchd-notice",
+                HeaderValue::from_static(
+                    "keep_alive 0: this model is a configured pool, which stays loaded",
+                ),
+            );
         }
         return Ok(out);
     };
@@ -211,9 +220,13 @@ async fn answer(
     }
     let mut sub = follow::subscribe(&state, &task);
     if !stream {
-        let (text, scores, end) = follow::collect_scored(sub).await.map_err(named)?;
-        let (text, calls) = if tools && end.finish_reason == "stop" {
-            super::tools::answer(text)
+        let (text, scores, end) = match tools {
+            true => follow::collect_tool_answer(&state, &task, sub).await,
+            false => follow::collect_scored(sub).await,
+        }
+        .map_err(named)?;
+        let (text, calls) = if tools {
+            super::tools::answer(&text)
         } else {
             (text, None)
         };
@@ -240,8 +253,11 @@ async fn answer(
         let out = match f {
             Followed::Event(_, TaskEvent::Token(t)) if tools => {
                 whole.push_str(&t.t);
-                let text: String = scan
-                    .push(&t.t)
+                let pieces = scan.push(&t.t);
+                if scan.repeated() {
+                    follow::end_at_repeat(&state, &task);
+                }
+                let text: String = pieces
                     .into_iter()
                     .filter_map(|p| match p {
                         Piece::Content(s) => Some(s),
@@ -260,8 +276,8 @@ async fn answer(
             }
             Followed::Event(_, TaskEvent::End(end)) => {
                 let mut out = Vec::new();
-                if tools && end.finish_reason == "stop" {
-                    if let (_, Some(calls)) = super::tools::answer(std::mem::take(&mut whole)) {
+                if tools {
+                    if let (_, Some(calls)) = super::tools::answer(&std::mem::take(&mut whole)) {
                         out = line(api, &model, String::new(), Some(calls), None, None, None);
                         out.push(b'\n');
                     }

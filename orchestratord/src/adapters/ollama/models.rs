@@ -87,7 +87,19 @@ async fn entry(state: &SharedState, pool: &Pool, running: bool) -> ModelEntry {
         details: details(pool, descriptor.as_ref()),
         size_vram,
         context_length,
+        expires_at: running.then(|| expires_at(state, pool)).flatten(),
     }
+}
+
+/// When an on-demand pool unloads if nothing uses it: idle, its time left; busy, its whole
+/// keep-alive from now. None for a pool that stays loaded.
+fn expires_at(state: &SharedState, pool: &Pool) -> Option<String> {
+    let o = state.models_folder.on_demand(pool)?;
+    let ms = o
+        .unloads_in_ms
+        .or(o.keep_alive_s.map(|s| s.saturating_mul(1000)))?;
+    let at = std::time::SystemTime::now() + std::time::Duration::from_millis(ms);
+    Some(humantime::format_rfc3339_millis(at).to_string())
 }
 
 /// Every model a pool is configured for, once each (by its alias), loaded or not.
@@ -126,6 +138,7 @@ pub async fn tags(State(state): State<SharedState>) -> Json<ModelList> {
             },
             size_vram: None,
             context_length: None,
+            expires_at: None,
         });
     }
     Json(ModelList { models })
@@ -197,7 +210,9 @@ pub async fn show(
         ),
         details: details(pool, descriptor.as_ref()),
         model_info,
-        capabilities: vec!["completion"],
+        // tools are decoded under a JSON Schema, which every pool's engine takes (the
+        // built-in one, and a remote worker's backend)
+        capabilities: vec!["completion", "tools"],
         modified_at: file_of(pool).and_then(|(_, m)| modified(&m)),
     }))
 }

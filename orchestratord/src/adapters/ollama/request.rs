@@ -92,13 +92,15 @@ fn apply_options(
         if n < 1 {
             return Err(refuse("options.num_ctx", "num_ctx must be at least 1"));
         }
-        if let Some(ctx) = served_context(state, model) {
-            if n as u64 > ctx as u64 {
-                return Err(refuse(
-                    "options.num_ctx",
-                    &format!("num_ctx {n} is over the {ctx} tokens \"{model}\" is served with"),
-                ));
-            }
+        // as Ollama does past a model's context: the context served, said in the log (a
+        // prompt longer than it is still refused, naming the prompt)
+        if let Some(ctx) = served_context(state, model).filter(|ctx| n as u64 > *ctx as u64) {
+            tracing::info!(
+                model,
+                num_ctx = n,
+                ctx,
+                "num_ctx is over the context the model is served with: clamped to it"
+            );
         }
     }
     Ok(())

@@ -97,11 +97,11 @@ pub fn history_calls(index: usize, calls: &Value) -> Result<String, ApiError> {
     Ok(tool_calls::history_calls(&calls))
 }
 
-/// The answer's text and calls: a call answer has empty content; text is the `content`
-/// answer's, or the raw text of one that did not finish.
-pub fn answer(text: String) -> (String, Option<Vec<ToolCall>>) {
-    match tool_calls::parse(&text) {
-        Some(Answer::Calls(calls)) => {
+/// The answer's text and calls (as [`tool_calls::read`] reads it): a call answer has empty
+/// content; text is the `content` answer's as far as it went — never the answer's JSON.
+pub fn answer(text: &str) -> (String, Option<Vec<ToolCall>>) {
+    match tool_calls::read(text) {
+        Answer::Calls(calls) => {
             let calls = calls
                 .into_iter()
                 .map(|c| ToolCall {
@@ -113,7 +113,6 @@ pub fn answer(text: String) -> (String, Option<Vec<ToolCall>>) {
                 .collect();
             (String::new(), Some(calls))
         }
-        Some(Answer::Content(s)) => (s, None),
-        None => (text, None),
+        Answer::Content(s) => (s, None),
     }
 }

@@ -248,6 +248,10 @@ pub struct ModelEntry {
     pub size_vram: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub context_length: Option<usize>,
+    /// `/api/ps`: when a model loaded on demand unloads if nothing uses it (RFC 3339); absent
+    /// for one that stays loaded (a configured pool, or `keep_alive` < 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
 }
 
 /// `GET /api/tags` and `GET /api/ps`.
@@ -284,7 +288,7 @@ pub struct ShowResponse {
     /// GGUF-style keys: `general.architecture`, `general.parameter_count`,
     /// `<arch>.context_length`.
     pub model_info: BTreeMap<String, serde_json::Value>,
-    /// `completion`.
+    /// `completion` and `tools` (every pool decodes under a JSON Schema, which tools use).
     pub capabilities: Vec<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub modified_at: Option<String>,

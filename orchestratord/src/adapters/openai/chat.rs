@@ -148,7 +148,7 @@ pub async fn chat_completions(
     let counted = tasks[0].clone();
     if !req.stream {
         // the first failure answers at once; dropping the other subscriptions cancels them
-        let results = follow::collect_all(&state, &tasks)
+        let results = follow::collect_all(&state, &tasks, toolbox.is_some())
             .await
             .map_err(|e| follow::renamed(e, "json_schema", shaped_by))?;
         let mut completion_tokens = 0;
@@ -156,11 +156,9 @@ pub async fn chat_completions(
         for (i, (text, scores, end)) in results.into_iter().enumerate() {
             completion_tokens += end.tokens_out;
             let (content, tool_calls, finish_reason) = match &toolbox {
-                Some(_) if end.finish_reason == "stop" => {
-                    tools::answer(text, end.finish_reason, &tasks[i].id.to_string())
-                }
-                // cut short or cancelled: the raw text, as far as it went
-                _ => (Some(text), None, end.finish_reason),
+                // cut short too: its whole calls, or its text as far as it went
+                Some(_) => tools::answer(&text, end.finish_reason, &tasks[i].id.to_string()),
+                None => (Some(text), None, end.finish_reason),
             };
             choices.push(Choice {
                 index: i as u32,
@@ -196,6 +194,7 @@ pub async fn chat_completions(
         .map(|_| toolbox.as_ref().map(|_| (AnswerStream::new(), false)))
         .collect();
     let task_ids: Vec<String> = tasks.iter().map(|t| t.id.to_string()).collect();
+    let followed = tasks.clone();
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let chunk = move |index: usize,
                       delta: Delta,
@@ -256,21 +255,27 @@ pub async fn chat_completions(
                         vec![chunk(i, delta, None, None, None, None)]
                     }
                     TaskEvent::Token(t) => match answers[i].as_mut() {
-                        // a tool answer: its pieces as they complete
-                        Some((scan, called)) => scan
-                            .push(&t.t)
-                            .into_iter()
-                            .map(|piece| {
-                                let (content, call) = tools::delta_of(piece, &task_ids[i]);
-                                *called |= call.is_some();
-                                let delta = Delta {
-                                    role: None,
-                                    content,
-                                    tool_calls: call.map(|c| vec![c]),
-                                };
-                                chunk(i, delta, None, None, None, None)
-                            })
-                            .collect(),
+                        // a tool answer: its pieces as they complete, to a repeated call
+                        Some((scan, called)) => {
+                            let frames = scan
+                                .push(&t.t)
+                                .into_iter()
+                                .map(|piece| {
+                                    let (content, call) = tools::delta_of(piece, &task_ids[i]);
+                                    *called |= call.is_some();
+                                    let delta = Delta {
+                                        role: None,
+                                        content,
+                                        tool_calls: call.map(|c| vec![c]),
+                                    };
+                                    chunk(i, delta, None, None, None, None)
+                                })
+                                .collect();
+                            if scan.repeated() {
+                                follow::end_at_repeat(&state, &followed[i]);
+                            }
+                            frames
+                        }
                         None => {
                             let logprobs = t
                                 .logprobs
@@ -331,22 +336,41 @@ pub async fn chat_completions(
     ))
 }
 
-/// What `/v1/models` says of the model `pool` serves.
+/// Seconds since the Unix epoch of `t` (0 when unknown).
+fn unix_secs(t: Option<std::time::SystemTime>) -> u64 {
+    t.and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_secs())
+}
+
+/// What `/v1/models` says of the model `pool` serves (blocking: before a load, its file's
+/// header; `created` is when its file last changed, 0 for a remote worker's model).
 fn model_of(pool: &pool_manager::Pool) -> Model {
     let spec = pool.spec();
+    let file = spec
+        .worker_id()
+        .is_none()
+        .then(|| std::fs::metadata(&spec.model_ref).ok()?.modified().ok())
+        .flatten();
     Model {
         id: spec.model_alias.clone(),
         object: "model",
-        created: 0,
+        created: unix_secs(file),
         owned_by: spec
             .worker_id()
             .map_or_else(|| "orchestratord".to_string(), |w| format!("worker:{w}")),
-        max_model_len: pool.engine().map_or(spec.ctx, |e| e.descriptor().ctx_max),
+        max_model_len: pool.served_context(),
         loaded: pool.engine().is_some(),
         architecture: None,
         quantization: None,
         size_bytes: None,
     }
+}
+
+/// [`model_of`] each pool, off the async threads (file reads).
+async fn models_of(pools: Vec<std::sync::Arc<pool_manager::Pool>>) -> Vec<Model> {
+    tokio::task::spawn_blocking(move || pools.iter().map(|p| model_of(p)).collect())
+        .await
+        .unwrap_or_default()
 }
 
 /// A model of the folder (`models.dirs`), as its file's header describes it.
@@ -355,9 +379,12 @@ fn folder_model(e: &crate::models_folder::Entry) -> Option<Model> {
     Some(Model {
         id: e.name.clone(),
         object: "model",
-        created: 0,
+        created: unix_secs(e.modified),
         owned_by: "orchestratord".into(),
-        max_model_len: facts.context_length.unwrap_or(0) as usize,
+        // what a load serves (the KV cache budget may hold less than the trained context)
+        max_model_len: e
+            .served_ctx
+            .unwrap_or(facts.context_length.unwrap_or(0) as usize),
         loaded: false,
         architecture: Some(facts.architecture.clone()),
         quantization: Some(facts.quantization.clone()),
@@ -393,8 +420,14 @@ fn merge(data: &mut Vec<Model>, m: Model) {
 )]
 pub async fn models(State(state): State<SharedState>) -> Json<ModelList> {
     let mut data: Vec<Model> = Vec::new();
-    for p in state.pools.all().iter().filter(|p| p.accepts_work()) {
-        merge(&mut data, model_of(p));
+    let pools: Vec<_> = state
+        .pools
+        .all()
+        .into_iter()
+        .filter(|p| p.accepts_work())
+        .collect();
+    for m in models_of(pools).await {
+        merge(&mut data, m);
     }
     for e in crate::models_folder::ModelsFolder::entries(&state).await {
         if let Some(m) = folder_model(&e) {
@@ -422,8 +455,14 @@ pub async fn model(
     axum::extract::Path(name): axum::extract::Path<String>,
 ) -> Result<Json<Model>, OpenAiError> {
     let mut found: Vec<Model> = Vec::new();
-    for p in state.pools.all().iter().filter(|p| p.serves(&name)) {
-        merge(&mut found, model_of(p));
+    let pools: Vec<_> = state
+        .pools
+        .all()
+        .into_iter()
+        .filter(|p| p.serves(&name))
+        .collect();
+    for m in models_of(pools).await {
+        merge(&mut found, m);
     }
     for e in crate::models_folder::ModelsFolder::entries(&state).await {
         if let Some(m) = folder_model(&e).filter(|m| m.id == name) {

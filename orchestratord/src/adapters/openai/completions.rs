@@ -122,7 +122,7 @@ pub async fn completions(
     let echoed = req.echo.then(|| prompts_of(&req));
     if !req.stream {
         // the first failure answers at once; dropping the other subscriptions cancels them
-        let results = follow::collect_all(&state, &tasks)
+        let results = follow::collect_all(&state, &tasks, false)
             .await
             .map_err(|e| follow::renamed(e, "json_schema", "response_format"))?;
         let mut choices = Vec::with_capacity(results.len());

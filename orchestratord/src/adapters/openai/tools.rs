@@ -211,15 +211,16 @@ pub fn call_id(task_id: &str, index: usize) -> String {
     format!("call_{}_{index}", task_id.replace('-', ""))
 }
 
-/// The message and finish reason of a whole answer under tools: its calls (`tool_calls`, with
-/// `finish_reason: tool_calls`), its text, or — cut short by the token budget — the raw text.
+/// The message and finish reason of a whole answer under tools (as [`tool_calls::read`] reads
+/// it): its calls (`tool_calls`; `finish_reason: tool_calls` unless the token budget cut it),
+/// or its text as far as it went — never the answer object's JSON.
 pub fn answer(
-    text: String,
+    text: &str,
     finish_reason: String,
     task_id: &str,
 ) -> (Option<String>, Option<Vec<ToolCallOut>>, String) {
-    match tool_calls::parse(&text) {
-        Some(Answer::Calls(calls)) => {
+    match tool_calls::read(text) {
+        Answer::Calls(calls) => {
             let out = calls
                 .into_iter()
                 .enumerate()
@@ -232,10 +233,13 @@ pub fn answer(
                     },
                 })
                 .collect();
-            (None, Some(out), "tool_calls".into())
+            let finish = match finish_reason.as_str() {
+                "stop" => "tool_calls".to_string(),
+                _ => finish_reason,
+            };
+            (None, Some(out), finish)
         }
-        Some(Answer::Content(s)) => (Some(s), None, finish_reason),
-        None => (Some(text), None, finish_reason),
+        Answer::Content(s) => (Some(s), None, finish_reason),
     }
 }
 

@@ -2,7 +2,7 @@
 //! it streams, as the steps that open, grow and close them: what Anthropic's `content` blocks
 //! and the Responses API's output items are made of.
 
-use super::{parse, Answer, AnswerStream, Call, Piece};
+use super::{read, Answer, AnswerStream, Call, Piece};
 
 /// One block of an answer.
 #[derive(Debug, Clone, PartialEq)]
@@ -11,13 +11,13 @@ pub enum Block {
     Call(Call),
 }
 
-/// The blocks of a whole answer: its calls, its text, or — cut short by the token budget —
-/// the raw text.
-pub fn blocks(text: String) -> Vec<Block> {
-    match parse(&text) {
-        Some(Answer::Calls(calls)) => calls.into_iter().map(Block::Call).collect(),
-        Some(Answer::Content(s)) => vec![Block::Text(s)],
-        None => vec![Block::Text(text)],
+/// The blocks of a whole answer (as [`read`] reads it): its calls, or its text — none when
+/// the token budget cut it before either.
+pub fn blocks(text: &str) -> Vec<Block> {
+    match read(text) {
+        Answer::Calls(calls) => calls.into_iter().map(Block::Call).collect(),
+        Answer::Content(s) if s.is_empty() => Vec::new(),
+        Answer::Content(s) => vec![Block::Text(s)],
     }
 }
 
@@ -102,6 +102,11 @@ impl BlockStream {
         out
     }
 
+    /// Whether the model began a call identical to an earlier one (see [`AnswerStream`]).
+    pub fn repeated(&self) -> bool {
+        self.scan.repeated()
+    }
+
     /// Calls begun so far.
     pub fn calls(&self) -> usize {
         self.calls
@@ -174,7 +179,7 @@ mod tests {
                     (1, Some("get_time".into()), r#"{"zone":"CET"}"#.into()),
                 ]
             );
-            assert_eq!(closed, blocks(text.to_string()));
+            assert_eq!(closed, blocks(text));
         }
     }
 
@@ -188,9 +193,9 @@ mod tests {
             assert_eq!(closed, vec![Block::Text("It is \"sunny\".".into())]);
         }
         assert_eq!(
-            blocks("{\"tool_calls\":[{\"na".into()),
-            vec![Block::Text("{\"tool_calls\":[{\"na".into())],
-            "a cut answer is its raw text"
+            blocks("{\"tool_calls\":[{\"na"),
+            vec![],
+            "a cut answer is no block, never its JSON"
         );
     }
 }

@@ -224,26 +224,23 @@ pub enum Answer {
     Content(String),
 }
 
-/// The model's whole answer, or `None` when it is not a complete answer object (the token
-/// budget ran out mid-way): then the adapter gives the raw text.
-pub fn parse(text: &str) -> Option<Answer> {
-    let v: Value = serde_json::from_str(text).ok()?;
-    let o = v.as_object()?;
-    if let Some(s) = o.get("content").and_then(Value::as_str) {
-        return Some(Answer::Content(s.to_string()));
-    }
-    let calls = o
-        .get("tool_calls")?
-        .as_array()?
-        .iter()
-        .map(|c| {
-            Some(Call {
-                name: c.get("name")?.as_str()?.to_string(),
-                arguments: c.get("arguments")?.to_string(),
-            })
+/// The model's answer as far as it went: its whole calls (a call repeating an earlier one
+/// ends the list), else the text of its `content` answer so far — empty when the token budget
+/// cut it before either: the answer object's own JSON never reaches a client.
+pub fn read(text: &str) -> Answer {
+    let mut scan = AnswerStream::new();
+    let content: String = scan
+        .push(text)
+        .into_iter()
+        .filter_map(|p| match p {
+            Piece::Content(s) => Some(s),
+            _ => None,
         })
-        .collect::<Option<Vec<_>>>()?;
-    Some(Answer::Calls(calls))
+        .collect();
+    match scan.complete_calls() {
+        [] => Answer::Content(content),
+        calls => Answer::Calls(calls.to_vec()),
+    }
 }
 
 /// An earlier answer that made `calls`, as the model writes one (for the history).
@@ -390,20 +387,60 @@ mod tests {
         assert!(text.contains(r#"{"content":"#));
     }
 
+    fn paris() -> Call {
+        Call {
+            name: "get_weather".into(),
+            arguments: r#"{"city":"Paris"}"#.into(),
+        }
+    }
+
     #[test]
-    fn whole_answers_parse() {
+    fn whole_answers_read() {
         assert_eq!(
-            parse(r#"{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}"#),
-            Some(Answer::Calls(vec![Call {
-                name: "get_weather".into(),
-                arguments: r#"{"city":"Paris"}"#.into()
-            }]))
+            read(r#"{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}}]}"#),
+            Answer::Calls(vec![paris()])
         );
         assert_eq!(
-            parse(r#"{"content":"Hi \"there\""}"#),
-            Some(Answer::Content("Hi \"there\"".into()))
+            read(r#"{"content":"Hi \"there\""}"#),
+            Answer::Content("Hi \"there\"".into())
         );
-        assert_eq!(parse(r#"{"tool_calls":[{"name":"get_wea"#), None);
+    }
+
+    /// ADP-TOOL-6: an answer cut by the token budget gives its whole calls, or its text so
+    /// far, never the answer object's JSON.
+    #[test]
+    fn cut_answers_give_what_is_whole_and_no_json() {
+        assert_eq!(
+            read(r#"{"tool_calls":[{"name":"get_wea"#),
+            Answer::Content(String::new())
+        );
+        assert_eq!(
+            read(r#"{"tool_calls":[{"name":"search","arguments":{"query":"https://r/r12/r12"#),
+            Answer::Content(String::new())
+        );
+        assert_eq!(
+            read(
+                r#"{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"get_time","argu"#
+            ),
+            Answer::Calls(vec![paris()])
+        );
+        assert_eq!(
+            read(r#"{"content":"The weather in Par"#),
+            Answer::Content("The weather in Par".into())
+        );
+    }
+
+    /// ADP-TOOL-6: a call identical to an earlier one ends the list; calls that only share a
+    /// name or a prefix of the arguments stay.
+    #[test]
+    fn a_repeated_call_ends_the_list() {
+        let twice = r#"{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"get_weather","arguments":{"city":"Paris"}}"#;
+        assert_eq!(read(twice), Answer::Calls(vec![paris()]));
+        let similar = r#"{"tool_calls":[{"name":"get_weather","arguments":{"city":"Paris"}},{"name":"get_weather","arguments":{"city":"Pari"}},{"name":"get_time","arguments":{"city":"Paris"}}]}"#;
+        match read(similar) {
+            Answer::Calls(calls) => assert_eq!(calls.len(), 3, "{calls:?}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// Feeds `text` in pieces of every size from 1 to 7 and checks the pieces add up.
@@ -414,7 +451,7 @@ mod tests {
             arguments: r#"{"city":"Paris"}"#.into(),
         }];
         let text = history_calls(&calls);
-        assert_eq!(parse(&text), Some(Answer::Calls(calls)));
+        assert_eq!(read(&text), Answer::Calls(calls));
         assert_eq!(
             history_result(Some("call_1"), "18 C", false),
             r#"{"tool_result":{"tool_call_id":"call_1","content":"18 C"}}"#

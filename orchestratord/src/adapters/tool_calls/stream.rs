@@ -1,5 +1,11 @@
 //! The streamed answer scanner: turns an answer object's text into [`Piece`]s (a call's name,
-//! fragments of its arguments, text of a `content` answer) as the tokens arrive.
+//! fragments of its arguments, text of a `content` answer) as the tokens arrive, and ends the
+//! list at a call identical to an earlier one (a small model, free to make up to
+//! [`super::MAX_CALLS`] calls, repeats its call until the token budget ends it). A call that
+//! may still turn out a repeat — same name, arguments so far a prefix of an earlier call's —
+//! is held back until it differs or ends.
+
+use super::Call;
 
 /// A piece of an answer, as the text arrives.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,7 +44,7 @@ enum At {
 
 /// Turns a streamed answer object into [`Piece`]s as its text arrives (compact or not: the
 /// scanner skips whitespace between tokens). Its input is what the schema allowed; anything
-/// else ends the scan (the whole text is still parsed with [`parse`] at the end).
+/// else ends the scan.
 #[derive(Debug)]
 pub struct AnswerStream {
     at: At,
@@ -48,7 +54,17 @@ pub struct AnswerStream {
     /// allows, but arguments first would be buffered here).
     name: String,
     held_arguments: String,
+    /// Whether `held_arguments` are whole.
+    arguments_ended: bool,
     calls: usize,
+    /// The calls whose arguments ended, in order (a repeat is not among them).
+    complete: Vec<Call>,
+    /// The arguments of the call being read, so far.
+    arguments: String,
+    /// Pieces of the call being read, held while it may be a repeat.
+    held: Vec<Piece>,
+    holding: bool,
+    repeated: bool,
 }
 
 impl Default for AnswerStream {
@@ -64,8 +80,75 @@ impl AnswerStream {
             pending: String::new(),
             name: String::new(),
             held_arguments: String::new(),
+            arguments_ended: false,
             calls: 0,
+            complete: Vec::new(),
+            arguments: String::new(),
+            held: Vec::new(),
+            holding: false,
+            repeated: false,
         }
+    }
+
+    /// The calls whose arguments are whole, in order; a repeated call is not among them.
+    pub fn complete_calls(&self) -> &[Call] {
+        &self.complete
+    }
+
+    /// Whether the model began a call identical to an earlier one: the answer ends there (the
+    /// adapter stops the task); the repeat was not given out.
+    pub fn repeated(&self) -> bool {
+        self.repeated
+    }
+
+    /// Gives out `piece` of the call being read, or holds it while the call may be a repeat.
+    fn call_piece(&mut self, out: &mut Vec<Piece>, piece: Piece) {
+        if let Piece::Arguments { fragment, .. } = &piece {
+            self.arguments.push_str(fragment);
+        }
+        if !self.holding {
+            out.push(piece);
+            return;
+        }
+        self.held.push(piece);
+        let (name, so_far) = (&self.name, &self.arguments);
+        let may_repeat = self
+            .complete
+            .iter()
+            .any(|c| &c.name == name && c.arguments.starts_with(so_far.as_str()));
+        if !may_repeat {
+            self.holding = false;
+            out.append(&mut self.held);
+        }
+    }
+
+    /// Call `index` has a name: a call of a function called before may be a repeat.
+    fn call_starts(&mut self, out: &mut Vec<Piece>, index: usize) {
+        self.arguments.clear();
+        self.held.clear();
+        self.holding = self.complete.iter().any(|c| c.name == self.name);
+        let name = self.name.clone();
+        self.call_piece(out, Piece::CallStart { index, name });
+    }
+
+    /// The call being read is whole: a repeat ends the answer, any other is given out.
+    fn call_ends(&mut self, out: &mut Vec<Piece>) {
+        let repeat = self
+            .complete
+            .iter()
+            .any(|c| c.name == self.name && c.arguments == self.arguments);
+        self.holding = false;
+        if repeat {
+            self.held.clear();
+            self.repeated = true;
+            self.at = At::Done;
+            return;
+        }
+        out.append(&mut self.held);
+        self.complete.push(Call {
+            name: self.name.clone(),
+            arguments: std::mem::take(&mut self.arguments),
+        });
     }
 
     /// The pieces that `text` (the answer's next characters) completes.
@@ -120,6 +203,7 @@ impl AnswerStream {
                     self.pending = rest.to_string();
                     self.name.clear();
                     self.held_arguments.clear();
+                    self.arguments_ended = false;
                     self.at = At::Call { index: self.calls };
                     self.calls += 1;
                 } else if t.starts_with(']') {
@@ -160,17 +244,15 @@ impl AnswerStream {
                 if let Some(end) = self.pending.find('"') {
                     self.name = self.pending[..end].to_string();
                     self.pending = self.pending[end + 1..].to_string();
-                    out.push(Piece::CallStart {
-                        index,
-                        name: self.name.clone(),
-                    });
-                    if !self.held_arguments.is_empty() {
-                        out.push(Piece::Arguments {
-                            index,
-                            fragment: std::mem::take(&mut self.held_arguments),
-                        });
-                    }
+                    self.call_starts(out, index);
                     self.at = At::Call { index };
+                    if !self.held_arguments.is_empty() {
+                        let fragment = std::mem::take(&mut self.held_arguments);
+                        self.call_piece(out, Piece::Arguments { index, fragment });
+                        if self.arguments_ended {
+                            self.call_ends(out);
+                        }
+                    }
                 }
             }
             At::Arguments {
@@ -204,11 +286,6 @@ impl AnswerStream {
                 let cut = end.unwrap_or(self.pending.len());
                 let fragment = self.pending[..cut].to_string();
                 self.pending = self.pending[cut..].to_string();
-                if self.name.is_empty() {
-                    self.held_arguments.push_str(&fragment);
-                } else if !fragment.is_empty() {
-                    out.push(Piece::Arguments { index, fragment });
-                }
                 self.at = match end {
                     Some(_) => At::Call { index },
                     None => At::Arguments {
@@ -218,6 +295,18 @@ impl AnswerStream {
                         escaped,
                     },
                 };
+                if self.name.is_empty() {
+                    // arguments before the name: given out (and judged) once it comes
+                    self.held_arguments.push_str(&fragment);
+                    self.arguments_ended = end.is_some();
+                } else {
+                    if !fragment.is_empty() {
+                        self.call_piece(out, Piece::Arguments { index, fragment });
+                    }
+                    if end.is_some() {
+                        self.call_ends(out);
+                    }
+                }
             }
             At::Done => self.pending.clear(),
         }
@@ -371,6 +460,41 @@ mod tests {
         let text = r#"{"content":"a\"b\\c\nd \u00e9 \ud83d\ude00 end"}"#;
         for pieces in streamed(text) {
             assert_eq!(pieces, vec![Piece::Content("a\"b\\c\nd é 😀 end".into())]);
+        }
+    }
+
+    /// ADP-TOOL-6: a repeat is never given out, piece by piece either; a call that only
+    /// begins like an earlier one is, once it differs.
+    #[test]
+    fn a_repeated_call_is_held_back_and_ends_the_scan() {
+        let first = r#"{"tool_calls":[{"name":"f","arguments":{"q":"cats"}}"#;
+        let near = r#",{"name":"f","arguments":{"q":"cat"}}"#;
+        let again = r#",{"name":"f","arguments":{"q":"cats"}},{"name":"g","arguments":{}}]}"#;
+        for n in 1..=7 {
+            let text: Vec<char> = format!("{first}{near}{again}").chars().collect();
+            let mut s = AnswerStream::new();
+            let mut all = Vec::new();
+            for chunk in text.chunks(n) {
+                all.extend(s.push(&chunk.iter().collect::<String>()));
+            }
+            let all = merge(all);
+            let starts = all
+                .iter()
+                .filter(|p| matches!(p, Piece::CallStart { .. }))
+                .count();
+            assert_eq!(
+                starts, 2,
+                "the first and the near one, not the repeat: {all:?}"
+            );
+            assert_eq!(
+                all.last(),
+                Some(&Piece::Arguments {
+                    index: 1,
+                    fragment: r#"{"q":"cat"}"#.into()
+                })
+            );
+            assert!(s.repeated());
+            assert_eq!(s.complete_calls().len(), 2);
         }
     }
 

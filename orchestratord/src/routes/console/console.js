@@ -1,5 +1,6 @@
-// The console at `/`: pools, the queue, the last minutes' throughput and time to first token,
-// recent tasks, and a chat that streams through the task API. It calls the same API as any
+// The console at `/`: pools, the queue, the last minutes' throughput and time to first token
+// (from the server's notes when it opens), recent tasks, and a chat that streams through the
+// task API, sending the whole conversation (and a system prompt) each turn. It calls the same API as any
 // client, with the key typed here (kept in this tab's session storage); panels that need an
 // admin key are hidden from data keys.
 "use strict";
@@ -11,6 +12,8 @@ const $ = (id) => document.getElementById(id);
 let scope = "unknown"; // "open" | "admin" | "data" | "none"
 let running = null; // the chat task: { id, controller }
 const samples = { tps: [], ttft: [] };
+const TURNS = 40; // messages of the conversation sent back at most (the oldest go first)
+let conversation = []; // the chat so far: { role, content }
 let last = null; // the previous metrics reading
 const outcomes = new Map(); // task id -> its record's outcome (records do not change)
 
@@ -96,10 +99,11 @@ async function refreshModels() {
     li.textContent = d.id + (d.loaded === false ? " (loads when asked for)" : "");
     return li;
   }));
+  // the server's own choice first (the model a request naming none gets), then by name
   const select = $("model");
   const chosen = select.value;
-  select.replaceChildren(...names.map((n) => new Option(n, n)));
-  if (names.includes(chosen)) select.value = chosen;
+  select.replaceChildren(new Option("the server's default model", ""), ...names.map((n) => new Option(n, n)));
+  select.value = names.includes(chosen) ? chosen : "";
 }
 
 // One value of a Prometheus text exposition: the sum over the series of `name` whose labels
@@ -130,6 +134,19 @@ function draw(svgId, series) {
   const line = document.createElementNS("http://www.w3.org/2000/svg", "polyline");
   line.setAttribute("points", points);
   svg.replaceChildren(line);
+}
+
+// The server's notes of the last minutes, so the charts are not empty on opening.
+async function loadHistory() {
+  const r = await api("/console/history");
+  if (!r.ok) return;
+  const h = await r.json();
+  for (const step of h.steps.slice(-HISTORY)) {
+    push(samples.tps, step.tokens_per_s);
+    push(samples.ttft, step.ttft_ms ?? 0);
+  }
+  draw("tps", samples.tps);
+  draw("ttft", samples.ttft);
 }
 
 async function refreshMetrics() {
@@ -193,12 +210,33 @@ function status(text, good) {
   el.className = good === undefined ? "" : good ? "ok" : "bad";
 }
 
+// The conversation so far, shown above the prompt.
+function showConversation() {
+  $("conversation").replaceChildren(...conversation.map((m) => {
+    const p = document.createElement("p");
+    p.className = m.role;
+    p.textContent = (m.role === "user" ? "You: " : "Model: ") + m.content;
+    return p;
+  }));
+}
+
+function newChat() {
+  if (running) return;
+  conversation = [];
+  $("answer").textContent = "";
+  showConversation();
+  status("");
+}
+
 async function send() {
   const content = $("prompt").value.trim();
   if (!content || running) return;
   $("answer").textContent = "";
+  // the whole conversation goes back each turn (its system prompt first), as chat clients do
+  const turns = conversation.concat([{ role: "user", content }]).slice(-TURNS);
+  const system = $("system").value.trim();
   const body = {
-    messages: [{ role: "user", content }],
+    messages: (system ? [{ role: "system", content: system }] : []).concat(turns),
     max_tokens: parseInt($("max-tokens").value, 10) || 128,
   };
   if ($("model").value) body.model = $("model").value;
@@ -222,7 +260,13 @@ async function send() {
   $("stop").disabled = false;
   $("send").disabled = true;
   try {
-    await follow(admitted.task_id, controller.signal);
+    const answered = await follow(admitted.task_id, controller.signal);
+    if (answered !== null) {
+      conversation = turns.concat([{ role: "assistant", content: answered }]);
+      $("prompt").value = "";
+      $("answer").textContent = "";
+      showConversation();
+    }
   } catch (e) {
     if (e.name !== "AbortError") status(`The stream broke: ${e.message}`, false);
   } finally {
@@ -232,6 +276,8 @@ async function send() {
   }
 }
 
+// Streams task `id` into the answer; returns the answer once it ended with text (null after
+// an error, a cancel or nothing).
 async function follow(id, signal) {
   const r = await api(`/v1/tasks/${encodeURIComponent(id)}/stream`, { signal });
   const reader = r.body.getReader();
@@ -239,7 +285,7 @@ async function follow(id, signal) {
   let buf = "";
   for (;;) {
     const { value, done } = await reader.read();
-    if (done) return;
+    if (done) return null;
     buf += decoder.decode(value, { stream: true });
     let cut;
     while ((cut = buf.indexOf("\n\n")) >= 0) {
@@ -260,11 +306,12 @@ async function follow(id, signal) {
         $("answer").textContent += d.t;
       } else if (event === "end") {
         status(`Done: ${d.finish_reason}, ${d.tokens_out} tokens in ${d.decode_time_ms} ms`, d.finish_reason !== "cancelled");
-        return;
+        const text = $("answer").textContent;
+        return d.finish_reason !== "cancelled" && text ? text : null;
       } else if (event === "error") {
         const advice = d.retry_after_ms ? ` Come back in ${(d.retry_after_ms / 1000).toFixed(1)} s.` : "";
         status(`Error ${d.code}: ${d.message}.${advice}`, false);
-        return;
+        return null;
       }
     }
   }
@@ -290,6 +337,7 @@ async function start() {
     sessionStorage.setItem(KEY, $("key").value.trim());
     $("key").value = "";
     await whoAmI();
+    if (!samples.tps.length) await loadHistory().catch(() => {});
     await Promise.all([tick(), refreshModels(), refreshTasks()]);
   });
   $("forget-key").addEventListener("click", async () => {
@@ -298,9 +346,11 @@ async function start() {
   });
   $("send").addEventListener("click", send);
   $("stop").addEventListener("click", stop);
+  $("new-chat").addEventListener("click", newChat);
   const health = await fetch("/health").then((r) => r.json()).catch(() => ({}));
   $("version").textContent = health.version ? `v${health.version}` : "";
   await whoAmI();
+  await loadHistory().catch(() => {});
   await Promise.all([tick(), refreshModels(), refreshTasks()]);
   setInterval(tick, 2000);
   setInterval(() => refreshModels().catch(() => {}), 10000);

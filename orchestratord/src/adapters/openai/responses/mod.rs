@@ -149,10 +149,14 @@ pub async fn responses(
         total_tokens: input + output,
     };
     if !req.stream {
-        let (text, end) = follow::collect(sub).await.map_err(rename)?;
+        let (text, _, end) = match tools {
+            true => follow::collect_tool_answer(&state, &task, sub).await,
+            false => follow::collect_scored(sub).await,
+        }
+        .map_err(rename)?;
         let status = status_of(&end);
         let out = if tools {
-            output::items(tool_calls::blocks(text), &task_id, &msg_id, status)
+            output::items(tool_calls::blocks(&text), &task_id, &msg_id, status)
         } else {
             vec![OutputItem::Message(message(&msg_id, status, Some(text)))]
         };
@@ -186,11 +190,13 @@ pub async fn responses(
                 let frames = match f {
                     Followed::KeepAlive => vec![Bytes::from_static(follow::SSE_KEEPALIVE)],
                     Followed::Event(_, TaskEvent::Token(t)) => match answer.as_mut() {
-                        Some(scan) => scan
-                            .push(&t.t)
-                            .into_iter()
-                            .flat_map(|s| events.step(s))
-                            .collect(),
+                        Some(scan) => {
+                            let steps = scan.push(&t.t);
+                            if scan.repeated() {
+                                follow::end_at_repeat(&state, &counted);
+                            }
+                            steps.into_iter().flat_map(|s| events.step(s)).collect()
+                        }
                         None if t.t.is_empty() => vec![],
                         None => {
                             text.push_str(&t.t);
