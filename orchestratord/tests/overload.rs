@@ -364,11 +364,19 @@ async fn a_pool_measures_a_full_pool_when_it_loads_and_real_tasks_replace_it() {
     assert!(snap.prefill_ms_per_token_ewma.is_some());
     let id = s.submit_ok(json!({"prompt": "a b", "max_tokens": 5})).await;
     assert_eq!(s.stream_all(&id).await.last().unwrap().event, "end");
+    // the pool takes the task's pace when its lease ends, a moment after the end event went
+    // out (CI saw the snapshot read before it)
+    let replaced = support::procs::eventually(Duration::from_secs(2), || async {
+        !s.state
+            .pools
+            .get("pace")
+            .unwrap()
+            .snapshot()
+            .full_pace_from_probe_only
+    })
+    .await;
+    assert!(replaced, "a task in the full pool replaced the probe");
     let snap = s.state.pools.get("pace").unwrap().snapshot();
-    assert!(
-        !snap.full_pace_from_probe_only,
-        "a task in the full pool replaced the probe"
-    );
     assert_eq!(snap.used_share_ewma, Some(1.0));
 }
 
