@@ -21,6 +21,22 @@ fn replica_config(pool: &str) -> String {
     )
 }
 
+/// How the process `p` exited within `limit` (None: still running), and its log.
+async fn exit_within(mut p: Proc, limit: Duration) -> (Option<std::process::ExitStatus>, String) {
+    tokio::task::spawn_blocking(move || {
+        let started = std::time::Instant::now();
+        while started.elapsed() < limit {
+            if let Some(s) = p.child.try_wait().unwrap() {
+                return (Some(s), p.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (None, p.log_text())
+    })
+    .await
+    .unwrap()
+}
+
 /// `(replica, pool id)` of every pool a replica lists.
 async fn listed(base: &str) -> BTreeSet<(String, String)> {
     let v: Value = match reqwest::get(format!("{base}/v1/pools")).await {
@@ -163,20 +179,7 @@ async fn a_replica_whose_cluster_does_not_answer_does_not_start() {
             &[],
         )
     };
-    let mut p = bind("lonely");
-    let status = tokio::task::spawn_blocking(move || {
-        let started = std::time::Instant::now();
-        while started.elapsed() < Duration::from_secs(20) {
-            if let Some(s) = p.child.try_wait().unwrap() {
-                return (Some(s), p.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        (None, p.log_text())
-    })
-    .await
-    .unwrap();
-    let (status, log) = status;
+    let (status, log) = exit_within(bind("lonely"), Duration::from_secs(20)).await;
     let status = status.unwrap_or_else(|| panic!("still running: {log}"));
     assert!(!status.success(), "{log}");
     assert!(
@@ -210,7 +213,7 @@ async fn a_lone_nats_node_is_named_as_the_reason_and_one_copy_serves() {
     let nats = NatsCluster::start(1).await;
     let urls = nats.urls();
     let cfg = replica_config("lone");
-    let mut p = spawn_env(
+    let p = spawn_env(
         "lone",
         &["--bind".into(), format!("127.0.0.1:{}", free_port())],
         &cfg,
@@ -219,18 +222,7 @@ async fn a_lone_nats_node_is_named_as_the_reason_and_one_copy_serves() {
             ("ORCHD_REPLICA_ID", "lone"),
         ],
     );
-    let (status, log) = tokio::task::spawn_blocking(move || {
-        let started = std::time::Instant::now();
-        while started.elapsed() < Duration::from_secs(10) {
-            if let Some(s) = p.child.try_wait().unwrap() {
-                return (Some(s), p.log_text());
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        (None, p.log_text())
-    })
-    .await
-    .unwrap();
+    let (status, log) = exit_within(p, Duration::from_secs(10)).await;
     let status = status.unwrap_or_else(|| panic!("still running after 10 s: {log}"));
     assert!(!status.success(), "{log}");
     assert!(

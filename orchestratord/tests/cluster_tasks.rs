@@ -152,6 +152,24 @@ impl Replicas {
     }
 }
 
+/// Task `id`'s record on the replica at `base` once it has ended there (within 5 s), or what
+/// it shows then.
+async fn ended_record(base: &str, id: &str) -> Value {
+    let read = || async {
+        reqwest::get(format!("{base}/v1/artifacts/{id}"))
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap_or_default()
+    };
+    eventually(Duration::from_secs(5), || async {
+        read().await["terminal"]["event"] == "end"
+    })
+    .await;
+    read().await
+}
+
 /// CLU-TASK-1: tasks admitted on one replica spread over the replicas' free slots, stream from
 /// any replica with the same events and ids, and give the answer one box gives; admissions at
 /// once on every replica never pass the cluster's bound; a cancel on any replica ends a task
@@ -185,23 +203,11 @@ async fn tasks_run_on_any_replica_and_stream_from_any() {
         texts.push(text_of(&elsewhere));
     }
     // the record, from a replica that neither admitted nor followed the first task
-    let rec = eventually(Duration::from_secs(5), || async {
-        let v: Value = reqwest::get(format!("{}/v1/artifacts/{}", b[2], ids[0]))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap_or_default();
-        v["terminal"]["event"] == "end"
-    })
-    .await;
-    let stored: Value = reqwest::get(format!("{}/v1/artifacts/{}", b[2], ids[0]))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    assert!(rec, "no record of the first task on r2: {stored}");
+    let stored = ended_record(&b[2], &ids[0]).await;
+    assert!(
+        stored["terminal"]["event"] == "end",
+        "no record of the first task on r2: {stored}"
+    );
     assert_eq!(stored["tokens_out"], 24, "{stored}");
     // issue 49: where it ran, as the replica running it said
     let ran_on = r.runner_of(&ids[0]).map(|i| format!("r{i}"));
@@ -316,23 +322,8 @@ async fn tasks_run_on_any_replica_and_stream_from_any() {
     }
     // issue 49: a cancelled task's record, read on any replica, times what it decoded
     for id in &admitted {
-        let rec = eventually(Duration::from_secs(5), || async {
-            let v: Value = reqwest::get(format!("{}/v1/artifacts/{id}", b[1]))
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap_or_default();
-            v["terminal"]["event"] == "end"
-        })
-        .await;
-        let stored: Value = reqwest::get(format!("{}/v1/artifacts/{id}", b[1]))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert!(rec, "{stored}");
+        let stored = ended_record(&b[1], id).await;
+        assert!(stored["terminal"]["event"] == "end", "{stored}");
         if stored["tokens_out"].as_u64().unwrap_or(0) > 1 {
             assert!(
                 stored["terminal"]["decode_time_ms"].as_u64() > Some(0)

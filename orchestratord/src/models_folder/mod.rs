@@ -93,6 +93,16 @@ fn without_path(why: &str, path: &std::path::Path) -> String {
 /// of the prediction, and once past it — the machine is slower than the last load showed —
 /// half as long again as it has taken so far, at least a second (never "1 ms" for minutes:
 /// ISO-7).
+/// The pools serving `model` now.
+fn pools_serving(state: &SharedState, model: &str) -> Vec<Arc<Pool>> {
+    state
+        .pools
+        .all()
+        .into_iter()
+        .filter(|p| p.serves(model))
+        .collect()
+}
+
 fn time_left(predicted_ms: u64, spent_ms: u64) -> u64 {
     if spent_ms < predicted_ms {
         predicted_ms - spent_ms
@@ -259,12 +269,7 @@ impl ModelsFolder {
         if !me.cfg.on_demand || me.catalog.is_empty() {
             return Ok(0);
         }
-        let serving: Vec<Arc<Pool>> = state
-            .pools
-            .all()
-            .into_iter()
-            .filter(|p| p.serves(model))
-            .collect();
+        let serving = pools_serving(state, model);
         if !serving.is_empty() {
             let mut owned = me.owned();
             for p in &serving {
@@ -321,12 +326,7 @@ impl ModelsFolder {
         let starting = me.starting.lock().unwrap_or_else(|p| p.into_inner());
         // another request for it started its pool while this one read the folder: that load
         // is the one to wait for
-        let serving: Vec<Arc<Pool>> = state
-            .pools
-            .all()
-            .into_iter()
-            .filter(|p| p.serves(model))
-            .collect();
+        let serving = pools_serving(state, model);
         if !serving.is_empty() {
             return Ok(me.load_wait_ms(&serving, state.started_at));
         }

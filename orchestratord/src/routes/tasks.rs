@@ -211,9 +211,11 @@ pub async fn cancel(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let task = match find_task(&state, &caller, &id).await {
+    let task = match visible_task(&state, &caller, &id) {
         Ok(task) => task,
-        // in a cluster, another replica may hold it
+        // in a cluster, another replica may hold it: the replicas running or following it end
+        // it with their own clocks (adopted here first, its decode would be timed from the
+        // replay: issue 49 saw `decode_time_ms: 0` after 170 tokens)
         Err(not_here) => {
             let Some(cluster) = state.cluster.get() else {
                 return Err(not_here);
@@ -222,19 +224,23 @@ pub async fn cancel(
                 tenant: caller.tenant().to_string(),
                 sees_all: caller.principal.sees_all(),
             };
-            return match cluster.cancel_elsewhere(&id, &ask).await {
+            match cluster.cancel_elsewhere(&id, &ask).await {
                 Ok(Some(replica)) => {
                     tracing::info!(task_id = %id, %replica, "cancelled on another replica");
-                    Ok(StatusCode::NO_CONTENT)
+                    return Ok(StatusCode::NO_CONTENT);
                 }
-                Ok(None) => Err(not_here),
-                Err(e) => Err(ApiError::new(
-                    ErrorCode::ClusterUnavailable,
-                    format!("the cancel could not reach the other replicas: {e}"),
-                    true,
-                )
-                .with_retry_after(1000)),
-            };
+                // only on the relay (no replica follows or runs it): ended from here, so
+                // whoever takes it from the queue drops it
+                Ok(None) => find_task(&state, &caller, &id).await?,
+                Err(e) => {
+                    return Err(ApiError::new(
+                        ErrorCode::ClusterUnavailable,
+                        format!("the cancel could not reach the other replicas: {e}"),
+                        true,
+                    )
+                    .with_retry_after(1000))
+                }
+            }
         }
     };
     state.cancel_task(&task, CancelReason::Client);
