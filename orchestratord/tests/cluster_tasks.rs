@@ -241,6 +241,25 @@ async fn tasks_run_on_any_replica_and_stream_from_any() {
     let events = read_stream(&b[2], own, None, |_| false).await;
     assert_whole(&events, own);
     assert_eq!(events.last().unwrap().event, "end", "{events:?}");
+    // a task read first after its end, on a replica that neither admitted nor ran it, is
+    // replayed there at once: its record still times it as it ran (the relay's times)
+    let late = submit_ok(&b[0], json!({"prompt": COUNT, "max_tokens": 8})).await;
+    let on_r0 = read_stream(&b[0], &late, None, |_| false).await;
+    assert_eq!(on_r0.last().unwrap().event, "end", "{on_r0:?}");
+    let ran = r.runner_of(&late);
+    let here = ended_record(&b[0], &late).await;
+    for k in (1..3).filter(|k| Some(*k) != ran) {
+        assert_eq!(read_stream(&b[k], &late, None, |_| false).await, on_r0);
+        let adopted = ended_record(&b[k], &late).await;
+        let t = &adopted["timings"];
+        let ms = |v: &Value, f: &str| v[f].as_u64().unwrap_or(0);
+        assert!(
+            ms(t, "ttft_ms") > 0
+                && ms(t, "decode_time_ms") > 0
+                && ms(t, "total_ms") > ms(t, "ttft_ms"),
+            "replayed on r{k}: {adopted}\nfollowed live on r0: {here}"
+        );
+    }
     for line in r
         .logs()
         .lines()

@@ -55,6 +55,7 @@ fn task(id: usize) -> Arc<Task> {
         last_attempt: false,
         claimant: None,
         quota_ticket: None,
+        admitted_ago: std::time::Duration::ZERO,
     }))
 }
 

@@ -6,7 +6,7 @@
 //! event once, in order. The stream keeps each task's events for the transcript's time and at
 //! most a bounded number per task.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
 use async_nats::jetstream::consumer::{pull, DeliverPolicy};
@@ -44,6 +44,20 @@ pub struct Relayed {
     /// The event id: its sequence in the stream (grows with every event of every task).
     pub id: u64,
     pub payload: Bytes,
+    /// When the relay stored it, on this replica's clock: a follower that reads a task's
+    /// events late (adopting it, or after a lost consumer) times the task as it ran.
+    pub at: Instant,
+}
+
+/// The instant on this replica's clock of a time the NATS server stamped (ns since the Unix
+/// epoch); a stamp ahead of this replica's clock (skew) reads as now.
+fn stamped_at(unix_ns: i128) -> Instant {
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    let ago = u64::try_from(now_ns - unix_ns).unwrap_or(0);
+    let now = Instant::now();
+    now.checked_sub(Duration::from_nanos(ago)).unwrap_or(now)
 }
 
 #[derive(Clone)]
@@ -170,6 +184,7 @@ impl EventRelay {
         {
             Ok(m) => Ok(Some(Relayed {
                 id: m.sequence,
+                at: stamped_at(m.time.unix_timestamp_nanos()),
                 payload: m.payload,
             })),
             Err(e) if e.kind() == LastRawMessageErrorKind::NoMessageFound => Ok(None),
@@ -211,8 +226,11 @@ impl EventRelay {
                 };
                 match tokio::time::timeout(RECHECK, messages.next()).await {
                     Ok(Some(Ok(m))) => {
-                        let id = match m.info() {
-                            Ok(info) => info.stream_sequence,
+                        let (id, at) = match m.info() {
+                            Ok(info) => (
+                                info.stream_sequence,
+                                stamped_at(info.published.unix_timestamp_nanos()),
+                            ),
                             Err(e) => return Some((Err(ClusterError::jetstream(e)), f)),
                         };
                         if id <= f.last {
@@ -221,6 +239,7 @@ impl EventRelay {
                         f.last = id;
                         let event = Relayed {
                             id,
+                            at,
                             payload: m.payload.clone(),
                         };
                         return Some((Ok(event), f));

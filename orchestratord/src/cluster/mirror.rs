@@ -53,7 +53,7 @@ impl TaskPath {
                 _ = state.shutdown.cancelled() => return,
                 next = events.next() => match next {
                     Some(Ok(r)) => {
-                        if apply(&state, &task, &r.payload) {
+                        if apply(&state, &task, &r) {
                             return;
                         }
                     }
@@ -157,7 +157,7 @@ impl TaskPath {
             match tokio::time::timeout(FIRST_EVENT_WAIT, events.next()).await {
                 Ok(Some(Ok(r))) => {
                     seen = r.id;
-                    if apply(state, &task, &r.payload) {
+                    if apply(state, &task, &r) {
                         return Ok(Some(task));
                     }
                 }
@@ -169,9 +169,11 @@ impl TaskPath {
     }
 }
 
-/// Applies one relayed event to `task`; true once the task has ended.
-fn apply(state: &AppState, task: &Task, payload: &[u8]) -> bool {
-    let Some(wire) = WireEvent::decode(payload) else {
+/// Applies one relayed event to `task`, timed when the relay stored it; true once the task
+/// has ended.
+fn apply(state: &AppState, task: &Task, relayed: &Relayed) -> bool {
+    let at = relayed.at;
+    let Some(wire) = WireEvent::decode(&relayed.payload) else {
         return false;
     };
     if let Some(placed) = wire.placed.clone() {
@@ -183,15 +185,15 @@ fn apply(state: &AppState, task: &Task, payload: &[u8]) -> bool {
     match ev {
         TaskEvent::Started(s) => task.push_started(s),
         TaskEvent::Token(t) => {
-            task.mark_running_elsewhere();
-            task.push_scored_token(t.t, t.logprobs);
+            task.mark_running_elsewhere(at);
+            task.push_relayed_token(t.t, t.logprobs, at);
         }
         TaskEvent::Metrics(m) => {
-            task.mark_running_elsewhere();
-            task.push_relayed_metrics(m);
+            task.mark_running_elsewhere(at);
+            task.push_relayed_metrics(m, at);
         }
         end @ (TaskEvent::End(_) | TaskEvent::Error(_)) => {
-            state.end_relayed(task, end);
+            state.end_relayed(task, end, at);
         }
     }
     task.is_terminal()

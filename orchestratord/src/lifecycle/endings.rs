@@ -4,6 +4,7 @@
 //! runner, the dispatcher, the adapters and remote workers all end a task through these.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use contracts::worker::{CancelReason as WireCancel, MAX_REQUEUE_COUNT};
 use contracts::{ErrorCode, SseError};
@@ -82,8 +83,8 @@ impl AppState {
     }
 
     /// Ends a task this replica follows while another runs it, with the terminal event the
-    /// other sent. False if it had already ended (or `ev` ends nothing).
-    pub fn end_relayed(&self, task: &Task, ev: TaskEvent) -> bool {
+    /// other wrote to the relay `at`. False if it had already ended (or `ev` ends nothing).
+    pub fn end_relayed(&self, task: &Task, ev: TaskEvent, at: Instant) -> bool {
         match ev {
             TaskEvent::End(e) => {
                 let outcome = match e.finish_reason.as_str() {
@@ -91,7 +92,7 @@ impl AppState {
                     "length" => "length",
                     _ => "stop",
                 };
-                if !task.finish_relayed(e) {
+                if !task.finish_relayed(e, at) {
                     return false;
                 }
                 if outcome == "cancelled" {
@@ -102,7 +103,7 @@ impl AppState {
                 self.after_end(task);
                 true
             }
-            TaskEvent::Error(e) => self.end_with_error(task, e),
+            TaskEvent::Error(e) => self.end_with_error(task, e, at),
             _ => false,
         }
     }
@@ -125,6 +126,7 @@ impl AppState {
                 retry_after_ms,
                 field: None,
             },
+            Instant::now(),
         )
     }
 
@@ -140,10 +142,11 @@ impl AppState {
                 retry_after_ms: None,
                 field: Some(field),
             },
+            Instant::now(),
         )
     }
 
-    fn end_with_error(&self, task: &Task, error: SseError) -> bool {
+    fn end_with_error(&self, task: &Task, error: SseError, at: Instant) -> bool {
         let (code, message) = (error.code, error.message.clone());
         task.stop_cause.set(match code {
             ErrorCode::DecodeTimeout | ErrorCode::DeadlineUnmet | ErrorCode::QueueTimeout => {
@@ -154,7 +157,7 @@ impl AppState {
             ErrorCode::ReplicaExhausted => WireCancel::RequeueExhausted,
             _ => WireCancel::ClientDisconnect,
         });
-        if !task.fail(error) {
+        if !task.fail_at(error, at) {
             return false;
         }
         metrics::error(code);

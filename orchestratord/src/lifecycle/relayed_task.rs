@@ -32,6 +32,7 @@ pub async fn build(
 ) -> Result<Arc<Task>, ApiError> {
     let req = &h.request;
     let v = validate(state, req)?;
+    let follows = matches!(purpose, Purpose::Follow);
     let (pin, prompt_tokens, prompt_ids, ctx) = match purpose {
         Purpose::Run { pool } => {
             let p = state.pools.get(pool).ok_or_else(|| {
@@ -75,5 +76,8 @@ pub async fn build(
         last_attempt: false,
         claimant: None,
         quota_ticket: None,
+        // a followed task's record times it from its admission; a run's from when it was
+        // taken here (its record is the followers')
+        admitted_ago: if follows { waited } else { Duration::ZERO },
     })))
 }

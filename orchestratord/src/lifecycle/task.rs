@@ -205,11 +205,15 @@ pub struct NewTask {
     pub last_attempt: bool,
     pub claimant: Option<Claimant>,
     pub quota_ticket: Option<crate::lifecycle::quota::Ticket>,
+    /// How long ago it was admitted (zero here; a task followed from another replica was
+    /// admitted there earlier): its record's times count from there.
+    pub admitted_ago: Duration,
 }
 
 impl Task {
     pub fn new(n: NewTask) -> Self {
         let now = Instant::now();
+        let submitted = now.checked_sub(n.admitted_ago).unwrap_or(now);
         Self {
             id: n.id,
             owner: n.owner,
@@ -223,7 +227,7 @@ impl Task {
             prompt_ids: n.prompt_ids,
             params: n.params,
             ctx: n.ctx,
-            submitted: now,
+            submitted,
             deadline: n.deadline.map(|d| now + d),
             start_by: n.start_by.map(|d| now + d),
             start_by_servers: n.start_by_servers,
@@ -368,12 +372,13 @@ impl Task {
         true
     }
 
-    /// Records that another replica of the cluster runs the task (its output came from there).
-    pub fn mark_running_elsewhere(&self) {
+    /// Records that another replica of the cluster runs the task: its output came from there,
+    /// the first of it written to the relay `at`.
+    pub fn mark_running_elsewhere(&self, at: Instant) {
         let mut g = self.lock();
         if g.state == TaskState::Queued && !g.is_terminal() {
             g.state = TaskState::Running;
-            g.placed_at = Some(Instant::now());
+            g.placed_at = Some(at);
         }
     }
 
@@ -437,14 +442,28 @@ impl Task {
 
     /// [`Self::push_token`] with the step's log-probabilities.
     pub fn push_scored_token(&self, text: String, logprobs: Option<SseLogprobs>) -> bool {
+        self.push_token_at(text, logprobs, Instant::now())
+    }
+
+    /// A token the replica running the task wrote to the relay `at` (a follower reading
+    /// events late still times them as they came).
+    pub fn push_relayed_token(
+        &self,
+        text: String,
+        logprobs: Option<SseLogprobs>,
+        at: Instant,
+    ) -> bool {
+        self.push_token_at(text, logprobs, at)
+    }
+
+    fn push_token_at(&self, text: String, logprobs: Option<SseLogprobs>, now: Instant) -> bool {
         let mut g = self.lock();
         if g.is_terminal() {
             return false;
         }
-        let now = Instant::now();
         match g.last_token_at {
-            None => crate::metrics::ttft(now - self.submitted),
-            Some(prev) => crate::metrics::token_latency(now - prev),
+            None => crate::metrics::ttft(now.saturating_duration_since(self.submitted)),
+            Some(prev) => crate::metrics::token_latency(now.saturating_duration_since(prev)),
         }
         if g.first_token_at.is_none() {
             g.first_token_at = Some(now);
@@ -481,27 +500,27 @@ impl Task {
         self.bump(&g);
     }
 
-    /// Appends a metrics frame another replica sent for the task it runs.
-    pub fn push_relayed_metrics(&self, m: SseMetrics) {
+    /// Appends a metrics frame another replica wrote to the relay `at` for the task it runs.
+    pub fn push_relayed_metrics(&self, m: SseMetrics, at: Instant) {
         let mut g = self.lock();
         if g.is_terminal() {
             return;
         }
-        g.last_metrics_at = Some(Instant::now());
+        g.last_metrics_at = Some(at);
         g.events.push(TaskEvent::Metrics(m));
         self.bump(&g);
     }
 
     fn decode_ms(g: &TaskInner, now: Instant) -> u64 {
         g.first_token_at
-            .map(|t| (now - t).as_millis() as u64)
+            .map(|t| now.saturating_duration_since(t).as_millis() as u64)
             .unwrap_or(0)
     }
 
     /// Ends the task with `end` (finish reason `stop`/`length`/`cancelled`). Returns false
     /// if it had already ended: exactly one terminal event per task.
     pub fn finish(&self, finish_reason: &str, stop_sequence: Option<String>) -> bool {
-        self.finish_with(|g, now| {
+        self.finish_with(Instant::now(), |g, now| {
             let decode = Self::decode_ms(g, now);
             SseEnd {
                 tokens_out: g.tokens_out,
@@ -514,17 +533,17 @@ impl Task {
     }
 
     /// Ends the task with the `end` the replica running it sent, as it sent it (every replica
-    /// following the task gives the same). False if it had already ended.
-    pub fn finish_relayed(&self, end: SseEnd) -> bool {
-        self.finish_with(|_, _| end)
+    /// following the task gives the same), written to the relay `at`. False if it had already
+    /// ended.
+    pub fn finish_relayed(&self, end: SseEnd, at: Instant) -> bool {
+        self.finish_with(at, |_, _| end)
     }
 
-    fn finish_with(&self, end: impl FnOnce(&TaskInner, Instant) -> SseEnd) -> bool {
+    fn finish_with(&self, now: Instant, end: impl FnOnce(&TaskInner, Instant) -> SseEnd) -> bool {
         let mut g = self.lock();
         if g.is_terminal() {
             return false;
         }
-        let now = Instant::now();
         let end = end(&g, now);
         let cancelled = end.finish_reason == "cancelled";
         g.events.push(TaskEvent::End(end));
@@ -542,6 +561,11 @@ impl Task {
 
     /// Ends the task with an `error` event. Returns false if it had already ended.
     pub fn fail(&self, error: SseError) -> bool {
+        self.fail_at(error, Instant::now())
+    }
+
+    /// [`Self::fail`] with the time it failed (a relayed `error`: when it was written there).
+    pub fn fail_at(&self, error: SseError, at: Instant) -> bool {
         let mut g = self.lock();
         if g.is_terminal() {
             return false;
@@ -549,7 +573,7 @@ impl Task {
         g.error_code = Some(error.code);
         g.events.push(TaskEvent::Error(error));
         g.state = TaskState::Failed;
-        g.ended_at = Some(Instant::now());
+        g.ended_at = Some(at);
         self.bump(&g);
         drop(g);
         self.cancel.cancel();
@@ -559,7 +583,9 @@ impl Task {
     /// The per-task record (artifact).
     pub fn record(&self) -> TaskRecord {
         let g = self.lock();
-        let since = |t: Option<Instant>| t.map(|t| (t - self.submitted).as_millis() as u64);
+        let since = |t: Option<Instant>| {
+            t.map(|t| t.saturating_duration_since(self.submitted).as_millis() as u64)
+        };
         let terminal = g.events.last().and_then(|e| match e {
             TaskEvent::End(p) => Some(TerminalEvent::End(p.clone())),
             TaskEvent::Error(p) => Some(TerminalEvent::Error(p.clone())),
@@ -567,7 +593,7 @@ impl Task {
         });
         let elsewhere = g.placed_elsewhere.as_ref();
         let decode_time_ms = match (g.first_token_at, g.ended_at) {
-            (Some(a), Some(b)) => Some((b - a).as_millis() as u64),
+            (Some(a), Some(b)) => Some(b.saturating_duration_since(a).as_millis() as u64),
             _ => None,
         };
         TaskRecord {
@@ -674,5 +700,6 @@ pub(crate) fn test_task(id: &str, rank: Option<Instant>) -> std::sync::Arc<Task>
         last_attempt: false,
         claimant: None,
         quota_ticket: None,
+        admitted_ago: Duration::ZERO,
     }))
 }

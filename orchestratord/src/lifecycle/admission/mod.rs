@@ -291,6 +291,7 @@ fn new_task(
         last_attempt: caller.patience.is_last_attempt(),
         claimant: Claimant::of(caller),
         quota_ticket: held.ticket,
+        admitted_ago: Duration::ZERO,
     }))
 }
 
