@@ -4,9 +4,10 @@
 //! chats one at a time; its median latency stays within 3x of its quiet median (measured in
 //! the same run, on the same server) and none of its chats is refused — for a `/tokenize`
 //! flood, prompts larger than the context (each refused), costly regular expressions in
-//! schemas, and 20 chats at once with schemas of their own. Schemas that cannot be followed
-//! are a 400 naming the field on every API that takes one, never a 500, and carry no internal
-//! state. `ci/isolation_bench.py` runs the same scenarios longer and reports the figures.
+//! schemas, and 20 chats at once with schemas of their own. The machine is shared: a phase
+//! over its bound is measured once more, paired with a fresh quiet median. Schemas that cannot
+//! be followed are a 400 naming the field on every API that takes one, never a 500, and carry
+//! no internal state. `ci/isolation_bench.py` runs the same scenarios longer and reports the figures.
 
 mod support;
 
@@ -114,9 +115,10 @@ struct Outcome {
 }
 
 impl Outcome {
-    /// The victim was never refused and its median stayed within 3x of the quiet one.
-    fn assert_isolated(&self, what: &str, quiet: Duration) {
-        self.assert_within(what, quiet, quiet * 3);
+    /// Why the victim's median is not within `bound`, if it is not.
+    fn over(&self, bound: Duration) -> Option<Duration> {
+        let m = median_of(&self.lat)?;
+        (m > bound).then_some(m)
     }
 
     /// The victim was never refused and its median stayed within `bound`.
@@ -139,6 +141,54 @@ impl Outcome {
             counts(&self.noisy)
         );
     }
+}
+
+fn median_of(v: &[Duration]) -> Option<Duration> {
+    (!v.is_empty()).then(|| median(v))
+}
+
+/// One noisy phase, judged against the quiet pace: the victim's median within `bound(quiet)`.
+/// The machine is shared, so a median over the bound is measured once more, paired: the quiet
+/// pace again, then the same load — a server that stalls the victim fails both times, a
+/// neighbour that slowed the machine for a moment does not. Refusals are never re-tried.
+struct Judge<'a> {
+    base: &'a str,
+    window: Duration,
+    quiet: Duration,
+}
+
+impl Judge<'_> {
+    async fn phase(
+        &mut self,
+        what: &str,
+        loops: usize,
+        make: Noisy,
+        bound: impl Fn(Duration) -> Duration,
+    ) -> Outcome {
+        let o = with_noise(self.base, loops, make.clone(), self.window).await;
+        let refused = o.statuses.iter().any(|&s| s != 200);
+        let o = match o.over(bound(self.quiet)) {
+            Some(m) if !refused => {
+                eprintln!(
+                    "{what}: victim median {m:?} over {:?} (quiet {:?}): measured again, paired",
+                    bound(self.quiet),
+                    self.quiet
+                );
+                self.quiet = quiet_median(self.base, self.window / 2).await;
+                with_noise(self.base, loops, make, self.window).await
+            }
+            _ => o,
+        };
+        o.assert_within(what, self.quiet, bound(self.quiet));
+        o
+    }
+}
+
+/// The victim's quiet median over `for_`; every chat answered.
+async fn quiet_median(base: &str, for_: Duration) -> Duration {
+    let (quiet, statuses) = victim(base, for_).await;
+    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
+    median(&quiet)
 }
 
 fn counts(met: &[(u16, String)]) -> std::collections::BTreeMap<u16, usize> {
@@ -171,23 +221,27 @@ async fn another_tenants_load_does_not_stall_a_victims_chats() {
     let (_p, base) = isolated_server().await;
     let window = Duration::from_secs(6);
     victim(&base, Duration::from_secs(2)).await; // the pace measured, first costs paid
-    let (quiet, statuses) = victim(&base, window).await;
-    assert!(statuses.iter().all(|&s| s == 200), "{statuses:?}");
-    let quiet = median(&quiet);
+    let quiet = quiet_median(&base, window).await;
+    let mut judge = Judge {
+        base: &base,
+        window,
+        quiet,
+    };
+    let thrice = |q: Duration| q * 3;
 
     // ~1 MB to tokenize, again and again
     let big: Arc<str> = "The quick brown fox jumps over the lazy dog. "
         .repeat(22_000)
         .into();
     let text = big.clone();
-    let o = with_noise(
-        &base,
-        4,
-        Arc::new(move |_, _| ("/tokenize", json!({"model": "smol", "content": &*text}))),
-        window,
-    )
-    .await;
-    o.assert_isolated("tokenize flood", quiet);
+    let o = judge
+        .phase(
+            "tokenize flood",
+            4,
+            Arc::new(move |_, _| ("/tokenize", json!({"model": "smol", "content": &*text}))),
+            thrice,
+        )
+        .await;
     assert!(
         o.noisy.iter().any(|(s, _)| *s == 200),
         "{:?}",
@@ -196,20 +250,20 @@ async fn another_tenants_load_does_not_stall_a_victims_chats() {
 
     // ~960 KB chats, each larger than the context: refused
     let over: Arc<str> = "lorem ipsum dolor sit amet ".repeat(35_000).into();
-    let o = with_noise(
-        &base,
-        4,
-        Arc::new(move |_, _| {
-            (
-                "/v1/chat/completions",
-                json!({"model": "smol", "max_tokens": 8,
-                       "messages": [{"role": "user", "content": &*over}]}),
-            )
-        }),
-        window,
-    )
-    .await;
-    o.assert_isolated("refused oversized prompts", quiet);
+    let o = judge
+        .phase(
+            "refused oversized prompts",
+            4,
+            Arc::new(move |_, _| {
+                (
+                    "/v1/chat/completions",
+                    json!({"model": "smol", "max_tokens": 8,
+                           "messages": [{"role": "user", "content": &*over}]}),
+                )
+            }),
+            thrice,
+        )
+        .await;
     assert!(
         o.noisy.iter().all(|(s, _)| *s == 400 || *s == 429),
         "{:?}",
@@ -217,24 +271,24 @@ async fn another_tenants_load_does_not_stall_a_victims_chats() {
     );
 
     // costly regular expressions, each a new one: refused with a reason
-    let o = with_noise(
-        &base,
-        2,
-        Arc::new(|i, n| {
-            let pattern = format!("^((a{{100}}){{100}}){{{}}}$", 2 + (i * 1000 + n) % 500);
-            (
-                "/v1/chat/completions",
-                json!({"model": "smol", "max_tokens": 8,
-                       "messages": [{"role": "user", "content": "Say a word."}],
-                       "response_format": {"type": "json_schema", "json_schema": {"name": "r",
-                           "schema": {"type": "object", "required": ["s"],
-                               "properties": {"s": {"type": "string", "pattern": pattern}}}}}}),
-            )
-        }),
-        window,
-    )
-    .await;
-    o.assert_isolated("costly regular expressions", quiet);
+    let o = judge
+        .phase(
+            "costly regular expressions",
+            2,
+            Arc::new(|i, n| {
+                let pattern = format!("^((a{{100}}){{100}}){{{}}}$", 2 + (i * 1000 + n) % 500);
+                (
+                    "/v1/chat/completions",
+                    json!({"model": "smol", "max_tokens": 8,
+                           "messages": [{"role": "user", "content": "Say a word."}],
+                           "response_format": {"type": "json_schema", "json_schema": {"name": "r",
+                               "schema": {"type": "object", "required": ["s"],
+                                   "properties": {"s": {"type": "string", "pattern": pattern}}}}}}),
+                )
+            }),
+            thrice,
+        )
+        .await;
     for (s, body) in &o.noisy {
         assert!(*s == 400 || *s == 429, "{s}: {body}");
         assert_no_internals(body);
@@ -259,15 +313,23 @@ async fn another_tenants_load_does_not_stall_a_victims_chats() {
         }
         ("/v1/chat/completions", body)
     };
-    let plain = with_noise(&base, 20, Arc::new(move |i, n| chat(i, n, false)), window).await;
-    plain.assert_within("20 chats at once", quiet, quiet * 4);
+    let plain = judge
+        .phase(
+            "20 chats at once",
+            20,
+            Arc::new(move |i, n| chat(i, n, false)),
+            |q| q * 4,
+        )
+        .await;
     let plain = median(&plain.lat);
-    let o = with_noise(&base, 20, Arc::new(move |i, n| chat(i, n, true)), window).await;
-    o.assert_within(
-        "20 distinct schemas at once",
-        quiet,
-        (quiet * 3).max(plain.mul_f64(1.5)),
-    );
+    let o = judge
+        .phase(
+            "20 distinct schemas at once",
+            20,
+            Arc::new(move |i, n| chat(i, n, true)),
+            |q| (q * 3).max(plain.mul_f64(1.5)),
+        )
+        .await;
     assert!(
         o.noisy.iter().all(|(s, _)| *s == 200 || *s == 429),
         "{:?}",
