@@ -40,6 +40,8 @@ pub enum TemplateSource {
     ChatMlFallback,
     /// A Gemma model had none; Gemma's turns are used ([`GEMMA_FALLBACK`]).
     GemmaFallback,
+    /// The pool's configuration gave one (a built-in name or a Jinja file), over the model's.
+    Configured,
 }
 
 /// A compiled chat template.
@@ -72,6 +74,37 @@ impl ChatTemplate {
             }
             None => (CHATML_FALLBACK.to_string(), TemplateSource::ChatMlFallback),
         };
+        Self::compile(text, source, bos_token, eos_token)
+    }
+
+    /// Compiles a template the pool's configuration gives, used whatever the model carries.
+    pub fn configured(template: &str, bos_token: String, eos_token: String) -> Result<Self> {
+        Self::compile(
+            template.to_string(),
+            TemplateSource::Configured,
+            bos_token,
+            eos_token,
+        )
+    }
+
+    /// Whether `template` compiles and renders a conversation: checked when a configuration
+    /// is read, so a broken template is a start-up error, not every chat's.
+    pub fn check(template: &str) -> std::result::Result<(), String> {
+        let t =
+            Self::configured(template, String::new(), String::new()).map_err(|e| e.to_string())?;
+        let probe = [ChatTurn {
+            role: "user".into(),
+            content: "hi".into(),
+        }];
+        t.render(&probe).map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    fn compile(
+        text: String,
+        source: TemplateSource,
+        bos_token: String,
+        eos_token: String,
+    ) -> Result<Self> {
         let mut env = Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);

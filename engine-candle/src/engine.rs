@@ -127,6 +127,9 @@ pub struct EngineSettings {
     /// waits between two tokens while a long prompt arrives); 0 = exactly
     /// `step_prompt_tokens` a pass.
     pub step_ms: u64,
+    /// A chat template (Jinja) used over the model's own: a built-in by name
+    /// (`builtin_templates.rs`) or a file, resolved by whoever configures the pool.
+    pub chat_template: Option<String>,
 }
 
 impl Default for EngineSettings {
@@ -140,6 +143,7 @@ impl Default for EngineSettings {
             prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
             step_prompt_tokens: DEFAULT_STEP_PROMPT_TOKENS,
             step_ms: DEFAULT_STEP_MS,
+            chat_template: None,
         }
     }
 }
@@ -320,18 +324,30 @@ impl CandleEngine {
                 .and_then(|id| tokenizer.token_text(id))
                 .unwrap_or_default()
         };
-        let template = ChatTemplate::new(
-            md_str(md, "tokenizer.chat_template"),
-            &hp.architecture,
+        let (bos, eos) = (
             tok_text("tokenizer.ggml.bos_token_id"),
             tok_text("tokenizer.ggml.eos_token_id"),
-        )?;
+        );
+        let template = match &opts.settings.chat_template {
+            Some(t) => ChatTemplate::configured(t, bos, eos)?,
+            None => ChatTemplate::new(
+                md_str(md, "tokenizer.chat_template"),
+                &hp.architecture,
+                bos,
+                eos,
+            )?,
+        };
         let name = md_str(md, "general.name")
             .map(str::to_string)
             .unwrap_or_else(|| file_stem(&opts.model_path));
         let parameters = crate::model_facts::parameters(&file.content);
         let quantization = crate::model_facts::quantization(md, &file.content);
-        let chat_template = md_str(md, "tokenizer.chat_template").map(str::to_string);
+        // the template in use: the configured one over the file's
+        let chat_template = opts
+            .settings
+            .chat_template
+            .clone()
+            .or_else(|| md_str(md, "tokenizer.chat_template").map(str::to_string));
         let ctx = context_for(&hp, &opts)?;
         let weights = file.load_weights(&hp, &device, opts.settings.weight_format)?;
         let model = Model::new(hp.clone(), weights, device.clone(), ctx)?;

@@ -6,6 +6,7 @@
 
 mod act_quant;
 mod attention;
+mod builtin_templates;
 mod chat_template;
 mod compute_priority;
 mod constrained;
@@ -39,6 +40,7 @@ mod text_stream;
 mod tokenizer;
 mod weights;
 
+pub use builtin_templates::{builtin as builtin_template, builtin_names as builtin_template_names};
 pub use chat_template::{ChatTemplate, Piece, TemplateSource, CHATML_FALLBACK, GEMMA_FALLBACK};
 pub use compute_priority::{lower_current_thread, MAX_NICE};
 pub use constrained::{Constrained, ConstraintFailure};

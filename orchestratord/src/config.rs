@@ -563,6 +563,9 @@ pub struct HttpConfig {
     /// Host names the server answers to without API keys besides IP addresses, `localhost`
     /// and `*.localhost` (SEC-HOST-1: any other `Host` is 403, against DNS rebinding).
     pub allowed_hosts: Vec<String>,
+    /// Whether the console (the web page at `/`) is served (llama-server's `--no-webui`
+    /// turns it off).
+    pub console: bool,
 }
 
 impl Default for HttpConfig {
@@ -575,6 +578,7 @@ impl Default for HttpConfig {
             max_connections: 1024,
             trusted_proxies: Vec::new(),
             allowed_hosts: Vec::new(),
+            console: true,
         }
     }
 }
@@ -852,6 +856,15 @@ pub struct PoolConfig {
     /// `step_prompt_tokens` a pass.
     #[serde(default = "default_step_ms")]
     pub step_ms: u64,
+    /// A chat template over the model's own (llama-server's `--chat-template`): a built-in
+    /// name (`chatml`, `llama3`, `gemma`, `mistral-v7`, `phi3`, … — an unknown name is refused
+    /// with the list) or Jinja text.
+    #[serde(default)]
+    pub chat_template: Option<String>,
+    /// A Jinja file whose text is the chat template (llama-server's `--chat-template-file`);
+    /// not with `chat_template`.
+    #[serde(default)]
+    pub chat_template_file: Option<String>,
 }
 
 fn default_slots() -> usize {
@@ -1000,25 +1013,43 @@ where
     }
 }
 
-/// Command-line settings of the first pool (`--model`, `--slots`, `--ctx`, `--threads`).
+/// Command-line settings of the first pool (`--model`, `--slots`, `--ctx`, `--threads`, and
+/// llama-server's `--alias`, `--chat-template[-file]`, `-ctk/-ctv`).
 #[derive(Debug, Clone, Default)]
 pub struct FirstPool {
     pub model: Option<String>,
     pub slots: Option<usize>,
     pub ctx: Option<usize>,
     pub threads: Option<usize>,
+    pub alias: Option<String>,
+    pub chat_template: Option<String>,
+    pub chat_template_file: Option<String>,
+    pub kv_cache: Option<String>,
+}
+
+impl FirstPool {
+    fn is_empty(&self) -> bool {
+        self.model.is_none()
+            && self.slots.is_none()
+            && self.ctx.is_none()
+            && self.threads.is_none()
+            && self.alias.is_none()
+            && self.chat_template.is_none()
+            && self.chat_template_file.is_none()
+            && self.kv_cache.is_none()
+    }
 }
 
 impl Config {
-    /// Sets the first pool's model, slots, context and threads where given (over the config
-    /// file and the environment), and validates again.
+    /// Sets the first pool's settings where given (over the config file and the
+    /// environment), and validates again.
     pub fn apply_first_pool(&mut self, o: FirstPool) -> Result<(), ConfigError> {
-        if o.model.is_none() && o.slots.is_none() && o.ctx.is_none() && o.threads.is_none() {
+        if o.is_empty() {
             return Ok(());
         }
         let Some(first) = self.pools.first_mut() else {
             return Err(ConfigError::Invalid(
-                "--model, --slots, --ctx and --threads set the first pool, and there is none"
+                "--model, --slots, --ctx, --threads, --alias, --chat-template and the cache type set the first pool, and there is none"
                     .into(),
             ));
         };
@@ -1033,6 +1064,17 @@ impl Config {
         }
         if let Some(v) = o.threads {
             first.threads = v;
+        }
+        if let Some(v) = o.alias {
+            first.alias = Some(v);
+        }
+        if o.chat_template.is_some() || o.chat_template_file.is_some() {
+            // the command line's template replaces the file's, whichever way it was given
+            first.chat_template = o.chat_template;
+            first.chat_template_file = o.chat_template_file;
+        }
+        if let Some(v) = o.kv_cache {
+            first.kv_cache = v;
         }
         self.validate()
     }
@@ -1275,7 +1317,37 @@ impl PoolConfig {
             prompt_cache_mib: default_prompt_cache_mib(),
             step_prompt_tokens: default_step_prompt_tokens(),
             step_ms: default_step_ms(),
+            chat_template: None,
+            chat_template_file: None,
         }
+    }
+
+    /// The chat template the pool's settings give (Jinja text), checked to compile and render.
+    fn chat_template_text(&self) -> Result<Option<String>, ConfigError> {
+        let bad = |m: String| ConfigError::Invalid(format!("pool {}: {m}", self.id));
+        let text = match (&self.chat_template, &self.chat_template_file) {
+            (Some(_), Some(_)) => return Err(bad(
+                "chat_template and chat_template_file are two ways to give one template: give one"
+                    .into(),
+            )),
+            (None, None) => return Ok(None),
+            (Some(t), None) => match candle::builtin_template(t.trim()) {
+                Some(text) => text.to_string(),
+                None if t.contains("{{") || t.contains("{%") => t.clone(),
+                None => {
+                    let names: Vec<&str> = candle::builtin_template_names().collect();
+                    return Err(bad(format!(
+                        "chat_template {t:?} is neither a built-in template ({}) nor Jinja text",
+                        names.join(", ")
+                    )));
+                }
+            },
+            (None, Some(path)) => std::fs::read_to_string(path)
+                .map_err(|e| bad(format!("cannot read chat_template_file {path}: {e}")))?,
+        };
+        candle::check_template(&text)
+            .map_err(|e| bad(format!("the chat template does not render: {e}")))?;
+        Ok(Some(text))
     }
 
     pub fn spec(&self) -> Result<PoolSpec, ConfigError> {
@@ -1300,6 +1372,7 @@ impl PoolConfig {
             prompt_cache_bytes: self.prompt_cache_mib << 20,
             step_prompt_tokens: self.step_prompt_tokens,
             step_ms: self.step_ms,
+            chat_template: self.chat_template_text()?,
         };
         Ok(PoolSpec::local(
             &self.id,

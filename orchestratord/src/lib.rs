@@ -27,6 +27,7 @@ pub mod process_stats;
 pub mod records;
 pub mod remote_workers;
 pub mod routes;
+pub mod serve_flags;
 pub mod server;
 pub mod sessions;
 pub mod worker;

@@ -1,4 +1,5 @@
-//! `orchestratord [--config PATH] [--bind ADDR]` serves; `orchestratord worker --server URL`
+//! `orchestratord [--config PATH] [--bind ADDR]` serves (llama-server's flags too:
+//! `serve_flags.rs`); `orchestratord worker --server URL`
 //! serves another orchestrator's queue as a remote worker.
 
 use std::path::PathBuf;
@@ -7,6 +8,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use orchestratord::config::Config;
 use orchestratord::logging::{self, LogFormat};
+use orchestratord::serve_flags::{expand_llama_server_flags, ServeFlags};
 use orchestratord::server;
 use orchestratord::worker::{self, BackendChoice, WorkerOptions};
 use pool_manager::candle::CandleFactory;
@@ -22,24 +24,11 @@ struct Args {
     #[arg(long, env = "ORCHD_BIND", global = true)]
     bind: Option<String>,
     /// Serve a non-loopback address without API keys (anyone who reaches the port controls
-    /// the server). Keys come from ORCHD_API_KEYS or auth.key_file, never from the command
-    /// line.
+    /// the server). Keys come from ORCHD_API_KEYS, auth.key_file or --api-key[-file].
     #[arg(long)]
     insecure_no_auth: bool,
-    /// The first pool's model file (a GGUF), as llama-server's `-m` (beside ORCHD_MODEL and
-    /// the config file; this wins).
-    #[arg(long, short = 'm')]
-    model: Option<String>,
-    /// The first pool's slots: sequences decoded together.
-    #[arg(long)]
-    slots: Option<usize>,
-    /// The first pool's context per slot in tokens (0 = the model's trained context as far as
-    /// the KV cache budget holds it).
-    #[arg(long)]
-    ctx: Option<usize>,
-    /// The first pool's compute threads (0 = the whole compute pool).
-    #[arg(long)]
-    threads: Option<usize>,
+    #[command(flatten)]
+    serve: ServeFlags,
     /// Log lines as text (colour only on a terminal) or one JSON object per line.
     #[arg(
         long,
@@ -158,18 +147,13 @@ fn main() -> std::process::ExitCode {
 }
 
 fn serve() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse_from(expand_llama_server_flags(std::env::args_os()));
     logging::init(args.log_format);
     let mut cfg = Config::load(args.config.as_deref())?;
-    cfg.apply_first_pool(orchestratord::config::FirstPool {
-        model: args.model.clone(),
-        slots: args.slots,
-        ctx: args.ctx,
-        threads: args.threads,
-    })?;
     if let Some(b) = &args.bind {
         cfg.bind = b.clone();
     }
+    std::mem::take(&mut args.serve).apply(&mut cfg)?;
     let worker_backend =
         matches!(&args.command, Some(Command::Worker(w)) if w.backend_url.is_some());
     if !worker_backend {

@@ -106,6 +106,19 @@ fn model_dirs(cfg: &Config) -> crate::model_paths::ModelDirs {
     crate::model_paths::ModelDirs::new(dirs)
 }
 
+/// The console's page and what it reads (none with `http.console = false`, llama-server's
+/// `--no-webui`).
+fn console_routes(on: bool) -> Router<SharedState> {
+    if !on {
+        return Router::new();
+    }
+    Router::new()
+        .route("/", get(routes::console::index))
+        .route("/console/console.js", get(routes::console::script))
+        .route("/console/console.css", get(routes::console::style))
+        .route("/console/history", get(routes::console::history::history))
+}
+
 /// Every route, with the correlation-id layer and the body limit.
 pub fn router(state: SharedState) -> Router {
     let limit = state.cfg.admission.max_body_bytes;
@@ -184,10 +197,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/v1/health", get(crate::adapters::kolosal::health))
         .route("/health", get(crate::adapters::kolosal::health))
         .route("/status", get(crate::adapters::kolosal::health))
-        .route("/", get(routes::console::index))
-        .route("/console/console.js", get(routes::console::script))
-        .route("/console/console.css", get(routes::console::style))
-        .route("/console/history", get(routes::console::history::history))
+        .merge(console_routes(state.cfg.http.console))
         .route("/livez", get(routes::probes::livez))
         .route("/readyz", get(routes::probes::readyz))
         .route("/metrics", get(routes::meta::metrics))

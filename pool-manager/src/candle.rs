@@ -20,9 +20,9 @@ pub use engine_candle::fault;
 pub use engine_candle::fresh_pages::FreshPages;
 pub use engine_candle::model_facts::{inspect, FileFacts};
 pub use engine_candle::{
-    configure_process_threads, lower_current_thread, DeviceChoice, EngineSettings as Settings,
-    KvType, WeightFormat, DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS,
-    DEFAULT_STEP_PROMPT_TOKENS, MAX_NICE,
+    builtin_template, builtin_template_names, configure_process_threads, lower_current_thread,
+    DeviceChoice, EngineSettings as Settings, KvType, WeightFormat, DEFAULT_KV_CACHE_MAX_BYTES,
+    DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS, DEFAULT_STEP_PROMPT_TOKENS, MAX_NICE,
 };
 
 /// A loaded candle model seen through the port.
@@ -190,6 +190,11 @@ impl Engine for CandlePortEngine {
     fn prompt_cache_bytes(&self) -> u64 {
         self.inner.prompt_cache_bytes() as u64
     }
+}
+
+/// Whether a chat template (Jinja) compiles and renders a conversation.
+pub fn check_template(template: &str) -> Result<(), String> {
+    engine_candle::ChatTemplate::check(template)
 }
 
 /// Loads GGUF models with candle.
