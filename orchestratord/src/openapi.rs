@@ -80,6 +80,9 @@ struct ControlApi;
         adapters::kolosal::status,
         adapters::kolosal::remove,
         adapters::kolosal::health,
+        adapters::llama_server::completion,
+        adapters::llama_server::props,
+        adapters::llama_server::slots,
     ),
     components(schemas(
         crate::error::openai::ErrorBody, crate::error::openai::ErrorDetail, contracts::ErrorCode,
@@ -110,6 +113,18 @@ struct ControlApi;
         adapters::kolosal::types::AddEngine, adapters::kolosal::types::EngineCreated,
         adapters::kolosal::types::EngineList, adapters::kolosal::types::EngineStatus,
         adapters::kolosal::types::EngineRemoved, adapters::kolosal::types::Health,
+        adapters::llama_server::completion::CompletionRequest,
+        adapters::llama_server::completion::CompletionResponse,
+        adapters::llama_server::completion::CompletionChunk,
+        adapters::llama_server::completion::Timings,
+        adapters::llama_server::completion::TokenProbability,
+        adapters::llama_server::completion::TopProbability,
+        adapters::llama_server::settings::GenerationSettings,
+        adapters::llama_server::props::PropsResponse,
+        adapters::llama_server::props::DefaultSettings,
+        adapters::llama_server::props::Modalities,
+        adapters::llama_server::props::Slot,
+        adapters::llama_server::props::NextToken,
     )),
     tags(
         (name = "openai", description = "OpenAI-compatible"),
@@ -118,6 +133,7 @@ struct ControlApi;
         (name = "ollama", description = "Ollama's native API; errors are `{\"error\": \"…\"}`"),
         (name = "engines", description = "Kolosal engine management and health"),
         (name = "tokenize", description = "Token ids of a text or a chat, and text of ids (llama.cpp's and vLLM's routes)"),
+        (name = "llama-server", description = "llama-server's native routes: `/completion`, `/props`, `/slots`"),
     )
 )]
 struct AdaptersApi;

@@ -163,6 +163,12 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/v1/models", get(crate::adapters::openai::models))
         .route("/v1/models/{model}", get(crate::adapters::openai::model))
+        .route(
+            "/completion",
+            post(crate::adapters::llama_server::completion),
+        )
+        .route("/props", get(crate::adapters::llama_server::props))
+        .route("/slots", get(crate::adapters::llama_server::slots))
         .route("/tokenize", post(crate::adapters::tokenize::tokenize))
         .route("/detokenize", post(crate::adapters::tokenize::detokenize))
         .route(

@@ -5,6 +5,7 @@ pub mod anthropic;
 pub mod follow;
 pub mod hyperswarm;
 pub mod kolosal;
+pub mod llama_server;
 pub mod ollama;
 pub mod openai;
 pub mod seed_chat;

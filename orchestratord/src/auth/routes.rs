@@ -22,7 +22,8 @@ pub enum Access {
 pub enum Shape {
     /// `{code, message, retriable, …}`: the task API and the control plane.
     Envelope,
-    /// `{"error": {message, type, param, code}}`: OpenAI, seed-001 chat, Kolosal.
+    /// `{"error": {message, type, param, code}}`: OpenAI, seed-001 chat, Kolosal,
+    /// llama-server's routes.
     OpenAi,
     /// `{"error": "…"}`: Ollama's native API (`/api/…`).
     Ollama,
@@ -57,6 +58,9 @@ pub fn classify(method: &Method, path: &str) -> (Access, Shape) {
         || path.starts_with("/v1/models")
         || path == "/tokenize"
         || path == "/detokenize"
+        || path == "/completion"
+        || path == "/props"
+        || path == "/slots"
         || path.starts_with("/chat/")
         || path.starts_with("/engines")
         || path == "/health"

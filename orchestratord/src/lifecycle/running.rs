@@ -79,6 +79,12 @@ impl RunningTasks {
             .collect()
     }
 
+    /// The tasks running on `pool` now, in the order they started (ended ones left out).
+    pub fn tasks_on(&self, pool: &str) -> Vec<Arc<Task>> {
+        let tasks: Vec<Arc<Task>> = self.lock().get(pool).cloned().unwrap_or_default();
+        tasks.into_iter().filter(|t| !t.is_terminal()).collect()
+    }
+
     /// The tenants of the tasks running now, one entry a task.
     pub fn owners(&self) -> Vec<String> {
         self.lock()
