@@ -55,6 +55,9 @@ pub enum ErrorCode {
     /// In a cluster: the NATS cluster did not carry the request to the other replicas (a
     /// cancel of a task another replica runs); nothing was done (503, retriable).
     ClusterUnavailable,
+    /// A model hub a pull named did not answer as a hub does, or sent a file whose digest
+    /// differs from the one it gave; nothing was kept (502).
+    HubUnavailable,
 }
 
 impl ErrorCode {
@@ -83,11 +86,12 @@ impl ErrorCode {
             Self::RequestTimeout => "REQUEST_TIMEOUT",
             Self::RecordsUnavailable => "RECORDS_UNAVAILABLE",
             Self::ClusterUnavailable => "CLUSTER_UNAVAILABLE",
+            Self::HubUnavailable => "HUB_UNAVAILABLE",
         }
     }
 
     /// All codes, for metrics label pre-registration and docs.
-    pub const ALL: [ErrorCode; 23] = [
+    pub const ALL: [ErrorCode; 24] = [
         Self::AdmissionReject,
         Self::QueueFullDropLru,
         Self::InvalidParams,
@@ -111,6 +115,7 @@ impl ErrorCode {
         Self::RequestTimeout,
         Self::RecordsUnavailable,
         Self::ClusterUnavailable,
+        Self::HubUnavailable,
     ];
 }
 

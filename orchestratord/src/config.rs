@@ -607,6 +607,9 @@ pub struct ModelsConfig {
     pub ctx: usize,
     /// KV cache budget of an on-demand pool when `ctx` is 0 (MiB).
     pub kv_cache_mib: u64,
+    /// The most the first folder's model files may take on disk with a pulled one (MiB; 0 =
+    /// no bound): a pull past it is refused before it downloads (`/api/pull`, `-hf`).
+    pub disk_budget_mib: u64,
 }
 
 impl Default for ModelsConfig {
@@ -619,6 +622,7 @@ impl Default for ModelsConfig {
             slots: 2,
             ctx: 0,
             kv_cache_mib: 512,
+            disk_budget_mib: 0,
         }
     }
 }

@@ -364,7 +364,7 @@ pub fn model_loaded(model: &str, outcome: &'static str) {
     counter!(MODEL_LOADS, L_MODEL_NAME => model.to_string(), L_OUTCOME => outcome).increment(1);
 }
 
-/// An on-demand pool unloaded (`reason`: idle, budget, drained).
+/// An on-demand pool unloaded (`reason`: idle, budget, drained, deleted).
 pub fn model_unloaded(model: &str, reason: &'static str) {
     counter!(MODEL_UNLOADS, L_MODEL_NAME => model.to_string(), L_REASON => reason).increment(1);
 }
@@ -375,7 +375,7 @@ pub fn model_listed(model: &str) {
     for outcome in ["ok", "failed"] {
         counter!(MODEL_LOADS, L_MODEL_NAME => model.to_string(), L_OUTCOME => outcome).increment(0);
     }
-    for reason in ["idle", "budget", "drained"] {
+    for reason in ["idle", "budget", "drained", "deleted"] {
         counter!(MODEL_UNLOADS, L_MODEL_NAME => model.to_string(), L_REASON => reason).increment(0);
     }
 }

@@ -5,6 +5,7 @@
 //! an error saying why.
 
 use std::ffi::OsString;
+use std::path::PathBuf;
 
 use clap::Args;
 
@@ -145,7 +146,8 @@ pub struct ServeFlags {
     /// llama-server's warm-up switch: a pool here measures its pace as it loads.
     #[arg(long)]
     pub no_warmup: bool,
-    /// A model on Hugging Face (`OWNER/REPO[:QUANT]`): not fetched by this server yet.
+    /// A model on Hugging Face (`OWNER/REPO[:QUANT]`, the hub at `HF_ENDPOINT`): pulled into
+    /// the first `--models-dir` (or `.cache/models`) unless it is there, then served.
     #[arg(long)]
     pub hf_repo: Option<String>,
 }
@@ -154,12 +156,21 @@ impl ServeFlags {
     /// Applies the flags to `cfg` (over its file and environment) and validates it again.
     pub fn apply(self, cfg: &mut Config) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if let Some(repo) = &self.hf_repo {
-            return bad(format!(
-                "-hf {repo}: this server does not download models yet; fetch the GGUF and give it with -m FILE (or put it in a --models-dir)"
-            ));
-        }
         self.say_what_does_not_apply(cfg);
+        let mut model = self.model;
+        if let Some(repo) = &self.hf_repo {
+            if model.is_some() {
+                return bad("-m and -hf both name the model: give one".into());
+            }
+            let dir = self
+                .models_dir
+                .first()
+                .or(cfg.models.dirs.first())
+                .map_or_else(|| PathBuf::from(MODEL_CACHE), PathBuf::from);
+            let budget =
+                (cfg.models.disk_budget_mib > 0).then_some(cfg.models.disk_budget_mib << 20);
+            model = Some(pull_at_start(repo, dir, budget)?.display().to_string());
+        }
         let slots = self
             .slots
             .or_else(|| cfg.pools.first().map(|p| p.slots))
@@ -201,7 +212,7 @@ impl ServeFlags {
             (None, None) => None,
         };
         cfg.apply_first_pool(FirstPool {
-            model: self.model,
+            model,
             slots: self.slots,
             ctx,
             threads: self.threads,
@@ -283,6 +294,41 @@ impl ServeFlags {
             tracing::warn!("--api-key: a key on the command line shows in the process list; prefer ORCHD_API_KEYS or --api-key-file");
         }
     }
+}
+
+/// Where `-hf` puts its model without a `--models-dir`.
+const MODEL_CACHE: &str = ".cache/models";
+
+/// Pulls `repo` into `dir` before the server starts, saying how far it got in the log.
+fn pull_at_start(repo: &str, dir: PathBuf, budget: Option<u64>) -> Result<PathBuf, ConfigError> {
+    use crate::models_folder::pull::{HubRef, Progress, PullError, Puller};
+    let fail = |e: PullError| ConfigError::Invalid(format!("-hf {repo}: {e}"));
+    let hub = HubRef::parse(repo, true).map_err(fail)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ConfigError::Invalid(format!("-hf {repo}: {e}")))?;
+    let mut last_tenth = None;
+    let mut say = |p: Progress| match p {
+        Progress::Status(s) => tracing::info!(model = repo, "{s}"),
+        Progress::Bytes {
+            total, completed, ..
+        } if total > 0 => {
+            let tenth = completed * 10 / total;
+            if last_tenth != Some(tenth) {
+                last_tenth = Some(tenth);
+                tracing::info!(model = repo, "{} of {} MiB", completed >> 20, total >> 20);
+            }
+        }
+        Progress::Bytes { .. } => {}
+    };
+    rt.block_on(async {
+        Puller::new(dir, budget)
+            .map_err(fail)?
+            .pull(&hub, &mut say)
+            .await
+            .map_err(fail)
+    })
 }
 
 /// `bind` with its host and/or port replaced (an IPv6 host in brackets).

@@ -187,6 +187,11 @@ pub fn router(state: SharedState) -> Router {
         .route("/api/tags", get(crate::adapters::ollama::tags))
         .route("/api/ps", get(crate::adapters::ollama::ps))
         .route("/api/show", post(crate::adapters::ollama::show))
+        .route("/api/pull", post(crate::adapters::ollama::pull))
+        .route(
+            "/api/delete",
+            axum::routing::delete(crate::adapters::ollama::delete),
+        )
         .route("/api/version", get(crate::adapters::ollama::version))
         .route(
             "/engines",

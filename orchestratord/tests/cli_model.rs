@@ -4,8 +4,8 @@
 //! LLS-CLI-1..3, LLS-TMPL-1..2 (issue 50): llama-server's own command line starts a server
 //! with the meaning llama-server gives it — `-c` divided among `-np` slots, `--port`,
 //! `--alias`, `--chat-template NAME` / `--chat-template-file FILE` changing the rendered
-//! prompt, `--no-webui`, flags with no meaning here said in the log; unknown template names
-//! and `-hf` refused at start saying why.
+//! prompt, `--no-webui`, flags with no meaning here said in the log; unknown template names,
+//! bad `-hf` names and cache types refused at start saying why (`-hf` pulling: model_pull.rs).
 
 mod support;
 
@@ -222,9 +222,10 @@ async fn llama_servers_flags_mean_what_they_mean_there() {
             "neither a built-in template (chatml, ",
         ),
         (
-            vec!["-hf", "ggml-org/gemma-3-270m-GGUF"],
-            "does not download models yet",
+            vec!["-hf", "ggml-org/gemma-3-270m-GGUF", "-m", "x.gguf"],
+            "give one",
         ),
+        (vec!["-hf", "ggml-org/../etc"], "letters, digits"),
         (vec!["-ctk", "q8_0"], "f32 or f16"),
     ] {
         let out = std::process::Command::new(orchestratord_binary())

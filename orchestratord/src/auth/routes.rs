@@ -76,6 +76,8 @@ pub fn classify(method: &Method, path: &str) -> (Access, Shape) {
     } else if path == "/metrics" || path == "/console/history" {
         Access::Metrics
     } else if path.starts_with("/v1/pools")
+        || path == "/api/pull"
+        || path == "/api/delete"
         || path.starts_with("/v1/workers")
         || path == "/v1/tenants"
         || (path.starts_with("/engines") && (method == Method::POST || method == Method::DELETE))

@@ -42,6 +42,7 @@ pub fn status_of(code: ErrorCode) -> StatusCode {
         ErrorCode::DecodeTimeout | ErrorCode::QueueTimeout => StatusCode::GATEWAY_TIMEOUT,
         ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
         ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        ErrorCode::HubUnavailable => StatusCode::BAD_GATEWAY,
     }
 }
 

@@ -66,6 +66,16 @@ impl Catalog {
         self.entries_within(RESCAN_EVERY)
     }
 
+    /// Lists the folders again now (a model was pulled or deleted).
+    pub fn refresh(&self) {
+        self.entries_within(Duration::ZERO);
+    }
+
+    /// The first folder, where pulled models go.
+    pub fn first_dir(&self) -> Option<&Path> {
+        self.dirs.first().map(PathBuf::as_path)
+    }
+
     /// The model named `name` (a file added is found within a second; requests for names
     /// that are not there list the folders at most once a second).
     pub fn find(&self, name: &str) -> Option<Entry> {

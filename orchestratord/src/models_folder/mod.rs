@@ -7,8 +7,10 @@
 
 mod catalog;
 pub mod keep_alive;
+pub mod pull;
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -57,6 +59,9 @@ pub struct ModelsFolder {
     served: Mutex<HashMap<FileVersion, Option<usize>>>,
     /// File bytes a millisecond of the last load timed here.
     load_rate: Mutex<Option<f64>>,
+    /// Held by the pull or delete under way: one at a time (two pulls of one file would
+    /// write one partial file).
+    pub changing: tokio::sync::Mutex<()>,
 }
 
 /// The pool id of an on-demand model: `auto-` and its name, other characters as `-`.
@@ -121,7 +126,46 @@ impl ModelsFolder {
             starting: Mutex::new(()),
             served: Mutex::new(HashMap::new()),
             load_rate: Mutex::new(None),
+            changing: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Where a pull writes: the first folder, within `models.disk_budget_mib`.
+    pub fn puller(&self) -> Result<pull::Puller, ApiError> {
+        let Some(dir) = self.catalog.first_dir() else {
+            return Err(ApiError::invalid(
+                "model",
+                "no model folder to pull into: set models.dirs (or --models-dir)",
+            ));
+        };
+        let budget = (self.cfg.disk_budget_mib > 0).then_some(self.cfg.disk_budget_mib << 20);
+        pull::Puller::new(dir.to_path_buf(), budget).map_err(pull::PullError::into_api)
+    }
+
+    /// Removes the folder's model `name`: its on-demand pool unloaded first; a model a
+    /// configured pool serves is refused (it is the operator's), as is a name not listed.
+    pub fn delete(&self, state: &SharedState, name: &str) -> Result<(), ApiError> {
+        let Some(entry) = self.catalog.find(name) else {
+            return Err(ApiError::not_found("model", name).with_field("model"));
+        };
+        for pool in state.pools.all() {
+            if Path::new(&pool.spec().model_ref) != entry.path {
+                continue;
+            }
+            if !self.owns(pool.id()) {
+                return Err(ApiError::conflict(format!(
+                    "model {name:?} is served by the configured pool {}: take it out of the configuration first",
+                    pool.id()
+                )));
+            }
+            self.unload(state, &pool, "deleted");
+        }
+        std::fs::remove_file(&entry.path).map_err(|e| {
+            ApiError::internal(format!("cannot remove {}: {e}", entry.path.display()))
+        })?;
+        self.catalog.refresh();
+        tracing::info!(model = name, path = %entry.path.display(), "model deleted");
+        Ok(())
     }
 
     /// How long loading `bytes` of model file is expected to take, from the last load timed.
