@@ -188,6 +188,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/api/ps", get(crate::adapters::ollama::ps))
         .route("/api/show", post(crate::adapters::ollama::show))
         .route("/api/pull", post(crate::adapters::ollama::pull))
+        .route("/api/copy", post(crate::adapters::ollama::copy))
         .route(
             "/api/delete",
             axum::routing::delete(crate::adapters::ollama::delete),

@@ -4,7 +4,7 @@
 //! `/OWNER/REPO/resolve/main/FILE` serves them with `Range`). A download cut off half way is
 //! resumed from where it stopped; a file whose SHA-256 differs from the hub's is refused and
 //! nothing is left behind; the pulled model is listed in `/api/tags` and answers a chat at once;
-//! `/api/delete` takes it away. A real server process, the real model's file, real sockets.
+//! `/api/copy` names it twice and `/api/delete` takes it away. A real server process, the real model's file, real sockets.
 
 mod support;
 
@@ -256,6 +256,22 @@ async fn models_are_pulled_by_name_resumed_checked_served_and_deleted() {
         assert!(e["error"].is_string(), "{e}");
     }
 
+    // copied under another name: both listed; a name taken or a source missing refused
+    let copy = |source: &str, destination: &str| {
+        c.post(format!("{base}/api/copy"))
+            .body(json!({"source": source, "destination": destination}).to_string())
+            .send()
+    };
+    assert_eq!(copy("smol-Q4_1", "my-smol").await.unwrap().status(), 200);
+    let listed = tags(&base).await;
+    assert!(
+        listed.contains(&"my-smol".to_string()) && listed.contains(&"smol-Q4_1".to_string()),
+        "{listed:?}"
+    );
+    assert_eq!(copy("smol-Q4_1", "my-smol").await.unwrap().status(), 409);
+    assert_eq!(copy("nope", "other").await.unwrap().status(), 404);
+    assert_eq!(copy("smol-Q4_1", "../x").await.unwrap().status(), 400);
+
     // deleted: unloaded, no longer listed, its file gone
     let r = c
         .delete(format!("{base}/api/delete"))
@@ -265,7 +281,7 @@ async fn models_are_pulled_by_name_resumed_checked_served_and_deleted() {
         .unwrap();
     assert_eq!(r.status(), 200);
     assert!(!tags(&base).await.contains(&"smol-Q4_1".to_string()));
-    assert!(names_in(&dir).is_empty(), "{:?}", names_in(&dir));
+    assert_eq!(names_in(&dir), vec!["my-smol.gguf"]);
     let r = c
         .delete(format!("{base}/api/delete"))
         .body(json!({"model": "smol-Q4_1"}).to_string())

@@ -77,6 +77,7 @@ pub fn classify(method: &Method, path: &str) -> (Access, Shape) {
         Access::Metrics
     } else if path.starts_with("/v1/pools")
         || path == "/api/pull"
+        || path == "/api/copy"
         || path == "/api/delete"
         || path.starts_with("/v1/workers")
         || path == "/v1/tenants"

@@ -142,6 +142,45 @@ impl ModelsFolder {
         pull::Puller::new(dir.to_path_buf(), budget).map_err(pull::PullError::into_api)
     }
 
+    /// Copies the folder's model `source` as `destination` (a hard link where the folder's file
+    /// system allows, else a copy written aside and renamed into place): listed at once.
+    pub fn copy(&self, source: &str, destination: &str) -> Result<(), ApiError> {
+        let Some(entry) = self.catalog.find(source) else {
+            return Err(ApiError::not_found("model", source).with_field("source"));
+        };
+        let ok = !destination.is_empty()
+            && destination.len() <= 128
+            && !destination.starts_with('.')
+            && destination
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+        if !ok {
+            return Err(ApiError::invalid(
+                "destination",
+                "a model name is 1-128 letters, digits, '-', '_', '.' and ':', not starting with '.'",
+            ));
+        }
+        if self.catalog.find(destination).is_some() {
+            return Err(ApiError::conflict(format!(
+                "model {destination:?} exists: delete it first"
+            )));
+        }
+        let dir = entry.path.parent().unwrap_or(Path::new("."));
+        let target = dir.join(format!("{destination}.gguf"));
+        if std::fs::hard_link(&entry.path, &target).is_err() {
+            let aside = dir.join(format!(".{destination}.gguf.partial"));
+            std::fs::copy(&entry.path, &aside)
+                .and_then(|_| std::fs::rename(&aside, &target))
+                .map_err(|e| {
+                    let _ = std::fs::remove_file(&aside);
+                    ApiError::internal(format!("cannot copy {}: {e}", entry.path.display()))
+                })?;
+        }
+        self.catalog.refresh();
+        tracing::info!(source, destination, "model copied");
+        Ok(())
+    }
+
     /// Removes the folder's model `name`: its on-demand pool unloaded first; a model a
     /// configured pool serves is refused (it is the operator's), as is a name not listed.
     pub fn delete(&self, state: &SharedState, name: &str) -> Result<(), ApiError> {

@@ -1,5 +1,5 @@
 //! Ollama's native API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/ps`, `/api/show`,
-//! `/api/version`, `/api/pull`, `/api/delete`) on the task spine, errors in Ollama's `{"error": "…"}` shape.
+//! `/api/version`, `/api/pull`, `/api/copy`, `/api/delete`) on the task spine, errors in Ollama's `{"error": "…"}` shape.
 
 mod answer;
 mod models;
@@ -10,4 +10,7 @@ pub mod types;
 
 pub use answer::{__path_chat, __path_generate, chat, generate};
 pub use models::{__path_ps, __path_show, __path_tags, __path_version, ps, show, tags, version};
-pub use pull::{__path_delete, __path_pull, delete, pull, DeleteRequest, PullLine, PullRequest};
+pub use pull::{
+    __path_copy, __path_delete, __path_pull, copy, delete, pull, CopyRequest, DeleteRequest,
+    PullLine, PullRequest,
+};

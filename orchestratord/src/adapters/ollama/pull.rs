@@ -1,4 +1,4 @@
-//! `POST /api/pull` and `DELETE /api/delete`: models fetched from a Hugging Face–style hub
+//! `POST /api/pull`, `POST /api/copy` and `DELETE /api/delete`: models fetched from a Hugging Face–style hub
 //! into the first model folder, and taken out of it (admin keys only; `models_folder/pull.rs`
 //! does the pulling). A pulled model is listed and served at once, by its file's name.
 
@@ -190,5 +190,39 @@ pub async fn delete(
     tokio::task::spawn_blocking(move || worker.models_folder.delete(&worker, &name))
         .await
         .map_err(|e| ApiError::internal(format!("the delete did not finish: {e}")))??;
+    Ok(StatusCode::OK)
+}
+
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"source": "smol-Q4_1", "destination": "my-smol"}))]
+pub struct CopyRequest {
+    /// A model of the folder, as listed.
+    pub source: String,
+    /// Its new name (1-128 of `A-Z a-z 0-9 - _ . :`).
+    pub destination: String,
+}
+
+/// Copies a model of the folder under another name.
+#[utoipa::path(
+    post, operation_id = "ollamaCopy", path = "/api/copy", tag = "ollama",
+    request_body = CopyRequest,
+    responses(
+        (status = 200, description = "Copied: both names listed and served"),
+        (status = 400, description = "Not a model name", body = crate::error::ollama::ErrorBody, example = json!({"error": "destination: a model name is 1-128 letters, digits, '-', '_', '.' and ':', not starting with '.'"})),
+        (status = 404, description = "No model of the source's name in the folder", body = crate::error::ollama::ErrorBody, example = json!({"error": "model \"smol\" not found"})),
+        (status = 409, description = "The destination exists", body = crate::error::ollama::ErrorBody, example = json!({"error": "model \"my-smol\" exists: delete it first"})),
+    )
+)]
+pub async fn copy(
+    State(state): State<SharedState>,
+    body: Result<JsonBody<CopyRequest>, ApiError>,
+) -> Result<StatusCode, OllamaError> {
+    let JsonBody(req) = body?;
+    let _one = state.models_folder.changing.lock().await;
+    let worker = state.clone();
+    tokio::task::spawn_blocking(move || worker.models_folder.copy(&req.source, &req.destination))
+        .await
+        .map_err(|e| ApiError::internal(format!("the copy did not finish: {e}")))??;
     Ok(StatusCode::OK)
 }
