@@ -30,4 +30,5 @@ pub mod routes;
 pub mod serve_flags;
 pub mod server;
 pub mod sessions;
+pub mod terminal_chat;
 pub mod worker;

@@ -19,6 +19,18 @@ pub enum LogFormat {
     Json,
 }
 
+/// The subscriber of `orchestratord run`: warnings and errors only (unless `RUST_LOG` says
+/// otherwise), on stderr, so the terminal's conversation is not interleaved with the
+/// in-process server's lines.
+pub fn init_quiet() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into());
+    tracing_subscriber::fmt()
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .init();
+}
+
 /// Installs the global subscriber (once, at start).
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());

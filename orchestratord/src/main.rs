@@ -48,6 +48,18 @@ enum Command {
     /// there). Serves the pools of --config with the built-in engine, or forwards to an
     /// OpenAI-compatible server with --backend-url.
     Worker(WorkerArgs),
+    /// Chat with MODEL in the terminal, as `ollama run` does: through the server answering at
+    /// --bind, or one started here (MODEL a GGUF path, a served name, or hf.co/OWNER/REPO:QUANT,
+    /// pulled first). With PROMPT: one answer, then exit. Keys: env ORCHD_API_KEY.
+    Run(RunArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// A GGUF file, a model the server serves, or hf.co/OWNER/REPO[:QUANT].
+    model: String,
+    /// One question: its answer is printed and the command ends.
+    prompt: Vec<String>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -148,15 +160,31 @@ fn main() -> std::process::ExitCode {
 
 fn serve() -> anyhow::Result<()> {
     let mut args = Args::parse_from(expand_llama_server_flags(std::env::args_os()));
-    logging::init(args.log_format);
+    match &args.command {
+        Some(Command::Run(_)) => logging::init_quiet(),
+        _ => logging::init(args.log_format),
+    }
     let mut cfg = Config::load(args.config.as_deref())?;
     if let Some(b) = &args.bind {
         cfg.bind = b.clone();
     }
     std::mem::take(&mut args.serve).apply(&mut cfg)?;
+    if let Some(Command::Run(r)) = &args.command {
+        if std::path::Path::new(&r.model).is_file() {
+            if cfg.pools.is_empty() {
+                cfg.pools
+                    .push(orchestratord::config::PoolConfig::new("default", &r.model));
+            }
+            cfg.apply_first_pool(orchestratord::config::FirstPool {
+                model: Some(r.model.clone()),
+                ..Default::default()
+            })?;
+        }
+    }
     let worker_backend =
         matches!(&args.command, Some(Command::Worker(w)) if w.backend_url.is_some());
-    if !worker_backend {
+    let run_pulls = matches!(&args.command, Some(Command::Run(r)) if r.model.starts_with("hf.co/"));
+    if !worker_backend && !run_pulls {
         cfg.locate_default_model(std::env::current_exe().ok().as_deref())?;
     }
     if args.insecure_no_auth {
@@ -171,6 +199,7 @@ fn serve() -> anyhow::Result<()> {
     match args.command {
         None => rt.block_on(run(cfg)),
         Some(Command::Worker(w)) => rt.block_on(run_worker(cfg, w, args.bind)),
+        Some(Command::Run(r)) => rt.block_on(run_chat(cfg, r)),
     }
 }
 
@@ -220,6 +249,67 @@ async fn run_worker(cfg: Config, w: WorkerArgs, bind: Option<String>) -> anyhow:
         max_frame_bytes: w.max_frame_bytes,
     };
     worker::run(opts, backend, shutdown_signal()).await
+}
+
+/// `orchestratord run`: the conversation with the server at the configured address, or with
+/// one started here for it (stopped when the conversation ends).
+async fn run_chat(mut cfg: Config, r: RunArgs) -> anyhow::Result<()> {
+    use orchestratord::terminal_chat::{answers, TerminalChat};
+    let key = std::env::var("ORCHD_API_KEY")
+        .ok()
+        .filter(|k| !k.is_empty());
+    let base = format!("http://{}", cfg.bind.replace("0.0.0.0", "127.0.0.1"));
+    let prompt = (!r.prompt.is_empty()).then(|| r.prompt.join(" "));
+    let path = std::path::Path::new(&r.model);
+    let mut model = match path.is_file() {
+        true => cfg
+            .pools
+            .first()
+            .map(|p| p.spec().map(|s| s.model_alias))
+            .transpose()?
+            .unwrap_or_else(|| r.model.clone()),
+        false => r.model.clone(),
+    };
+    let mut server = None;
+    if !answers(&base).await {
+        if model.starts_with("hf.co/") {
+            // pulled into the model cache, then served as the first pool
+            let mut chat = TerminalChat::new(&base, None, &model);
+            let pulled = chat
+                .pull_locally(std::path::Path::new(".cache/models"))
+                .await?;
+            cfg.apply_first_pool(orchestratord::config::FirstPool {
+                model: Some(pulled.display().to_string()),
+                ..Default::default()
+            })?;
+            model = pulled
+                .file_stem()
+                .map_or_else(|| model.clone(), |s| s.to_string_lossy().into_owned());
+        }
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let bind = cfg.bind.clone();
+        let state = server::build_state(cfg, Arc::new(CandleFactory))?;
+        let listener = tokio::net::TcpListener::bind(&bind).await?;
+        server::start_loops(&state);
+        let loading = state.clone();
+        let loaded = tokio::spawn(async move { loading.pools.load_all().await });
+        let serving = tokio::spawn(server::serve(state, listener, async move {
+            let _ = stopped.await;
+        }));
+        let _ = loaded.await;
+        server = Some((stop, serving));
+    }
+    let mut chat = TerminalChat::new(&base, key, &model);
+    chat.pull_if_named().await?;
+    let outcome = match prompt {
+        Some(p) => chat.once(&p).await,
+        None => chat.converse().await,
+    };
+    if let Some((stop, serving)) = server {
+        let _ = stop.send(());
+        let _ = serving.await;
+    }
+    outcome
 }
 
 async fn run(cfg: Config) -> anyhow::Result<()> {

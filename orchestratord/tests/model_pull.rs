@@ -192,6 +192,7 @@ async fn models_are_pulled_by_name_resumed_checked_served_and_deleted() {
     // again: resumed from there, its digest checked, put in place
     let lines = pull(&base, "hf.co/test/smol-GGUF:Q4_1").await;
     assert_eq!(lines.last().unwrap()["status"], "success", "{lines:?}");
+    assert_eq!(lines.last().unwrap()["model"], "smol-Q4_1", "{lines:?}");
     assert_eq!(*hub.ranges.lock().unwrap(), vec![format!("bytes={kept}-")]);
     let statuses: Vec<&str> = lines.iter().filter_map(|l| l["status"].as_str()).collect();
     assert_eq!(statuses[0], "pulling manifest");

@@ -167,8 +167,8 @@ impl Puller {
         })
     }
 
-    /// Pulls `r` (an existing file of the same name and size is kept as it is): the file's
-    /// place in the folder.
+    /// Pulls `r` (the hub's file already there is kept as it is): the file's place in the
+    /// folder. Its caller says `success`.
     pub async fn pull(
         &self,
         r: &HubRef,
@@ -193,7 +193,6 @@ impl Puller {
             .map_err(|e| PullError::Io(format!("cannot make {}: {e}", self.dir.display())))?;
         let target = self.dir.join(&local);
         if self.already_there(&target, &file, progress).await? {
-            progress(Progress::Status("success".into()));
             return Ok(target);
         }
         self.check_budget(&target, file.size).await?;
@@ -213,7 +212,6 @@ impl Puller {
         tokio::fs::rename(&partial, &target)
             .await
             .map_err(|e| PullError::Io(format!("cannot put {} in place: {e}", target.display())))?;
-        progress(Progress::Status("success".into()));
         Ok(target)
     }
 

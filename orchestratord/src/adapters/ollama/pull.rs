@@ -38,6 +38,10 @@ pub struct PullRequest {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct PullLine {
     pub status: String,
+    /// On the `success` line: the name the pulled model is listed and served by (its file's
+    /// name without `.gguf`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -51,6 +55,7 @@ impl From<Progress> for PullLine {
         match p {
             Progress::Status(status) => Self {
                 status,
+                model: None,
                 digest: None,
                 total: None,
                 completed: None,
@@ -61,11 +66,23 @@ impl From<Progress> for PullLine {
                 completed,
             } => Self {
                 status: format!("pulling {}", &digest[..digest.len().min(19)]),
+                model: None,
                 digest: Some(digest),
                 total: Some(total),
                 completed: Some(completed),
             },
         }
+    }
+}
+
+/// The last line of a pull that succeeded: the name the model is served by.
+fn success(path: &std::path::Path) -> PullLine {
+    PullLine {
+        status: "success".into(),
+        model: path.file_stem().map(|s| s.to_string_lossy().into_owned()),
+        digest: None,
+        total: None,
+        completed: None,
     }
 }
 
@@ -112,12 +129,12 @@ pub async fn pull(
     let puller = state.models_folder.puller()?;
     if req.stream == Some(false) {
         let _one = state.models_folder.changing.lock().await;
-        puller
+        let path = puller
             .pull(&hub, &mut |_| {})
             .await
             .map_err(|e| e.into_api())?;
         state.models_folder.catalog.refresh();
-        return Ok(Json(PullLine::from(Progress::Status("success".into()))).into_response());
+        return Ok(Json(success(&path)).into_response());
     }
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(PROGRESS_LINES);
     let task = tokio::spawn({
@@ -133,13 +150,11 @@ pub async fn pull(
                 Ok(path) => {
                     state.models_folder.catalog.refresh();
                     tracing::info!(model = %name, path = %path.display(), "model pulled");
-                    None
+                    line(&success(&path))
                 }
-                Err(e) => Some(line(&error_body(&e.into_api().envelope))),
+                Err(e) => line(&error_body(&e.into_api().envelope)),
             };
-            if let Some(last) = last {
-                let _ = tx.send(last).await;
-            }
+            let _ = tx.send(last).await;
         }
     });
     let guard = AbortOnDrop(task.abort_handle());
