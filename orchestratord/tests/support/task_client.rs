@@ -19,13 +19,27 @@ pub async fn submit(base: &str, body: Value) -> reqwest::Response {
         .unwrap()
 }
 
+/// Submits and expects the task admitted. A replica whose NATS cluster could not place the
+/// write for a moment (a peer of a loaded machine missed its heartbeats: "no suitable peers for
+/// placement") answers 503 `CLUSTER_UNAVAILABLE`, retriable, with `retry_after_ms`: as a client
+/// is told to, that is tried again after the wait it names, up to five times.
 pub async fn submit_ok(base: &str, body: Value) -> String {
-    let r = submit(base, body).await;
-    assert_eq!(r.status(), 202, "{:?}", r.text().await);
-    r.json::<Value>().await.unwrap()["task_id"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    for attempt in 1.. {
+        let r = submit(base, body.clone()).await;
+        let status = r.status();
+        let v: Value = r.json().await.unwrap_or_default();
+        let unplaced =
+            status == 503 && v["code"] == "CLUSTER_UNAVAILABLE" && v["retriable"] == true;
+        if unplaced && attempt < 5 {
+            eprintln!("submit: {v} (attempt {attempt}): trying again as it says");
+            let wait = v["retry_after_ms"].as_u64().unwrap_or(1000);
+            tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+            continue;
+        }
+        assert_eq!(status, 202, "{v}");
+        return v["task_id"].as_str().unwrap().to_string();
+    }
+    unreachable!("the loop returns or panics")
 }
 
 /// Reads `base`'s stream of `id` (after `last_id`) to its end, or until `stop` says so.
