@@ -461,4 +461,36 @@ mod tests {
         .unwrap();
         assert_eq!(c.pools[0].chat_template.as_deref(), Some("llama3"));
     }
+
+    /// LLS-CLI-2: `--api-key` (comma-separated) and `--api-key-file` (a key a line, `#`
+    /// comments) become admin keys the key store takes; `--models-dir` serves its folder on
+    /// demand; `--no-webui` turns the console off.
+    #[test]
+    fn keys_folders_and_the_console_from_llama_servers_flags() {
+        let file = std::env::temp_dir().join(format!("orchd-keys-{}", std::process::id()));
+        std::fs::write(&file, "# ops\nk2-0123456789abcdef\n\n").unwrap();
+        let mut c = cfg();
+        ServeFlags {
+            api_key: vec!["k1-0123456789abcdef".into()],
+            api_key_file: Some(file.clone()),
+            models_dir: vec!["/srv/models".into()],
+            no_webui: true,
+            ..Default::default()
+        }
+        .apply(&mut c)
+        .unwrap();
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(
+            c.auth.keys,
+            vec![
+                "default:admin:k1-0123456789abcdef".to_string(),
+                "default:admin:k2-0123456789abcdef".to_string()
+            ]
+        );
+        let auth = crate::auth::Auth::load(&c.auth, &c.http).unwrap();
+        assert!(auth.enabled());
+        assert_eq!(c.models.dirs, vec!["/srv/models".to_string()]);
+        assert!(c.models.on_demand);
+        assert!(!c.http.console);
+    }
 }

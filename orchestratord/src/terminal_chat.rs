@@ -183,7 +183,11 @@ impl TerminalChat {
                 match std::io::BufRead::read_line(&mut stdin.lock(), &mut line) {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {
-                        line.truncate(MAX_LINE_BYTES);
+                        let mut cut = line.len().min(MAX_LINE_BYTES);
+                        while !line.is_char_boundary(cut) {
+                            cut -= 1;
+                        }
+                        line.truncate(cut);
                         if tx.blocking_send(line).is_err() {
                             break;
                         }

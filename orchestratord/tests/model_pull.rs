@@ -274,22 +274,15 @@ async fn models_are_pulled_by_name_resumed_checked_served_and_deleted() {
     assert_eq!(copy("smol-Q4_1", "../x").await.unwrap().status(), 400);
 
     // deleted: unloaded, no longer listed, its file gone
-    let r = c
-        .delete(format!("{base}/api/delete"))
-        .body(json!({"model": "smol-Q4_1"}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
+    let delete = |model: &str| {
+        c.delete(format!("{base}/api/delete"))
+            .body(json!({ "model": model }).to_string())
+            .send()
+    };
+    assert_eq!(delete("smol-Q4_1").await.unwrap().status(), 200);
     assert!(!tags(&base).await.contains(&"smol-Q4_1".to_string()));
     assert_eq!(names_in(&dir), vec!["my-smol.gguf"]);
-    let r = c
-        .delete(format!("{base}/api/delete"))
-        .body(json!({"model": "smol-Q4_1"}).to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 404);
+    assert_eq!(delete("smol-Q4_1").await.unwrap().status(), 404);
 
     // llama-server's -hf: pulled before the server starts, then served
     let dir2 = scratch("hf-flag");

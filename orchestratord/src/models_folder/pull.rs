@@ -119,6 +119,12 @@ impl HubRef {
     }
 }
 
+/// Ollama's status line for the bytes of `digest`: `pulling sha256:0123456789a` (its first 19
+/// characters).
+pub fn pulling(digest: &str) -> String {
+    format!("pulling {}", digest.chars().take(19).collect::<String>())
+}
+
 /// What a pull is doing, in the steps Ollama reports.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Progress {
@@ -195,8 +201,10 @@ impl Puller {
         if self.already_there(&target, &file, progress).await? {
             return Ok(target);
         }
-        self.check_budget(&target, file.size).await?;
         let partial = self.dir.join(format!(".{local}.partial"));
+        if let Some(size) = file.size {
+            self.check_budget(&[&target, &partial], size)?;
+        }
         let got = self.download(r, &file, &partial, progress).await?;
         if let Some(expected) = &file.sha256 {
             progress(Progress::Status("verifying sha256 digest".into()));
@@ -344,18 +352,18 @@ impl Puller {
         }
     }
 
-    /// The folder's GGUFs and the new file must fit the disk budget.
-    async fn check_budget(&self, target: &Path, size: Option<u64>) -> Result<(), PullError> {
+    /// The folder's GGUFs and partial downloads, but this file's own (`mine`: its place and its
+    /// partial, which `size` counts), and the new file must fit the disk budget.
+    fn check_budget(&self, mine: &[&Path], size: u64) -> Result<(), PullError> {
         let Some(budget) = self.budget else {
             return Ok(());
         };
-        let held = folder_bytes(&self.dir, target);
-        let need = size.unwrap_or(0);
-        if held + need > budget {
+        let held = folder_bytes(&self.dir, mine);
+        if held + size > budget {
             return Err(PullError::Budget(format!(
                 "the model folder holds {} MiB; with this file's {} MiB it would pass its budget of {} MiB (models.disk_budget_mib): delete a model first",
                 held >> 20,
-                need >> 20,
+                size >> 20,
                 budget >> 20
             )));
         }
@@ -402,15 +410,9 @@ impl Puller {
             .size
             .or_else(|| resp.content_length().map(|n| n + have))
             .unwrap_or(0);
-        if let Some(budget) = self.budget {
-            let held = folder_bytes(&self.dir, partial);
-            if held + total > budget {
-                return Err(PullError::Budget(format!(
-                    "this file's {} MiB would pass the model folder's budget of {} MiB (models.disk_budget_mib)",
-                    total >> 20,
-                    budget >> 20
-                )));
-            }
+        if file.size.is_none() {
+            // the hub gave no size: the answer's length is the first word of it
+            self.check_budget(&[partial], total)?;
         }
         let mut hasher = Sha256::new();
         let mut out = if have > 0 {
@@ -442,8 +444,7 @@ impl Puller {
             .as_ref()
             .map(|s| format!("sha256:{s}"))
             .unwrap_or_else(|| file.path.clone());
-        let status = format!("pulling {}", &digest[..digest.len().min(19)]);
-        progress(Progress::Status(status));
+        progress(Progress::Status(pulling(&digest)));
         let mut done = have;
         let mut said = Instant::now();
         progress(Progress::Bytes {
@@ -494,14 +495,14 @@ impl Puller {
     }
 }
 
-/// Bytes of the GGUFs (and partial downloads) in `dir`, `except` one file.
-fn folder_bytes(dir: &Path, except: &Path) -> u64 {
+/// Bytes of the GGUFs (and partial downloads) in `dir`, but the files `except`.
+fn folder_bytes(dir: &Path, except: &[&Path]) -> u64 {
     let Ok(files) = std::fs::read_dir(dir) else {
         return 0;
     };
     files
         .filter_map(|f| f.ok())
-        .filter(|f| f.path() != except)
+        .filter(|f| !except.contains(&f.path().as_path()))
         .filter(|f| {
             let n = f.file_name().to_string_lossy().to_ascii_lowercase();
             n.ends_with(".gguf") || n.ends_with(".partial")
@@ -552,5 +553,41 @@ mod tests {
         ] {
             assert!(HubRef::parse(bad, false).is_err(), "{bad}");
         }
+    }
+
+    /// MOD-PULL-3: the folder's other models and partial downloads count against the disk
+    /// budget with the new file; the file's own partial (a pull being resumed) is in its size,
+    /// not counted twice.
+    #[test]
+    fn the_disk_budget_counts_the_folder_and_the_new_file_once() {
+        let dir = std::env::temp_dir().join(format!("orchd-budget-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("other.gguf"), vec![0u8; 1 << 20]).unwrap();
+        std::fs::write(dir.join(".x.gguf.partial"), vec![0u8; 2 << 20]).unwrap();
+        std::fs::write(dir.join("notes.txt"), vec![0u8; 8 << 20]).unwrap();
+        let (target, partial) = (dir.join("x.gguf"), dir.join(".x.gguf.partial"));
+        let puller = Puller::new(dir.clone(), Some(7 << 19)).unwrap(); // 3.5 MiB
+                                                                       // 1 MiB held + 2.5 MiB of x (its 2 MiB partial inside it): fits
+        assert!(puller.check_budget(&[&target, &partial], 5 << 19).is_ok());
+        // 1 MiB + 3 MiB: does not, and says the sizes
+        let e = puller
+            .check_budget(&[&target, &partial], 3 << 20)
+            .unwrap_err();
+        assert!(e.to_string().contains("holds 1 MiB"), "{e}");
+        // another file's pull counts x's partial
+        let y = dir.join("y.gguf");
+        assert!(puller.check_budget(&[&y], 1 << 20).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_status_line_takes_19_characters_of_any_name() {
+        assert_eq!(
+            pulling("sha256:0123456789abcdef"),
+            "pulling sha256:0123456789ab"
+        );
+        // byte 19 falls inside a character here
+        let long = "ab模型一二三四五六七八九十.gguf";
+        assert_eq!(pulling(long).chars().count(), 8 + 19);
     }
 }

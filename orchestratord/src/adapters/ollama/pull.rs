@@ -65,7 +65,7 @@ impl From<Progress> for PullLine {
                 total,
                 completed,
             } => Self {
-                status: format!("pulling {}", &digest[..digest.len().min(19)]),
+                status: crate::models_folder::pull::pulling(&digest),
                 model: None,
                 digest: Some(digest),
                 total: Some(total),
