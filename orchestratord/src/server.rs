@@ -189,6 +189,7 @@ pub fn router(state: SharedState) -> Router {
         .route("/api/show", post(crate::adapters::ollama::show))
         .route("/api/pull", post(crate::adapters::ollama::pull))
         .route("/api/copy", post(crate::adapters::ollama::copy))
+        .route("/api/create", post(crate::adapters::ollama::create))
         .route(
             "/api/delete",
             axum::routing::delete(crate::adapters::ollama::delete),

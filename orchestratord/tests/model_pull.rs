@@ -4,7 +4,8 @@
 //! `/OWNER/REPO/resolve/main/FILE` serves them with `Range`). A download cut off half way is
 //! resumed from where it stopped; a file whose SHA-256 differs from the hub's is refused and
 //! nothing is left behind; the pulled model is listed in `/api/tags` and answers a chat at once;
-//! `/api/copy` names it twice and `/api/delete` takes it away. A real server process, the real model's file, real sockets.
+//! it answers by the name it was pulled as too (MOD-PULL-6); `/api/copy` names it twice and
+//! `/api/delete` takes it away. A real server process, the real model's file, real sockets.
 
 mod support;
 
@@ -206,7 +207,11 @@ async fn models_are_pulled_by_name_resumed_checked_served_and_deleted() {
         .expect("a progress line");
     assert_eq!(bytes["digest"], format!("sha256:{}", hub.sha256));
     assert_eq!(bytes["total"], hub.file.len() as u64);
-    assert_eq!(names_in(&dir), vec!["smol-Q4_1.gguf"]);
+    // its hub name kept beside it (its recipe), so that the name it was pulled as serves it
+    assert_eq!(
+        names_in(&dir),
+        vec!["smol-Q4_1.gguf", "smol-Q4_1.recipe.json"]
+    );
     let on_disk = std::fs::read(dir.join("smol-Q4_1.gguf")).unwrap();
     assert_eq!(format!("{:x}", Sha256::digest(&on_disk)), hub.sha256);
 
@@ -226,6 +231,30 @@ async fn models_are_pulled_by_name_resumed_checked_served_and_deleted() {
         .await
         .unwrap();
     assert_eq!(r["done"], true, "{r}");
+    // and by the name it was pulled as, as Ollama's users run it: the same pool, not a second
+    let by_hub_name: Value = reqwest::Client::new()
+        .post(format!("{base}/api/chat"))
+        .body(
+            json!({"model": "hf.co/test/smol-GGUF:Q4_1", "stream": false,
+                "options": {"num_predict": 4}, "messages": [{"role": "user", "content": "Hi"}]})
+            .to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(by_hub_name["done"], true, "{by_hub_name}");
+    let ps = get_json(&format!("{base}/api/ps")).await;
+    let loaded: Vec<&str> = ps["models"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["name"].as_str())
+        .filter(|n| !n.starts_with("SmolLM2"))
+        .collect();
+    assert_eq!(loaded, vec!["smol-Q4_1"], "{ps}");
 
     // a digest that is not the hub's: refused, nothing left
     let lines = pull(&base, "hf.co/test/wrong-GGUF:Q4_1").await;
@@ -236,7 +265,10 @@ async fn models_are_pulled_by_name_resumed_checked_served_and_deleted() {
             .contains("sha256 mismatch"),
         "{lines:?}"
     );
-    assert_eq!(names_in(&dir), vec!["smol-Q4_1.gguf"]);
+    assert_eq!(
+        names_in(&dir),
+        vec!["smol-Q4_1.gguf", "smol-Q4_1.recipe.json"]
+    );
 
     // names the hub or the client got wrong
     let c = reqwest::Client::new();
@@ -281,6 +313,7 @@ async fn models_are_pulled_by_name_resumed_checked_served_and_deleted() {
     };
     assert_eq!(delete("smol-Q4_1").await.unwrap().status(), 200);
     assert!(!tags(&base).await.contains(&"smol-Q4_1".to_string()));
+    // its recipe with it; the copy keeps no hub name (that names the original)
     assert_eq!(names_in(&dir), vec!["my-smol.gguf"]);
     assert_eq!(delete("smol-Q4_1").await.unwrap().status(), 404);
 

@@ -78,6 +78,7 @@ pub fn classify(method: &Method, path: &str) -> (Access, Shape) {
     } else if path.starts_with("/v1/pools")
         || path == "/api/pull"
         || path == "/api/copy"
+        || path == "/api/create"
         || path == "/api/delete"
         || path.starts_with("/v1/workers")
         || path == "/v1/tenants"

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use pool_manager::candle::{inspect, FileFacts};
 
+use super::recipe::{self, Recipe};
 use crate::model_paths::ModelDirs;
 
 /// How often the folders are listed again (a listing and a request each look).
@@ -30,6 +31,26 @@ pub struct Entry {
     /// The context per sequence a load of it would serve, with the folder's settings
     /// ([`super::ModelsFolder::entries`] fills it in).
     pub served_ctx: Option<usize>,
+    /// Its recipe (`recipe.rs`), or why the one beside it cannot be read.
+    pub recipe: Option<Result<Recipe, String>>,
+}
+
+impl Entry {
+    /// Whether clients may call it `name`: its name, or the hub name it was pulled as.
+    pub fn is_named(&self, name: &str) -> bool {
+        self.name == name
+            || self
+                .recipe
+                .as_ref()
+                .and_then(|r| r.as_ref().ok())
+                .and_then(|r| r.pulled_as.as_deref())
+                == Some(name)
+    }
+
+    /// Its recipe, when it has one that reads.
+    pub fn recipe(&self) -> Option<&Recipe> {
+        self.recipe.as_ref().and_then(|r| r.as_ref().ok())
+    }
 }
 
 /// A file as it is: its path, size and modification time.
@@ -76,10 +97,10 @@ impl Catalog {
         self.dirs.first().map(PathBuf::as_path)
     }
 
-    /// The model named `name` (a file added is found within a second; requests for names
-    /// that are not there list the folders at most once a second).
+    /// The model named `name`, or pulled as `name` (a file added is found within a second;
+    /// requests for names that are not there list the folders at most once a second).
     pub fn find(&self, name: &str) -> Option<Entry> {
-        self.entries().into_iter().find(|e| e.name == name)
+        self.entries().into_iter().find(|e| e.is_named(name))
     }
 
     fn entries_within(&self, fresh: Duration) -> Vec<Entry> {
@@ -175,6 +196,7 @@ impl Catalog {
             modified: meta.modified().ok(),
             facts,
             served_ctx: None,
+            recipe: recipe::read(path),
         })
     }
 }

@@ -6,8 +6,10 @@
 //! pool first). Configured pools are never unloaded (they are the pinned-resident ones).
 
 mod catalog;
+mod derive;
 pub mod keep_alive;
 pub mod pull;
+pub mod recipe;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,7 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use catalog::{Catalog, Entry, Version as FileVersion, MAX_FILES};
-use contracts::ErrorCode;
+use contracts::{ErrorCode, TaskRequest};
+pub use derive::Creation;
 use pool_manager::{candle, Pool, PoolSpec, PoolState};
 
 use crate::config::ModelsConfig;
@@ -31,6 +34,9 @@ const UPKEEP_EVERY: Duration = Duration::from_secs(1);
 
 /// Load speed assumed before any load was timed here (file bytes a millisecond: 100 MB/s).
 const DEFAULT_LOAD_BYTES_PER_MS: f64 = 100_000.0;
+
+/// A file version and the context its recipe asks for (`num_ctx`).
+type ServedKey = (FileVersion, Option<usize>);
 
 /// An on-demand pool.
 struct Owned {
@@ -55,8 +61,9 @@ pub struct ModelsFolder {
     /// concurrent first requests for a model find the pool the first one added, instead of
     /// making room for a second copy (issue 49: 1-3 of 10 were refused as over the budget).
     starting: Mutex<()>,
-    /// What a load of each file version would serve ([`Self::served_context`]).
-    served: Mutex<HashMap<FileVersion, Option<usize>>>,
+    /// What a load of each file version would serve with a recipe's `num_ctx`
+    /// ([`Self::served_context`]).
+    served: Mutex<HashMap<ServedKey, Option<usize>>>,
     /// File bytes a millisecond of the last load timed here.
     load_rate: Mutex<Option<f64>>,
     /// Held by the pull or delete under way: one at a time (two pulls of one file would
@@ -142,45 +149,6 @@ impl ModelsFolder {
         pull::Puller::new(dir.to_path_buf(), budget).map_err(pull::PullError::into_api)
     }
 
-    /// Copies the folder's model `source` as `destination` (a hard link where the folder's file
-    /// system allows, else a copy written aside and renamed into place): listed at once.
-    pub fn copy(&self, source: &str, destination: &str) -> Result<(), ApiError> {
-        let Some(entry) = self.catalog.find(source) else {
-            return Err(ApiError::not_found("model", source).with_field("source"));
-        };
-        let ok = !destination.is_empty()
-            && destination.len() <= 128
-            && !destination.starts_with('.')
-            && destination
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
-        if !ok {
-            return Err(ApiError::invalid(
-                "destination",
-                "a model name is 1-128 letters, digits, '-', '_', '.' and ':', not starting with '.'",
-            ));
-        }
-        if self.catalog.find(destination).is_some() {
-            return Err(ApiError::conflict(format!(
-                "model {destination:?} exists: delete it first"
-            )));
-        }
-        let dir = entry.path.parent().unwrap_or(Path::new("."));
-        let target = dir.join(format!("{destination}.gguf"));
-        if std::fs::hard_link(&entry.path, &target).is_err() {
-            let aside = dir.join(format!(".{destination}.gguf.partial"));
-            std::fs::copy(&entry.path, &aside)
-                .and_then(|_| std::fs::rename(&aside, &target))
-                .map_err(|e| {
-                    let _ = std::fs::remove_file(&aside);
-                    ApiError::internal(format!("cannot copy {}: {e}", entry.path.display()))
-                })?;
-        }
-        self.catalog.refresh();
-        tracing::info!(source, destination, "model copied");
-        Ok(())
-    }
-
     /// Removes the folder's model `name`: its on-demand pool unloaded first; a model a
     /// configured pool serves is refused (it is the operator's), as is a name not listed.
     pub fn delete(&self, state: &SharedState, name: &str) -> Result<(), ApiError> {
@@ -202,6 +170,9 @@ impl ModelsFolder {
         std::fs::remove_file(&entry.path).map_err(|e| {
             ApiError::internal(format!("cannot remove {}: {e}", entry.path.display()))
         })?;
+        if let Err(e) = recipe::remove(&entry.path) {
+            tracing::warn!(model = name, error = %e, "a deleted model's recipe was left");
+        }
         self.catalog.refresh();
         tracing::info!(model = name, path = %entry.path.display(), "model deleted");
         Ok(())
@@ -313,12 +284,13 @@ impl ModelsFolder {
     /// The context per sequence a load of `e` would serve (blocking: its header, read once
     /// a version of the file).
     fn served_context(&self, state: &SharedState, e: &Entry) -> Option<usize> {
-        let version = (e.path.clone(), e.bytes, e.modified);
+        let num_ctx = e.recipe().and_then(|r| r.parameters.num_ctx);
+        let version = ((e.path.clone(), e.bytes, e.modified), num_ctx);
         let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(ctx) = served.get(&version) {
             return *ctx;
         }
-        let ctx = state.pools.served_context(&self.spec_for(&e.name, &e.path));
+        let ctx = state.pools.served_context(&self.spec_for(e));
         if served.len() >= MAX_FILES {
             served.clear();
         }
@@ -326,20 +298,66 @@ impl ModelsFolder {
         ctx
     }
 
-    /// The pool that serves `model` (its file at `path`) on demand.
-    fn spec_for(&self, model: &str, path: &std::path::Path) -> PoolSpec {
+    /// The pool that serves the folder's model `e` on demand: the folder's settings, its
+    /// recipe's template and context over them.
+    fn spec_for(&self, e: &Entry) -> PoolSpec {
+        let recipe = e.recipe();
         let settings = candle::Settings {
             kv_cache_max_bytes: (self.cfg.kv_cache_mib << 20) as usize,
+            chat_template: recipe.and_then(|r| r.template.clone()),
             ..Default::default()
         };
         PoolSpec::local(
-            &pool_id(model),
-            &path.display().to_string(),
-            Some(model),
+            &pool_id(&e.name),
+            &e.path.display().to_string(),
+            Some(&e.name),
             self.cfg.slots.max(1),
-            self.cfg.ctx,
+            recipe
+                .and_then(|r| r.parameters.num_ctx)
+                .unwrap_or(self.cfg.ctx),
             settings,
         )
+    }
+
+    /// The folder's model clients call `model` (by its name or the hub name it was pulled
+    /// as), unless a configured pool serves that name (the operator's model: no recipe).
+    pub async fn folder_entry(state: &SharedState, model: &str) -> Option<Entry> {
+        let me = &state.models_folder;
+        if !me.cfg.on_demand || me.catalog.is_empty() {
+            return None;
+        }
+        let configured = state
+            .pools
+            .all()
+            .iter()
+            .any(|p| p.serves(model) && !me.owns(p.id()));
+        if configured {
+            return None;
+        }
+        let s = state.clone();
+        let model = model.to_string();
+        tokio::task::spawn_blocking(move || s.models_folder.catalog.find(&model))
+            .await
+            .ok()
+            .flatten()
+    }
+
+    /// Gives `req` the recipe of the folder's model it names: the model's own name for a hub
+    /// name it was pulled as, and the recipe's defaults where the request says nothing.
+    pub async fn apply_recipe(state: &SharedState, req: &mut TaskRequest) {
+        if req.pool_id.is_some() {
+            return;
+        }
+        let Some(model) = req.model.as_deref() else {
+            return;
+        };
+        let Some(entry) = Self::folder_entry(state, model).await else {
+            return;
+        };
+        req.model = Some(entry.name.clone());
+        if let Some(recipe) = entry.recipe() {
+            recipe.apply(req);
+        }
     }
 
     /// Makes sure a request for `model` has a pool to wait for: when no pool serves it and the
@@ -395,6 +413,13 @@ impl ModelsFolder {
                 format!("model {model:?} cannot be loaded: {e}"),
             ));
         }
+        if let Some(Err(why)) = &entry.recipe {
+            tracing::warn!(model, path = %entry.path.display(), error = %why, "a model's recipe cannot be read");
+            return Err(ApiError::invalid(
+                "model",
+                format!("model {model:?} cannot be loaded: {why}"),
+            ));
+        }
         if let Err(why) = &entry.facts {
             tracing::warn!(model, path = %entry.path.display(), error = %why, "a model of the folder cannot be read");
             return Err(ApiError::invalid(
@@ -414,8 +439,8 @@ impl ModelsFolder {
             return Ok(me.load_wait_ms(&serving, state.started_at));
         }
         me.make_room(state, estimate, model)?;
-        let id = pool_id(model);
-        let spec = me.spec_for(model, &entry.path);
+        let id = pool_id(&entry.name);
+        let spec = me.spec_for(&entry);
         let pool = match state.pools.add(spec) {
             Ok(p) => p,
             // another request for it got here first

@@ -85,6 +85,30 @@ fn name_ok(s: &str) -> bool {
 }
 
 impl HubRef {
+    /// Its name as Ollama lists a pulled model: `hf.co/OWNER/REPO[:QUANT]`.
+    pub fn name(&self) -> String {
+        match &self.quant {
+            Some(q) => format!("hf.co/{}/{}:{q}", self.owner, self.repo),
+            None => format!("hf.co/{}/{}", self.owner, self.repo),
+        }
+    }
+
+    /// Remembers that the model file at `path` was pulled as this name (its recipe's
+    /// `pulled_as`): requests may name it so.
+    pub fn remember(&self, path: &Path) -> Result<(), PullError> {
+        let mut r = match super::recipe::read(path) {
+            Some(Ok(r)) => r,
+            _ => super::recipe::Recipe::default(),
+        };
+        r.pulled_as = Some(self.name());
+        super::recipe::write(path, &r).map_err(|e| {
+            PullError::Io(format!(
+                "cannot write the recipe of {}: {e}",
+                path.display()
+            ))
+        })
+    }
+
     /// Parses `hf.co/OWNER/REPO[:QUANT]`; with `bare`, `OWNER/REPO[:QUANT]` too.
     pub fn parse(name: &str, bare: bool) -> Result<Self, PullError> {
         let rest = name
@@ -199,6 +223,7 @@ impl Puller {
             .map_err(|e| PullError::Io(format!("cannot make {}: {e}", self.dir.display())))?;
         let target = self.dir.join(&local);
         if self.already_there(&target, &file, progress).await? {
+            r.remember(&target)?;
             return Ok(target);
         }
         let partial = self.dir.join(format!(".{local}.partial"));
@@ -220,6 +245,7 @@ impl Puller {
         tokio::fs::rename(&partial, &target)
             .await
             .map_err(|e| PullError::Io(format!("cannot put {} in place: {e}", target.display())))?;
+        r.remember(&target)?;
         Ok(target)
     }
 

@@ -173,14 +173,56 @@ pub async fn show(
     body: Result<JsonBody<ShowRequest>, ApiError>,
 ) -> Result<Json<ShowResponse>, OllamaError> {
     let JsonBody(req) = body?;
+    let entry = crate::models_folder::ModelsFolder::folder_entry(&state, &req.model).await;
+    let recipe = entry.as_ref().and_then(|e| e.recipe().cloned());
+    let name = entry.as_ref().map_or(req.model.clone(), |e| e.name.clone());
     let pools = state.pools.all();
-    let serving: Vec<_> = pools.iter().filter(|p| p.serves(&req.model)).collect();
+    let serving: Vec<_> = pools.iter().filter(|p| p.serves(&name)).collect();
     // a loaded one says the most
     let pool = serving
         .iter()
         .find(|p| p.engine().is_some())
-        .or_else(|| serving.first())
-        .ok_or_else(|| ApiError::not_found("model", &req.model).with_field("model"))?;
+        .or_else(|| serving.first());
+    let mut shown = match (pool, &entry) {
+        (Some(pool), _) => of_pool(&state, pool),
+        (None, Some(e)) => of_file(e)?,
+        (None, None) => {
+            return Err(ApiError::not_found("model", &req.model)
+                .with_field("model")
+                .into())
+        }
+    };
+    if let Some(r) = recipe {
+        let own = r.parameters.as_text();
+        if !own.is_empty() {
+            shown.parameters = format!("{own}\n{}", shown.parameters);
+        }
+        if let Some(from) = &r.from {
+            shown.modelfile = format!("FROM {from}\n");
+            shown.details.parent_model = from.clone();
+        }
+        if let Some(system) = &r.system {
+            shown
+                .modelfile
+                .push_str(&format!("SYSTEM \"\"\"{system}\"\"\"\n"));
+        }
+        shown.template = r.template.or(shown.template);
+        shown.system = r.system;
+    }
+    Ok(Json(shown))
+}
+
+/// The server's sampling defaults, one `name value` a line.
+fn server_defaults(state: &SharedState) -> String {
+    let sampling = pool_manager::SamplingParams::default();
+    format!(
+        "temperature {}\ntop_p {}\nnum_predict {}",
+        sampling.temperature, sampling.top_p, state.cfg.admission.default_max_tokens
+    )
+}
+
+/// What a pool serving the model says of it.
+fn of_pool(state: &SharedState, pool: &Pool) -> ShowResponse {
     let descriptor = pool.engine().map(|e| e.descriptor());
     let facts = descriptor.as_ref().and_then(|d| d.facts.clone());
     let mut model_info = BTreeMap::new();
@@ -200,21 +242,60 @@ pub async fn show(
             );
         }
     }
-    let sampling = pool_manager::SamplingParams::default();
-    Ok(Json(ShowResponse {
+    ShowResponse {
         template: facts.as_ref().and_then(|f| f.chat_template.clone()),
+        system: None,
         modelfile: format!("FROM {}\n", pool.spec().model_ref),
-        parameters: format!(
-            "temperature {}\ntop_p {}\nnum_predict {}",
-            sampling.temperature, sampling.top_p, state.cfg.admission.default_max_tokens
-        ),
+        parameters: server_defaults(state),
         details: details(pool, descriptor.as_ref()),
         model_info,
         // tools are decoded under a JSON Schema, which every pool's engine takes (the
         // built-in one, and a remote worker's backend)
         capabilities: vec!["completion", "tools"],
         modified_at: file_of(pool).and_then(|(_, m)| modified(&m)),
-    }))
+    }
+}
+
+/// What the header of a model of the folder no pool serves yet says of it.
+fn of_file(e: &crate::models_folder::Entry) -> Result<ShowResponse, ApiError> {
+    let facts = e
+        .facts
+        .as_ref()
+        .map_err(|_| ApiError::invalid("model", format!("model {:?} cannot be read", e.name)))?;
+    let mut model_info = BTreeMap::new();
+    if let Some(n) = &facts.name {
+        model_info.insert("general.name".to_string(), n.clone().into());
+    }
+    model_info.insert(
+        "general.architecture".to_string(),
+        facts.architecture.clone().into(),
+    );
+    model_info.insert(
+        "general.parameter_count".to_string(),
+        facts.parameters.into(),
+    );
+    if let Some(c) = facts.context_length {
+        model_info.insert(format!("{}.context_length", facts.architecture), c.into());
+    }
+    Ok(ShowResponse {
+        template: None,
+        system: None,
+        modelfile: format!("FROM {}\n", e.name),
+        parameters: String::new(),
+        details: Details {
+            parent_model: String::new(),
+            format: "gguf".into(),
+            family: Some(facts.architecture.clone()),
+            families: Some(vec![facts.architecture.clone()]),
+            parameter_size: Some(parameter_size(facts.parameters)),
+            quantization_level: Some(facts.quantization.clone()),
+        },
+        model_info,
+        capabilities: vec!["completion", "tools"],
+        modified_at: e
+            .modified
+            .map(|t| humantime::format_rfc3339_nanos(t).to_string()),
+    })
 }
 
 /// This server's version (the `orchestratord` crate's).

@@ -277,12 +277,16 @@ pub struct ShowRequest {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 #[schema(as = OllamaShowResponse)]
 pub struct ShowResponse {
-    /// The model's chat template (Jinja, from its GGUF), when it has one.
+    /// The model's chat template (Jinja, from its recipe or its GGUF), when it has one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
-    /// `FROM <model file>`.
+    /// The system prompt its recipe gives a chat that brings none (`/api/create`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system: Option<String>,
+    /// `FROM <model file>` (for a created model: `FROM <the model it was made from>` and its
+    /// `SYSTEM`).
     pub modelfile: String,
-    /// The server's sampling defaults, one `name value` per line.
+    /// Its recipe's parameters, then the server's sampling defaults, one `name value` per line.
     pub parameters: String,
     pub details: Details,
     /// GGUF-style keys: `general.architecture`, `general.parameter_count`,

@@ -1,6 +1,7 @@
 //! Admission (ORCH-ADM-*): every adapter admits through [`admit`]. A request's walk, top to
 //! bottom, one step a function given what it needs:
-//! 1. check the request (`request.rs`): prompt, limits, sampling, constraint, ids;
+//! 1. check the request (`request.rs`): prompt, limits, sampling, constraint, ids — after a
+//!    model of the folder's recipe filled in what it left out (`models_folder/recipe.rs`);
 //! 2. resolve its pools (`pools.rs`): the pin, or the pools of its model — loading a model of
 //!    the folder when none serves it;
 //! 3. plan its place and time (`deadline.rs`): the line played forward at the measured pace,
@@ -140,6 +141,9 @@ async fn admit_task(
     if let Some(known) = already_admitted(state, owner, &req) {
         return Ok(known);
     }
+    // a model of the folder: its own name for the hub name it was pulled as, its recipe's
+    // defaults where the request says nothing
+    crate::models_folder::ModelsFolder::apply_recipe(state, &mut req).await;
     let v = validate(state, &req).map_err(rejected)?;
     let resolved = pools::resolve(state, &req).await.map_err(rejected)?;
     let typical = state.cfg.admission.default_max_tokens as usize;
