@@ -566,6 +566,19 @@ pub struct HttpConfig {
     /// Whether the console (the web page at `/`) is served (llama-server's `--no-webui`
     /// turns it off).
     pub console: bool,
+    /// The body of `/health` and `/v1/health`: Kolosal's (the default) or llama-server's
+    /// (`{"status":"ok"}`, 503 `Loading model`); started with llama-server's own spellings
+    /// of the command line (`-c`, `--host`, `--port`, `-hf`, `--jinja`, `--no-webui`) and no
+    /// setting here, llama-server's.
+    pub health_shape: Option<HealthShape>,
+}
+
+/// Whose shape `/health` answers in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HealthShape {
+    Kolosal,
+    LlamaServer,
 }
 
 impl Default for HttpConfig {
@@ -579,6 +592,7 @@ impl Default for HttpConfig {
             trusted_proxies: Vec::new(),
             allowed_hosts: Vec::new(),
             console: true,
+            health_shape: None,
         }
     }
 }

@@ -157,6 +157,17 @@ impl ServeFlags {
     pub fn apply(self, cfg: &mut Config) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         self.say_what_does_not_apply(cfg);
+        // a command line written for llama-server: its clients' /health too (unless configured)
+        let llama_server_spelling = self.ctx_size.is_some()
+            || self.host.is_some()
+            || self.port.is_some()
+            || self.hf_repo.is_some()
+            || self.jinja
+            || self.no_webui;
+        if llama_server_spelling && cfg.http.health_shape.is_none() {
+            tracing::info!("started with llama-server's flags: /health answers as llama-server's does ({{\"status\":\"ok\"}}; http.health_shape = \"kolosal\" for Kolosal's)");
+            cfg.http.health_shape = Some(crate::config::HealthShape::LlamaServer);
+        }
         let mut model = self.model;
         if let Some(repo) = &self.hf_repo {
             if model.is_some() {

@@ -209,7 +209,7 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/v1/health", get(crate::adapters::kolosal::health))
         .route("/health", get(crate::adapters::kolosal::health))
-        .route("/status", get(crate::adapters::kolosal::health))
+        .route("/status", get(crate::adapters::kolosal::server_status))
         .merge(console_routes(state.cfg.http.console))
         .route("/livez", get(routes::probes::livez))
         .route("/readyz", get(routes::probes::readyz))

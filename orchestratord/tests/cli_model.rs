@@ -171,6 +171,13 @@ async fn llama_servers_flags_mean_what_they_mean_there() {
     // no console page
     let page = reqwest::get(format!("{base}/")).await.unwrap();
     assert_eq!(page.status(), 404);
+    // LLS-API-4: started as llama-server is, /health answers as llama-server's does
+    let health = reqwest::get(format!("{base}/health")).await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(
+        health.json::<serde_json::Value>().await.unwrap(),
+        serde_json::json!({"status": "ok"})
+    );
     let log = p.log_text();
     for said in [
         "-c 2048 over 2 slots: 1024 tokens of context per slot",

@@ -1,5 +1,5 @@
-//! LLS-API-1..3 (issue 50): llama-server's native routes — `/completion` (whole and streamed),
-//! `/props`, `/slots` — answered in llama-server's shapes, checked field by field against its
+//! LLS-API-1..4 (issue 50): llama-server's native routes — `/completion` (whole and streamed),
+//! `/props`, `/slots`, `/health` where configured — answered in llama-server's shapes, checked field by field against its
 //! own responses to the same requests on the same model (recorded once from llama.cpp's
 //! `llama-server -m SmolLM2-135M-Instruct.Q4_1.gguf -c 2048 -np 2`, build b1-0c1e570, the
 //! llama.cpp of llama-cpp-python 0.3.36: `tests/fixtures/llama_server/`). Every difference is
@@ -138,9 +138,19 @@ async fn post(base: &str, path: &str, body: &Value) -> reqwest::Response {
 async fn llama_servers_routes_answer_in_its_shapes() {
     let model = support::default_model_path();
     let (_p, base) = server(&format!(
-        "[queue]\ncapacity = 2\n[[pools]]\nid = \"default\"\nmodel = \"{model}\"\nslots = 2\nctx = 1024\nthreads = 2\n"
+        "[http]\nhealth_shape = \"llama-server\"\n[queue]\ncapacity = 2\n[[pools]]\nid = \"default\"\nmodel = \"{model}\"\nslots = 2\nctx = 1024\nthreads = 2\n"
     ))
     .await;
+
+    // /health (LLS-API-4), as configured: llama-server's body, not Kolosal's
+    let health = reqwest::get(format!("{base}/health")).await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(
+        health.json::<Value>().await.unwrap(),
+        fixture_json("health.json")
+    );
+    let kolosal = get_json(&format!("{base}/status")).await;
+    assert_eq!(kolosal["status"], "healthy", "{kolosal}");
 
     // /props
     let props: Value = reqwest::get(format!("{base}/props"))

@@ -1,4 +1,5 @@
-//! `GET /v1/health` (also `/health` and `/status`): engines loaded/unloaded, uptime, memory.
+//! `GET /v1/health` (also `/health` and `/status`): engines loaded/unloaded, uptime, memory —
+//! or, for `/health` and `/v1/health` where `http.health_shape` says so, llama-server's answer.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -20,6 +21,18 @@ use crate::process_stats;
     )
 )]
 pub async fn health(State(state): State<SharedState>) -> Response {
+    if state.cfg.http.health_shape == Some(crate::config::HealthShape::LlamaServer) {
+        return crate::adapters::llama_server::health::answer(&state);
+    }
+    kolosal_health(&state)
+}
+
+/// `GET /status`: Kolosal's shape always.
+pub async fn server_status(State(state): State<SharedState>) -> Response {
+    kolosal_health(&state)
+}
+
+fn kolosal_health(state: &SharedState) -> Response {
     let pools = state.pools.all();
     let summary: Vec<EngineBrief> = pools
         .iter()

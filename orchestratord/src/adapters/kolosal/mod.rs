@@ -8,4 +8,4 @@ pub mod types;
 pub use engines::{
     __path_add, __path_list, __path_remove, __path_status, add, list, remove, status,
 };
-pub use health::{__path_health, health};
+pub use health::{__path_health, health, server_status};

@@ -1,5 +1,5 @@
-//! llama-server's native routes (issue 50, LLS-API-1..3): `POST /completion`, `GET /props`,
-//! `GET /slots`, in the shapes llama-server answers (checked field by field against its own
+//! llama-server's native routes (issue 50, LLS-API-1..4): `POST /completion`, `GET /props`,
+//! `GET /slots`, `GET /health` (where configured, `health.rs`), in the shapes llama-server answers (checked field by field against its own
 //! responses, recorded in `tests/fixtures/llama_server/`). Each completion is a task like any
 //! other adapter's: admission, the queue, 429 with `Retry-After`, the tenant's quota.
 //!
@@ -15,6 +15,7 @@
 //! 40, top-p 0.95, min-p 0.05) where a request names none.
 
 pub mod completion;
+pub mod health;
 pub mod props;
 pub mod settings;
 
