@@ -375,3 +375,59 @@ async fn llama_servers_routes_answer_in_its_shapes() {
         "{statuses:?}"
     );
 }
+
+/// The busy slot of `/slots` as `key` sees it, while a completion of `owner_key` runs.
+async fn busy_slot(base: &str, key: &str) -> Value {
+    let c = reqwest::Client::new();
+    for _ in 0..400 {
+        let s: Value = c
+            .get(format!("{base}/slots"))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if let Some(busy) = s
+            .as_array()
+            .and_then(|a| a.iter().find(|x| x["is_processing"] == true))
+        {
+            return busy.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("no busy slot seen by {key}");
+}
+
+/// LLS-API-2: `/slots` shows every tenant that a slot is busy, but a task's id only to its
+/// own tenant and to admins (a task id opens its stream and its record to whoever holds it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slots_show_a_task_id_to_its_own_tenant_only() {
+    let model = support::default_model_path();
+    let (_p, base) = server(&format!(
+        "[auth]\nkeys = [\"alice:data:ka-key\", \"bob:data:kb-key\", \"ops:admin:ops-key\"]\n[[pools]]\nid = \"default\"\nmodel = \"{model}\"\nslots = 2\nctx = 1024\nthreads = 2\n"
+    ))
+    .await;
+    let long = tokio::spawn({
+        let base = base.clone();
+        async move {
+            reqwest::Client::new()
+                .post(format!("{base}/completion"))
+                .bearer_auth("ka-key")
+                .json(&json!({"prompt": "Once upon a time", "n_predict": 300, "temperature": 0}))
+                .send()
+                .await
+                .unwrap()
+                .status()
+        }
+    });
+    let mine = busy_slot(&base, "ka-key").await;
+    assert!(mine["id_task"].is_string(), "{mine}");
+    let admin = busy_slot(&base, "ops-key").await;
+    assert_eq!(admin["id_task"], mine["id_task"], "{admin}");
+    let other = busy_slot(&base, "kb-key").await;
+    assert!(other.get("id_task").is_none(), "{other}");
+    assert_eq!(other["params"]["n_predict"], 300, "{other}");
+    assert_eq!(long.await.unwrap(), 200);
+}
