@@ -231,7 +231,7 @@ impl GgufTokenizer {
                 token_bytes.push(b);
             }
         }
-        inner.add_special_tokens(&special);
+        inner.add_special_tokens(special);
         let mut plain = inner.clone();
         plain.set_encode_special_tokens(true);
 
