@@ -191,7 +191,9 @@ fn sentencepiece(
     } else {
         NormalizerWrapper::Replace(space)
     };
-    inner.with_normalizer(Some(normalizer));
+    inner
+        .with_normalizer(Some(normalizer))
+        .map_err(|e| EngineError::Tokenizer(format!("normalizer: {e}")))?;
     let bytes = tokens
         .iter()
         .enumerate()
@@ -231,7 +233,9 @@ impl GgufTokenizer {
                 token_bytes.push(b);
             }
         }
-        inner.add_special_tokens(special);
+        inner
+            .add_special_tokens(special)
+            .map_err(|e| EngineError::Tokenizer(format!("special tokens: {e}")))?;
         let mut plain = inner.clone();
         plain.set_encode_special_tokens(true);
 
