@@ -42,6 +42,19 @@ fn details(pool: &Pool, descriptor: Option<&EngineDescriptor>) -> Details {
     }
 }
 
+/// What a model file's header says, as Ollama's `details` (a model of the folder no pool
+/// serves yet).
+fn file_details(facts: &pool_manager::candle::FileFacts) -> Details {
+    Details {
+        parent_model: String::new(),
+        format: "gguf".into(),
+        family: Some(facts.architecture.clone()),
+        families: Some(vec![facts.architecture.clone()]),
+        parameter_size: Some(parameter_size(facts.parameters)),
+        quantization_level: Some(facts.quantization.clone()),
+    }
+}
+
 /// The model file of a local pool, its length and modification time.
 fn file_of(pool: &Pool) -> Option<(&Path, std::fs::Metadata)> {
     if !pool.spec().is_local() {
@@ -128,14 +141,7 @@ pub async fn tags(State(state): State<SharedState>) -> Json<ModelList> {
             modified_at: meta.as_ref().and_then(modified),
             size: e.bytes,
             digest: state.model_digests.of(&e.path).await,
-            details: Details {
-                parent_model: String::new(),
-                format: "gguf".into(),
-                family: Some(facts.architecture.clone()),
-                families: Some(vec![facts.architecture.clone()]),
-                parameter_size: Some(parameter_size(facts.parameters)),
-                quantization_level: Some(facts.quantization.clone()),
-            },
+            details: file_details(facts),
             size_vram: None,
             context_length: None,
             expires_at: None,
@@ -282,14 +288,7 @@ fn of_file(e: &crate::models_folder::Entry) -> Result<ShowResponse, ApiError> {
         system: None,
         modelfile: format!("FROM {}\n", e.name),
         parameters: String::new(),
-        details: Details {
-            parent_model: String::new(),
-            format: "gguf".into(),
-            family: Some(facts.architecture.clone()),
-            families: Some(vec![facts.architecture.clone()]),
-            parameter_size: Some(parameter_size(facts.parameters)),
-            quantization_level: Some(facts.quantization.clone()),
-        },
+        details: file_details(facts),
         model_info,
         capabilities: vec!["completion", "tools"],
         modified_at: e
