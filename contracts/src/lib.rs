@@ -31,7 +31,7 @@ pub use sse::{
     SseEnd, SseError, SseEvent, SseLogprobs, SseMetrics, SseStarted, SseToken, SseTokenLogprob,
 };
 pub use task::{
-    AdmissionResponse, ChatTurn, Prediction, Priority, StopField, StreamLinks, TaskRecord,
-    TaskRequest, TaskState, TaskStatus, TaskTimings, TerminalEvent, TranscriptEvent,
+    AdmissionResponse, ChatTurn, Prediction, Priority, PromptPart, StopField, StreamLinks,
+    TaskRecord, TaskRequest, TaskState, TaskStatus, TaskTimings, TerminalEvent, TranscriptEvent,
 };
 pub use tenant::{TenantList, TenantStatus};

@@ -51,7 +51,17 @@ impl StopField {
     }
 }
 
-/// A generation task. Exactly one of `prompt` or `messages` is required; the rest is optional.
+/// One piece of a prompt given as tokens: a token id, or text tokenized in its place
+/// (llama-server's mixed prompt, `[12, 34, " and", 56]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum PromptPart {
+    Token(u32),
+    Text(String),
+}
+
+/// A generation task. Exactly one of `prompt`, `prompt_tokens` or `messages` is required; the
+/// rest is optional.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"prompt": "Write a haiku about the sea.", "max_tokens": 32, "priority": "interactive", "seed": 7, "session_id": "s-42"}))]
@@ -60,6 +70,13 @@ pub struct TaskRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(min_length = 1)]
     pub prompt: Option<String>,
+    /// A raw prompt as token ids of the model's vocabulary, text pieces allowed among them
+    /// (`[1, 2, " and", 3]`). A text piece first is tokenized as `prompt` is (with the model's
+    /// BOS where it adds one), a later one as plain text; ids go in as they are (control
+    /// tokens included: a client giving ids means them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_items = 1)]
+    pub prompt_tokens: Option<Vec<PromptPart>>,
     /// Chat turns, rendered with the model's own chat template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(min_items = 1)]

@@ -21,7 +21,7 @@ use crate::scheduler::{Command, GenerateRequest, Scheduler, Shared};
 use crate::step_budget::StepBudget;
 use crate::tokenizer::GgufTokenizer;
 use crate::weights::{GgufFile, WeightFormat};
-use engine_port::{ChatTurn, OutputConstraint, SlotPermit, Slots};
+use engine_port::{ChatTurn, OutputConstraint, PromptPart, SlotPermit, Slots};
 
 /// Which device runs the model.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -468,6 +468,28 @@ impl CandleEngine {
     pub fn encode_text(&self, text: &str) -> Result<Vec<u32>> {
         let mut ids: Vec<u32> = self.tokenizer.bos().into_iter().collect();
         ids.extend(self.tokenizer.encode_plain(text)?);
+        Ok(ids)
+    }
+
+    /// Token ids of a prompt given as ids with text pieces among them (llama-server's mixed
+    /// prompt): a text piece first is tokenized as [`Self::encode_text`] does (BOS where the
+    /// model wants it), a later one as plain text; an id goes in as it is, and must be of the
+    /// vocabulary.
+    pub fn encode_parts(&self, parts: &[PromptPart]) -> Result<Vec<u32>> {
+        let vocab = self.tokenizer.vocab_size();
+        let mut ids = Vec::with_capacity(parts.len());
+        for (i, part) in parts.iter().enumerate() {
+            match part {
+                PromptPart::Token(id) if (*id as usize) < vocab => ids.push(*id),
+                PromptPart::Token(id) => {
+                    return Err(EngineError::BadPrompt(format!(
+                        "token id {id} (item {i}) is not in the vocabulary of {vocab} tokens"
+                    )))
+                }
+                PromptPart::Text(t) if i == 0 => ids.extend(self.encode_text(t)?),
+                PromptPart::Text(t) => ids.extend(self.tokenizer.encode_plain(t)?),
+            }
+        }
         Ok(ids)
     }
 

@@ -17,6 +17,9 @@ pub enum EngineError {
     Tokenizer(String),
     #[error("chat template: {0}")]
     ChatTemplate(String),
+    /// A prompt the client gave that the model cannot take (a token id outside its vocabulary).
+    #[error("{0}")]
+    BadPrompt(String),
     #[error("prompt of {prompt_tokens} tokens plus max_tokens {max_tokens} exceeds the context of {ctx} tokens")]
     ContextOverflow {
         prompt_tokens: usize,

@@ -4,6 +4,7 @@
 use std::sync::{Arc, OnceLock};
 
 use contracts::worker::CancelReason;
+pub use contracts::PromptPart;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +24,17 @@ pub struct ChatTurn {
 pub enum PromptInput {
     Text(String),
     Chat(Vec<ChatTurn>),
+    /// Token ids of the model's vocabulary with text pieces among them (llama-server's mixed
+    /// prompt): ids go in as given, a text piece first is tokenized as `Text` is, later ones
+    /// as plain text. Only engines that take token ids run it.
+    Tokens(Vec<PromptPart>),
+}
+
+impl PromptInput {
+    /// Whether the prompt names token ids (an engine that takes text cannot run it).
+    pub fn has_token_ids(&self) -> bool {
+        matches!(self, Self::Tokens(parts) if parts.iter().any(|p| matches!(p, PromptPart::Token(_))))
+    }
 }
 
 /// What a sequence's text must be (structured output): the engine masks every token that

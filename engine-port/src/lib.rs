@@ -14,6 +14,8 @@ mod slots;
 pub use engine::{Engine, EngineDescriptor, ModelFacts, OnLoss, EVENT_CHANNEL_CAPACITY};
 pub use error::PortError;
 pub use events::{Finish, FinishReason, SeqEvent, StepLogprobs, TokenLogprob, MAX_TOP_LOGPROBS};
-pub use job::{ChatTurn, EngineJob, FailureNote, OutputConstraint, PromptInput, StopCause};
+pub use job::{
+    ChatTurn, EngineJob, FailureNote, OutputConstraint, PromptInput, PromptPart, StopCause,
+};
 pub use sampling::SamplingParams;
 pub use slots::{SlotPermit, Slots};

@@ -397,8 +397,9 @@ fn configured_limits(mut doc: utoipa::openapi::OpenApi, cfg: &Config) -> utoipa:
         }
     }
     if let Some(RefOr::T(Schema::OneOf(prompt))) = components.schemas.get_mut("PromptField") {
-        for item in prompt.items.iter_mut() {
-            if let RefOr::T(Schema::Array(many)) = item {
+        // the lists of prompts (of texts, of id arrays), not one prompt's ids
+        for i in [1, 3] {
+            if let Some(RefOr::T(Schema::Array(many))) = prompt.items.get_mut(i) {
                 many.max_items = Some(a.max_prompts_per_request);
             }
         }
@@ -549,6 +550,8 @@ mod tests {
         assert_eq!(schemas["StopField"]["oneOf"][0]["maxLength"], 9);
         assert_eq!(schemas["StopField"]["oneOf"][1]["maxItems"], 3);
         assert_eq!(schemas["PromptField"]["oneOf"][1]["maxItems"], 5);
+        assert_eq!(schemas["PromptField"]["oneOf"][3]["maxItems"], 5);
+        assert!(schemas["PromptField"]["oneOf"][2].get("maxItems").is_none());
         assert_eq!(schemas["TaskRequest"]["oneOf"].as_array().unwrap().len(), 2);
         assert!(schemas["ChatRequest"]["not"]["anyOf"].is_array());
         assert_eq!(schemas["AddEngine"]["properties"]["n_ctx"]["maximum"], 999);

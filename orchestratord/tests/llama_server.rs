@@ -431,3 +431,216 @@ async fn slots_show_a_task_id_to_its_own_tenant_only() {
     assert_eq!(other["params"]["n_predict"], 300, "{other}");
     assert_eq!(long.await.unwrap(), 200);
 }
+
+/// The text of each prompt's lines of a streamed several-prompt answer, by `index`, and how
+/// many last lines (`stop: true`) came.
+fn streamed_by_index(lines: &[Value]) -> (Vec<String>, usize) {
+    let mut texts = vec![String::new(); 2];
+    let mut ends = 0;
+    for l in lines {
+        let i = l["index"].as_u64().unwrap() as usize;
+        texts[i].push_str(l["content"].as_str().unwrap());
+        ends += usize::from(l["stop"] == true);
+    }
+    (texts, ends)
+}
+
+/// LLS-API-1: `/completion`'s prompt as token ids, ids mixed with text, and several prompts
+/// (an array of answers by `index`, or one stream of both), as llama-server takes them;
+/// checked against llama-server's own answer to the same ids (`completion_n_probs.json`:
+/// `[16, 28, 216]`). OpenAI's `/v1/completions` takes ids too, through the same path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn prompts_of_token_ids_and_several_prompts_are_taken_as_llama_server_takes_them() {
+    let model = support::default_model_path();
+    let (_p, base) = server(&format!(
+        "[[pools]]\nid = \"default\"\nmodel = \"{model}\"\nslots = 2\nctx = 1024\nthreads = 2\n"
+    ))
+    .await;
+    // ids: llama-server's answer to the same ids, greedy
+    let theirs = fixture_json("completion_n_probs.json");
+    let r = post(
+        &base,
+        "/completion",
+        &json!({"prompt": [16, 28, 216], "n_predict": 2, "temperature": 0, "n_probs": 2}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let ours: Value = r.json().await.unwrap();
+    for f in [
+        "content",
+        "tokens_predicted",
+        "tokens_evaluated",
+        "stop_type",
+    ] {
+        assert_eq!(ours[f], theirs[f], "{f}: {ours}");
+    }
+    // the same likeliest tokens at each step, in the same order, their log-probabilities near
+    // llama.cpp's (the kernels differ in rounding: 0.05 on the chosen tokens, 0.28 on the
+    // second step's runner-up, measured)
+    for step in 0..2 {
+        let (t, o) = (
+            &theirs["completion_probabilities"][step],
+            &ours["completion_probabilities"][step],
+        );
+        for k in 0..2 {
+            let (tt, ot) = (&t["top_logprobs"][k], &o["top_logprobs"][k]);
+            assert_eq!(ot["token"], tt["token"], "step {step}: {ours}");
+            let d = ot["logprob"].as_f64().unwrap() - tt["logprob"].as_f64().unwrap();
+            assert!(d.abs() < 0.4, "step {step}, {k}: {d} ({ours})");
+        }
+    }
+    // the prompt shown is the ids' text (the control token's left out)
+    assert_eq!(ours["prompt"], ", ", "{ours}");
+
+    // ids mixed with text: the text tokenized in its place
+    let c = reqwest::Client::new();
+    let tok: Value = c
+        .post(format!("{base}/tokenize"))
+        .json(&json!({"content": "1, 2, 3, 4,"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ids: Vec<u64> = tok["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert!(ids.len() >= 4, "{tok}");
+    let text_answer: Value = post(
+        &base,
+        "/completion",
+        &json!({"prompt": "1, 2, 3, 4,", "n_predict": 6, "temperature": 0}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    let mut mixed = vec![json!(ids[0]), json!(ids[1])];
+    mixed.push(json!(text_of_ids(&c, &base, &ids[2..]).await));
+    let r: Value = post(
+        &base,
+        "/completion",
+        &json!({"prompt": mixed, "n_predict": 6, "temperature": 0}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(r["content"], text_answer["content"], "{r}");
+    assert_eq!(r["tokens_evaluated"], ids.len(), "{r}");
+    let r: Value = post(
+        &base,
+        "/completion",
+        &json!({"prompt": ids, "n_predict": 6, "temperature": 0}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(r["content"], text_answer["content"], "{r}");
+    assert_eq!(r["prompt"], "1, 2, 3, 4,", "{r}");
+
+    // several prompts: an array of answers by index, each as it is alone
+    let both = json!(["1, 2, 3, 4,", [16, 28, 216]]);
+    let r = post(
+        &base,
+        "/completion",
+        &json!({"prompt": both, "n_predict": 2, "temperature": 0}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let answers: Value = r.json().await.unwrap();
+    let answers = answers.as_array().unwrap();
+    assert_eq!(answers.len(), 2);
+    assert_eq!(answers[0]["index"], 0);
+    assert_eq!(answers[1]["index"], 1);
+    let first_two: String = text_answer["content"]
+        .as_str()
+        .unwrap()
+        .chars()
+        .take(answers[0]["content"].as_str().unwrap().chars().count())
+        .collect();
+    assert_eq!(answers[0]["content"], first_two.as_str());
+    assert_eq!(answers[0]["tokens_predicted"], 2);
+    assert_eq!(answers[1]["content"], theirs["content"]);
+    assert_eq!(
+        differences(&theirs, &answers[1]),
+        set(&[
+            "-.completion_probabilities",
+            "-.id_slot",
+            "-.tokens",
+            "-.tokens_cached",
+            "-.timings.cache_n"
+        ]),
+    );
+    // streamed: both prompts' lines, each its last line
+    let r = post(
+        &base,
+        "/completion",
+        &json!({"prompt": both, "n_predict": 2, "temperature": 0, "stream": true}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let lines = data_lines(&r.text().await.unwrap());
+    let (texts, ends) = streamed_by_index(&lines);
+    assert_eq!(ends, 2, "{lines:?}");
+    assert_eq!(texts[0], answers[0]["content"].as_str().unwrap());
+    assert_eq!(texts[1], answers[1]["content"].as_str().unwrap());
+
+    // what is not of the vocabulary or not a prompt is a 400 naming it
+    for (prompt, param) in [
+        (json!([16, 99_999_999]), "prompt"),
+        (json!([16, -1]), "prompt[1]"),
+        (json!(["a", {}]), "prompt[1]"),
+    ] {
+        let r = post(&base, "/completion", &json!({"prompt": prompt})).await;
+        assert_eq!(r.status(), 400, "{prompt}");
+        let e: Value = r.json().await.unwrap();
+        assert_eq!(e["error"]["param"], param, "{e}");
+    }
+
+    // OpenAI's completions take ids (one prompt, or several as arrays of ids)
+    let r: Value = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": [ids.clone(), [16, 28, 216]], "max_tokens": 2, "temperature": 0}),
+    )
+    .await
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(r["choices"][0]["text"], answers[0]["content"], "{r}");
+    assert_eq!(r["choices"][1]["text"], theirs["content"], "{r}");
+    assert_eq!(
+        r["usage"]["prompt_tokens"],
+        ids.len() + 3,
+        "exact counts: {r}"
+    );
+    let r = post(
+        &base,
+        "/v1/completions",
+        &json!({"prompt": [16, 28, 216], "echo": true}),
+    )
+    .await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.unwrap();
+    assert_eq!(e["error"]["param"], "echo", "{e}");
+}
+
+/// The text of `ids` as `/detokenize` gives it.
+async fn text_of_ids(c: &reqwest::Client, base: &str, ids: &[u64]) -> String {
+    let v: Value = c
+        .post(format!("{base}/detokenize"))
+        .json(&json!({ "tokens": ids }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    v["content"].as_str().unwrap().to_string()
+}

@@ -75,6 +75,58 @@ async fn real_model_answers_over_sse() {
         .contains("orchd_pool_prompt_cache_bytes{pool=\"default\"}"));
 }
 
+/// ORCH-ADM-TOK-1 (issue 50): a raw prompt given as token ids (`prompt_tokens`, text pieces
+/// allowed among them) runs those ids: the same answer as its text, exact counts; an id
+/// outside the vocabulary, an empty list, and two prompts at once are 400s naming the field.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_of_token_ids_runs_those_ids() {
+    let s = real_server().await;
+    let tok = s
+        .post("/tokenize", &json!({"content": "The capital of France is"}))
+        .await
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    let ids = tok["tokens"].clone();
+    let n = ids.as_array().unwrap().len();
+    let greedy = |prompt: serde_json::Value| {
+        let mut body = json!({"max_tokens": 8, "temperature": 0});
+        body.as_object_mut()
+            .unwrap()
+            .extend(prompt.as_object().unwrap().clone());
+        body
+    };
+    let by_text = s
+        .submit_ok(greedy(json!({"prompt": "The capital of France is"})))
+        .await;
+    let by_ids = s.submit_ok(greedy(json!({"prompt_tokens": ids}))).await;
+    let (et, ei) = (s.stream_all(&by_text).await, s.stream_all(&by_ids).await);
+    assert_eq!(text_of(&ei), text_of(&et));
+    assert!(!text_of(&ei).is_empty());
+    let rec = s.record(&by_ids).await;
+    assert_eq!(rec["prompt_tokens"], n, "{rec}");
+    // the record keeps no prompt: the ids are redacted as text is
+    assert!(!rec.to_string().contains(&ids.to_string()), "{rec}");
+    for (body, field) in [
+        (json!({"prompt_tokens": [1, 99_999_999]}), "prompt_tokens"),
+        (json!({"prompt_tokens": []}), "prompt_tokens"),
+        (
+            json!({"prompt_tokens": [1], "prompt": "x"}),
+            "prompt_tokens",
+        ),
+        (json!({"prompt_tokens": [1.5]}), "prompt_tokens"),
+    ] {
+        let r = s.submit(body.clone()).await;
+        assert_eq!(r.status(), 400, "{body}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert!(
+            v["field"].as_str().unwrap_or("").starts_with(field)
+                || v["message"].as_str().unwrap_or("").contains(field),
+            "{body}: {v}"
+        );
+    }
+}
+
 /// ORCH-REAL-2: cancel mid-generation on the real engine; the slot comes back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_model_cancel_mid_generation() {

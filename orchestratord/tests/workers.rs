@@ -503,6 +503,33 @@ async fn worker_fronting_another_orchestratord() {
             .unwrap(),
         "the tokens spell the answer"
     );
+    // ORCH-ADM-TOK-1: a prompt of token ids goes to the backend as ids (its `/v1/completions`
+    // takes them) and answers as it does there; ids mixed with text have no spelling there
+    let ids = json!([16, 28, 216]);
+    let body = json!({"model": MODEL, "prompt": ids, "max_tokens": 4, "temperature": 0});
+    let direct: serde_json::Value = post(&bbase, "/v1/completions", body.clone())
+        .await
+        .json()
+        .await
+        .unwrap();
+    let relayed: serde_json::Value = post(&base, "/v1/completions", body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        relayed["choices"][0]["text"], direct["choices"][0]["text"],
+        "{relayed}"
+    );
+    assert!(
+        !direct["choices"][0]["text"].as_str().unwrap().is_empty(),
+        "{direct}"
+    );
+    let body = json!({"model": MODEL, "prompt_tokens": [16, " and", 28], "max_tokens": 2});
+    let r = post(&base, "/v1/tasks", body).await;
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["field"], "prompt_tokens", "{v}");
     // tools pass on as the answer's schema: the backend's call validates
     let body = json!({"model": MODEL, "max_tokens": 48, "temperature": 0, "messages": question,
         "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "find_city",

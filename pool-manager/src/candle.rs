@@ -38,6 +38,7 @@ fn map_err(e: EngineError) -> PortError {
         | EngineError::InvalidParams(_)
         | EngineError::Constraint(_)
         | EngineError::ChatTemplate(_)
+        | EngineError::BadPrompt(_)
         | EngineError::Tokenizer(_) => PortError::InvalidInput(e.to_string()),
         other => PortError::Load(other.to_string()),
     }
@@ -91,6 +92,7 @@ impl Engine for CandlePortEngine {
                 return self.inner.encode_text(&text).map(Some).map_err(map_err);
             }
             PromptInput::Chat(turns) => self.inner.encode_chat(turns).map_err(map_err)?,
+            PromptInput::Tokens(parts) => self.inner.encode_parts(parts).map_err(map_err)?,
         };
         if !continuation.is_empty() {
             ids.extend(

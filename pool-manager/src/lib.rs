@@ -16,9 +16,9 @@ pub use pool::{
 };
 pub use port::{
     ChatTurn, Engine, EngineDescriptor, EngineFactory, EngineJob, FailureNote, Finish,
-    FinishReason, ModelFacts, OnLoss, OutputConstraint, PortError, PromptInput, SamplingParams,
-    SeqEvent, SlotPermit, Slots, StepLogprobs, StopCause, TokenLogprob, EVENT_CHANNEL_CAPACITY,
-    MAX_TOP_LOGPROBS,
+    FinishReason, ModelFacts, OnLoss, OutputConstraint, PortError, PromptInput, PromptPart,
+    SamplingParams, SeqEvent, SlotPermit, Slots, StepLogprobs, StopCause, TokenLogprob,
+    EVENT_CHANNEL_CAPACITY, MAX_TOP_LOGPROBS,
 };
 pub use registry::{AddError, PoolRegistry};
 pub use spec::{EngineConfig, PoolSpec};

@@ -8,6 +8,7 @@ pub mod kolosal;
 pub mod llama_server;
 pub mod ollama;
 pub mod openai;
+pub mod raw_prompt;
 pub mod seed_chat;
 pub mod tokenize;
 pub mod tool_calls;

@@ -68,7 +68,8 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
         // the usage reports this count, not admission's estimate
         task.set_counted_prompt_tokens(n as u32);
     }
-    if let Some(n) = tokens.as_ref().map(Vec::len) {
+    // a context of 0 is one the engine does not know (a remote worker's backend checks)
+    if let Some(n) = tokens.as_ref().map(Vec::len).filter(|_| desc.ctx_max > 0) {
         if n + max_tokens > desc.ctx_max {
             state.fail_task(
                 &task,

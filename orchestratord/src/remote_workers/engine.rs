@@ -16,7 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::link::{RequestEvent, WorkerLink};
 use super::openai_wire::{
-    error_message, read_object, refused_field, request_body, StreamItem, StreamReader,
+    backend_prompt, error_message, read_object, refused_field, request_body, StreamItem,
+    StreamReader,
 };
 use crate::correlation::HEADER as CORRELATION_HEADER;
 
@@ -57,8 +58,14 @@ impl Engine for RemoteEngine {
         }
     }
 
-    fn tokenize(&self, _: &PromptInput, _: &str) -> Result<Option<Vec<u32>>, PortError> {
-        Ok(None)
+    /// Text is counted by the backend; a prompt of token ids alone is its own count (and goes
+    /// to the backend as ids); other prompts with ids are refused (`backend_prompt`).
+    fn tokenize(
+        &self,
+        prompt: &PromptInput,
+        continuation: &str,
+    ) -> Result<Option<Vec<u32>>, PortError> {
+        backend_prompt(prompt, continuation)
     }
 
     /// Asked of the backend (`logprobs`/`top_logprobs`, which vLLM, llama.cpp's server and
@@ -87,6 +94,7 @@ impl Engine for RemoteEngine {
                 "the slot permit belongs to another engine".into(),
             ));
         }
+        backend_prompt(&job.prompt, &job.continuation)?;
         let request_id = format!("r-{}", uuid::Uuid::new_v4().simple());
         let Some(events) = self.link.open_request(&request_id) else {
             return Err(PortError::Dead("the worker disconnected".into()));

@@ -4,12 +4,49 @@
 
 use contracts::worker::TokenCounts;
 use pool_manager::{
-    EngineJob, OutputConstraint, PromptInput, StepLogprobs, TokenLogprob, MAX_TOP_LOGPROBS,
+    EngineJob, OutputConstraint, PortError, PromptInput, PromptPart, StepLogprobs, TokenLogprob,
+    MAX_TOP_LOGPROBS,
 };
 use serde_json::{json, Value};
 
 /// Longest line kept while waiting for its newline (a frame limit bounds it anyway).
 const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// The ids of a prompt given as token ids only (`None` when a piece is text).
+fn ids_only(parts: &[PromptPart]) -> Option<Vec<u32>> {
+    parts
+        .iter()
+        .map(|p| match p {
+            PromptPart::Token(id) => Some(*id),
+            PromptPart::Text(_) => None,
+        })
+        .collect()
+}
+
+/// Whether a backend can take `prompt` as OpenAI's completions do: text, or token ids alone
+/// (vLLM, llama.cpp's server and orchestratord take `prompt` as an id array). Ids mixed with
+/// text, or ids to continue after text already streamed, have no spelling there. Returns the
+/// ids of a prompt of ids.
+pub fn backend_prompt(
+    prompt: &PromptInput,
+    continuation: &str,
+) -> Result<Option<Vec<u32>>, PortError> {
+    let PromptInput::Tokens(parts) = prompt else {
+        return Ok(None);
+    };
+    if !prompt.has_token_ids() {
+        return Ok(None);
+    }
+    match ids_only(parts) {
+        Some(ids) if continuation.is_empty() => Ok(Some(ids)),
+        _ => Err(PortError::Refused {
+            field: "prompt_tokens".into(),
+            message: "a remote worker's backend takes a prompt of text or of token ids alone: \
+                      not ids mixed with text, nor ids continued after streamed text"
+                .into(),
+        }),
+    }
+}
 
 /// The endpoint and JSON body of a job for an OpenAI-compatible backend. A continuation is
 /// sent as a final assistant turn with `continue_final_message` (vLLM's parameter, honoured by
@@ -48,8 +85,16 @@ pub fn request_body(model: &str, job: &EngineJob) -> (&'static str, Value) {
     }
     let top = job.logprobs.map(|n| n.min(MAX_TOP_LOGPROBS));
     match &job.prompt {
-        PromptInput::Text(p) => {
-            body["prompt"] = json!(format!("{p}{}", job.continuation));
+        PromptInput::Text(_) | PromptInput::Tokens(_) => {
+            body["prompt"] = match &job.prompt {
+                PromptInput::Tokens(parts) => match ids_only(parts) {
+                    // `backend_prompt` let only ids alone through, uncontinued
+                    Some(ids) => json!(ids),
+                    None => json!(format!("{}{}", text_of(parts), job.continuation)),
+                },
+                PromptInput::Text(p) => json!(format!("{p}{}", job.continuation)),
+                PromptInput::Chat(_) => Value::Null,
+            };
             if let Some(n) = top {
                 // the completions spelling: how many alternatives (the chosen one always)
                 body["logprobs"] = json!(n);
@@ -74,6 +119,17 @@ pub fn request_body(model: &str, job: &EngineJob) -> (&'static str, Value) {
             ("/v1/chat/completions", body)
         }
     }
+}
+
+/// The text pieces of a prompt of parts, one after the other.
+fn text_of(parts: &[PromptPart]) -> String {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            PromptPart::Text(t) => Some(t.as_str()),
+            PromptPart::Token(_) => None,
+        })
+        .collect()
 }
 
 /// What one streamed line said.

@@ -65,6 +65,18 @@ fn words(p: &PromptInput) -> (usize, String) {
             let text = all.join(" ");
             (text.split_whitespace().count() + 4 * m.len(), text)
         }
+        // an id a word, text pieces by their words
+        PromptInput::Tokens(parts) => {
+            let text: Vec<String> = parts
+                .iter()
+                .map(|p| match p {
+                    pool_manager::PromptPart::Token(id) => id.to_string(),
+                    pool_manager::PromptPart::Text(t) => t.clone(),
+                })
+                .collect();
+            let text = text.join(" ");
+            (text.split_whitespace().count(), text)
+        }
     }
 }
 

@@ -7,11 +7,12 @@ use axum::extract::State;
 use axum::http::Response;
 use axum::response::IntoResponse;
 use axum::Json;
-use contracts::{SseLogprobs, StopField, TaskRequest};
+use contracts::{PromptPart, SseLogprobs, StopField, TaskRequest};
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::prompt::{self, Prompt};
 use super::settings::{self, GenerationSettings};
 use crate::adapters::follow;
 use crate::auth::Caller;
@@ -19,9 +20,11 @@ use crate::error::openai::{body as error_body, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
+use crate::lifecycle::request_work::Turn;
 use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::{Task, TaskEvent};
+use pool_manager::Engine;
 
 /// `POST /completion`: llama-server's fields. Fields llama-server knows and this server does
 /// not apply are accepted at their neutral value and refused otherwise, naming the field;
@@ -29,8 +32,10 @@ use crate::lifecycle::task::{Task, TaskEvent};
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[schema(example = json!({"prompt": "1, 2, 3, 4,", "n_predict": 6, "temperature": 0}))]
 pub struct CompletionRequest {
-    /// The text to continue.
-    #[schema(value_type = String)]
+    /// The text to continue: a string, token ids (`[12, 34]`), ids and text mixed
+    /// (`[12, " and", 34]`), or several prompts (`["a", [12, 34]]`: one answer each, by
+    /// `index`; an array of answers when not streamed).
+    #[schema(value_type = Object)]
     pub prompt: Option<serde_json::Value>,
     /// The most tokens to generate; -1 (default): as many as the context allows.
     pub n_predict: Option<i64>,
@@ -172,21 +177,9 @@ fn neutral<T: PartialEq + std::fmt::Debug>(
     }
 }
 
-/// The prompt's text: a string (llama-server's token-id and multi-prompt forms are refused,
-/// saying so).
-fn prompt_text(prompt: Option<&serde_json::Value>) -> Result<String, ApiError> {
-    match prompt {
-        Some(serde_json::Value::String(s)) => Ok(s.clone()),
-        None => Err(ApiError::invalid("prompt", "prompt is required")),
-        Some(serde_json::Value::Array(_)) => Err(ApiError::invalid(
-            "prompt",
-            "prompt must be one string here: token ids and several prompts are not taken by /completion (use /v1/completions for several)",
-        )),
-        Some(_) => Err(ApiError::invalid("prompt", "prompt must be a string")),
-    }
-}
-
-fn to_task(req: &CompletionRequest) -> Result<(TaskRequest, String), ApiError> {
+/// The task of one of the request's prompts: llama-server's defaults where the request names
+/// none, its samplers this engine lacks only at their neutral values.
+fn to_task(req: &CompletionRequest, prompt: &Prompt) -> Result<TaskRequest, ApiError> {
     neutral(req.typical_p, 1.0, "typical_p")?;
     neutral(req.mirostat, 0, "mirostat")?;
     neutral(req.dry_multiplier, 0.0, "dry_multiplier")?;
@@ -218,7 +211,6 @@ fn to_task(req: &CompletionRequest) -> Result<(TaskRequest, String), ApiError> {
             "GBNF grammars are not read here: write the grammar in llguidance's Lark syntax (`start: \"yes\" | \"no\"`), or give json_schema",
         ));
     }
-    let prompt = prompt_text(req.prompt.as_ref())?;
     let max_tokens = match req.n_predict {
         None | Some(-1) | Some(-2) => None,
         Some(n) if n >= 1 => Some(u32::try_from(n).unwrap_or(u32::MAX)),
@@ -234,8 +226,7 @@ fn to_task(req: &CompletionRequest) -> Result<(TaskRequest, String), ApiError> {
         Some(k) if k <= 0 => None,
         Some(k) => Some(u32::try_from(k).unwrap_or(u32::MAX)),
     };
-    let task = TaskRequest {
-        prompt: Some(prompt.clone()),
+    Ok(prompt.clone().into_task(TaskRequest {
         max_tokens,
         model: req.model.clone(),
         // llama-server's random seeds: -1 and 2^32-1
@@ -256,8 +247,7 @@ fn to_task(req: &CompletionRequest) -> Result<(TaskRequest, String), ApiError> {
         logprobs: req.n_probs.filter(|&n| n > 0).map(|_| true),
         top_logprobs: req.n_probs.filter(|&n| n > 0),
         ..Default::default()
-    };
-    Ok((task, prompt))
+    }))
 }
 
 /// A refusal in llama-server's names (`max_tokens` is `n_predict`, …).
@@ -266,6 +256,7 @@ fn renamed(e: ApiError) -> ApiError {
         ("max_tokens", "n_predict"),
         ("repetition_penalty", "repeat_penalty"),
         ("top_logprobs", "n_probs"),
+        ("prompt_tokens", "prompt"),
     ]
     .into_iter()
     .fold(e, |e, (task, api)| follow::renamed(e, task, api))
@@ -292,8 +283,11 @@ fn rates(n: u32, ms: f64) -> (f64, f64) {
     (ms / n as f64, n as f64 * 1000.0 / ms)
 }
 
-/// The final answer of `task` (its whole text, or empty after a stream).
+/// The final answer of `task`, the request's `index`th (its whole text, or empty after a
+/// stream).
+#[allow(clippy::too_many_arguments)]
 fn final_response(
+    index: u32,
     task: &Task,
     model: String,
     prompt: String,
@@ -308,7 +302,7 @@ fn final_response(
     let (p_tok, p_sec) = rates(prompt_n, prompt_ms);
     let (d_tok, d_sec) = rates(end.tokens_out, predicted_ms);
     CompletionResponse {
-        index: 0,
+        index,
         has_new_line: content.contains('\n'),
         content,
         stop: true,
@@ -355,95 +349,179 @@ pub async fn completion(
     body: Result<JsonBody<CompletionRequest>, ApiError>,
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
-    let (task_req, prompt) = to_task(&req)?;
-    let tasks = follow::admit_all(&state, vec![task_req], &caller, Delivery::of(req.stream))
+    let prompts = prompt::prompts_of(
+        req.prompt.as_ref(),
+        state.cfg.admission.max_prompts_per_request,
+    )?;
+    let task_reqs = prompts
+        .iter()
+        .map(|p| to_task(&req, p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let tasks = follow::admit_all(&state, task_reqs, &caller, Delivery::of(req.stream))
         .await
         .map_err(renamed)?;
-    let task = tasks[0].clone();
-    let model = follow::model_name(&state, req.model.as_deref(), &task);
+    let model = follow::model_name(&state, req.model.as_deref(), &tasks[0]);
+    let shown = shown_prompts(&state, &caller, req.model.as_deref(), &prompts).await;
     let with_probs = req.n_probs.is_some_and(|n| n > 0);
     if !req.stream {
-        let (text, scores, end) = follow::collect_scored(follow::subscribe(&state, &task))
+        // the first failure answers at once; dropping the other subscriptions cancels them
+        let results = follow::collect_all(&state, &tasks, false)
             .await
             .map_err(renamed)?;
-        let scores = with_probs.then(|| probabilities(&scores));
-        let body = final_response(&task, model, prompt, text, scores, &end, false);
-        return Ok(Json(body).into_response());
+        let mut answers: Vec<CompletionResponse> = results
+            .into_iter()
+            .zip(tasks.iter().zip(shown))
+            .enumerate()
+            .map(|(i, ((text, scores, end), (task, prompt)))| {
+                let scores = with_probs.then(|| probabilities(&scores));
+                let m = model.clone();
+                final_response(i as u32, task, m, prompt, text, scores, &end, false)
+            })
+            .collect();
+        // one prompt, one object; several, an array by index (llama-server's shapes)
+        return Ok(match answers.len() {
+            1 => Json(answers.remove(0)).into_response(),
+            _ => Json(answers).into_response(),
+        });
     }
-    let mut subs = vec![follow::subscribe(&state, &task)];
+    let mut subs: Vec<_> = tasks.iter().map(|t| follow::subscribe(&state, t)).collect();
     follow::until_answer_begins(&mut subs)
         .await
         .map_err(renamed)?;
-    let sub = subs.remove(0);
     let keepalive = follow::keepalive(&state);
-    let frames = Framing {
-        task,
-        model,
-        prompt: Some(prompt),
-        with_probs,
-        n: 0,
-        done: false,
-    };
-    let stream = futures::stream::unfold(
-        (sub.into_stream(keepalive).boxed(), frames),
-        |(mut events, mut f)| async move {
-            loop {
-                if f.done {
-                    return None;
-                }
-                let ev = match events.next().await? {
-                    Followed::Event(_, ev) => ev,
-                    Followed::KeepAlive => {
-                        return Some((Bytes::from_static(follow::SSE_KEEPALIVE), (events, f)))
-                    }
-                };
-                if let Some(b) = f.frame(ev) {
-                    return Some((b, (events, f)));
-                }
-            }
-        },
+    let open = tasks.len();
+    let events = futures::stream::select_all(
+        subs.into_iter()
+            .enumerate()
+            .map(|(i, s)| s.into_stream(keepalive).map(move |f| (i, f)).boxed()),
     );
+    let framing = Framing {
+        tasks,
+        model,
+        prompts: shown,
+        with_probs,
+        predicted: vec![0; open],
+        open,
+    };
+    let stream = futures::stream::unfold((events, framing), |(mut events, mut f)| async move {
+        loop {
+            if f.open == 0 {
+                return None;
+            }
+            let (i, ev) = match events.next().await? {
+                (i, Followed::Event(_, ev)) => (i, ev),
+                (_, Followed::KeepAlive) => {
+                    return Some((Bytes::from_static(follow::SSE_KEEPALIVE), (events, f)))
+                }
+            };
+            if let Some(b) = f.frame(i, ev) {
+                return Some((b, (events, f)));
+            }
+        }
+    });
     Ok(crate::lifecycle::sse::event_stream_response(
         Body::from_stream(stream.map(Ok::<_, std::io::Error>)),
     ))
 }
 
-/// How a stream's lines are written.
+/// Each prompt as the answers show it (llama-server's `prompt`): its text, or the text of its
+/// ids (control tokens' text left out) with its text pieces, detokenized on a request-work
+/// thread by an engine of the model; the pieces alone when no loaded engine gives text.
+async fn shown_prompts(
+    state: &SharedState,
+    caller: &Caller,
+    model: Option<&str>,
+    prompts: &[Prompt],
+) -> Vec<String> {
+    let engine = crate::adapters::tokenize::engine_for(state, model).ok();
+    let mut shown = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        let parts = match p {
+            Prompt::Text(t) => {
+                shown.push(t.clone());
+                continue;
+            }
+            Prompt::Parts(parts) => parts.clone(),
+        };
+        let engine = engine.clone();
+        let text = state
+            .request_work
+            .run(Turn::Admitted(caller.tenant()), move || {
+                text_of_parts(engine.as_deref(), &parts)
+            })
+            .await
+            .unwrap_or_default();
+        shown.push(text);
+    }
+    shown
+}
+
+/// The text of a prompt of parts: each run of ids detokenized, each text piece as it is.
+fn text_of_parts(engine: Option<&dyn Engine>, parts: &[PromptPart]) -> String {
+    let mut out = String::new();
+    let mut ids = Vec::new();
+    let flush = |ids: &mut Vec<u32>, out: &mut String| {
+        if let Some(e) = engine {
+            out.push_str(&e.detokenize(ids).ok().flatten().unwrap_or_default());
+        }
+        ids.clear();
+    };
+    for part in parts {
+        match part {
+            PromptPart::Token(id) => ids.push(*id),
+            PromptPart::Text(t) => {
+                flush(&mut ids, &mut out);
+                out.push_str(t);
+            }
+        }
+    }
+    flush(&mut ids, &mut out);
+    out
+}
+
+/// How a stream's lines are written: each prompt's tokens as its `index`'s lines, its last
+/// line when it ends; the stream closes after the last prompt's end, or at the first error.
 struct Framing {
-    task: Arc<Task>,
+    tasks: Vec<Arc<Task>>,
     model: String,
-    prompt: Option<String>,
+    /// Each prompt as its last line shows it (taken then).
+    prompts: Vec<String>,
     with_probs: bool,
-    n: u32,
-    done: bool,
+    /// Tokens streamed so far, by prompt.
+    predicted: Vec<u32>,
+    /// Prompts still running.
+    open: usize,
 }
 
 impl Framing {
-    fn frame(&mut self, ev: TaskEvent) -> Option<Bytes> {
+    fn frame(&mut self, i: usize, ev: TaskEvent) -> Option<Bytes> {
+        let task = self.tasks.get(i)?.clone();
         match ev {
             TaskEvent::Started(_) | TaskEvent::Metrics(_) => None,
             TaskEvent::Token(t) => {
-                self.n += 1;
+                let n = self.predicted.get_mut(i)?;
+                *n += 1;
                 let probs = match (self.with_probs, t.logprobs) {
                     (true, Some(l)) => Some(probabilities(std::slice::from_ref(&l))),
                     _ => None,
                 };
                 Some(follow::sse_data(&CompletionChunk {
-                    index: 0,
+                    index: i as u32,
                     content: t.t,
                     stop: false,
-                    tokens_predicted: self.n,
-                    tokens_evaluated: self.task.prompt_tokens_used(),
+                    tokens_predicted: *n,
+                    tokens_evaluated: task.prompt_tokens_used(),
                     completion_probabilities: probs,
                 }))
             }
             TaskEvent::End(end) => {
-                self.done = true;
-                let prompt = self.prompt.take().unwrap_or_default();
+                self.open = self.open.saturating_sub(1);
+                let prompt = self.prompts.get_mut(i).map(std::mem::take);
                 Some(follow::sse_data(&final_response(
-                    &self.task,
+                    i as u32,
+                    &task,
                     self.model.clone(),
-                    prompt,
+                    prompt.unwrap_or_default(),
                     String::new(),
                     None,
                     &end,
@@ -451,7 +529,8 @@ impl Framing {
                 )))
             }
             TaskEvent::Error(e) => {
-                self.done = true;
+                // the other prompts' subscriptions go with the stream: they are cancelled
+                self.open = 0;
                 let env = contracts::ErrorEnvelope::new(e.code, e.message, e.retriable);
                 Some(follow::sse_data(&error_body(&env)))
             }
@@ -467,13 +546,19 @@ mod tests {
         serde_json::from_value(v).unwrap()
     }
 
+    fn task_of(v: serde_json::Value) -> Result<TaskRequest, ApiError> {
+        let r = req(v);
+        let prompts = prompt::prompts_of(r.prompt.as_ref(), 16)?;
+        to_task(&r, &prompts[0])
+    }
+
     /// LLS-API-1: llama-server's sampler defaults where the request names none; its random
-    /// seeds; its samplers this engine lacks only at their neutral values; GBNF and token-id
-    /// prompts refused naming the field.
+    /// seeds; its samplers this engine lacks only at their neutral values; GBNF refused
+    /// naming the field; a prompt of ids becomes the task's `prompt_tokens`.
     #[test]
     fn a_completion_request_becomes_a_task_with_llama_servers_defaults() {
-        let (t, p) = to_task(&req(serde_json::json!({"prompt": "Hi", "seed": -1}))).unwrap();
-        assert_eq!(p, "Hi");
+        let t = task_of(serde_json::json!({"prompt": "Hi", "seed": -1})).unwrap();
+        assert_eq!(t.prompt.as_deref(), Some("Hi"));
         assert_eq!(
             (
                 t.temperature,
@@ -485,11 +570,21 @@ mod tests {
             ),
             (Some(0.8), Some(40), Some(0.95), Some(0.05), None, None)
         );
-        let (t, _) = to_task(&req(serde_json::json!({"prompt": "Hi", "top_k": 0,
+        let t = task_of(serde_json::json!({"prompt": "Hi", "top_k": 0,
             "n_predict": 5, "seed": 7, "typical_p": 1.0, "mirostat": 0, "cache_prompt": true,
-            "some_field_of_a_newer_llama_server": 1})))
+            "some_field_of_a_newer_llama_server": 1}))
         .unwrap();
         assert_eq!((t.top_k, t.max_tokens, t.seed), (None, Some(5), Some(7)));
+        let t = task_of(serde_json::json!({"prompt": [1, " a", 2]})).unwrap();
+        assert_eq!(t.prompt, None);
+        assert_eq!(
+            t.prompt_tokens,
+            Some(vec![
+                PromptPart::Token(1),
+                PromptPart::Text(" a".into()),
+                PromptPart::Token(2)
+            ])
+        );
         for (body, field) in [
             (
                 serde_json::json!({"prompt": "Hi", "mirostat": 2}),
@@ -503,14 +598,13 @@ mod tests {
                 serde_json::json!({"prompt": "Hi", "grammar": "root ::= \"a\""}),
                 "grammar",
             ),
-            (serde_json::json!({"prompt": [1, 2, 3]}), "prompt"),
             (serde_json::json!({"n_predict": 3}), "prompt"),
             (
                 serde_json::json!({"prompt": "Hi", "n_predict": 0}),
                 "n_predict",
             ),
         ] {
-            let e = to_task(&req(body.clone())).unwrap_err();
+            let e = task_of(body.clone()).unwrap_err();
             assert_eq!(e.envelope.field.as_deref(), Some(field), "{body}");
         }
     }

@@ -9,13 +9,15 @@
 //! `tokens_cached`/`cache_n` and a slot's prompt progress (the prompt cache is the engine's,
 //! not counted per task), a running task's `params.stream` in `/slots` (the client's
 //! connection's, not the task's), llama-server's samplers this engine lacks (accepted at their
-//! neutral values only), token-id and multi-prompt `prompt`s, GBNF grammars (Lark grammars
-//! are taken), and the error's numeric `code` (errors are OpenAI's shape with this server's
+//! neutral values only), GBNF grammars (Lark grammars are taken), text in a prompt parsed for
+//! special tokens (a client's text never makes control tokens here: give their ids), the
+//! text of control tokens in an answer's `prompt`, and the error's numeric `code` (errors are OpenAI's shape with this server's
 //! stable codes). `/completion` samples with llama-server's defaults (temperature 0.8, top-k
 //! 40, top-p 0.95, min-p 0.05) where a request names none.
 
 pub mod completion;
 pub mod health;
+pub mod prompt;
 pub mod props;
 pub mod settings;
 

@@ -15,6 +15,7 @@ use super::response_format::schema_of;
 use super::types::*;
 use super::{DONE, FINGERPRINT};
 use crate::adapters::follow;
+use crate::adapters::raw_prompt::RawPrompt;
 use crate::auth::Caller;
 use crate::error::openai::{body as error_body, OpenAiError};
 use crate::error::ApiError;
@@ -28,11 +29,33 @@ use crate::lifecycle::task::{Task, TaskEvent};
 const DEFAULT_MAX_TOKENS: u32 = 16;
 
 /// The prompts of `req`, in choice order.
-fn prompts_of(req: &CompletionRequest) -> Vec<String> {
+fn prompts_of(req: &CompletionRequest) -> Vec<RawPrompt> {
     match &req.prompt {
-        PromptField::One(p) => vec![p.clone()],
-        PromptField::Many(v) => v.clone(),
+        PromptField::One(p) => vec![RawPrompt::Text(p.clone())],
+        PromptField::Many(v) => v.iter().cloned().map(RawPrompt::Text).collect(),
+        PromptField::Tokens(ids) if ids.is_empty() => vec![],
+        PromptField::Tokens(ids) => vec![RawPrompt::ids(ids)],
+        PromptField::ManyTokens(v) => v.iter().map(|ids| RawPrompt::ids(ids)).collect(),
     }
+}
+
+/// The texts `echo` puts before each choice's text: a prompt's own (echo is refused for
+/// prompts of token ids, whose text is the model's to say).
+fn echoed_texts(req: &CompletionRequest) -> Result<Option<Vec<String>>, ApiError> {
+    if !req.echo {
+        return Ok(None);
+    }
+    prompts_of(req)
+        .into_iter()
+        .map(|p| match p {
+            RawPrompt::Text(t) => Ok(t),
+            RawPrompt::Parts(_) => Err(ApiError::invalid(
+                "echo",
+                "echo is given for text prompts only: leave it out with token ids",
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
 }
 
 fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskRequest>, ApiError> {
@@ -62,25 +85,26 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
     }
     Ok(prompts
         .into_iter()
-        .map(|prompt| TaskRequest {
-            prompt: Some(prompt),
-            max_tokens: Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
-            model: req.model.clone(),
-            seed: req.seed,
-            temperature: req.temperature,
-            top_p: req.top_p,
-            stop: req.stop.clone(),
-            presence_penalty: req.presence_penalty,
-            frequency_penalty: req.frequency_penalty,
-            session_id: super::session_of(req.user.as_deref()),
-            priority: req.priority,
-            top_k: req.top_k,
-            min_p: req.min_p,
-            repetition_penalty: req.repetition_penalty,
-            json_schema: json_schema.clone(),
-            logprobs: req.logprobs.map(|_| true),
-            top_logprobs: req.logprobs,
-            ..Default::default()
+        .map(|prompt| {
+            prompt.into_task(TaskRequest {
+                max_tokens: Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+                model: req.model.clone(),
+                seed: req.seed,
+                temperature: req.temperature,
+                top_p: req.top_p,
+                stop: req.stop.clone(),
+                presence_penalty: req.presence_penalty,
+                frequency_penalty: req.frequency_penalty,
+                session_id: super::session_of(req.user.as_deref()),
+                priority: req.priority,
+                top_k: req.top_k,
+                min_p: req.min_p,
+                repetition_penalty: req.repetition_penalty,
+                json_schema: json_schema.clone(),
+                logprobs: req.logprobs.map(|_| true),
+                top_logprobs: req.logprobs,
+                ..Default::default()
+            })
         })
         .collect())
 }
@@ -109,17 +133,18 @@ pub async fn completions(
 ) -> Result<Response<Body>, OpenAiError> {
     let JsonBody(req) = body?;
     let reqs = to_tasks(&req, state.cfg.admission.max_prompts_per_request)?;
+    // `echo`: each choice's text starts with its prompt
+    let echoed = echoed_texts(&req)?;
     let delivery = Delivery::of(req.stream);
     let tasks = follow::admit_all(&state, reqs, &caller, delivery)
         .await
         .map_err(|e| follow::renamed(e, "json_schema", "response_format"))
-        .map_err(|e| follow::renamed(e, "top_logprobs", "logprobs"))?;
+        .map_err(|e| follow::renamed(e, "top_logprobs", "logprobs"))
+        .map_err(|e| follow::renamed(e, "prompt_tokens", "prompt"))?;
     let model = follow::model_name(&state, req.model.as_deref(), &tasks[0]);
     let id = format!("cmpl-{}", tasks[0].id);
     let created = follow::unix_now();
     let frame = Framer { id, created, model };
-    // `echo`: each choice's text starts with its prompt
-    let echoed = req.echo.then(|| prompts_of(&req));
     if !req.stream {
         // the first failure answers at once; dropping the other subscriptions cancels them
         let results = follow::collect_all(&state, &tasks, false)

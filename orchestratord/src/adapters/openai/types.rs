@@ -188,12 +188,15 @@ pub struct ChatRequest {
     pub unimplemented: super::unimplemented::Unimplemented,
 }
 
-/// A prompt: one string or several (each its own task, answered as its own choice).
+/// A prompt: one string or several (each its own task, answered as its own choice), or token
+/// ids (one prompt, or several as arrays of ids), as OpenAI's API takes them.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
 pub enum PromptField {
     One(String),
     Many(Vec<String>),
+    Tokens(Vec<u32>),
+    ManyTokens(Vec<Vec<u32>>),
 }
 
 /// Written by hand: the derive cannot bound the strings of an untagged enum's variants, and an
@@ -206,11 +209,21 @@ impl utoipa::PartialSchema for PromptField {
                 .schema_type(Type::String)
                 .min_length(Some(1))
         };
+        let ids = || {
+            let id = ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(0))
+                .maximum(Some(u32::MAX));
+            ArrayBuilder::new().items(id).min_items(Some(1))
+        };
+        // the lists of prompts are items 1 and 3 (their length is bounded in `openapi.rs`)
         OneOfBuilder::new()
             .item(text())
             .item(ArrayBuilder::new().items(text()).min_items(Some(1)))
+            .item(ids())
+            .item(ArrayBuilder::new().items(ids()).min_items(Some(1)))
             .description(Some(
-                "One prompt, or several (each its own task and choice); none may be empty.",
+                "One prompt, or several (each its own task and choice), as text or as token ids of the model's vocabulary; none may be empty.",
             ))
             .into()
     }

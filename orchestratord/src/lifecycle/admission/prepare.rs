@@ -100,10 +100,10 @@ pub async fn count_prompt(
             .tokenize(turn, engine, &v.prompt, &v.continuation)
             .await
             .map_err(|e| {
-                let field = if matches!(v.prompt, PromptInput::Chat(_)) {
-                    "messages"
-                } else {
-                    "prompt"
+                let field = match v.prompt {
+                    PromptInput::Chat(_) => "messages",
+                    PromptInput::Tokens(_) => "prompt_tokens",
+                    PromptInput::Text(_) => "prompt",
                 };
                 e.into_api(field)
             })?;

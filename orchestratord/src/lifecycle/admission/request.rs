@@ -71,22 +71,32 @@ pub fn prompt_of(req: &TaskRequest) -> Result<(PromptInput, String), ApiError> {
 }
 
 fn prompt_input(req: &TaskRequest) -> Result<PromptInput, ApiError> {
-    match (&req.prompt, &req.messages) {
-        (Some(_), Some(_)) => Err(ApiError::invalid(
+    match (&req.prompt, &req.prompt_tokens, &req.messages) {
+        (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => Err(ApiError::invalid(
             "messages",
-            "give either prompt or messages, not both",
+            "give one of prompt, prompt_tokens or messages",
         )),
-        (None, None) => Err(ApiError::invalid(
+        (Some(_), Some(_), None) => Err(ApiError::invalid(
+            "prompt_tokens",
+            "give one of prompt, prompt_tokens or messages",
+        )),
+        (None, None, None) => Err(ApiError::invalid(
             "prompt",
-            "prompt or messages is required",
+            "prompt, prompt_tokens or messages is required",
         )),
-        (Some(p), None) => {
+        (Some(p), None, None) => {
             if p.is_empty() {
                 return Err(ApiError::invalid("prompt", "prompt is empty"));
             }
             Ok(PromptInput::Text(p.clone()))
         }
-        (None, Some(m)) => {
+        (None, Some(parts), None) => {
+            if parts.is_empty() {
+                return Err(ApiError::invalid("prompt_tokens", "prompt_tokens is empty"));
+            }
+            Ok(PromptInput::Tokens(parts.clone()))
+        }
+        (None, None, Some(m)) => {
             if m.is_empty() {
                 return Err(ApiError::invalid("messages", "messages is empty"));
             }
@@ -115,6 +125,10 @@ pub fn redact(req: &TaskRequest) -> serde_json::Value {
     let mut r = req.clone();
     if let Some(p) = &r.prompt {
         r.prompt = Some(format!("[redacted {} chars]", p.chars().count()));
+    }
+    if let Some(parts) = &r.prompt_tokens {
+        let label = format!("[redacted {} parts]", parts.len());
+        r.prompt_tokens = Some(vec![contracts::PromptPart::Text(label)]);
     }
     if let Some(m) = &mut r.messages {
         for t in m.iter_mut() {
@@ -304,6 +318,14 @@ pub(super) fn estimated_tokens(prompt: &PromptInput, continuation: &str) -> usiz
     let bytes = match prompt {
         PromptInput::Text(t) => t.len(),
         PromptInput::Chat(turns) => turns.iter().map(|t| t.content.len() + 8).sum(),
+        // an id is a token: four bytes' worth
+        PromptInput::Tokens(parts) => parts
+            .iter()
+            .map(|p| match p {
+                contracts::PromptPart::Token(_) => 4,
+                contracts::PromptPart::Text(t) => t.len(),
+            })
+            .sum(),
     } + continuation.len();
     bytes.div_ceil(4).max(1)
 }
