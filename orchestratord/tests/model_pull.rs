@@ -98,7 +98,7 @@ async fn resolve(
     resp
 }
 
-async fn start_hub() -> (Arc<Hub>, String) {
+fn hub_app() -> (Arc<Hub>, Router) {
     let file = Bytes::from(std::fs::read(support::default_model_path()).unwrap());
     let sha256 = format!("{:x}", Sha256::digest(&file));
     let hub = Arc::new(Hub {
@@ -111,10 +111,40 @@ async fn start_hub() -> (Arc<Hub>, String) {
         .route("/api/models/{owner}/{repo}", get(listing))
         .route("/{owner}/{repo}/resolve/main/{file}", get(resolve))
         .with_state(hub.clone());
+    (hub, app)
+}
+
+async fn start_hub() -> (Arc<Hub>, String) {
+    let (hub, app) = hub_app();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
     (hub, format!("http://{addr}"))
+}
+
+/// The hub over https, its certificate for 127.0.0.1 signed by a CA of the test's own;
+/// returns the endpoint and the CA's certificate file.
+async fn start_tls_hub() -> (String, PathBuf) {
+    let (acceptor, ca_file) = support::tls::acceptor("hub-ca");
+    let (_hub, app) = hub_app();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, app) = (acceptor.clone(), app.clone());
+            tokio::spawn(async move {
+                // a client that does not trust the CA ends the handshake: nothing to serve
+                let Ok(stream) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (format!("https://127.0.0.1:{}", addr.port()), ca_file)
 }
 
 /// The NDJSON lines of a streamed pull.
@@ -347,4 +377,48 @@ async fn models_are_pulled_by_name_resumed_checked_served_and_deleted() {
     let models = get_json(&format!("http://127.0.0.1:{port}/v1/models")).await;
     assert_eq!(models["data"][0]["id"], "smol-Q4_1", "{models}");
     assert!(dir2.join("smol-Q4_1.gguf").exists());
+}
+
+/// MOD-PULL-7: the hub is reached over https as the public one is (`HF_ENDPOINT` defaults to
+/// https://huggingface.co), its certificate checked against the machine's trusted roots
+/// (`SSL_CERT_FILE` honoured) and Mozilla's: a hub whose CA is trusted is pulled from; the same
+/// hub without that trust is refused at the handshake, saying so, and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_hub_is_pulled_from_over_https_with_its_certificate_checked() {
+    let (endpoint, ca_file) = start_tls_hub().await;
+    let config = |dir: &Path| {
+        format!(
+            "[models]\ndirs = [\"{}\"]\non_demand = true\nslots = 1\nctx = 512\n",
+            dir.display()
+        )
+    };
+    let trusting = scratch("pulled-tls");
+    std::fs::create_dir_all(&trusting).unwrap();
+    let ca = ca_file.to_string_lossy().to_string();
+    let (_p, base) = server_env(
+        &config(&trusting),
+        &[
+            ("HF_ENDPOINT", endpoint.as_str()),
+            ("SSL_CERT_FILE", ca.as_str()),
+        ],
+    )
+    .await;
+    let lines = pull(&base, "hf.co/test/smol-GGUF:Q4_1").await;
+    assert_eq!(lines.last().unwrap()["status"], "success", "{lines:?}");
+    assert!(tags(&base).await.contains(&"smol-Q4_1".to_string()));
+
+    let untrusting = scratch("pulled-tls-untrusted");
+    std::fs::create_dir_all(&untrusting).unwrap();
+    let (_q, base) = server_env(&config(&untrusting), &[("HF_ENDPOINT", endpoint.as_str())]).await;
+    let lines = pull(&base, "hf.co/test/smol-GGUF:Q4_1").await;
+    let error = lines.last().unwrap()["error"]
+        .as_str()
+        .unwrap_or("")
+        .to_lowercase();
+    assert!(error.contains("certificate"), "{lines:?}");
+    assert!(
+        names_in(&untrusting).is_empty(),
+        "{:?}",
+        names_in(&untrusting)
+    );
 }

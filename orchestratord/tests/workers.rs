@@ -7,7 +7,7 @@ mod support;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use support::procs::{eventually, server, worker, worker_config, Proc};
+use support::procs::{eventually, server, worker, worker_config, worker_env, Proc};
 use support::{default_model_path, Ev};
 
 const SECRET: &str = "e2e-secret";
@@ -218,6 +218,52 @@ async fn worker_serves_every_api_and_survives_a_server_restart() {
         .unwrap();
     assert_eq!(v["choices"][0]["message"]["content"], answer.as_str());
     drop(srv);
+}
+
+/// WRK-W-5: a worker reaches a server behind TLS (`--server https://…`: its socket is
+/// `wss://`), the proxy's certificate checked against the machine's trusted roots
+/// (`SSL_CERT_FILE` honoured); a worker that does not trust it is refused at the handshake
+/// and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_reaches_a_server_behind_tls() {
+    let (_srv, base) = server(&server_config("")).await;
+    let upstream = base.trim_start_matches("http://").to_string();
+    let (port, ca_file) = support::tls::proxy("wss-proxy", upstream).await;
+    let https = format!("https://127.0.0.1:{port}");
+    let ca = ca_file.to_string_lossy().to_string();
+    let untrusting = worker(
+        &https,
+        SECRET,
+        "no-trust",
+        &worker_config(&default_model_path(), 1),
+        &[],
+    );
+    let _w = worker_env(
+        &https,
+        SECRET,
+        "tls",
+        &worker_config(&default_model_path(), 1),
+        &[],
+        &[("SSL_CERT_FILE", ca.as_str())],
+    );
+    let pools = wait_pools(&base, 1).await;
+    assert_eq!(pools.len(), 1, "{pools:?}");
+    let task = json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0});
+    let id = submit(&base, &task).await;
+    let ev = stream(&base, &id).await;
+    assert_eq!(ev.last().unwrap().event, "end");
+    assert!(text_of(&ev).contains("Paris"), "{}", text_of(&ev));
+    let refused = eventually(Duration::from_secs(20), || {
+        let log = untrusting.log_text().to_lowercase();
+        async move { log.contains("certificate") }
+    })
+    .await;
+    assert!(refused, "{}", untrusting.log_text());
+    assert_eq!(
+        wait_pools(&base, 1).await.len(),
+        1,
+        "the untrusting worker never joined"
+    );
 }
 
 async fn restart_on(port: &str, cfg: &str) -> Proc {

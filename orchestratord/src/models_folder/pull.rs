@@ -170,6 +170,22 @@ struct HubFile {
     sha256: Option<String>,
 }
 
+/// An HTTP client's error with what caused it (reqwest's own text says only "error sending
+/// request"; the cause says which: refused, a certificate not trusted, a timeout).
+fn with_causes(e: &reqwest::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let c_text = c.to_string();
+        if !text.contains(&c_text) {
+            text.push_str(": ");
+            text.push_str(&c_text);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 pub struct Puller {
     endpoint: String,
     client: reqwest::Client,
@@ -287,7 +303,11 @@ impl Puller {
             self.endpoint, r.owner, r.repo
         );
         let resp = self.client.get(&url).send().await.map_err(|e| {
-            PullError::Hub(format!("cannot reach the hub at {}: {e}", self.endpoint))
+            PullError::Hub(format!(
+                "cannot reach the hub at {}: {}",
+                self.endpoint,
+                with_causes(&e)
+            ))
         })?;
         if resp.status() == reqwest::StatusCode::NOT_FOUND
             || resp.status() == reqwest::StatusCode::UNAUTHORIZED
@@ -417,10 +437,13 @@ impl Puller {
         if have > 0 {
             req = req.header(reqwest::header::RANGE, format!("bytes={have}-"));
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| PullError::Hub(format!("cannot download {}: {e}", file.path)))?;
+        let resp = req.send().await.map_err(|e| {
+            PullError::Hub(format!(
+                "cannot download {}: {}",
+                file.path,
+                with_causes(&e)
+            ))
+        })?;
         let resumed = resp.status() == reqwest::StatusCode::PARTIAL_CONTENT;
         if !resp.status().is_success() {
             return Err(PullError::Hub(format!(

@@ -7,6 +7,7 @@ pub mod fake_worker;
 pub mod nats;
 pub mod procs;
 pub mod task_client;
+pub mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -164,6 +164,18 @@ pub async fn server_env_answering(config: &str, env: &[(&str, &str)]) -> (Proc, 
 
 /// A worker serving `config`'s pools (or `extra` args such as `--backend-url`).
 pub fn worker(server_base: &str, secret: &str, name: &str, config: &str, extra: &[&str]) -> Proc {
+    worker_env(server_base, secret, name, config, extra, &[])
+}
+
+/// [`worker`] with extra environment.
+pub fn worker_env(
+    server_base: &str,
+    secret: &str,
+    name: &str,
+    config: &str,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Proc {
     let mut args: Vec<String> = vec![
         "worker".into(),
         "--server".into(),
@@ -174,7 +186,7 @@ pub fn worker(server_base: &str, secret: &str, name: &str, config: &str, extra: 
         name.into(),
     ];
     args.extend(extra.iter().map(|s| s.to_string()));
-    spawn(&format!("worker-{name}"), &args, config)
+    spawn_env(&format!("worker-{name}"), &args, config, env)
 }
 
 /// The config of a worker serving the default model with `slots` slots.
