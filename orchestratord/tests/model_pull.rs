@@ -8,6 +8,8 @@
 //! `/api/delete` takes it away. A real server process, the real model's file, real sockets.
 
 mod support;
+#[path = "support/tls.rs"]
+mod tls;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -125,7 +127,7 @@ async fn start_hub() -> (Arc<Hub>, String) {
 /// The hub over https, its certificate for 127.0.0.1 signed by a CA of the test's own;
 /// returns the endpoint and the CA's certificate file.
 async fn start_tls_hub() -> (String, PathBuf) {
-    let (acceptor, ca_file) = support::tls::acceptor("hub-ca");
+    let (acceptor, ca_file) = tls::acceptor("hub-ca");
     let (_hub, app) = hub_app();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -3,6 +3,8 @@
 //! with no local pool.
 
 mod support;
+#[path = "support/tls.rs"]
+mod tls;
 
 use std::time::{Duration, Instant};
 
@@ -228,7 +230,7 @@ async fn worker_serves_every_api_and_survives_a_server_restart() {
 async fn a_worker_reaches_a_server_behind_tls() {
     let (_srv, base) = server(&server_config("")).await;
     let upstream = base.trim_start_matches("http://").to_string();
-    let (port, ca_file) = support::tls::proxy("wss-proxy", upstream).await;
+    let (port, ca_file) = tls::proxy("wss-proxy", upstream).await;
     let https = format!("https://127.0.0.1:{port}");
     let ca = ca_file.to_string_lossy().to_string();
     let untrusting = worker(

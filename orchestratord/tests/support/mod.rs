@@ -7,7 +7,6 @@ pub mod fake_worker;
 pub mod nats;
 pub mod procs;
 pub mod task_client;
-pub mod tls;
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -96,6 +95,8 @@ impl Engine for ScriptedEngine {
             layers_on_accelerator: 0,
             on_loss: OnLoss::Restart,
             facts: None,
+            generates: true,
+            embedding: None,
         }
     }
 

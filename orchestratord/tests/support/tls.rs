@@ -1,3 +1,4 @@
+#![allow(dead_code)]
 //! TLS for tests of what crosses it: a CA of the test's own, a certificate for 127.0.0.1
 //! signed by it, and an acceptor that serves with it — what a hub or a reverse proxy in front
 //! of the server holds. A client trusts the CA through `SSL_CERT_FILE` (the system's roots).
@@ -32,7 +33,7 @@ pub fn acceptor(tag: &str) -> (TlsAcceptor, PathBuf) {
             rustls::pki_types::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into()),
         )
         .unwrap();
-    let dir = super::procs::scratch(tag);
+    let dir = crate::support::procs::scratch(tag);
     std::fs::create_dir_all(&dir).unwrap();
     let ca_file = dir.join("ca.pem");
     std::fs::write(&ca_file, ca_cert.pem()).unwrap();
