@@ -78,6 +78,31 @@ pub(crate) fn geglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     }
 }
 
+/// `gelu(x)` as ggml computes it on the CPU (`ggml_vec_gelu_f32`, the same table): BERT's
+/// feed-forward activation. Elsewhere (another device or type) candle's `gelu`.
+pub(crate) fn gelu(x: &Tensor) -> Result<Tensor> {
+    if !x.device().is_cpu() || x.dtype() != DType::F32 {
+        return x.gelu();
+    }
+    let x = x.contiguous()?;
+    let t = table();
+    let out = with_f32(&x, |xs| {
+        let mut y = vec![0f32; xs.len()];
+        par_chunks_mut(&mut y, PER_JOB, |c, dst| {
+            let o = c * PER_JOB;
+            let n = dst.len();
+            for (d, v) in dst.iter_mut().zip(&xs[o..o + n]) {
+                *d = geglu_one(t, *v, 1.0);
+            }
+        });
+        y
+    });
+    match out {
+        Some(y) => cpu_tensor(y, x.shape()),
+        None => candle_core::bail!("gelu: a CPU f32 tensor could not be read"),
+    }
+}
+
 /// `y[i] = geglu_one(x[i], g[i])`, eight at a time where the CPU converts to f16 itself.
 fn geglu_slice(t: &[f32], x: &[f32], g: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]

@@ -79,7 +79,7 @@ pub(crate) fn md_u32(md: &HashMap<String, Value>, key: &str) -> Result<u32> {
     }
 }
 
-fn md_f32(md: &HashMap<String, Value>, key: &str) -> Option<f32> {
+pub(crate) fn md_f32(md: &HashMap<String, Value>, key: &str) -> Option<f32> {
     match md.get(key)? {
         Value::F32(x) => Some(*x),
         Value::F64(x) => Some(*x as f32),

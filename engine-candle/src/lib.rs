@@ -6,6 +6,7 @@
 
 mod act_quant;
 mod attention;
+mod bert;
 mod builtin_templates;
 mod chat_template;
 mod compute_priority;
@@ -14,6 +15,7 @@ mod contention;
 mod cpu_parallel;
 mod cpu_quant;
 mod cpu_tensor;
+mod encoder_engine;
 mod engine;
 mod error;
 pub mod fresh_pages;
@@ -25,6 +27,7 @@ mod kquant_rows;
 mod kv_type;
 mod model;
 pub mod model_facts;
+mod pooling;
 mod prompt_cache;
 mod q4_1_cpu;
 mod q4_k_cpu;
@@ -40,11 +43,15 @@ mod text_stream;
 mod tokenizer;
 mod weights;
 
+pub use bert::BertHparams;
 pub use builtin_templates::{builtin as builtin_template, builtin_names as builtin_template_names};
 pub use chat_template::{ChatTemplate, Piece, TemplateSource, CHATML_FALLBACK, GEMMA_FALLBACK};
 pub use compute_priority::{lower_current_thread, MAX_NICE};
 pub use constrained::{Constrained, ConstraintFailure};
 pub use cpu_parallel::fault;
+pub use encoder_engine::{
+    is_encoder, EncodeRequest, EncoderEngine, EncoderInfo, EncoderOptions, PASS_TOKENS,
+};
 pub use engine::{
     configure_process_threads, served_context, CandleEngine, DeviceChoice, EngineOptions,
     EngineSettings, ModelInfo, DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES,

@@ -1,12 +1,16 @@
 //! The tokenizer of a GGUF (`tokenizer.ggml.*`), no hub access: byte-level BPE (`gpt2`:
-//! SmolLM, Llama 3, Qwen) or SentencePiece (`llama`: Gemma, see `spm_vocab.rs`).
+//! SmolLM, Llama 3, Qwen), SentencePiece (`llama`: Gemma, see `spm_vocab.rs`) or WordPiece
+//! (`bert`: BERT's encoders, from llama.cpp's "phantom space" vocabulary).
 
 use std::collections::HashMap;
 
 use candle_core::quantized::gguf_file::Value;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::BPE;
+use tokenizers::models::wordpiece::WordPiece;
+use tokenizers::normalizers::bert::BertNormalizer;
 use tokenizers::normalizers::{NormalizerWrapper, Prepend, Replace, Sequence as Normalizers};
+use tokenizers::pre_tokenizers::bert::BertPreTokenizer;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::pre_tokenizers::digits::Digits;
 use tokenizers::pre_tokenizers::sequence::Sequence;
@@ -202,6 +206,45 @@ fn sentencepiece(
     Ok((inner, bytes))
 }
 
+/// WordPiece as llama.cpp stores BERT's vocabulary: a word's first piece written with a leading
+/// U+2581, a continuation without BERT's `##`, control tokens as they are. Text is cleaned,
+/// lowercased with accents stripped and split at whitespace and punctuation (CJK characters
+/// alone) before the pieces are matched, as BERT's uncased tokenizers and llama.cpp's WPM do.
+fn wordpiece(tokens: &[&str], types: &[i32]) -> Result<(Tokenizer, Vec<Vec<u8>>)> {
+    let mut vocab = ahash::AHashMap::with_capacity(tokens.len());
+    let mut bytes = Vec::with_capacity(tokens.len());
+    for (i, tok) in tokens.iter().enumerate() {
+        let control = types.get(i).copied() == Some(TOKEN_TYPE_CONTROL);
+        let (piece, text) = match tok.strip_prefix(spm_vocab::SPACE) {
+            _ if control => (tok.to_string(), Vec::new()),
+            Some(word) => (word.to_string(), format!(" {word}").into_bytes()),
+            None => (format!("##{tok}"), tok.as_bytes().to_vec()),
+        };
+        vocab.entry(piece).or_insert(i as u32);
+        bytes.push(text);
+    }
+    let unk = tokens
+        .iter()
+        .find(|t| **t == "[UNK]")
+        .map_or("[UNK]".to_string(), |t| t.to_string());
+    let model = WordPiece::builder()
+        .vocab(vocab)
+        .unk_token(unk)
+        .continuing_subword_prefix("##".into())
+        .build()
+        .map_err(|e| EngineError::Tokenizer(format!("wordpiece: {e}")))?;
+    let mut inner = Tokenizer::new(model);
+    inner
+        .with_normalizer(Some(NormalizerWrapper::BertNormalizer(
+            BertNormalizer::new(true, true, None, true),
+        )))
+        .map_err(|e| EngineError::Tokenizer(format!("normalizer: {e}")))?;
+    inner.with_pre_tokenizer(Some(PreTokenizerWrapper::BertPreTokenizer(
+        BertPreTokenizer,
+    )));
+    Ok((inner, bytes))
+}
+
 impl GgufTokenizer {
     pub fn from_metadata(md: &HashMap<String, Value>) -> Result<Self> {
         let model = md_str(md, "tokenizer.ggml.model").unwrap_or("");
@@ -213,9 +256,10 @@ impl GgufTokenizer {
                 (pre.to_string(), byte_level(md, &tokens, pre)?)
             }
             "llama" => ("spm".to_string(), sentencepiece(md, &tokens, &types)?),
+            "bert" => ("wpm".to_string(), wordpiece(&tokens, &types)?),
             other => {
                 return Err(EngineError::Unsupported(format!(
-                "tokenizer model {other:?} (supported: gpt2 byte-level BPE, llama SentencePiece)"
+                "tokenizer model {other:?} (supported: gpt2 byte-level BPE, llama SentencePiece, bert WordPiece)"
             )))
             }
         };
@@ -347,6 +391,11 @@ impl GgufTokenizer {
     /// The `tokenizer.ggml.pre` kind this tokenizer implements.
     pub fn pre_kind(&self) -> &str {
         &self.pre
+    }
+
+    /// The id of a token by its text in the vocabulary.
+    pub fn id_of(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
     }
 
     /// The text of a token as stored in the vocabulary (for special tokens in templates).

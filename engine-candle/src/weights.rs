@@ -189,21 +189,26 @@ impl GgufFile {
         Ok(Self { content, reader })
     }
 
-    fn has(&self, name: &str) -> bool {
+    pub(crate) fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
 
-    fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
+    pub(crate) fn qtensor(&mut self, name: &str, device: &Device) -> Result<QTensor> {
         self.content
             .tensor(&mut self.reader, name, device)
             .map_err(|e| EngineError::BadModel(format!("tensor {name}: {}", message_of(&e))))
     }
 
-    fn dense(&mut self, name: &str, device: &Device) -> Result<Tensor> {
+    pub(crate) fn dense(&mut self, name: &str, device: &Device) -> Result<Tensor> {
         Ok(self.qtensor(name, device)?.dequantize(device)?)
     }
 
-    fn matmul(&mut self, name: &str, device: &Device, format: WeightFormat) -> Result<Linear> {
+    pub(crate) fn matmul(
+        &mut self,
+        name: &str,
+        device: &Device,
+        format: WeightFormat,
+    ) -> Result<Linear> {
         let q = self.qtensor(name, device)?;
         linear(q, device, format)
     }

@@ -1,7 +1,8 @@
 //! The Engine trait, what an engine says of itself, and the port's failures.
 
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
+use crate::embed::{EmbedInfo, EmbedInput, EmbedJob, Embeddings};
 use crate::error::PortError;
 use crate::events::SeqEvent;
 use crate::job::{EngineJob, OutputConstraint, PromptInput};
@@ -46,7 +47,14 @@ pub struct EngineDescriptor {
     /// What the engine read of the model itself; `None` when it sees no weights (a remote
     /// worker's backend).
     pub facts: Option<ModelFacts>,
+    /// Whether it generates text (an encoder only embeds).
+    pub generates: bool,
+    /// What it says of embeddings, when it embeds.
+    pub embedding: Option<EmbedInfo>,
 }
+
+/// The answer to an embedding job: every input's vectors, or why not.
+pub type EmbedReply = oneshot::Receiver<Result<Embeddings, PortError>>;
 
 /// What a model file says of itself (Ollama's `/api/show` and `/api/tags` details).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,6 +112,28 @@ pub trait Engine: Send + Sync + 'static {
     fn try_acquire(&self) -> Option<SlotPermit>;
     /// Slots taken now (permits not yet given back).
     fn slots_in_use(&self) -> usize;
+    /// Token ids of an embedding input as the model reads it (an encoder's `[CLS] … [SEP]`),
+    /// cut to fit when `truncate`, else an input over the model's length is `InvalidInput`
+    /// saying its count; `None` when the engine takes text and counts on its side.
+    fn embed_tokens(
+        &self,
+        input: &EmbedInput,
+        truncate: bool,
+    ) -> Result<Option<Vec<u32>>, PortError> {
+        let _ = (input, truncate);
+        Err(PortError::InvalidInput(
+            "this pool's model does not embed".into(),
+        ))
+    }
+    /// Embeds a job's inputs in its slot: the answer comes on the returned channel (which
+    /// closes without one if the engine dies). The engine batches the inputs of the jobs it
+    /// holds together.
+    fn embed(&self, job: EmbedJob) -> Result<EmbedReply, PortError> {
+        drop(job);
+        Err(PortError::InvalidInput(
+            "this pool's model does not embed".into(),
+        ))
+    }
     /// Sequences the engine runs now from every source, when it reports that (a worker's
     /// `current_load`, which counts other servers' requests too); placement prefers less.
     fn current_load(&self) -> Option<usize> {

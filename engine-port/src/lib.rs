@@ -4,6 +4,7 @@
 //! its loss is handled in its [`EngineDescriptor`]. The candle engine, remote workers and the
 //! tests' scripted engine all implement [`Engine`]; nothing here knows any of them.
 
+mod embed;
 mod engine;
 mod error;
 mod events;
@@ -11,7 +12,10 @@ mod job;
 mod sampling;
 mod slots;
 
-pub use engine::{Engine, EngineDescriptor, ModelFacts, OnLoss, EVENT_CHANNEL_CAPACITY};
+pub use embed::{EmbedInfo, EmbedInput, EmbedJob, Embeddings, Pooling};
+pub use engine::{
+    EmbedReply, Engine, EngineDescriptor, ModelFacts, OnLoss, EVENT_CHANNEL_CAPACITY,
+};
 pub use error::PortError;
 pub use events::{Finish, FinishReason, SeqEvent, StepLogprobs, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use job::{

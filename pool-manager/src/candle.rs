@@ -4,8 +4,13 @@
 
 use std::sync::Arc;
 
-use engine_candle::{CandleEngine, EngineError, EngineOptions, GenerateRequest};
-use engine_port::{ModelFacts, OnLoss, OutputConstraint, SeqEvent, SlotPermit};
+use engine_candle::{
+    CandleEngine, EncodeRequest, EncoderEngine, EncoderOptions, EngineError, EngineOptions,
+    GenerateRequest,
+};
+use engine_port::{
+    EmbedInput, EmbedJob, EmbedReply, ModelFacts, OnLoss, OutputConstraint, SeqEvent, SlotPermit,
+};
 use tokio::sync::mpsc;
 
 use crate::port::{
@@ -75,6 +80,8 @@ impl Engine for CandlePortEngine {
                 quantization: info.quantization.clone(),
                 chat_template: info.chat_template.clone(),
             }),
+            generates: true,
+            embedding: None,
         }
     }
 
@@ -194,6 +201,133 @@ impl Engine for CandlePortEngine {
     }
 }
 
+/// A loaded encoder (BERT) seen through the port: it embeds and ranks, it does not generate.
+pub struct EncoderPortEngine {
+    inner: EncoderEngine,
+    model_ref: String,
+}
+
+impl EncoderPortEngine {
+    pub fn engine(&self) -> &EncoderEngine {
+        &self.inner
+    }
+}
+
+impl Engine for EncoderPortEngine {
+    fn descriptor(&self) -> EngineDescriptor {
+        let info = self.inner.info();
+        EngineDescriptor {
+            engine: engine_candle::ENGINE_NAME.to_string(),
+            engine_version: engine_candle::ENGINE_VERSION.to_string(),
+            model_ref: self.model_ref.clone(),
+            model_name: info.name.clone(),
+            ctx_max: info.embed.max_tokens,
+            slots: info.slots,
+            weights_bytes: info.weights_bytes,
+            kv_cache_bytes: 0,
+            layers: info.layers,
+            layers_on_accelerator: if info.device.is_cpu() { 0 } else { info.layers },
+            on_loss: OnLoss::Restart,
+            facts: Some(ModelFacts {
+                architecture: info.architecture.clone(),
+                parameters: info.parameters,
+                quantization: info.quantization.clone(),
+                chat_template: None,
+            }),
+            generates: false,
+            embedding: Some(info.embed),
+        }
+    }
+
+    /// An encoder does not generate: a generation prompt is refused where it is counted.
+    fn tokenize(&self, _: &PromptInput, _: &str) -> Result<Option<Vec<u32>>, PortError> {
+        Err(not_generating(&self.inner))
+    }
+
+    fn detokenize(&self, ids: &[u32]) -> Result<Option<String>, PortError> {
+        let tokenizer = self.inner.tokenizer();
+        let vocab = tokenizer.vocab_size();
+        if let Some(bad) = ids.iter().find(|&&id| id as usize >= vocab) {
+            return Err(PortError::InvalidInput(format!(
+                "token id {bad} is not in the vocabulary of {vocab} tokens"
+            )));
+        }
+        Ok(Some(tokenizer.decode(ids)))
+    }
+
+    fn start(&self, job: EngineJob) -> Result<mpsc::Receiver<SeqEvent>, PortError> {
+        drop(job);
+        Err(not_generating(&self.inner))
+    }
+
+    fn embed_tokens(
+        &self,
+        input: &EmbedInput,
+        truncate: bool,
+    ) -> Result<Option<Vec<u32>>, PortError> {
+        let ids = match input {
+            EmbedInput::Text(t) => self.inner.encode_text(t, truncate),
+            EmbedInput::Pair { query, document } => {
+                self.inner.encode_pair(query, document, truncate)
+            }
+            EmbedInput::Tokens(ids) => {
+                let max = self.inner.info().embed.max_tokens;
+                if ids.len() > max && !truncate {
+                    return Err(PortError::InvalidInput(format!(
+                        "{} tokens, over the {max} the model takes",
+                        ids.len()
+                    )));
+                }
+                Ok(ids[..ids.len().min(max)].to_vec())
+            }
+        };
+        ids.map(Some).map_err(map_err)
+    }
+
+    fn embed(&self, job: EmbedJob) -> Result<EmbedReply, PortError> {
+        let inputs = match job.tokens {
+            Some(t) => t,
+            None => job
+                .inputs
+                .iter()
+                .map(|i| self.embed_tokens(i, false).map(Option::unwrap_or_default))
+                .collect::<Result<_, _>>()?,
+        };
+        let pooling = job.pooling.unwrap_or(self.inner.info().embed.pooling);
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.inner
+            .submit(EncodeRequest {
+                permit: job.permit,
+                inputs,
+                pooling,
+                normalize: job.normalize,
+                cancel: job.cancel,
+                reply,
+            })
+            .map_err(map_err)?;
+        Ok(answer)
+    }
+
+    fn is_alive(&self) -> bool {
+        self.inner.is_alive()
+    }
+
+    fn try_acquire(&self) -> Option<SlotPermit> {
+        self.inner.try_acquire()
+    }
+
+    fn slots_in_use(&self) -> usize {
+        self.inner.slots().in_use()
+    }
+}
+
+fn not_generating(e: &EncoderEngine) -> PortError {
+    PortError::InvalidInput(format!(
+        "{} is an embedding model: it embeds and ranks, it does not generate text",
+        e.info().name
+    ))
+}
+
 /// Whether a chat template (Jinja) compiles and renders a conversation.
 pub fn check_template(template: &str) -> Result<(), String> {
     engine_candle::ChatTemplate::check(template)
@@ -227,14 +361,26 @@ impl EngineFactory for CandleFactory {
                 spec.id
             )));
         };
-        let engine =
-            CandleEngine::load(options(spec, model_ref, settings)).map_err(|e| match e {
-                // the file as it is: loading it again gives the same answer
-                EngineError::Unsupported(_) | EngineError::BadModel(_) => {
-                    PortError::Unloadable(e.to_string())
-                }
-                other => PortError::Load(other.to_string()),
-            })?;
+        // the file as it is: loading it again gives the same answer
+        let load_error = |e: EngineError| match e {
+            EngineError::Unsupported(_)
+            | EngineError::BadModel(_)
+            | EngineError::ModelFile { .. } => PortError::Unloadable(e.to_string()),
+            other => PortError::Load(other.to_string()),
+        };
+        if engine_candle::is_encoder(std::path::Path::new(model_ref)).map_err(load_error)? {
+            let engine = EncoderEngine::load(EncoderOptions {
+                model_path: model_ref.into(),
+                slots: spec.slots,
+                settings: settings.clone(),
+            })
+            .map_err(load_error)?;
+            return Ok(Arc::new(EncoderPortEngine {
+                inner: engine,
+                model_ref: model_ref.to_string(),
+            }));
+        }
+        let engine = CandleEngine::load(options(spec, model_ref, settings)).map_err(load_error)?;
         let info = engine.info();
         if spec.ctx == 0 && info.ctx < info.ctx_train {
             // FC-CTX-1: said at start, not found out from a refused prompt

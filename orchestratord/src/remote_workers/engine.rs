@@ -55,6 +55,8 @@ impl Engine for RemoteEngine {
             // nothing here can bring a worker back: its tasks go on elsewhere
             on_loss: OnLoss::ContinueElsewhere,
             facts: None,
+            generates: true,
+            embedding: None,
         }
     }
 

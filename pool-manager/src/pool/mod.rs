@@ -1008,6 +1008,9 @@ const SELF_TEST_MIN_GAPS: usize = 3;
 /// the mean gap between its tokens after the first (one sequence alone), when there were
 /// [`SELF_TEST_MIN_GAPS`] gaps or more (a model may end its answer sooner).
 async fn self_test(engine: &dyn Engine) -> Result<Option<f64>, String> {
+    if !engine.descriptor().generates {
+        return embed_self_test(engine).await.map(|()| None);
+    }
     let prompt = PromptInput::Text("Hello".into());
     let tokens = engine
         .tokenize(&prompt, "")
@@ -1034,6 +1037,39 @@ async fn self_test(engine: &dyn Engine) -> Result<Option<f64>, String> {
     tokio::time::timeout(SELF_TEST_TIMEOUT, run)
         .await
         .map_err(|_| "self-test timed out".to_string())?
+}
+
+/// The self-test of a model that only embeds: one text embedded to a vector of the length
+/// the engine says, every element finite.
+async fn embed_self_test(engine: &dyn Engine) -> Result<(), String> {
+    let input = engine_port::EmbedInput::Text("Hello".into());
+    let tokens = engine
+        .embed_tokens(&input, true)
+        .map_err(|e| format!("self-test tokenize: {e}"))?;
+    let permit = engine
+        .try_acquire()
+        .ok_or_else(|| "self-test: the new engine has no free slot".to_string())?;
+    let dims = engine.descriptor().embedding.map_or(0, |e| e.dims);
+    let rx = engine
+        .embed(engine_port::EmbedJob {
+            permit,
+            inputs: vec![input],
+            tokens: tokens.map(|t| vec![t]),
+            pooling: None,
+            normalize: true,
+            cancel: CancellationToken::new(),
+        })
+        .map_err(|e| format!("self-test embed: {e}"))?;
+    let answer = tokio::time::timeout(SELF_TEST_TIMEOUT, rx)
+        .await
+        .map_err(|_| "self-test timed out".to_string())?
+        .map_err(|_| "self-test: engine stopped".to_string())?
+        .map_err(|e| format!("self-test embed: {e}"))?;
+    let v = answer.first().and_then(|vs| vs.first());
+    match v {
+        Some(v) if v.len() == dims && v.iter().all(|x| x.is_finite()) => Ok(()),
+        _ => Err(format!("self-test embed: not one finite vector of {dims}")),
+    }
 }
 
 /// The mean gap in ms between tokens that came at `at` (after the first: its time is the
