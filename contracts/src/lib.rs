@@ -3,6 +3,7 @@
 
 pub mod artifact;
 pub mod capabilities;
+pub mod embed;
 pub mod error;
 pub mod metric_names;
 pub mod pool;
@@ -21,6 +22,7 @@ pub use artifact::{
     Artifact, ArtifactList, ArtifactMeta, ArtifactQuery, ArtifactRequest, StoredArtifact,
 };
 pub use capabilities::{Capabilities, HyperswarmCapability, PoolCapability, QueueCapability};
+pub use embed::{EmbedItem, EmbedTask, EmbedVectors, PoolingKind};
 pub use error::{ErrorCode, ErrorEnvelope};
 pub use pool::{
     DrainRequest, OnDemand, PoolHealth, PoolList, PoolMetrics, PoolReadiness, Readiness,

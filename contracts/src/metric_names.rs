@@ -28,6 +28,14 @@ pub const POOL_LOAD_SECONDS: &str = "orchd_pool_model_load_seconds";
 pub const POOL_CIRCUIT_OPEN: &str = "orchd_pool_circuit_open";
 pub const POOL_PROMPT_REUSED: &str = "orchd_pool_prompt_tokens_reused_total";
 pub const POOL_PROMPT_CACHE_BYTES: &str = "orchd_pool_prompt_cache_bytes";
+/// Inputs of embedding tasks that ended with their vectors, by pool.
+pub const EMBEDDING_INPUTS: &str = "orchd_embedding_inputs_total";
+/// Tokens of those inputs, by pool.
+pub const EMBEDDING_TOKENS: &str = "orchd_embedding_tokens_total";
+/// The engine's embedding passes, by pool, and the inputs they carried: their ratio is the
+/// mean batch (inputs of several requests share a pass).
+pub const EMBEDDING_PASSES: &str = "orchd_embedding_passes_total";
+pub const EMBEDDING_PASS_INPUTS: &str = "orchd_embedding_pass_inputs_total";
 /// In a cluster only, the same on every replica: tasks in the cluster's queues (queued and
 /// running), by priority, and the live replicas.
 pub const CLUSTER_TASKS: &str = "orchd_cluster_tasks";

@@ -104,6 +104,10 @@ pub struct SseEnd {
     /// With `stop`: the stop sequence that ended the answer (absent when the model ended it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_sequence: Option<String>,
+    /// An embedding task's result, per input: its vector, its tokens' vectors (pooling
+    /// `none`) or its scores (pooling `rank`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embeddings: Option<crate::embed::EmbedVectors>,
 }
 
 /// Failing terminal event; nothing follows it.

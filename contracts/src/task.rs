@@ -60,8 +60,9 @@ pub enum PromptPart {
     Text(String),
 }
 
-/// A generation task. Exactly one of `prompt`, `prompt_tokens` or `messages` is required; the
-/// rest is optional.
+/// A generation task: exactly one of `prompt`, `prompt_tokens` or `messages` is required, the
+/// rest is optional. Or an embedding task: `embed` alone with `model` (and the scheduling
+/// fields: ids, priority, pin, deadline).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(example = json!({"prompt": "Write a haiku about the sea.", "max_tokens": 32, "priority": "interactive", "seed": 7, "session_id": "s-42"}))]
@@ -77,6 +78,10 @@ pub struct TaskRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(min_items = 1)]
     pub prompt_tokens: Option<Vec<PromptPart>>,
+    /// An embedding task: inputs to embed (or pairs to score) instead of text to generate;
+    /// its `end` event carries the vectors.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embed: Option<crate::embed::EmbedTask>,
     /// Chat turns, rendered with the model's own chat template.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(min_items = 1)]

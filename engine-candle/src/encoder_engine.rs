@@ -214,11 +214,9 @@ impl EncoderEngine {
         let total = specials + parts.iter().map(|p| p.len()).sum::<usize>();
         let mut over = total.saturating_sub(max);
         if over > 0 && !truncate {
-            return Err(EngineError::ContextOverflow {
-                prompt_tokens: total,
-                max_tokens: 0,
-                ctx: max,
-            });
+            return Err(EngineError::BadPrompt(format!(
+                "{total} tokens, over the {max} the model takes"
+            )));
         }
         let mut ids = Vec::with_capacity(total.min(max));
         ids.push(self.cls);

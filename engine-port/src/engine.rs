@@ -144,6 +144,11 @@ pub trait Engine: Send + Sync + 'static {
     fn prompt_tokens_reused(&self) -> u64 {
         0
     }
+    /// Inputs embedded so far and the passes they took, when the engine embeds in passes of
+    /// its own (their ratio is its mean batch).
+    fn embed_passes(&self) -> Option<(u64, u64)> {
+        None
+    }
     /// Bytes its host-memory prompt cache holds (an engine without one holds none).
     fn prompt_cache_bytes(&self) -> u64 {
         0

@@ -147,6 +147,9 @@ pub struct AdmissionConfig {
     pub max_stop_chars: usize,
     /// Most prompts in one `/v1/completions` request (each becomes a task).
     pub max_prompts_per_request: usize,
+    /// The most an embedding request's vectors may take (MiB, as 4-byte floats): inputs are
+    /// not counted, their answer is (pooling `none` gives a vector per token).
+    pub max_embedding_output_mib: usize,
     /// Threads that template and tokenize prompts and compile grammars before admission
     /// (`request_work.rs`; 0 = one per CPU).
     pub tokenize_concurrency: usize,
@@ -208,6 +211,7 @@ impl Default for AdmissionConfig {
             max_stop_sequences: 8,
             max_stop_chars: 128,
             max_prompts_per_request: 16,
+            max_embedding_output_mib: 64,
             tokenize_concurrency: 0,
             request_work_nice: DEFAULT_REQUEST_WORK_NICE,
             request_work_per_tenant: 0,

@@ -75,6 +75,16 @@ fn describe() {
         "Tasks that reached their terminal event, by outcome"
     );
     describe_counter!(TOKENS_IN, "Prompt tokens of admitted tasks");
+    describe_counter!(
+        EMBEDDING_INPUTS,
+        "Inputs embedded (embedding tasks that ended with their vectors), by pool"
+    );
+    describe_counter!(EMBEDDING_TOKENS, "Tokens of the inputs embedded, by pool");
+    describe_counter!(EMBEDDING_PASSES, "The engine's embedding passes, by pool");
+    describe_counter!(
+        EMBEDDING_PASS_INPUTS,
+        "Inputs the embedding passes carried, by pool (over passes: the mean batch)"
+    );
     describe_counter!(TOKENS_OUT, "Tokens streamed to clients");
     describe_counter!(ERRORS, "Errors answered or streamed, by code");
     describe_gauge!(QUEUE_DEPTH, "Queued tasks, by priority");
@@ -449,6 +459,12 @@ pub fn finished(outcome: &'static str) {
     counter!(TASKS_FINISHED, L_OUTCOME => outcome).increment(1);
 }
 
+/// An embedding task ended with its vectors: `inputs` of `tokens` tokens on `pool`.
+pub fn embedded(pool: &str, inputs: usize, tokens: usize) {
+    counter!(EMBEDDING_INPUTS, L_POOL => pool.to_string()).increment(inputs as u64);
+    counter!(EMBEDDING_TOKENS, L_POOL => pool.to_string()).increment(tokens as u64);
+}
+
 pub fn tokens_in(n: usize) {
     counter!(TOKENS_IN).increment(n as u64);
 }
@@ -532,6 +548,10 @@ pub fn pool(s: &pool_manager::PoolSnapshot, queued: usize) {
         .absolute(s.reloads_failed);
     counter!(POOL_RESTARTS, L_POOL => id.clone()).absolute(s.restarts);
     counter!(POOL_PROMPT_REUSED, L_POOL => id.clone()).absolute(s.prompt_tokens_reused);
+    if let Some((inputs, passes)) = s.embed_passes {
+        counter!(EMBEDDING_PASSES, L_POOL => id.clone()).absolute(passes);
+        counter!(EMBEDDING_PASS_INPUTS, L_POOL => id.clone()).absolute(inputs);
+    }
     gauge!(POOL_PROMPT_CACHE_BYTES, L_POOL => id.clone()).set(s.prompt_cache_bytes as f64);
     gauge!(POOL_LOAD_SECONDS, L_POOL => id.clone()).set(s.model_load_ms as f64 / 1000.0);
     gauge!(POOL_CIRCUIT_OPEN, L_POOL => id).set(if s.circuit_open() { 1.0 } else { 0.0 });

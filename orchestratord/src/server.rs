@@ -161,6 +161,31 @@ pub fn router(state: SharedState) -> Router {
             "/v1/completions",
             post(crate::adapters::openai::completions),
         )
+        .route(
+            "/v1/embeddings",
+            post(crate::adapters::embeddings::openai::embeddings),
+        )
+        .route(
+            "/embeddings",
+            post(crate::adapters::embeddings::llama_server::embeddings),
+        )
+        .route(
+            "/embedding",
+            post(crate::adapters::embeddings::llama_server::embeddings),
+        )
+        .route(
+            "/v1/rerank",
+            post(crate::adapters::embeddings::rerank::rerank),
+        )
+        .route("/rerank", post(crate::adapters::embeddings::rerank::rerank))
+        .route(
+            "/v1/reranking",
+            post(crate::adapters::embeddings::rerank::rerank),
+        )
+        .route(
+            "/reranking",
+            post(crate::adapters::embeddings::rerank::rerank),
+        )
         .route("/v1/models", get(crate::adapters::openai::models))
         .route("/v1/models/{model}", get(crate::adapters::openai::model))
         .route(
@@ -184,6 +209,14 @@ pub fn router(state: SharedState) -> Router {
         )
         .route("/api/chat", post(crate::adapters::ollama::chat))
         .route("/api/generate", post(crate::adapters::ollama::generate))
+        .route(
+            "/api/embed",
+            post(crate::adapters::embeddings::ollama::embed_route),
+        )
+        .route(
+            "/api/embeddings",
+            post(crate::adapters::embeddings::ollama::embeddings_route),
+        )
         .route("/api/tags", get(crate::adapters::ollama::tags))
         .route("/api/ps", get(crate::adapters::ollama::ps))
         .route("/api/show", post(crate::adapters::ollama::show))

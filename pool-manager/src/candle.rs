@@ -319,6 +319,10 @@ impl Engine for EncoderPortEngine {
     fn slots_in_use(&self) -> usize {
         self.inner.slots().in_use()
     }
+
+    fn embed_passes(&self) -> Option<(u64, u64)> {
+        Some(self.inner.batches())
+    }
 }
 
 fn not_generating(e: &EncoderEngine) -> PortError {

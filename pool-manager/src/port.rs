@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 pub use engine_port::{
-    ChatTurn, Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason, ModelFacts,
-    OnLoss, OutputConstraint, PortError, PromptInput, PromptPart, SamplingParams, SeqEvent,
-    SlotPermit, Slots, StepLogprobs, StopCause, TokenLogprob, EVENT_CHANNEL_CAPACITY,
-    MAX_TOP_LOGPROBS,
+    ChatTurn, EmbedInfo, EmbedInput, EmbedJob, EmbedReply, Embeddings, Engine, EngineDescriptor,
+    EngineJob, FailureNote, Finish, FinishReason, ModelFacts, OnLoss, OutputConstraint, Pooling,
+    PortError, PromptInput, PromptPart, SamplingParams, SeqEvent, SlotPermit, Slots, StepLogprobs,
+    StopCause, TokenLogprob, EVENT_CHANNEL_CAPACITY, MAX_TOP_LOGPROBS,
 };
 
 use crate::spec::PoolSpec;

@@ -2,6 +2,7 @@
 //! task's events back into its protocol. None of them queues, places or streams by itself.
 
 pub mod anthropic;
+pub mod embeddings;
 pub mod follow;
 pub mod hyperswarm;
 pub mod kolosal;

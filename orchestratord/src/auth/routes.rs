@@ -59,6 +59,13 @@ pub fn classify(method: &Method, path: &str) -> (Access, Shape) {
         || path == "/tokenize"
         || path == "/detokenize"
         || path == "/completion"
+        || path == "/v1/embeddings"
+        || path == "/embeddings"
+        || path == "/embedding"
+        || matches!(
+            path,
+            "/rerank" | "/v1/rerank" | "/reranking" | "/v1/reranking"
+        )
         || path == "/props"
         || path == "/slots"
         || path.starts_with("/chat/")

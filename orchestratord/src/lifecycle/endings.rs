@@ -66,6 +66,17 @@ impl AppState {
         true
     }
 
+    /// Ends an embedding task with its vectors. False if it had already ended.
+    pub fn complete_embedded(&self, task: &Task, vectors: contracts::EmbedVectors) -> bool {
+        if !task.finish_embedded(vectors) {
+            return false;
+        }
+        metrics::finished("stop");
+        tracing::info!(task_id = %task.id, "embedding task ended");
+        self.after_end(task);
+        true
+    }
+
     /// Ends a task with `end` (`stop` or `length`). False if it had already ended.
     pub fn complete_task(
         &self,

@@ -38,6 +38,7 @@ pub mod admission;
 pub mod cluster_port;
 pub mod deadline;
 pub mod dispatcher;
+pub mod embed_runner;
 pub mod endings;
 pub mod eta;
 pub mod fair_share;

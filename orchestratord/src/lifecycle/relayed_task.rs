@@ -66,6 +66,8 @@ pub async fn build(
         spec: v.into_spec(),
         prompt_tokens,
         prompt_ids,
+        // counted again where it runs
+        embed_ids: None,
         params: redact(req),
         ctx,
         deadline,

@@ -37,6 +37,13 @@ pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
     metrics::queue_wait(waited, task.priority);
     metrics::start_prediction(task.predicted_start, waited);
     let placed = Instant::now();
+    if task.spec.embed.is_some() {
+        crate::lifecycle::embed_runner::run(&state, &task, &mut lease, placed).await;
+        if !engine.is_alive() {
+            pool.engine_died("the engine's thread stopped");
+        }
+        return;
+    }
     // its own slot is one of those busy
     let alone_at_start = pool.slots_busy() <= 1;
     // a requeued task goes on after what it already streamed: no token twice, none missing

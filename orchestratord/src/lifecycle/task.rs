@@ -1,6 +1,6 @@
 //! One task: its request, its event transcript, and the invariant that it ends exactly once.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use contracts::{
@@ -78,6 +78,29 @@ pub struct RunSpec {
     pub constraint: Option<OutputConstraint>,
     /// `Some(n)`: each token's log-probability and the `n` likeliest.
     pub logprobs: Option<usize>,
+    /// An embedding task: what to embed instead of a prompt to continue (its `prompt` is
+    /// empty and `max_tokens` 0).
+    pub embed: Option<EmbedSpec>,
+}
+
+/// What an embedding task embeds and how.
+#[derive(Debug, Clone)]
+pub struct EmbedSpec {
+    pub inputs: Vec<pool_manager::EmbedInput>,
+    /// `None`: the model's own.
+    pub pooling: Option<pool_manager::Pooling>,
+    pub normalize: bool,
+    /// Inputs over the model's length are cut to fit (else refused).
+    pub truncate: bool,
+    /// Keep the first this many dimensions of each vector.
+    pub dimensions: Option<usize>,
+}
+
+/// An embedding task's inputs as token ids, and the model whose tokenizer made them.
+#[derive(Debug, Clone)]
+pub struct EmbedIds {
+    pub model_ref: String,
+    pub ids: Arc<Vec<Vec<u32>>>,
 }
 
 /// The index of the token a task's own pace is read from: the gaps before it include the
@@ -132,6 +155,8 @@ pub struct Task {
     pub prompt_tokens: usize,
     /// The prompt's token ids as admission counted them (engines that take token ids).
     pub prompt_ids: Option<PromptIds>,
+    /// An embedding task's inputs as admission counted them.
+    pub embed_ids: Option<EmbedIds>,
     /// The request with the prompt redacted, for the record.
     pub params: serde_json::Value,
     pub ctx: usize,
@@ -194,6 +219,7 @@ pub struct NewTask {
     pub spec: RunSpec,
     pub prompt_tokens: usize,
     pub prompt_ids: Option<PromptIds>,
+    pub embed_ids: Option<EmbedIds>,
     pub params: serde_json::Value,
     pub ctx: usize,
     pub deadline: Option<Duration>,
@@ -225,6 +251,7 @@ impl Task {
             spec: n.spec,
             prompt_tokens: n.prompt_tokens,
             prompt_ids: n.prompt_ids,
+            embed_ids: n.embed_ids,
             params: n.params,
             ctx: n.ctx,
             submitted,
@@ -528,6 +555,23 @@ impl Task {
                 decode_ms: decode,
                 finish_reason: finish_reason.to_string(),
                 stop_sequence,
+                embeddings: None,
+            }
+        })
+    }
+
+    /// Ends an embedding task with its vectors in its `end` event. False if it had already
+    /// ended.
+    pub fn finish_embedded(&self, vectors: contracts::EmbedVectors) -> bool {
+        self.finish_with(Instant::now(), |g, now| {
+            let decode = Self::decode_ms(g, now);
+            SseEnd {
+                tokens_out: 0,
+                decode_time_ms: decode,
+                decode_ms: decode,
+                finish_reason: "stop".into(),
+                stop_sequence: None,
+                embeddings: Some(vectors),
             }
         })
     }
@@ -586,9 +630,18 @@ impl Task {
         let since = |t: Option<Instant>| {
             t.map(|t| t.saturating_duration_since(self.submitted).as_millis() as u64)
         };
-        let terminal = g.events.last().and_then(|e| match e {
-            TaskEvent::End(p) => Some(TerminalEvent::End(p.clone())),
-            TaskEvent::Error(p) => Some(TerminalEvent::Error(p.clone())),
+        // an embedding task's vectors are its live stream's, not kept in its record (they
+        // are made from the inputs, which the record redacts)
+        let kept = |e: &TaskEvent| match e {
+            TaskEvent::End(p) if p.embeddings.is_some() => TaskEvent::End(SseEnd {
+                embeddings: None,
+                ..p.clone()
+            }),
+            other => other.clone(),
+        };
+        let terminal = g.events.last().map(kept).and_then(|e| match e {
+            TaskEvent::End(p) => Some(TerminalEvent::End(p)),
+            TaskEvent::Error(p) => Some(TerminalEvent::Error(p)),
             _ => None,
         });
         let elsewhere = g.placed_elsewhere.as_ref();
@@ -634,7 +687,7 @@ impl Task {
                 total_ms: since(g.ended_at),
             },
             terminal,
-            transcript: g.events.iter().map(TaskEvent::to_transcript).collect(),
+            transcript: g.events.iter().map(|e| kept(e).to_transcript()).collect(),
         }
     }
 }
@@ -687,9 +740,11 @@ pub(crate) fn test_task(id: &str, rank: Option<Instant>) -> std::sync::Arc<Task>
             stop: Vec::new(),
             constraint: None,
             logprobs: None,
+            embed: None,
         },
         prompt_tokens: 1,
         prompt_ids: None,
+        embed_ids: None,
         params: serde_json::Value::Null,
         ctx: 16,
         deadline: None,

@@ -84,6 +84,8 @@ pub struct PoolSnapshot {
     pub last_tokens_per_s: Option<f64>,
     /// Prompt tokens the current engine took from its prefix cache.
     pub prompt_tokens_reused: u64,
+    /// An embedding engine's passes: the inputs they carried and how many there were.
+    pub embed_passes: Option<(u64, u64)>,
     /// Bytes the current engine's host-memory prompt cache holds.
     pub prompt_cache_bytes: u64,
 }
@@ -319,6 +321,7 @@ impl Pool {
             consecutive_failures: g.consecutive_failures,
             last_tokens_per_s: g.last_tokens_per_s,
             prompt_tokens_reused: g.engine.as_ref().map_or(0, |e| e.prompt_tokens_reused()),
+            embed_passes: g.engine.as_ref().and_then(|e| e.embed_passes()),
             prompt_cache_bytes: g.engine.as_ref().map_or(0, |e| e.prompt_cache_bytes()),
         }
     }
@@ -1055,7 +1058,8 @@ async fn embed_self_test(engine: &dyn Engine) -> Result<(), String> {
             permit,
             inputs: vec![input],
             tokens: tokens.map(|t| vec![t]),
-            pooling: None,
+            // a vector of the model's width whatever its own pooling (a reranker scores)
+            pooling: Some(engine_port::Pooling::Mean),
             normalize: true,
             cancel: CancellationToken::new(),
         })

@@ -13,6 +13,7 @@
 //! 6. take its place in line (`place.rs`): this server's queue or the cluster's;
 //! 7. answer: its `started` event and the 202.
 
+mod embed;
 mod place;
 mod pools;
 mod prepare;
@@ -222,7 +223,8 @@ fn plan_place<'a>(
     // a prompt's size before any tokenizer ran, never more than the pools could hold: a
     // request larger than the context is refused once counted, and until then stands for no
     // more than a full context in anyone's line (ISO-3)
-    let prompt_tokens = request::estimated_tokens(&v.prompt, &v.continuation)
+    let prompt_tokens = v
+        .estimated_tokens()
         .min(pools::context_of(&resolved.pools).unwrap_or(usize::MAX));
     let plan = deadline::plan(
         state,
@@ -285,6 +287,7 @@ fn new_task(
         spec: v.into_spec(),
         prompt_tokens: prepared.n_prompt,
         prompt_ids: prepared.ids.clone(),
+        embed_ids: prepared.embed_ids.clone(),
         params: redact(req),
         ctx: prepared.ctx,
         deadline: req.deadline_ms.map(Duration::from_millis),

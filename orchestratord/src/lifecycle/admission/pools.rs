@@ -73,8 +73,27 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
             model: req.model.clone(),
         });
     }
-    let model = match &req.model {
-        Some(m) => m.clone(),
+    // an embedding task naming no model: the first pool whose model embeds (an encoder
+    // before a decoder), else the default pool's
+    let embedding_pool = || {
+        let embeds = |p: &&Arc<Pool>| {
+            p.engine()
+                .is_some_and(|e| e.descriptor().embedding.is_some())
+        };
+        let encoder = |p: &&Arc<Pool>| p.engine().is_some_and(|e| !e.descriptor().generates);
+        all.iter()
+            .filter(embeds)
+            .find(encoder)
+            .or_else(|| all.iter().find(embeds))
+            .map(|p| p.spec().model_alias.clone())
+    };
+    let chosen = match (&req.model, req.embed.is_some()) {
+        (Some(m), _) => Some(m.clone()),
+        (None, true) => embedding_pool(),
+        (None, false) => None,
+    };
+    let model = match chosen {
+        Some(m) => m,
         None => state
             .cfg
             .pools

@@ -13,6 +13,7 @@ use pool_manager::{OutputConstraint, Pool, PortError, PromptInput};
 use crate::error::ApiError;
 use crate::lifecycle::request_work::{PromptIds, Turn, WorkError};
 use crate::lifecycle::state::SharedState;
+use crate::lifecycle::task::EmbedIds;
 
 use super::request::{estimated_tokens, Validated};
 
@@ -21,6 +22,8 @@ pub(super) struct Prepared {
     /// Prompt tokens (exact when `ids` is there, else an estimate).
     pub n_prompt: usize,
     pub ids: Option<PromptIds>,
+    /// An embedding task's inputs as token ids.
+    pub embed_ids: Option<EmbedIds>,
     /// The largest context of the pools' loaded engines (0: none loaded).
     pub ctx: usize,
 }
@@ -42,6 +45,35 @@ pub(super) async fn prepare(
         }
         e
     };
+    let ctx = pools
+        .iter()
+        .filter_map(|p| p.engine().map(|e| e.descriptor().ctx_max))
+        .max()
+        .unwrap_or(0);
+    if let Some(spec) = &v.embed {
+        let (n_prompt, embed_ids) =
+            super::embed::count_inputs(state, Turn::Request(owner), pools, spec)
+                .await
+                .map_err(charged)?;
+        return Ok(Prepared {
+            n_prompt,
+            ids: None,
+            embed_ids,
+            ctx,
+        });
+    }
+    if let Some(e) = pools.iter().find_map(|p| p.engine()) {
+        let d = e.descriptor();
+        if !d.generates {
+            return Err(charged(ApiError::invalid(
+                "model",
+                format!(
+                    "{} is an embedding model: it embeds and ranks, it does not generate text",
+                    d.model_name
+                ),
+            )));
+        }
+    }
     let (n_prompt, ids) = count_prompt(state, Turn::Request(owner), pools, v)
         .await
         .map_err(charged)?;
@@ -66,11 +98,6 @@ pub(super) async fn prepare(
             "the prompt has no tokens",
         )));
     }
-    let ctx = pools
-        .iter()
-        .filter_map(|p| p.engine().map(|e| e.descriptor().ctx_max))
-        .max()
-        .unwrap_or(0);
     if ids.is_some() && ctx > 0 && n_prompt + v.max_tokens > ctx {
         return Err(charged(ApiError::invalid(
             "max_tokens",
@@ -80,7 +107,12 @@ pub(super) async fn prepare(
             ),
         )));
     }
-    Ok(Prepared { n_prompt, ids, ctx })
+    Ok(Prepared {
+        n_prompt,
+        ids,
+        embed_ids: None,
+        ctx,
+    })
 }
 
 /// Prompt tokens, counted by the tokenizer of a pool that would run the task, and whether the

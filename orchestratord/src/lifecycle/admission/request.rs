@@ -6,7 +6,7 @@ use pool_manager::{ChatTurn, OutputConstraint, PromptInput, SamplingParams};
 
 use crate::error::ApiError;
 use crate::lifecycle::state::SharedState;
-use crate::lifecycle::task::RunSpec;
+use crate::lifecycle::task::{EmbedSpec, RunSpec};
 
 const MAX_ID_LEN: usize = 128;
 
@@ -135,10 +135,26 @@ pub fn redact(req: &TaskRequest) -> serde_json::Value {
             t.content = format!("[redacted {} chars]", t.content.chars().count());
         }
     }
+    if let Some(e) = &mut r.embed {
+        let chars = |t: &str| format!("[redacted {} chars]", t.chars().count());
+        for item in e.input.iter_mut() {
+            *item = match item {
+                contracts::EmbedItem::Text(t) => contracts::EmbedItem::Text(chars(t)),
+                contracts::EmbedItem::Tokens(ids) => {
+                    contracts::EmbedItem::Text(format!("[redacted {} tokens]", ids.len()))
+                }
+                contracts::EmbedItem::Pair { query, document } => contracts::EmbedItem::Pair {
+                    query: chars(query),
+                    document: chars(document),
+                },
+            };
+        }
+    }
     serde_json::to_value(r).unwrap_or(serde_json::Value::Null)
 }
 
 pub struct Validated {
+    /// Empty for an embedding task.
     pub prompt: PromptInput,
     pub continuation: String,
     pub max_tokens: usize,
@@ -146,9 +162,20 @@ pub struct Validated {
     pub sampling: SamplingParams,
     pub constraint: Option<OutputConstraint>,
     pub logprobs: Option<usize>,
+    /// An embedding task's inputs and options.
+    pub embed: Option<EmbedSpec>,
 }
 
 impl Validated {
+    /// The size of what it brings in tokens before any tokenizer ran, for budgets and
+    /// predictions only.
+    pub fn estimated_tokens(&self) -> usize {
+        match &self.embed {
+            Some(e) => super::embed::estimated_tokens(e),
+            None => estimated_tokens(&self.prompt, &self.continuation),
+        }
+    }
+
     /// What the engine runs.
     pub fn into_spec(self) -> RunSpec {
         RunSpec {
@@ -159,6 +186,7 @@ impl Validated {
             stop: self.stop,
             constraint: self.constraint,
             logprobs: self.logprobs,
+            embed: self.embed,
         }
     }
 }
@@ -224,8 +252,31 @@ fn constraint_of(req: &TaskRequest) -> Result<Option<OutputConstraint>, ApiError
     }
 }
 
+/// Checks a request's ids: each 1-128 characters of `A-Z a-z 0-9 - _ . :`.
+fn check_ids(req: &TaskRequest) -> Result<(), ApiError> {
+    for (field, id) in [("task_id", &req.task_id), ("session_id", &req.session_id)] {
+        if id.as_deref().is_some_and(|id| !valid_id(id)) {
+            return Err(ApiError::invalid(
+                field,
+                format!("{field} must be 1-128 characters of [A-Za-z0-9-_.:], not . or .."),
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiError> {
     let a = &state.cfg.admission;
+    check_ids(req)?;
+    if req.deadline_ms == Some(0) {
+        return Err(ApiError::invalid(
+            "deadline_ms",
+            "deadline_ms must be positive",
+        ));
+    }
+    if let Some(e) = &req.embed {
+        return super::embed::validated(req, e);
+    }
     let (prompt, continuation) = prompt_of(req)?;
     let max_tokens = req.max_tokens.unwrap_or(a.default_max_tokens);
     if max_tokens == 0 || max_tokens > a.max_tokens_out {
@@ -233,22 +284,6 @@ pub fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, Api
             "max_tokens",
             format!("max_tokens must be within [1, {}]", a.max_tokens_out),
         ));
-    }
-    if let Some(id) = &req.task_id {
-        if !valid_id(id) {
-            return Err(ApiError::invalid(
-                "task_id",
-                "task_id must be 1-128 characters of [A-Za-z0-9-_.:], not . or ..",
-            ));
-        }
-    }
-    if let Some(id) = &req.session_id {
-        if !valid_id(id) {
-            return Err(ApiError::invalid(
-                "session_id",
-                "session_id must be 1-128 characters of [A-Za-z0-9-_.:], not . or ..",
-            ));
-        }
     }
     check_range("temperature", req.temperature, 0.0, 100.0, false)?;
     check_range("top_p", req.top_p, SMALLEST_FACTOR, 1.0, false)?;
@@ -262,12 +297,6 @@ pub fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, Api
     )?;
     check_range("presence_penalty", req.presence_penalty, -2.0, 2.0, false)?;
     check_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0, false)?;
-    if req.deadline_ms == Some(0) {
-        return Err(ApiError::invalid(
-            "deadline_ms",
-            "deadline_ms must be positive",
-        ));
-    }
     let stop = req.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > a.max_stop_sequences {
         return Err(ApiError::invalid(
@@ -302,6 +331,7 @@ pub fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, Api
         sampling,
         constraint: constraint_of(req)?,
         logprobs: logprobs_of(req)?,
+        embed: None,
     })
 }
 
