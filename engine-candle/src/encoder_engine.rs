@@ -24,9 +24,10 @@ use crate::pooling::{normalize, pool};
 use crate::tokenizer::GgufTokenizer;
 use crate::weights::{GgufFile, WeightFormat};
 
-/// The most tokens one pass of the encoder takes (its activations: a few MB at BERT-base
-/// widths); more wait for the next pass.
-pub const PASS_TOKENS: usize = 4096;
+/// The most tokens one pass of the encoder takes (at least one input): enough rows for the
+/// matmuls to run at their pace, few enough that a cancel (checked between passes) and the
+/// other jobs waiting wait at most one short pass.
+pub const PASS_TOKENS: usize = 1024;
 
 /// How to load an encoder.
 #[derive(Debug, Clone)]
