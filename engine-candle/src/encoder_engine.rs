@@ -10,13 +10,12 @@ use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::Instant;
 
-use engine_port::{EmbedInfo, Embeddings, Pooling, PortError, SlotPermit, Slots};
-use tokio::sync::oneshot;
-use tokio_util::sync::CancellationToken;
+use engine_port::{EmbedInfo, Pooling, PortError, SlotPermit, Slots};
 
 use crate::bert::{Bert, BertHparams};
 use crate::compute_priority;
 use crate::cpu_parallel::{pool_threads, with_threads};
+pub use crate::embed_job::EmbedRequest;
 use crate::engine::{DeviceChoice, EngineSettings};
 use crate::error::{EngineError, Result};
 use crate::hparams::{md_str, md_u32};
@@ -57,24 +56,13 @@ pub struct EncoderInfo {
     pub embed: EmbedInfo,
 }
 
-/// One request's inputs, tokenized, to embed in its slot.
-pub struct EncodeRequest {
-    pub permit: SlotPermit,
-    pub inputs: Vec<Vec<u32>>,
-    pub pooling: Pooling,
-    pub normalize: bool,
-    pub cancel: CancellationToken,
-    /// Every input's vectors; `Dead` when the job was cancelled or a pass failed.
-    pub reply: oneshot::Sender<std::result::Result<Embeddings, PortError>>,
-}
-
 /// A loaded encoder and its thread. Cheap to share behind an `Arc`.
 pub struct EncoderEngine {
     info: EncoderInfo,
     tokenizer: Arc<GgufTokenizer>,
     cls: u32,
     sep: u32,
-    jobs: SyncSender<EncodeRequest>,
+    jobs: SyncSender<EmbedRequest>,
     slots: Slots,
     alive: Arc<AtomicBool>,
     /// Inputs embedded, and passes run (the batch sizes' sum and count).
@@ -239,7 +227,7 @@ impl EncoderEngine {
 
     /// Embeds a request's inputs in the slot of `req.permit`; the answer comes on
     /// `req.reply`. A refused request gives its slot back at once.
-    pub fn submit(&self, req: EncodeRequest) -> Result<()> {
+    pub fn submit(&self, req: EmbedRequest) -> Result<()> {
         if !self.slots.owns(&req.permit) {
             return Err(EngineError::InvalidParams(
                 "the slot permit belongs to another engine".into(),
@@ -310,13 +298,13 @@ struct Worker {
 
 /// A job being embedded: its inputs' results so far, and why one failed.
 struct Held {
-    req: EncodeRequest,
+    req: EmbedRequest,
     out: Vec<Option<Vec<Vec<f32>>>>,
     failed: Option<String>,
 }
 
 impl Worker {
-    fn run(self, jobs: Receiver<EncodeRequest>) {
+    fn run(self, jobs: Receiver<EmbedRequest>) {
         // the engine is gone when this thread is, whatever ends it
         struct Gone(Arc<AtomicBool>);
         impl Drop for Gone {
@@ -334,7 +322,7 @@ impl Worker {
             self.embed_all(&mut held);
             for h in held {
                 let Held { req, out, failed } = h;
-                let EncodeRequest {
+                let EmbedRequest {
                     permit,
                     reply,
                     cancel,
@@ -422,7 +410,7 @@ impl Worker {
     }
 }
 
-fn hold(req: EncodeRequest) -> Held {
+fn hold(req: EmbedRequest) -> Held {
     let n = req.inputs.len();
     Held {
         req,

@@ -296,6 +296,7 @@ pub const ENGINE_VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "+candle-0.1
 /// A loaded model with its decode thread. Cheap to share behind an `Arc`.
 pub struct CandleEngine {
     info: ModelInfo,
+    embed: engine_port::EmbedInfo,
     tokenizer: Arc<GgufTokenizer>,
     template: ChatTemplate,
     commands: SyncSender<Command>,
@@ -349,6 +350,13 @@ impl CandleEngine {
             .clone()
             .or_else(|| md_str(md, "tokenizer.chat_template").map(str::to_string));
         let ctx = context_for(&hp, &opts)?;
+        // llama-server's --embedding: the GGUF's pooling, mean when it names none
+        let embed_pooling =
+            crate::hparams::md_u32(md, &format!("{}.pooling_type", hp.architecture))
+                .ok()
+                .and_then(engine_port::Pooling::from_gguf)
+                .filter(|p| *p != engine_port::Pooling::Rank)
+                .unwrap_or(engine_port::Pooling::Mean);
         let weights = file.load_weights(&hp, &device, opts.settings.weight_format)?;
         let model = Model::new(hp.clone(), weights, device.clone(), ctx)?;
         let vocab = model.vocab()?;
@@ -375,11 +383,12 @@ impl CandleEngine {
             .build()
             .map_err(|e| EngineError::Device(format!("thread pool: {e}")))?;
         let (tx, rx) = std::sync::mpsc::sync_channel(opts.slots * 2);
+        let slots = Slots::new(opts.slots);
         let scheduler = Scheduler::new(
             model,
             cache,
             tokenizer.clone(),
-            opts.slots,
+            slots.clone(),
             shared.clone(),
             opts.settings.prompt_cache_bytes,
             StepBudget::new(
@@ -421,13 +430,19 @@ impl CandleEngine {
         };
         tracing::info!(model = %info.name, ctx, slots = opts.slots, threads, kv_cache = opts.settings.kv_type.as_str(), load_ms = info.load_ms, "model loaded");
         Ok(Self {
+            embed: engine_port::EmbedInfo {
+                dims: hp.n_embd,
+                pooling: embed_pooling,
+                max_tokens: ctx,
+                ranks: false,
+            },
             info,
             grammars: crate::constrained::Grammars::new(tokenizer.clone()),
             tokenizer,
             template,
             commands: tx,
             shared,
-            slots: Slots::new(opts.slots),
+            slots,
         })
     }
 
@@ -542,6 +557,64 @@ impl CandleEngine {
     /// `InvalidParams`. Compiling can take milliseconds: not on an async runtime's thread.
     pub fn constrain(&self, constraint: &OutputConstraint) -> Result<Constrained> {
         self.grammars.matcher(constraint)
+    }
+
+    /// What this model's embeddings are: its hidden states' width, its GGUF's pooling (mean
+    /// when it names none), its context; a decoder has no classification head.
+    pub fn embed_info(&self) -> engine_port::EmbedInfo {
+        self.embed
+    }
+
+    /// Token ids of a text as the model embeds it: as a raw prompt (BOS where the model wants
+    /// it), cut to the context when `truncate`, else longer is an error saying how long.
+    pub fn encode_for_embedding(&self, text: &str, truncate: bool) -> Result<Vec<u32>> {
+        let mut ids = self.encode_text(text)?;
+        let max = self.info.ctx;
+        if ids.len() > max {
+            if !truncate {
+                return Err(EngineError::BadPrompt(format!(
+                    "{} tokens, over the {max} the model takes",
+                    ids.len()
+                )));
+            }
+            ids.truncate(max);
+        }
+        Ok(ids)
+    }
+
+    /// Embeds a request's inputs in the slot of `req.permit` (their chunks go through beside
+    /// the decoding sequences); the answer comes on `req.reply`.
+    pub fn embed(&self, req: crate::embed_job::EmbedRequest) -> Result<()> {
+        if !self.slots.owns(&req.permit) {
+            return Err(EngineError::InvalidParams(
+                "the slot permit belongs to another engine".into(),
+            ));
+        }
+        if req.pooling == engine_port::Pooling::Rank {
+            return Err(EngineError::InvalidParams(
+                "this model has no classification head: it does not rank".into(),
+            ));
+        }
+        let (max, vocab) = (self.info.ctx, self.tokenizer.vocab_size());
+        for (i, t) in req.inputs.iter().enumerate() {
+            if t.is_empty() || t.len() > max {
+                return Err(EngineError::BadPrompt(format!(
+                    "input {i} has {} tokens: an input has 1 to {max}",
+                    t.len()
+                )));
+            }
+            if let Some(bad) = t.iter().find(|&&id| id as usize >= vocab) {
+                return Err(EngineError::BadPrompt(format!(
+                    "token id {bad} is not in the vocabulary of {vocab} tokens"
+                )));
+            }
+        }
+        if !self.is_alive() {
+            return Err(EngineError::Stopped);
+        }
+        self.commands
+            .send(Command::Embed(Box::new(req)))
+            .map_err(|_| EngineError::Stopped)
     }
 
     pub fn submit(&self, req: GenerateRequest) -> Result<()> {

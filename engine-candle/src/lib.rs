@@ -15,6 +15,8 @@ mod contention;
 mod cpu_parallel;
 mod cpu_quant;
 mod cpu_tensor;
+mod embed_job;
+mod embed_rows;
 mod encoder_engine;
 mod engine;
 mod error;
@@ -50,7 +52,7 @@ pub use compute_priority::{lower_current_thread, MAX_NICE};
 pub use constrained::{Constrained, ConstraintFailure};
 pub use cpu_parallel::fault;
 pub use encoder_engine::{
-    is_encoder, EncodeRequest, EncoderEngine, EncoderInfo, EncoderOptions, PASS_TOKENS,
+    is_encoder, EmbedRequest, EncoderEngine, EncoderInfo, EncoderOptions, PASS_TOKENS,
 };
 pub use engine::{
     configure_process_threads, served_context, CandleEngine, DeviceChoice, EngineOptions,

@@ -34,6 +34,9 @@ pub(crate) struct Segment<'a> {
     pub prompt: bool,
     /// More of this prompt follows in a later pass (its attention keeps what it can reuse).
     pub continues: bool,
+    /// Its tokens' last hidden states (after the final norm: what embeddings pool) are
+    /// wanted instead of the last token's logits.
+    pub hidden: bool,
 }
 
 pub(crate) struct Model {
@@ -370,8 +373,9 @@ impl Model {
     /// One forward pass over several sequences at once: each segment feeds its tokens at its
     /// own positions into its own cache row (a prompt chunk, or one token while decoding).
     /// Matmuls run over all tokens together; attention runs per segment over exactly that
-    /// sequence's length, so no sequence's result depends on the others. Returns the logits
-    /// of each segment's last token.
+    /// sequence's length, so no sequence's result depends on the others. Returns, per
+    /// segment, the logits of its last token — or, for a `hidden` segment, its tokens' last
+    /// hidden states after the final norm (`t` rows of the model's width, row-major).
     pub fn forward(&self, cache: &KvCache, segs: &[Segment<'_>]) -> Result<Vec<Vec<f32>>> {
         let hp = &self.hp;
         let (nh, nkv, hd, g) = (hp.n_head, hp.n_head_kv, hp.head_dim, hp.group_size());
@@ -543,11 +547,39 @@ impl Model {
         let last: Vec<u32> = segs
             .iter()
             .zip(&offsets)
+            .filter(|(s, _)| !s.hidden)
             .map(|(s, &o)| (o + s.tokens.len() - 1) as u32)
             .collect();
-        let last = Tensor::new(last.as_slice(), &self.device)?;
-        let logits = self.logits(&x.index_select(&last, 0)?)?;
-        Ok(logits.to_dtype(DType::F32)?.to_vec2::<f32>()?)
+        let mut logits = if last.is_empty() {
+            Vec::new()
+        } else {
+            let last = Tensor::new(last.as_slice(), &self.device)?;
+            self.logits(&x.index_select(&last, 0)?)?
+                .to_dtype(DType::F32)?
+                .to_vec2::<f32>()?
+        }
+        .into_iter();
+        let mut out = Vec::with_capacity(segs.len());
+        for (s, &o) in segs.iter().zip(&offsets) {
+            if s.hidden {
+                let rows = x.narrow(0, o, s.tokens.len())?;
+                let normed = crate::rms_norm::rms_norm(&rows, &self.w.out_norm, hp.rms_eps)?;
+                out.push(
+                    normed
+                        .to_dtype(DType::F32)?
+                        .flatten_all()?
+                        .to_vec1::<f32>()?,
+                );
+            } else {
+                out.push(logits.next().unwrap_or_default());
+            }
+        }
+        Ok(out)
+    }
+
+    /// The width of the hidden states (`n_embd`).
+    pub fn width(&self) -> usize {
+        self.hp.n_embd
     }
 
     /// Attention with candle tensor ops (accelerators): per segment, masked, over its row.

@@ -19,6 +19,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::constrained::{Constrained, ConstraintFailure};
 use crate::contention::Governor;
+use crate::embed_job::EmbedRequest;
+use crate::embed_rows::{After, EmbedRun};
 use crate::error::EngineError;
 use crate::model::{KvCache, Model, Segment};
 use crate::prompt_cache::{common_prefix, Entry, PromptCache};
@@ -28,7 +30,7 @@ use crate::sampling::Sampler;
 use crate::text_stream::TextStream;
 use crate::tokenizer::GgufTokenizer;
 use engine_port::{
-    FailureNote, Finish, FinishReason, PortError, SamplingParams, SeqEvent, SlotPermit,
+    FailureNote, Finish, FinishReason, PortError, SamplingParams, SeqEvent, SlotPermit, Slots,
     StepLogprobs, TokenLogprob, MAX_TOP_LOGPROBS,
 };
 
@@ -55,6 +57,7 @@ pub struct GenerateRequest {
 
 pub(crate) enum Command {
     Submit(Box<GenerateRequest>, Instant),
+    Embed(Box<EmbedRequest>),
 }
 
 struct Running {
@@ -193,6 +196,11 @@ pub(crate) struct Scheduler {
     pub cache: KvCache,
     pub tokenizer: Arc<GgufTokenizer>,
     pub slots: usize,
+    /// The engine's one count of slots: an embedding job borrows the ones nobody holds.
+    pub slot_count: Slots,
+    /// Embedding jobs waiting for a row, and those running.
+    embed_waiting: VecDeque<Box<EmbedRequest>>,
+    embedding: Vec<EmbedRun>,
     pub shared: Arc<Shared>,
     running: Vec<Running>,
     /// Sequences computing their prompts, in arrival order.
@@ -212,16 +220,20 @@ impl Scheduler {
         model: Model,
         cache: KvCache,
         tokenizer: Arc<GgufTokenizer>,
-        slots: usize,
+        slot_count: Slots,
         shared: Arc<Shared>,
         prompt_cache_bytes: usize,
         step: StepBudget,
     ) -> Self {
+        let slots = slot_count.capacity();
         Self {
             model,
             cache,
             tokenizer,
             slots,
+            slot_count,
+            embed_waiting: VecDeque::new(),
+            embedding: Vec::new(),
             shared,
             running: Vec::with_capacity(slots),
             prefilling: Vec::with_capacity(slots),
@@ -246,6 +258,8 @@ impl Scheduler {
                 && self.prefilling.is_empty()
                 && self.waiting.is_empty()
                 && self.draining.is_empty()
+                && self.embedding.is_empty()
+                && self.embed_waiting.is_empty()
             {
                 match rx.recv() {
                     Ok(cmd) => self.accept(cmd),
@@ -260,6 +274,7 @@ impl Scheduler {
                         if self.running.is_empty()
                             && self.prefilling.is_empty()
                             && self.waiting.is_empty()
+                            && self.embedding.is_empty()
                         {
                             return;
                         }
@@ -280,6 +295,7 @@ impl Scheduler {
     fn accept(&mut self, cmd: Command) {
         match cmd {
             Command::Submit(req, at) => self.waiting.push_back((req, at)),
+            Command::Embed(req) => self.embed_waiting.push_back(req),
         }
     }
 
@@ -499,6 +515,75 @@ impl Scheduler {
                 true
             }
         });
+        let mut k = 0;
+        while k < self.embedding.len() {
+            let r = &self.embedding[k];
+            if r.req.cancel.is_cancelled() || r.req.reply.is_closed() {
+                let run = self.embedding.remove(k);
+                self.free_rows(run.held_rows());
+                run.end(Some(PortError::Dead("the job was cancelled".into())));
+            } else {
+                k += 1;
+            }
+        }
+        self.embed_waiting
+            .retain(|r| !(r.cancel.is_cancelled() || r.reply.is_closed()));
+    }
+
+    /// Rows an embedding job left mid-input: nothing in them is reusable.
+    fn free_rows(&mut self, rows: Vec<usize>) {
+        for row in rows {
+            self.free.push(FreeRow {
+                row,
+                cached: Vec::new(),
+            });
+        }
+    }
+
+    /// The oldest free row for an embedding input, which is computed from its first token
+    /// (every token's hidden state is pooled): a prompt the row held goes to the prompt cache
+    /// first.
+    fn take_plain_row(&mut self) -> Option<usize> {
+        if self.free.is_empty() {
+            return None;
+        }
+        let FreeRow { row, cached } = self.free.remove(0);
+        if !cached.is_empty() {
+            self.save_row(row, &cached);
+        }
+        Some(row)
+    }
+
+    /// Rows for embedding jobs: a waiting job's own, then rows of slots nobody holds for
+    /// inputs no row runs yet (borrowed from the engine's count, so they show as taken).
+    fn start_embedding(&mut self) {
+        let width = self.model.width();
+        let busy = |s: &Self| {
+            s.running.len()
+                + s.prefilling.len()
+                + s.embedding.iter().map(|r| r.rows.len()).sum::<usize>()
+        };
+        while busy(self) < self.slots && !self.embed_waiting.is_empty() {
+            let Some(row) = self.take_plain_row() else {
+                break;
+            };
+            if let Some(req) = self.embed_waiting.pop_front() {
+                let mut run = EmbedRun::new(*req, width);
+                run.start(row, None);
+                self.embedding.push(run);
+            }
+        }
+        for k in 0..self.embedding.len() {
+            while self.embedding[k].unstarted() > 0 && busy(self) < self.slots {
+                let Some(permit) = self.slot_count.try_acquire() else {
+                    return;
+                };
+                let Some(row) = self.take_plain_row() else {
+                    return;
+                };
+                self.embedding[k].start(row, Some(permit));
+            }
+        }
     }
 
     /// Ends a sequence that had not produced a token: its slot back, then `Cancelled`.
@@ -651,6 +736,24 @@ impl Scheduler {
         }
     }
 
+    /// The hidden states of the embedding rows of a pass: pooled into their inputs; rows
+    /// without an input left go back to the free list, finished jobs are answered.
+    fn absorb_embedding(&mut self, chunks: &[((usize, usize), usize)], hidden: Vec<Vec<f32>>) {
+        // highest row first: a row leaving its job never moves one not yet visited
+        for (&((j, k), n), h) in chunks.iter().zip(hidden).rev() {
+            if let After::Free { row, cached } = self.embedding[j].absorb(k, n, &h) {
+                self.free.push(FreeRow { row, cached });
+            }
+        }
+        let mut j = self.embedding.len();
+        while j > 0 {
+            j -= 1;
+            if self.embedding[j].is_done() {
+                self.embedding.remove(j).end(None);
+            }
+        }
+    }
+
     /// One forward pass: every running sequence that can take its next token feeds it, and
     /// the prompts being computed feed their next chunks — within `step_prompt_tokens` while
     /// any sequence decodes (its next token waits for the whole pass), else a whole chunk.
@@ -678,22 +781,45 @@ impl Scheduler {
                 done: reuse,
             });
         }
+        self.start_embedding();
         let decoding: Vec<usize> = (0..self.running.len())
             .filter(|&i| self.running[i].backlog.is_empty())
             .collect();
-        // (prefilling index, tokens this pass)
-        let chunks: Vec<(usize, usize)> = self
-            .step
-            .chunks(
-                !decoding.is_empty(),
-                self.prefilling
-                    .iter()
-                    .map(|p| (p.done, p.req.prompt_tokens.len() - p.done)),
-            )
-            .into_iter()
+        // the embedding rows, after the prompts: (job, row of the job)
+        let embed_rows: Vec<(usize, usize)> = self
+            .embedding
+            .iter()
             .enumerate()
+            .flat_map(|(j, r)| (0..r.rows.len()).map(move |k| (j, k)))
             .collect();
-        if decoding.is_empty() && chunks.is_empty() {
+        // tokens this pass of each prompt, then of each embedding row (in that order: the
+        // budget runs out for the last first)
+        let mut all_chunks = self.step.chunks(
+            !decoding.is_empty(),
+            self.prefilling
+                .iter()
+                .map(|p| (p.done, p.req.prompt_tokens.len() - p.done))
+                .chain(embed_rows.iter().map(|&(j, k)| {
+                    (
+                        self.embedding[j].rows[k].done,
+                        self.embedding[j].left(k).len(),
+                    )
+                })),
+        );
+        let embed_chunks: Vec<((usize, usize), usize)> = if all_chunks.len() > self.prefilling.len()
+        {
+            all_chunks
+                .split_off(self.prefilling.len())
+                .into_iter()
+                .zip(embed_rows.iter().copied())
+                .map(|(n, at)| (at, n))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        // (prefilling index, tokens this pass)
+        let chunks: Vec<(usize, usize)> = all_chunks.into_iter().enumerate().collect();
+        if decoding.is_empty() && chunks.is_empty() && embed_chunks.is_empty() {
             return self.running.is_empty()
                 && (!self.draining.is_empty() || !self.waiting.is_empty());
         }
@@ -707,6 +833,7 @@ impl Scheduler {
                 start: self.running[i].pos,
                 prompt: false,
                 continues: false,
+                hidden: false,
             })
             .collect();
         for &(k, n) in &chunks {
@@ -717,13 +844,27 @@ impl Scheduler {
                 start: p.done,
                 prompt: true,
                 continues: p.done + n < p.req.prompt_tokens.len(),
+                hidden: false,
+            });
+        }
+        for &((j, k), n) in &embed_chunks {
+            let r = &self.embedding[j];
+            let left = r.left(k);
+            segs.push(Segment {
+                row: r.rows[k].row,
+                tokens: &left[..n],
+                start: r.rows[k].done,
+                prompt: true,
+                continues: n < left.len(),
+                hidden: true,
             });
         }
         let began = Instant::now();
         let result = self.model.forward(&self.cache, &segs);
         drop(segs);
         let took = began.elapsed();
-        let prompt_tokens: usize = chunks.iter().map(|&(_, n)| n).sum();
+        let prompt_tokens: usize = chunks.iter().map(|&(_, n)| n).sum::<usize>()
+            + embed_chunks.iter().map(|&(_, n)| n).sum::<usize>();
         tracing::trace!(
             decode = decoding.len(),
             prompt_tokens,
@@ -743,6 +884,15 @@ impl Scheduler {
                     let mut p = self.prefilling.remove(k);
                     self.fail_waiting(&mut p.req, p.row, &e);
                 }
+                let mut failed: Vec<usize> = embed_chunks.iter().map(|&((j, _), _)| j).collect();
+                failed.dedup();
+                for j in failed.into_iter().rev() {
+                    let run = self.embedding.remove(j);
+                    self.free_rows(run.held_rows());
+                    run.end(Some(PortError::Load(format!(
+                        "a forward pass failed: {msg}"
+                    ))));
+                }
                 while !self.running.is_empty() {
                     let i = self.running.len() - 1;
                     self.remove_row(i, Some(SeqEvent::Failed(msg.clone())));
@@ -750,7 +900,9 @@ impl Scheduler {
                 return true;
             }
         };
-        let prompt_logits = logits.split_off(decoding.len());
+        let mut prompt_logits = logits.split_off(decoding.len());
+        let hidden = prompt_logits.split_off(chunks.len());
+        self.absorb_embedding(&embed_chunks, hidden);
         for (i, row) in decoding.iter().zip(logits) {
             let seq = &mut self.running[*i];
             seq.pos += 1;

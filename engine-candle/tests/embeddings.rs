@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use engine_candle::{EncodeRequest, EncoderEngine, EncoderOptions, EngineSettings};
+use engine_candle::{EmbedRequest, EncoderEngine, EncoderOptions, EngineSettings};
 use engine_port::{Embeddings, Pooling};
 use serde::Deserialize;
 
@@ -94,7 +94,7 @@ fn embed(
         .unwrap();
     rt.block_on(async {
         let (reply, rx) = tokio::sync::oneshot::channel();
-        e.submit(EncodeRequest {
+        e.submit(EmbedRequest {
             permit: e.try_acquire().expect("a free slot"),
             inputs,
             pooling,
@@ -212,4 +212,73 @@ fn a_vector_does_not_depend_on_its_batch() {
         inputs >= 64 && passes <= 32 + 2,
         "{inputs} inputs in {passes} passes"
     );
+}
+
+/// `inputs` embedded by a decoder in one job.
+fn embed_decoder(
+    e: &engine_candle::CandleEngine,
+    inputs: Vec<Vec<u32>>,
+    pooling: Pooling,
+    normalize: bool,
+) -> Embeddings {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (reply, rx) = tokio::sync::oneshot::channel();
+        e.embed(EmbedRequest {
+            permit: e.try_acquire().expect("a free slot"),
+            inputs,
+            pooling,
+            normalize,
+            cancel: Default::default(),
+            reply,
+        })
+        .unwrap();
+        rx.await.unwrap().unwrap()
+    })
+}
+
+fn decoder(slots: usize) -> engine_candle::CandleEngine {
+    let mut opts =
+        engine_candle::EngineOptions::new(model("SmolLM2-135M-Instruct.Q4_1.gguf", None));
+    opts.slots = slots;
+    opts.ctx = 1024;
+    engine_candle::CandleEngine::load(opts).expect("the default model loads")
+}
+
+/// ENG-EMB-5: a decoder embeds as llama-server's `--embedding` does — its last hidden states
+/// (after the final norm) pooled, mean and last — each vector within cosine 0.999 of
+/// llama.cpp's on the same ids; the inputs of one job run in rows it borrows while slots are
+/// free, each as it would alone.
+#[test]
+fn decoder_vectors_match_llama_cpp_and_do_not_depend_on_the_batch() {
+    let f = fixture();
+    let case = f
+        .texts
+        .iter()
+        .find(|c| c.model.starts_with("SmolLM2"))
+        .expect("the decoder's case");
+    model(&case.model, Some(&case.sha256));
+    let e = decoder(4);
+    for (p, rows) in &case.poolings {
+        let inputs: Vec<Vec<u32>> = rows
+            .iter()
+            .map(|r| {
+                let ids = e.encode_for_embedding(&r.text, false).unwrap();
+                assert_eq!(ids, r.ids, "tokens of {:?}", r.text);
+                ids
+            })
+            .collect();
+        let together = embed_decoder(&e, inputs.clone(), pooling(p), false);
+        for ((r, g), ids) in rows.iter().zip(&together).zip(inputs) {
+            let c = cosine(&g[0], &r.vectors[0]);
+            assert!(c >= 0.999, "{p} {:?}: cosine {c}", r.text);
+            let alone = embed_decoder(&e, vec![ids], pooling(p), false);
+            let same = cosine(&alone[0][0], &g[0]);
+            assert!(same >= 0.9999, "{p} {:?}: alone vs together {same}", r.text);
+        }
+    }
+    // every slot free again: the borrowed ones were given back
+    assert_eq!(e.slots().in_use(), 0);
 }

@@ -144,6 +144,40 @@ async fn embeddings_and_rerank_work_with_the_official_clients_as_tasks() {
     assert_eq!(r.status(), 400);
     assert_eq!(r.json::<Value>().await.unwrap()["field"], "max_tokens");
 
+    // a decoder embeds too (llama-server's --embedding: mean over its last hidden states),
+    // beside a stream it decodes
+    let stream = tokio::spawn({
+        let base = base.clone();
+        async move {
+            post(
+                &base,
+                "/v1/completions",
+                &json!({"model": "SmolLM2-135M-Instruct.Q4_1",
+                "prompt": "Once upon a time", "max_tokens": 48, "temperature": 0}),
+            )
+            .await
+            .json::<Value>()
+            .await
+            .unwrap()
+        }
+    });
+    let r = post(
+        &base,
+        "/v1/embeddings",
+        &json!({"model": "SmolLM2-135M-Instruct.Q4_1", "input": ["The sea is calm.", "Rates rose."]}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["data"][1]["embedding"].as_array().map(Vec::len),
+        Some(576),
+        "{v}"
+    );
+    let story = stream.await.unwrap();
+    assert_eq!(story["choices"][0]["finish_reason"], "length", "{story}");
+    assert_eq!(story["usage"]["completion_tokens"], 48, "{story}");
+
     // the inputs of concurrent requests share passes
     let (inputs_before, passes_before) = (
         metric(&base, "orchd_embedding_pass_inputs_total{pool=\"minilm\"}").await,

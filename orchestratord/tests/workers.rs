@@ -578,6 +578,41 @@ async fn worker_fronting_another_orchestratord() {
     assert_eq!(r.status(), 400);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["field"], "prompt_tokens", "{v}");
+    // WRK-EMB-1: embeddings go to the backend as OpenAI's, and come back the same vectors
+    let body = json!({"model": MODEL, "input": ["The sea is calm.", "Rates rose."]});
+    let direct: serde_json::Value = post(&bbase, "/v1/embeddings", body.clone())
+        .await
+        .json()
+        .await
+        .unwrap();
+    let relayed: serde_json::Value = post(&base, "/v1/embeddings", body)
+        .await
+        .json()
+        .await
+        .unwrap();
+    for i in 0..2 {
+        let (d, r) = (
+            &direct["data"][i]["embedding"],
+            &relayed["data"][i]["embedding"],
+        );
+        let (d, r): (Vec<f64>, Vec<f64>) = (
+            d.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect(),
+            r.as_array()
+                .unwrap_or_else(|| panic!("{relayed}"))
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect(),
+        );
+        assert_eq!(d.len(), 576, "{direct}");
+        assert!(
+            d.iter().zip(&r).all(|(a, b)| (a - b).abs() < 1e-5),
+            "input {i}: {relayed}"
+        );
+    }
     // tools pass on as the answer's schema: the backend's call validates
     let body = json!({"model": MODEL, "max_tokens": 48, "temperature": 0, "messages": question,
         "tool_choice": "required", "tools": [{"type": "function", "function": {"name": "find_city",

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use engine_candle::{
-    CandleEngine, EncodeRequest, EncoderEngine, EncoderOptions, EngineError, EngineOptions,
+    CandleEngine, EmbedRequest, EncoderEngine, EncoderOptions, EngineError, EngineOptions,
     GenerateRequest,
 };
 use engine_port::{
@@ -81,7 +81,7 @@ impl Engine for CandlePortEngine {
                 chat_template: info.chat_template.clone(),
             }),
             generates: true,
-            embedding: None,
+            embedding: Some(self.inner.embed_info()),
         }
     }
 
@@ -178,6 +178,59 @@ impl Engine for CandlePortEngine {
             })
             .map_err(map_err)?;
         Ok(rx)
+    }
+
+    /// llama-server's `--embedding` on a decoder: a text as a raw prompt (BOS where the model
+    /// wants one), token ids as given; pairs are a reranker's.
+    fn embed_tokens(
+        &self,
+        input: &EmbedInput,
+        truncate: bool,
+    ) -> Result<Option<Vec<u32>>, PortError> {
+        match input {
+            EmbedInput::Text(t) => self
+                .inner
+                .encode_for_embedding(t, truncate)
+                .map(Some)
+                .map_err(map_err),
+            EmbedInput::Tokens(ids) => {
+                let max = self.inner.info().ctx;
+                if ids.len() > max && !truncate {
+                    return Err(PortError::InvalidInput(format!(
+                        "{} tokens, over the {max} the model takes",
+                        ids.len()
+                    )));
+                }
+                Ok(Some(ids[..ids.len().min(max)].to_vec()))
+            }
+            EmbedInput::Pair { .. } => Err(PortError::InvalidInput(format!(
+                "{} has no classification head: it embeds, it does not rank",
+                self.inner.info().name
+            ))),
+        }
+    }
+
+    fn embed(&self, job: EmbedJob) -> Result<EmbedReply, PortError> {
+        let inputs = match job.tokens {
+            Some(t) => t,
+            None => job
+                .inputs
+                .iter()
+                .map(|i| self.embed_tokens(i, false).map(Option::unwrap_or_default))
+                .collect::<Result<_, _>>()?,
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        self.inner
+            .embed(EmbedRequest {
+                permit: job.permit,
+                inputs,
+                pooling: job.pooling.unwrap_or(self.inner.embed_info().pooling),
+                normalize: job.normalize,
+                cancel: job.cancel,
+                reply,
+            })
+            .map_err(map_err)?;
+        Ok(answer)
     }
 
     fn is_alive(&self) -> bool {
@@ -296,7 +349,7 @@ impl Engine for EncoderPortEngine {
         let pooling = job.pooling.unwrap_or(self.inner.info().embed.pooling);
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.inner
-            .submit(EncodeRequest {
+            .submit(EmbedRequest {
                 permit: job.permit,
                 inputs,
                 pooling,

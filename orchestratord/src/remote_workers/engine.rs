@@ -56,7 +56,13 @@ impl Engine for RemoteEngine {
             on_loss: OnLoss::ContinueElsewhere,
             facts: None,
             generates: true,
-            embedding: None,
+            // the backend's model: what it embeds is for it to say (width, pooling, length)
+            embedding: Some(pool_manager::EmbedInfo {
+                dims: 0,
+                pooling: pool_manager::Pooling::Mean,
+                max_tokens: self.ctx,
+                ranks: true,
+            }),
         }
     }
 
@@ -143,6 +149,57 @@ impl Engine for RemoteEngine {
             tx,
         ));
         Ok(rx)
+    }
+
+    /// Texts are counted by the backend; token ids are their own count.
+    fn embed_tokens(
+        &self,
+        input: &pool_manager::EmbedInput,
+        _truncate: bool,
+    ) -> Result<Option<Vec<u32>>, PortError> {
+        Ok(match input {
+            pool_manager::EmbedInput::Tokens(ids) => Some(ids.clone()),
+            _ => None,
+        })
+    }
+
+    fn embed(&self, job: pool_manager::EmbedJob) -> Result<pool_manager::EmbedReply, PortError> {
+        if !self.link.owns(&job.permit) {
+            return Err(PortError::InvalidInput(
+                "the slot permit belongs to another engine".into(),
+            ));
+        }
+        let (path, body) = super::embed::request(&self.model, &job)?;
+        let request_id = format!("r-{}", uuid::Uuid::new_v4().simple());
+        let Some(events) = self.link.open_request(&request_id) else {
+            return Err(PortError::Dead("the worker disconnected".into()));
+        };
+        let mut headers = std::collections::BTreeMap::new();
+        headers.insert("content-type".to_string(), "application/json".to_string());
+        let sent = self.link.send(ServerToWorker::Request {
+            request_id: request_id.clone(),
+            model: self.model.clone(),
+            endpoint_path: path.to_string(),
+            is_streaming: false,
+            body: body.to_string(),
+            headers,
+        });
+        if !sent {
+            self.link.close_request(&request_id);
+            return Err(PortError::Dead(
+                "the worker's socket is not writable".into(),
+            ));
+        }
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        tokio::spawn(super::embed::relay(
+            self.link.clone(),
+            request_id,
+            path,
+            job,
+            events,
+            reply,
+        ));
+        Ok(answer)
     }
 
     fn is_alive(&self) -> bool {

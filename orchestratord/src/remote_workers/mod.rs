@@ -6,9 +6,11 @@
 //! - `socket`: the route, registration, heartbeat and the frame loop of one worker.
 //! - `link`: one worker's shared state (capacity, requests in flight, outbound frames).
 //! - `engine`: the Engine port over a link (text in, token events out, requeue on loss).
+//! - `embed`: embedding jobs as the backends take them (`/v1/embeddings`, `/v1/rerank`).
 //! - `openai_wire`: the OpenAI request body and stream reader the backends speak.
 //! - `names`: which worker and model names are accepted.
 
+mod embed;
 mod engine;
 mod host;
 mod link;

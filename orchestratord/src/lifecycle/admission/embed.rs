@@ -173,7 +173,8 @@ pub(super) async fn count_inputs(
             ),
         ));
     }
-    if let Some(d) = spec.dimensions.filter(|&d| d > info.dims) {
+    // a width of 0 is one the engine does not know (a remote worker's backend checks)
+    if let Some(d) = spec.dimensions.filter(|&d| info.dims > 0 && d > info.dims) {
         return Err(ApiError::invalid(
             "dimensions",
             format!("{d} dimensions; the model's vectors have {}", info.dims),
