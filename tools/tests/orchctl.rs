@@ -647,3 +647,54 @@ async fn pools_say_when_on_demand_models_unload() {
     );
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// OPS-CTL-6 (issue 51): `orchctl embed` gives each text's vector (arguments and a file's
+/// lines, `--dimensions`), `orchctl rerank` refuses a model without a classification head
+/// with exit 2 and the server's reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embed_and_rerank() {
+    let dir = scratch("ctl-embed");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (_p, base) = server(&dir, 2).await;
+    let o = ctl(
+        &base,
+        Some(DATA_KEY),
+        &["--json", "embed", "The sea is calm.", "Rates rose."],
+    )
+    .await;
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let v = stdout_json(&o);
+    assert_eq!(v["data"].as_array().map(Vec::len), Some(2), "{v}");
+    assert_eq!(
+        v["data"][0]["embedding"].as_array().map(Vec::len),
+        Some(576),
+        "{v}"
+    );
+    let file = dir.join("lines.txt");
+    std::fs::write(&file, "first line\n\nsecond line\nthird line\n").unwrap();
+    let o = ctl(
+        &base,
+        Some(DATA_KEY),
+        &[
+            "embed",
+            "--dimensions",
+            "8",
+            "--file",
+            file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    assert_eq!(code(&o), 0, "{}", text(&o.stderr));
+    let out = text(&o.stdout);
+    assert!(
+        out.lines().filter(|l| l.contains(" 8 ")).count() == 3,
+        "{out}"
+    );
+    let o = ctl(&base, Some(DATA_KEY), &["rerank", "--query", "q", "a", "b"]).await;
+    assert_eq!(code(&o), 2, "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("classification head"),
+        "{}",
+        text(&o.stderr)
+    );
+}

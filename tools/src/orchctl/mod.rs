@@ -3,6 +3,7 @@
 //! progress on stderr; scripts get `--json` on stdout and the exit codes of [`error::exit`].
 
 pub mod client;
+pub mod embed;
 pub mod error;
 pub mod metrics_summary;
 pub mod pools;
@@ -117,6 +118,36 @@ pub enum Command {
     /// Submit, follow, cancel and inspect tasks.
     #[command(subcommand)]
     Tasks(TasksCmd),
+    /// Embed texts (each argument, or each line of --file): each one's vector (`/v1/embeddings`).
+    Embed {
+        texts: Vec<String>,
+        /// One text per line of this file (`-` for stdin).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// The model (default: the first pool whose model embeds).
+        #[arg(long)]
+        model: Option<String>,
+        /// Keep the first N dimensions of each vector.
+        #[arg(long)]
+        dimensions: Option<u32>,
+    },
+    /// Rank documents (each argument, or each line of --file) by relevance to a query
+    /// (`/v1/rerank`, a reranker model).
+    Rerank {
+        /// The query.
+        #[arg(long)]
+        query: String,
+        documents: Vec<String>,
+        /// One document per line of this file (`-` for stdin).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// The reranker model.
+        #[arg(long)]
+        model: Option<String>,
+        /// The best N only.
+        #[arg(long)]
+        top_n: Option<usize>,
+    },
     /// What the pools serve and the admission limits.
     Capabilities,
     /// A short summary of `/metrics`.
@@ -395,6 +426,25 @@ pub async fn run(cli: Cli) -> Result<(), CtlError> {
         }
         Command::Tasks(TasksCmd::Cancel { id }) => tasks::cancel(&ctl, id).await?,
         Command::Tasks(TasksCmd::Show { id }) => tasks::show(&ctl, id).await?,
+        Command::Embed {
+            texts,
+            file,
+            model,
+            dimensions,
+        } => {
+            let inputs = embed::inputs(texts, file.as_deref())?;
+            embed::embed(&ctl, inputs, model.as_deref(), *dimensions).await?
+        }
+        Command::Rerank {
+            query,
+            documents,
+            file,
+            model,
+            top_n,
+        } => {
+            let docs = embed::inputs(documents, file.as_deref())?;
+            embed::rerank(&ctl, query, docs, model.as_deref(), *top_n).await?
+        }
         Command::Capabilities => capabilities(&ctl).await?,
         Command::Metrics => metrics_summary::summarise(&ctl.text("/metrics").await?),
     };
