@@ -53,12 +53,13 @@ def start_orchd(binary, model, slots, ctx, threads, pool_extra="", extra="",
     return proc, base
 
 
-def start_llama(binary, model, slots, ctx, threads):
-    """`llama-server -np SLOTS -cb` with `ctx` per slot. Returns (process, base URL)."""
+def start_llama(binary, model, slots, ctx, threads, extra_args=()):
+    """`llama-server -np SLOTS -cb` with `ctx` per slot (`extra_args` after, e.g.
+    `--embedding`). Returns (process, base URL)."""
     port = free_port()
     proc = subprocess.Popen(
         [binary, "-m", model, "-np", str(slots), "-cb", "-c", str(ctx * slots),
-         "-t", str(threads), "--host", "127.0.0.1", "--port", str(port)],
+         "-t", str(threads), "--host", "127.0.0.1", "--port", str(port), *extra_args],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     wait_ready(base, proc)

@@ -107,6 +107,9 @@ def main():
         check(False, "ollama: truncate false refuses a long input")
     except ollama.ResponseError as e:
         check(e.status_code == 400 and "512" in e.error, f"ollama: truncate false: 400 ({e.error})")
+    shown = oc.show("minilm")
+    check(list(shown.capabilities or []) == ["embedding"],
+          f"ollama: show says the encoder's capability is embedding ({shown.capabilities})")
     old = oc.embeddings(model="minilm", prompt=texts[0])
     raw = old.embedding
     check(len(raw) == DIMS and abs(norm(raw) - 1.0) > 1e-3,

@@ -255,9 +255,13 @@ fn of_pool(state: &SharedState, pool: &Pool) -> ShowResponse {
         parameters: server_defaults(state),
         details: details(pool, descriptor.as_ref()),
         model_info,
-        // tools are decoded under a JSON Schema, which every pool's engine takes (the
-        // built-in one, and a remote worker's backend)
-        capabilities: vec!["completion", "tools"],
+        // tools are decoded under a JSON Schema, which every generating engine takes (the
+        // built-in one, and a remote worker's backend); an encoder only embeds (Ollama's
+        // word for a model its /api/embed is for)
+        capabilities: match descriptor.as_ref().is_some_and(|d| !d.generates) {
+            true => vec!["embedding"],
+            false => vec!["completion", "tools"],
+        },
         modified_at: file_of(pool).and_then(|(_, m)| modified(&m)),
     }
 }
@@ -290,7 +294,10 @@ fn of_file(e: &crate::models_folder::Entry) -> Result<ShowResponse, ApiError> {
         parameters: String::new(),
         details: file_details(facts),
         model_info,
-        capabilities: vec!["completion", "tools"],
+        capabilities: match facts.architecture.as_str() {
+            "bert" => vec!["embedding"],
+            _ => vec!["completion", "tools"],
+        },
         modified_at: e
             .modified
             .map(|t| humantime::format_rfc3339_nanos(t).to_string()),
