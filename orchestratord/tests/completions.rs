@@ -141,7 +141,7 @@ async fn refusals_are_openai_shaped_and_admission_is_all_or_none() {
     for (body, param) in [
         (json!({"prompt": ["a", "b", "c", "d"]}), "prompt"),
         (json!({"prompt": []}), "prompt"),
-        (json!({"prompt": [1, 2, 3]}), "prompt"),
+        (json!({"prompt": [1, 2, 3], "echo": true}), "echo"),
         (json!({"prompt": "a", "n": 2}), "n"),
         (json!({"prompt": "a", "best_of": 3}), "best_of"),
         (json!({"prompt": "a", "logprobs": 2}), "logprobs"),

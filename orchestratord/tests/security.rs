@@ -120,7 +120,19 @@ async fn every_route_needs_the_right_key() {
             || path.starts_with("/v1/models")
             || path == "/tokenize"
             || path == "/detokenize"
-            || ["/completion", "/props", "/slots"].contains(&path.as_str())
+            || [
+                "/completion",
+                "/props",
+                "/slots",
+                "/v1/embeddings",
+                "/embeddings",
+                "/embedding",
+                "/rerank",
+                "/v1/rerank",
+                "/reranking",
+                "/v1/reranking",
+            ]
+            .contains(&path.as_str())
             || path.starts_with("/chat/")
             || path.starts_with("/engines");
         let v: Value = r.json().await.unwrap();

@@ -120,6 +120,7 @@ pub enum Command {
     Tasks(TasksCmd),
     /// Embed texts (each argument, or each line of --file): each one's vector (`/v1/embeddings`).
     Embed {
+        /// The texts to embed, one vector each.
         texts: Vec<String>,
         /// One text per line of this file (`-` for stdin).
         #[arg(long)]
@@ -137,6 +138,7 @@ pub enum Command {
         /// The query.
         #[arg(long)]
         query: String,
+        /// The documents to rank.
         documents: Vec<String>,
         /// One document per line of this file (`-` for stdin).
         #[arg(long)]
