@@ -119,7 +119,8 @@ def main():
     tooled = c.messages.count_tokens(model=model, messages=QUESTION, tools=TOOLS,
                                      tool_choice={"type": "any"}).input_tokens
     check(tooled > plain, f"count_tokens counts the tools: {plain} -> {tooled}")
-    check(r.usage.input_tokens == tooled, f"the charged input equals the count: {r.usage.input_tokens}")
+    charged = r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0)
+    check(charged == tooled, f"the charged input (computed and cached) equals the count: {r.usage}")
 
     # refusals name their field
     def refused(words, **kw):

@@ -7,9 +7,10 @@ alternating pairs; medians of the pairs' ratios.
         --model .cache/models/all-MiniLM-L6-v2.F16.gguf [--pairs 3] [--threads 2]
 
 Per server and pair: inputs/s of 32 inputs in one `/v1/embeddings` request, and of 32
-concurrent single-input requests; and, for this server, 32 inputs in one request against the
-same 32 sent one after another (what micro-batching buys). The inputs are 32 texts of 6 to 120
-words (RAG-sized chunks). CPU seconds of each server's process over each measurement too.
+concurrent single-input requests, on 32 texts of 6 to 120 words (RAG-sized chunks); and on 32
+short queries (3 to 10 words) in one request against the same 32 sent one after another (what
+batching buys where a pass of one input is short). CPU seconds of each server's process over
+each measurement too.
 """
 import argparse
 import json
@@ -26,6 +27,11 @@ WORDS = ["the", "sea", "under", "a", "quiet", "moon", "carries", "old", "ships",
 
 def texts(n=32):
     return [" ".join(WORDS[(i * 7 + j) % len(WORDS)] for j in range(6 + (i * 37) % 115))
+            for i in range(n)]
+
+
+def queries(n=32):
+    return [" ".join(WORDS[(i * 5 + j) % len(WORDS)] for j in range(3 + (i * 3) % 8))
             for i in range(n)]
 
 
@@ -77,13 +83,15 @@ def sequential(base, inputs):
     return len(inputs) / (time.time() - t)
 
 
-def measure(name, proc, base, inputs, with_sequential):
+def measure(name, proc, base, inputs):
     post(base, {"model": bs.MODEL, "input": inputs[:4]})  # warm
     out = {}
-    for what, f in [("one_request", one_request), ("concurrent", concurrent)] + (
-            [("sequential", sequential)] if with_sequential else []):
+    short = queries()
+    for what, f, xs in [("one_request", one_request, inputs), ("concurrent", concurrent, inputs),
+                        ("short_one_request", one_request, short),
+                        ("short_sequential", sequential, short)]:
         c0 = cpu_of(proc.pid)
-        rate = statistics.median(f(base, inputs) for _ in range(3))
+        rate = statistics.median(f(base, xs) for _ in range(3))
         out[what] = rate
         out[what + "_cpu_s"] = round(cpu_of(proc.pid) - c0, 2)
     print(name, {k: round(v, 1) for k, v in out.items()}, flush=True)
@@ -111,7 +119,7 @@ def main():
                 proc, base = bs.start_llama(a.llama_server, a.model, a.slots, 512, a.threads,
                                             ["--embedding", "-ub", "4096", "-b", "4096"])
             try:
-                got[who] = measure(who, proc, base, inputs, who == "orchd")
+                got[who] = measure(who, proc, base, inputs)
             finally:
                 bs.stop(proc)
         pairs.append(got)
@@ -119,7 +127,9 @@ def main():
     print(json.dumps({
         "one_request_ratio": round(med(lambda p: p["orchd"]["one_request"] / p["llama"]["one_request"]), 2),
         "concurrent_ratio": round(med(lambda p: p["orchd"]["concurrent"] / p["llama"]["concurrent"]), 2),
-        "batched_over_sequential": round(med(lambda p: p["orchd"]["one_request"] / p["orchd"]["sequential"]), 2),
+        "short_batched_over_sequential": {
+            who: round(med(lambda p: p[who]["short_one_request"] / p[who]["short_sequential"]), 2)
+            for who in ["orchd", "llama"]},
         "pairs": pairs,
     }, indent=1))
 

@@ -27,6 +27,8 @@ pub const POOL_RESTARTS: &str = "orchd_pool_restarts_total";
 pub const POOL_LOAD_SECONDS: &str = "orchd_pool_model_load_seconds";
 pub const POOL_CIRCUIT_OPEN: &str = "orchd_pool_circuit_open";
 pub const POOL_PROMPT_REUSED: &str = "orchd_pool_prompt_tokens_reused_total";
+pub const POOL_PROMPT_TOKENS: &str = "orchd_pool_prompt_tokens_total";
+pub const POOL_PROMPT_CACHED: &str = "orchd_pool_prompt_tokens_cached_total";
 pub const POOL_PROMPT_CACHE_BYTES: &str = "orchd_pool_prompt_cache_bytes";
 /// Inputs of embedding tasks that ended with their vectors, by pool.
 pub const EMBEDDING_INPUTS: &str = "orchd_embedding_inputs_total";

@@ -104,6 +104,10 @@ pub struct SseEnd {
     /// With `stop`: the stop sequence that ended the answer (absent when the model ended it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_sequence: Option<String>,
+    /// Prompt tokens the engine took from its cache rather than computing them (a prefix an
+    /// earlier request left: the previous turns of a conversation, a shared system prompt).
+    #[serde(default)]
+    pub cached_tokens: u32,
     /// An embedding task's result, per input: its vector, its tokens' vectors (pooling
     /// `none`) or its scores (pooling `rank`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

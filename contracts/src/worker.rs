@@ -29,6 +29,14 @@ pub struct TokenCounts {
     pub completion_tokens: u64,
     #[serde(default)]
     pub total_tokens: u64,
+    /// Of `prompt_tokens`, those the backend took from its cache (OpenAI's
+    /// `usage.prompt_tokens_details.cached_tokens`); absent: none or unknown.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub cached_tokens: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Why the server stops a request on a worker. Unknown reasons are kept verbatim.

@@ -72,7 +72,7 @@ struct Affine {
 
 impl Affine {
     fn load(f: &mut GgufFile, name: &str, device: &Device, format: WeightFormat) -> Result<Self> {
-        let w = f.matmul(&format!("{name}.weight"), device, format)?;
+        let w = f.encoder_matmul(&format!("{name}.weight"), device, format)?;
         let bias = format!("{name}.bias");
         let b = if f.has(&bias) {
             Some(f.dense(&bias, device)?)

@@ -13,6 +13,8 @@ pub(crate) use crate::act_quant::{quantize_rows, BlockQ81, BlockQ8K, QK, QK_K};
 pub(crate) enum ActBlocks {
     Q8_1,
     Q8K,
+    /// The activations as they are (float weights).
+    F32,
 }
 
 /// The integer dot-product instructions this CPU offers, best first. Every level computes the
@@ -83,6 +85,8 @@ pub(crate) fn hsum8_portable(acc: [f32; 8]) -> f32 {
 pub(crate) struct Acts<'a> {
     pub xq: &'a [BlockQ81],
     pub xk: &'a [BlockQ8K],
+    /// The activations unquantized, `m × k`.
+    pub xf: &'a [f32],
     pub m: usize,
 }
 
@@ -157,6 +161,7 @@ pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> V
             let a = Acts {
                 xq: &xq,
                 xk: &xk,
+                xf: x,
                 m,
             };
             ws[i].rows_into(g - starts[i], count, a, simd, &mut dst[o..o + count * m]);

@@ -114,10 +114,12 @@ impl EncoderEngine {
         };
         let alive = Arc::new(AtomicBool::new(true));
         let (inputs_done, passes) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-        // candle's own matmuls (f32/f16 weights, attention) run on rayon: a pool of the
-        // engine's threads; the quantized kernels on the process's compute pool
+        // the weights' matmuls (own kernels, float ones included: dense_cpu.rs) and candle's
+        // elementwise ops run on the process's compute pool; candle's rayon-based ops (the
+        // attention's small per-sequence matmuls) on this thread alone, so that no second
+        // pool's threads compete with the first one's for the cores
         let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
+            .num_threads(1)
             .thread_name(|_| "candle-embed".into())
             .build()
             .map_err(|e| EngineError::Device(format!("thread pool: {e}")))?;

@@ -15,6 +15,7 @@ mod contention;
 mod cpu_parallel;
 mod cpu_quant;
 mod cpu_tensor;
+mod dense_cpu;
 mod embed_job;
 mod embed_rows;
 mod encoder_engine;

@@ -75,6 +75,8 @@ struct Running {
     backlog: VecDeque<SeqEvent>,
     first_token: Instant,
     prefill_ms: u64,
+    /// Prompt tokens its row held from a cached prefix (not computed for it).
+    cached: usize,
     /// Why its constraint could not pick the token (the row then fails).
     failed: Option<ConstraintFailure>,
     /// The log-probabilities of the step that picked `next`, when asked for.
@@ -137,6 +139,8 @@ struct Prefilling {
     row: usize,
     /// Prompt tokens already in the row.
     done: usize,
+    /// Prompt tokens that were in the row (a cached prefix) before any was computed.
+    cached: usize,
 }
 
 /// Events of a sequence that left its row but whose receiver has not taken them all yet.
@@ -471,6 +475,7 @@ impl Scheduler {
             reason,
             stop_sequence,
             prompt_tokens: seq.req.prompt_tokens.len(),
+            cached_tokens: seq.cached,
             tokens_out: seq.generated,
             prefill_ms: seq.prefill_ms,
             decode_ms: seq.first_token.elapsed().as_millis() as u64,
@@ -593,6 +598,7 @@ impl Scheduler {
             reason: FinishReason::Cancelled,
             stop_sequence: None,
             prompt_tokens: req.prompt_tokens.len(),
+            cached_tokens: 0,
             tokens_out: 0,
             prefill_ms: 0,
             decode_ms: 0,
@@ -605,6 +611,7 @@ impl Scheduler {
         req: GenerateRequest,
         row: usize,
         submitted: Instant,
+        cached: usize,
         mut logits: Vec<f32>,
     ) {
         let mut req = req;
@@ -635,6 +642,7 @@ impl Scheduler {
             backlog: VecDeque::new(),
             first_token: Instant::now(),
             prefill_ms: submitted.elapsed().as_millis() as u64,
+            cached,
             failed,
             logprobs,
             req,
@@ -779,6 +787,7 @@ impl Scheduler {
                 submitted,
                 row,
                 done: reuse,
+                cached: reuse,
             });
         }
         self.start_embedding();
@@ -936,7 +945,7 @@ impl Scheduler {
         }
         let base = self.running.len();
         for (p, l) in starting.into_iter().rev() {
-            self.start_running(*p.req, p.row, p.submitted, l);
+            self.start_running(*p.req, p.row, p.submitted, p.cached, l);
         }
         // every sampled row, highest first, so removals never move an unvisited row
         let mut sampled: Vec<usize> = decoding;

@@ -8,6 +8,7 @@ use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
 use crate::cpu_quant::{quantized_matmuls, QuantRows};
+use crate::dense_cpu::DenseRows;
 use crate::error::{message_of, EngineError, Result};
 use crate::hparams::Hparams;
 use crate::q4_1_cpu::Q41Matrix;
@@ -60,6 +61,8 @@ pub(crate) enum Linear {
     Q5K(Q5KMatrix),
     /// Q6_K on the CPU, likewise.
     Q6K(Q6KMatrix),
+    /// Float weights of an encoder on the CPU: gemm on the compute pool (`dense_cpu.rs`).
+    Float(DenseRows),
 }
 
 /// `x[.., k]` through own CPU kernels, several weights sharing `k` at once: `[.., n_i]` each.
@@ -92,6 +95,7 @@ impl Linear {
             Self::Q4K(w) => Some(w),
             Self::Q5K(w) => Some(w),
             Self::Q6K(w) => Some(w),
+            Self::Float(w) => Some(w),
         }
     }
 
@@ -210,6 +214,25 @@ impl GgufFile {
         format: WeightFormat,
     ) -> Result<Linear> {
         let q = self.qtensor(name, device)?;
+        linear(q, device, format)
+    }
+
+    /// [`Self::matmul`] for an encoder: float weights on the CPU through [`DenseRows`], whose
+    /// passes of hundreds of rows are where the time goes. (The decoders keep candle's matmul
+    /// for them: their results are bit-for-bit independent of the batch, ENG-BATCH-1, which
+    /// gemm's blocking does not promise.)
+    pub(crate) fn encoder_matmul(
+        &mut self,
+        name: &str,
+        device: &Device,
+        format: WeightFormat,
+    ) -> Result<Linear> {
+        let q = self.qtensor(name, device)?;
+        if device.is_cpu() && format != WeightFormat::Q8_0 {
+            if let Some(d) = DenseRows::from_qtensor(&q)? {
+                return Ok(Linear::Float(d));
+            }
+        }
         linear(q, device, format)
     }
 

@@ -26,6 +26,9 @@ impl FinishReason {
 pub struct Finish {
     pub reason: FinishReason,
     pub prompt_tokens: usize,
+    /// Of `prompt_tokens`, those whose keys and values came from a cache (a prefix held in
+    /// its row or the prompt cache, or copied from a sequence sharing it): not computed.
+    pub cached_tokens: usize,
     /// Tokens emitted as `Token` events.
     pub tokens_out: usize,
     /// Time from submission until the sequence was prefilled (waiting for a row included).

@@ -145,6 +145,14 @@ fn describe() {
         POOL_PROMPT_REUSED,
         "Prompt tokens taken from a prefix cache instead of computed, by pool"
     );
+    describe_counter!(
+        POOL_PROMPT_TOKENS,
+        "Prompt tokens of the sequences that finished on the pool, by pool"
+    );
+    describe_counter!(
+        POOL_PROMPT_CACHED,
+        "Of those, the tokens taken from the cache (the hit rate: this over orchd_pool_prompt_tokens_total), by pool"
+    );
     describe_gauge!(
         POOL_PROMPT_CACHE_BYTES,
         "Bytes the host-memory prompt cache holds, by pool"
@@ -463,6 +471,12 @@ pub fn finished(outcome: &'static str) {
 pub fn embedded(pool: &str, inputs: usize, tokens: usize) {
     counter!(EMBEDDING_INPUTS, L_POOL => pool.to_string()).increment(inputs as u64);
     counter!(EMBEDDING_TOKENS, L_POOL => pool.to_string()).increment(tokens as u64);
+}
+
+/// A sequence finished on `pool`: its prompt's tokens, and those the cache held.
+pub fn prompt_ran(pool: &str, prompt: usize, cached: usize) {
+    counter!(POOL_PROMPT_TOKENS, L_POOL => pool.to_string()).increment(prompt as u64);
+    counter!(POOL_PROMPT_CACHED, L_POOL => pool.to_string()).increment(cached as u64);
 }
 
 pub fn tokens_in(n: usize) {

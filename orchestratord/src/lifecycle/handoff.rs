@@ -124,6 +124,7 @@ mod tests {
                 decode_ms: 9,
                 finish_reason: "stop".into(),
                 stop_sequence: Some("\n\n".into()),
+                cached_tokens: 3,
                 embeddings: None,
             }),
             TaskEvent::Error(SseError {

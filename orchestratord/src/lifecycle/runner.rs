@@ -313,6 +313,8 @@ async fn pump(
                     if f.prompt_tokens > 0 && engine_counts_prompt {
                         task.set_counted_prompt_tokens(f.prompt_tokens as u32);
                     }
+                    task.set_cached_prompt_tokens(f.cached_tokens as u32);
+                    metrics::prompt_ran(lease.pool().id(), f.prompt_tokens, f.cached_tokens);
                     if f.reason == FinishReason::Cancelled {
                         // only a cancel of ours stops a sequence; the task already ended
                         return Outcome::Ended;

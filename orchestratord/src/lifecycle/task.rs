@@ -131,6 +131,8 @@ pub struct TaskInner {
     /// The prompt tokens as the engine that ran the task counted them (a remote worker's
     /// `token_counts`), when admission could only estimate.
     pub counted_prompt_tokens: Option<u32>,
+    /// Of the prompt tokens, those the engine took from its cache (not computed).
+    pub cached_prompt_tokens: u32,
     /// Followed while another replica runs it: where it runs, as that replica said.
     pub placed_elsewhere: Option<crate::lifecycle::handoff::Placed>,
 }
@@ -282,6 +284,7 @@ impl Task {
                 queued_since: now,
                 requeues: 0,
                 counted_prompt_tokens: None,
+                cached_prompt_tokens: 0,
             }),
             changed: watch::channel(0).0,
             role: std::sync::atomic::AtomicU8::new(ROLE_OWN),
@@ -434,6 +437,16 @@ impl Task {
         self.lock().counted_prompt_tokens = Some(n);
     }
 
+    /// Of [`Self::prompt_tokens_used`], those the engine took from its cache: OpenAI's
+    /// `cached_tokens`, Anthropic's `cache_read_input_tokens`, llama-server's `cache_n`.
+    pub fn prompt_tokens_cached(&self) -> u32 {
+        self.lock().cached_prompt_tokens
+    }
+
+    pub fn set_cached_prompt_tokens(&self, n: u32) {
+        self.lock().cached_prompt_tokens = n;
+    }
+
     /// Puts a running task back to `Queued` after its worker was lost, counting the requeue.
     /// Returns the new count, or `None` when the task already ended.
     pub fn back_to_queue(&self) -> Option<u32> {
@@ -555,6 +568,7 @@ impl Task {
                 decode_ms: decode,
                 finish_reason: finish_reason.to_string(),
                 stop_sequence,
+                cached_tokens: g.cached_prompt_tokens,
                 embeddings: None,
             }
         })
@@ -571,6 +585,7 @@ impl Task {
                 decode_ms: decode,
                 finish_reason: "stop".into(),
                 stop_sequence: None,
+                cached_tokens: 0,
                 embeddings: Some(vectors),
             }
         })
@@ -580,6 +595,7 @@ impl Task {
     /// following the task gives the same), written to the relay `at`. False if it had already
     /// ended.
     pub fn finish_relayed(&self, end: SseEnd, at: Instant) -> bool {
+        self.set_cached_prompt_tokens(end.cached_tokens);
         self.finish_with(at, |_, _| end)
     }
 

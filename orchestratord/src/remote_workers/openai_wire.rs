@@ -223,6 +223,10 @@ pub fn read_object(v: &Value, out: &mut Vec<StreamItem>) {
             prompt_tokens: n("prompt_tokens"),
             completion_tokens: n("completion_tokens"),
             total_tokens: n("total_tokens"),
+            cached_tokens: u
+                .pointer("/prompt_tokens_details/cached_tokens")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
         }));
     }
 }
@@ -369,7 +373,8 @@ mod tests {
                     StreamItem::Usage(TokenCounts {
                         prompt_tokens: 5,
                         completion_tokens: 2,
-                        total_tokens: 7
+                        total_tokens: 7,
+                        cached_tokens: 0,
                     }),
                 ],
                 "split {split}"

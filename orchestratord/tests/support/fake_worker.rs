@@ -168,6 +168,7 @@ impl FakeWorker {
                 prompt_tokens: 11,
                 completion_tokens: pieces.len() as u64,
                 total_tokens: 11 + pieces.len() as u64,
+                cached_tokens: 0,
             }),
         })
         .await;

@@ -178,6 +178,7 @@ impl Engine for ScriptedEngine {
                     reason,
                     stop_sequence: None,
                     prompt_tokens: prompt_tokens.len(),
+                    cached_tokens: 0,
                     tokens_out: n,
                     prefill_ms: 0,
                     decode_ms: 0,

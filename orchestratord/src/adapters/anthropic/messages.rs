@@ -97,10 +97,7 @@ pub async fn messages(
             content,
             stop_reason: Some(stop_reason(&end, called)),
             stop_sequence: end.stop_sequence.clone(),
-            usage: Usage {
-                input_tokens: task.prompt_tokens_used(),
-                output_tokens: end.tokens_out,
-            },
+            usage: Usage::of(&task, end.tokens_out),
         })
         .into_response());
     }
@@ -115,10 +112,8 @@ pub async fn messages(
         content: vec![],
         stop_reason: None,
         stop_sequence: None,
-        usage: Usage {
-            input_tokens: task.prompt_tokens_used(),
-            output_tokens: 0,
-        },
+        // what the cache held is known at the end: `message_delta` says it
+        usage: Usage::of(&task, 0),
     };
     let mut opening = vec![follow::sse_event(
         "message_start",
@@ -176,7 +171,7 @@ pub async fn messages(
                     let called = blocks.as_ref().is_some_and(|(scan, _)| scan.calls() > 0);
                     v.push(follow::sse_event(
                         "message_delta",
-                        &json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(&end, called), "stop_sequence": end.stop_sequence}, "usage": {"output_tokens": end.tokens_out}}),
+                        &json!({"type": "message_delta", "delta": {"stop_reason": stop_reason(&end, called), "stop_sequence": end.stop_sequence}, "usage": Usage::of(&followed, end.tokens_out)}),
                     ));
                     v.push(follow::sse_event("message_stop", &json!({"type": "message_stop"})));
                     v
@@ -304,6 +299,8 @@ fn nothing_generated(req: &MessagesRequest, input_tokens: u32) -> Response<Body>
         usage: Usage {
             input_tokens,
             output_tokens: 0,
+            cache_read_input_tokens: 0,
+            cache_creation_input_tokens: 0,
         },
     };
     if !req.stream {

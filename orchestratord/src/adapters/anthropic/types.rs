@@ -159,8 +159,26 @@ pub enum ContentBlock {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 #[schema(as = AnthropicUsage)]
 pub struct Usage {
+    /// Input tokens computed for this request (those after the cached prefix).
     pub input_tokens: u32,
     pub output_tokens: u32,
+    /// Input tokens read from the cache (a prefix an earlier request left). Caching here is
+    /// automatic: `cache_control` marks are accepted and nothing is written on their account.
+    pub cache_read_input_tokens: u32,
+    pub cache_creation_input_tokens: u32,
+}
+
+impl Usage {
+    /// A task's input as Anthropic splits it: computed, and read from the cache.
+    pub fn of(task: &crate::lifecycle::task::Task, output_tokens: u32) -> Self {
+        let cached = task.prompt_tokens_cached();
+        Self {
+            input_tokens: task.prompt_tokens_used().saturating_sub(cached),
+            output_tokens,
+            cache_read_input_tokens: cached,
+            cache_creation_input_tokens: 0,
+        }
+    }
 }
 
 /// A message: the whole answer, or the opening of a stream (`content` empty).

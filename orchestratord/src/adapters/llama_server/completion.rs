@@ -116,6 +116,9 @@ pub struct CompletionChunk {
 /// Where the time went: the prompt (its tokens and their pass) and the tokens generated.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Timings {
+    /// Prompt tokens read from the cache (a prefix an earlier request left).
+    pub cache_n: u32,
+    /// Prompt tokens computed (after the cached ones).
     pub prompt_n: u32,
     pub prompt_ms: f64,
     pub prompt_per_token_ms: f64,
@@ -297,7 +300,9 @@ fn final_response(
     stream: bool,
 ) -> CompletionResponse {
     let spans = task.spans();
-    let prompt_n = task.prompt_tokens_used();
+    let prompt_all = task.prompt_tokens_used();
+    let cache_n = task.prompt_tokens_cached().min(prompt_all);
+    let prompt_n = prompt_all - cache_n;
     let (prompt_ms, predicted_ms) = (ms(spans.prefill), ms(spans.decode));
     let (p_tok, p_sec) = rates(prompt_n, prompt_ms);
     let (d_tok, d_sec) = rates(end.tokens_out, predicted_ms);
@@ -308,13 +313,14 @@ fn final_response(
         stop: true,
         model,
         tokens_predicted: end.tokens_out,
-        tokens_evaluated: prompt_n,
+        tokens_evaluated: prompt_all,
         generation_settings: GenerationSettings::of(&task.spec, Some(stream)),
         prompt,
         truncated: false,
         stop_type: stop_type(end),
         stopping_word: end.stop_sequence.clone().unwrap_or_default(),
         timings: Timings {
+            cache_n,
             prompt_n,
             prompt_ms,
             prompt_per_token_ms: p_tok,

@@ -179,7 +179,7 @@ pub async fn chat_completions(
             model,
             system_fingerprint: FINGERPRINT.into(),
             choices,
-            usage: Usage::new(tasks[0].prompt_tokens_used(), completion_tokens),
+            usage: Usage::of(&tasks[0], completion_tokens),
         })
         .into_response());
     }
@@ -309,7 +309,7 @@ pub async fn chat_completions(
                         )];
                         if *open == 0 {
                             if include_usage {
-                                let usage = Usage::new(counted.prompt_tokens_used(), *out);
+                                let usage = Usage::of(&counted, *out);
                                 v.push(chunk(0, Delta::default(), None, None, None, Some(usage)));
                             }
                             v.push(Bytes::from_static(DONE));

@@ -153,7 +153,7 @@ pub async fn completions(
         let mut choices = Vec::with_capacity(results.len());
         let mut usage = Usage::new(0, 0);
         for ((i, (text, scores, end)), task) in results.into_iter().enumerate().zip(&tasks) {
-            usage = usage + Usage::new(task.prompt_tokens_used(), end.tokens_out);
+            usage = usage + Usage::of(task, end.tokens_out);
             let prompt = echoed.as_ref().and_then(|p| p.get(i));
             // offsets count from the choice's text, the echoed prompt included
             let offset = prompt.map_or(0, String::len);
@@ -315,7 +315,7 @@ fn stream_frames(
                 }
                 TaskEvent::End(end) => {
                     m.open -= 1;
-                    m.usage = m.usage + Usage::new(m.tasks[i].prompt_tokens_used(), end.tokens_out);
+                    m.usage = m.usage + Usage::of(&m.tasks[i], end.tokens_out);
                     let mut b = m
                         .framing
                         .frame

@@ -287,6 +287,14 @@ pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
     pub total_tokens: u32,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// What the prompt's count is made of.
+#[derive(Debug, Clone, Copy, Serialize, ToSchema)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens taken from the cache (a prefix an earlier request left), not computed.
+    pub cached_tokens: u32,
 }
 
 impl Usage {
@@ -295,7 +303,16 @@ impl Usage {
             prompt_tokens,
             completion_tokens,
             total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: 0 },
         }
+    }
+
+    /// A finished task's usage: its prompt as the engine counted it, the part of it that
+    /// came from the cache, and `completion_tokens`.
+    pub fn of(task: &crate::lifecycle::task::Task, completion_tokens: u32) -> Self {
+        let mut u = Self::new(task.prompt_tokens_used(), completion_tokens);
+        u.prompt_tokens_details.cached_tokens = task.prompt_tokens_cached();
+        u
     }
 }
 
@@ -303,10 +320,13 @@ impl std::ops::Add for Usage {
     type Output = Usage;
 
     fn add(self, other: Usage) -> Usage {
-        Usage::new(
+        let mut u = Usage::new(
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
-        )
+        );
+        u.prompt_tokens_details.cached_tokens =
+            self.prompt_tokens_details.cached_tokens + other.prompt_tokens_details.cached_tokens;
+        u
     }
 }
 

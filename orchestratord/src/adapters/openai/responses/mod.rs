@@ -25,7 +25,7 @@ use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
 use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::Followed;
-use crate::lifecycle::task::TaskEvent;
+use crate::lifecycle::task::{Task, TaskEvent};
 use output::{message, Events};
 use request::to_task;
 use types::*;
@@ -143,10 +143,16 @@ pub async fn responses(
     };
     let msg_id = format!("msg_{}", task.id.replace('-', ""));
     let mut sub = follow::subscribe(&state, &task);
-    let usage = |input: u32, output: u32| ResponseUsage {
-        input_tokens: input,
-        output_tokens: output,
-        total_tokens: input + output,
+    let usage = |task: &Task, output: u32| {
+        let input = task.prompt_tokens_used();
+        ResponseUsage {
+            input_tokens: input,
+            input_tokens_details: InputTokensDetails {
+                cached_tokens: task.prompt_tokens_cached(),
+            },
+            output_tokens: output,
+            total_tokens: input + output,
+        }
     };
     if !req.stream {
         let (text, _, end) = match tools {
@@ -160,7 +166,7 @@ pub async fn responses(
         } else {
             vec![OutputItem::Message(message(&msg_id, status, Some(text)))]
         };
-        let used = usage(task.prompt_tokens_used(), end.tokens_out);
+        let used = usage(&task, end.tokens_out);
         return Ok(Json(shell.object(status, out, Some(used))).into_response());
     }
     follow::until_answer_begins(std::slice::from_mut(&mut sub))
@@ -218,7 +224,7 @@ pub async fn responses(
                         };
                         let mut frames: Vec<Bytes> =
                             last.into_iter().flat_map(|s| events.step(s)).collect();
-                        let used = usage(counted.prompt_tokens_used(), end.tokens_out);
+                        let used = usage(&counted, end.tokens_out);
                         let whole = shell.object(status, events.output(), Some(used));
                         // always `response.completed` (its `status` says incomplete): the
                         // SDK's stream helper waits for it, as vLLM's server sends it

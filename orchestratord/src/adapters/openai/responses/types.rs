@@ -179,8 +179,16 @@ pub enum OutputItem {
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ResponseUsage {
     pub input_tokens: u32,
+    pub input_tokens_details: InputTokensDetails,
     pub output_tokens: u32,
     pub total_tokens: u32,
+}
+
+/// What the input's count is made of.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct InputTokensDetails {
+    /// Input tokens taken from the cache (a prefix an earlier request left), not computed.
+    pub cached_tokens: u32,
 }
 
 /// Why a response is incomplete.
