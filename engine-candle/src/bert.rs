@@ -3,7 +3,8 @@
 //! add, LayerNorm; GELU feed-forward, add, LayerNorm), weights with biases. Token types are
 //! all 0, as llama.cpp feeds them. The matmuls are the decoders' (`weights.rs`: every weight
 //! format, own CPU kernels where there are), over every token of a batch together; attention
-//! runs per sequence over exactly its tokens, so no sequence's result depends on the others.
+//! runs per sequence over exactly its tokens, so no sequence's result depends on the others
+//! (on the CPU one job per sequence and head on the compute pool: `encoder_attention.rs`).
 
 use std::collections::HashMap;
 
@@ -215,6 +216,7 @@ impl Bert {
             });
         }
         let ids: Vec<u32> = seqs.iter().flat_map(|s| s.iter().copied()).collect();
+        let ids_len = ids.len();
         let positions: Vec<u32> = seqs.iter().flat_map(|s| 0..s.len() as u32).collect();
         let ids = Tensor::new(ids.as_slice(), &self.device)?;
         let positions = Tensor::new(positions.as_slice(), &self.device)?;
@@ -228,33 +230,24 @@ impl Bert {
         x = self.embd_norm.forward(&x, hp.eps)?;
         let (nh, hd) = (hp.n_head, hp.n_embd / hp.n_head);
         let scale = 1.0 / (hd as f64).sqrt();
+        let lens: Vec<usize> = seqs.iter().map(|s| s.len()).collect();
         for b in &self.blocks {
             let [q, k, v] = self.qkv(b, &x)?;
-            let mut outs = Vec::with_capacity(seqs.len());
-            let mut at = 0;
-            for s in seqs {
-                let t = s.len();
-                let heads = |m: &Tensor| -> Result<Tensor> {
-                    Ok(m.narrow(0, at, t)?
-                        .reshape((t, nh, hd))?
-                        .transpose(0, 1)?
-                        .contiguous()?)
-                };
-                let (qs, ks, vs) = (heads(&q)?, heads(&k)?, heads(&v)?);
-                let scores = (qs.matmul(&ks.t()?)? * scale)?;
-                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
-                let o = probs
-                    .matmul(&vs)?
-                    .transpose(0, 1)?
-                    .contiguous()?
-                    .reshape((t, hp.n_embd))?;
-                outs.push(o);
-                at += t;
-            }
-            let attn = if outs.len() == 1 {
-                outs.swap_remove(0)
+            let attn = if self.device.is_cpu() {
+                let flat =
+                    |m: &Tensor| -> Result<Vec<f32>> { Ok(m.flatten_all()?.to_vec1::<f32>()?) };
+                let out = crate::encoder_attention::attend(
+                    &flat(&q)?,
+                    &flat(&k)?,
+                    &flat(&v)?,
+                    &lens,
+                    nh,
+                    hp.n_embd,
+                    scale as f32,
+                );
+                Tensor::from_vec(out, (ids_len, hp.n_embd), &self.device)?
             } else {
-                Tensor::cat(&outs, 0)?
+                self.attend_per_sequence(seqs, [&q, &k, &v], scale)?
             };
             let h = b
                 .attn_norm
@@ -274,6 +267,42 @@ impl Bert {
             at += n;
         }
         Ok(out)
+    }
+
+    /// Attention on an accelerator: candle's ops, sequence after sequence.
+    fn attend_per_sequence(
+        &self,
+        seqs: &[&[u32]],
+        [q, k, v]: [&Tensor; 3],
+        scale: f64,
+    ) -> Result<Tensor> {
+        let (nh, hd) = (self.hp.n_head, self.hp.n_embd / self.hp.n_head);
+        let mut outs = Vec::with_capacity(seqs.len());
+        let mut at = 0;
+        for s in seqs {
+            let t = s.len();
+            let heads = |m: &Tensor| -> Result<Tensor> {
+                Ok(m.narrow(0, at, t)?
+                    .reshape((t, nh, hd))?
+                    .transpose(0, 1)?
+                    .contiguous()?)
+            };
+            let (qs, ks, vs) = (heads(q)?, heads(k)?, heads(v)?);
+            let scores = (qs.matmul(&ks.t()?)? * scale)?;
+            let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+            let o = probs
+                .matmul(&vs)?
+                .transpose(0, 1)?
+                .contiguous()?
+                .reshape((t, self.hp.n_embd))?;
+            outs.push(o);
+            at += t;
+        }
+        Ok(if outs.len() == 1 {
+            outs.swap_remove(0)
+        } else {
+            Tensor::cat(&outs, 0)?
+        })
     }
 
     fn qkv(&self, b: &Block, x: &Tensor) -> Result<[Tensor; 3]> {

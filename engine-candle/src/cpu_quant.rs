@@ -146,8 +146,13 @@ pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> V
     // about eight chunks per worker, so the last chunks of a job even out (a worker that is
     // late or descheduled leaves its share to the others), but never chunks so small that
     // taking one costs much next to its work (≥ 64 Ki multiply-adds); whole tiles of eight
+    // (float weights: two chunks per worker, as gemm packs the activations again for each)
+    let per_worker = match ws.iter().all(|w| w.act_blocks() == ActBlocks::F32) {
+        true => 2,
+        false => 8,
+    };
     let rows = total
-        .div_ceil(8 * current_workers())
+        .div_ceil(per_worker * current_workers())
         .max((64 << 10) / (m * k).max(1))
         .next_multiple_of(8);
     // cols[g · m + r]: global weight row g times activation row r

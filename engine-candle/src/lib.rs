@@ -18,6 +18,7 @@ mod cpu_tensor;
 mod dense_cpu;
 mod embed_job;
 mod embed_rows;
+mod encoder_attention;
 mod encoder_engine;
 mod engine;
 mod error;

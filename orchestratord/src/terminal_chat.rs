@@ -114,7 +114,7 @@ impl TerminalChat {
     }
 
     /// One question and its answer, printed as it comes (the turns so far go with it).
-    async fn ask(&mut self, question: &str) -> anyhow::Result<Answered> {
+    async fn ask(&mut self, question: &str, ctrl_c: &mut Interrupts) -> anyhow::Result<Answered> {
         self.turns
             .push(json!({"role": "user", "content": question}));
         let keep_from = self.turns.len().saturating_sub(MAX_TURNS);
@@ -133,7 +133,7 @@ impl TerminalChat {
         let mut lines = ndjson(resp);
         let mut text = String::new();
         let mut out = std::io::stdout();
-        let interrupted = tokio::signal::ctrl_c();
+        let interrupted = ctrl_c.next();
         tokio::pin!(interrupted);
         let answered = loop {
             tokio::select! {
@@ -167,7 +167,7 @@ impl TerminalChat {
 
     /// One answer to `prompt`, printed; the command's whole work with a PROMPT.
     pub async fn once(&mut self, prompt: &str) -> anyhow::Result<()> {
-        self.ask(prompt).await?;
+        self.ask(prompt, &mut Interrupts::new()?).await?;
         println!();
         Ok(())
     }
@@ -195,12 +195,13 @@ impl TerminalChat {
                 }
             }
         });
+        let mut ctrl_c = Interrupts::new()?;
         loop {
             print!(">>> ");
             let _ = std::io::stdout().flush();
             let line = tokio::select! {
                 line = rx.recv() => line,
-                _ = tokio::signal::ctrl_c() => {
+                _ = ctrl_c.next() => {
                     println!("\nUse Ctrl + d or /bye to exit.");
                     continue;
                 }
@@ -224,7 +225,7 @@ impl TerminalChat {
                 }
                 _ => {}
             }
-            match self.ask(question).await {
+            match self.ask(question, &mut ctrl_c).await {
                 Ok(Answered::Whole(_)) => println!("\n"),
                 Ok(Answered::Stopped(_)) => println!("\n[stopped]\n"),
                 Err(e) => println!("\nerror: {e}\n"),
@@ -305,4 +306,29 @@ fn ndjson(resp: reqwest::Response) -> futures::stream::BoxStream<'static, anyhow
         }
     })
     .boxed()
+}
+
+/// Ctrl-C presses, heard by one listener for the whole command: a press between two waits
+/// (say right after the prompt is printed) is kept for the next wait, where a new `ctrl_c()`
+/// listener, registered only when first polled, would miss it.
+struct Interrupts {
+    #[cfg(unix)]
+    sigint: tokio::signal::unix::Signal,
+}
+
+impl Interrupts {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            #[cfg(unix)]
+            sigint: tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?,
+        })
+    }
+
+    /// The next press (one made since the last call included).
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        self.sigint.recv().await;
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
