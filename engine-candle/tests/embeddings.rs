@@ -89,13 +89,25 @@ fn embed(
     pooling: Pooling,
     normalize: bool,
 ) -> Embeddings {
+    let permit = e.try_acquire().expect("a free slot");
+    one_job(permit, inputs, pooling, normalize, |r| e.submit(r))
+}
+
+/// The answer to one job of `inputs`, handed over by `submit`.
+fn one_job<E: std::fmt::Debug>(
+    permit: engine_port::SlotPermit,
+    inputs: Vec<Vec<u32>>,
+    pooling: Pooling,
+    normalize: bool,
+    submit: impl FnOnce(EmbedRequest) -> Result<(), E>,
+) -> Embeddings {
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
     rt.block_on(async {
         let (reply, rx) = tokio::sync::oneshot::channel();
-        e.submit(EmbedRequest {
-            permit: e.try_acquire().expect("a free slot"),
+        submit(EmbedRequest {
+            permit,
             inputs,
             pooling,
             normalize,
@@ -225,22 +237,8 @@ fn embed_decoder(
     pooling: Pooling,
     normalize: bool,
 ) -> Embeddings {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let (reply, rx) = tokio::sync::oneshot::channel();
-        e.embed(EmbedRequest {
-            permit: e.try_acquire().expect("a free slot"),
-            inputs,
-            pooling,
-            normalize,
-            cancel: Default::default(),
-            reply,
-        })
-        .unwrap();
-        rx.await.unwrap().unwrap()
-    })
+    let permit = e.try_acquire().expect("a free slot");
+    one_job(permit, inputs, pooling, normalize, |r| e.embed(r))
 }
 
 fn decoder(slots: usize) -> engine_candle::CandleEngine {

@@ -210,15 +210,10 @@ impl Engine for CandlePortEngine {
         }
     }
 
-    fn embed(&self, job: EmbedJob) -> Result<EmbedReply, PortError> {
-        let inputs = match job.tokens {
-            Some(t) => t,
-            None => job
-                .inputs
-                .iter()
-                .map(|i| self.embed_tokens(i, false).map(Option::unwrap_or_default))
-                .collect::<Result<_, _>>()?,
-        };
+    fn embed(&self, mut job: EmbedJob) -> Result<EmbedReply, PortError> {
+        let inputs = job_tokens(job.tokens.take(), &job.inputs, |i| {
+            self.embed_tokens(i, false)
+        })?;
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.inner
             .embed(EmbedRequest {
@@ -337,15 +332,10 @@ impl Engine for EncoderPortEngine {
         ids.map(Some).map_err(map_err)
     }
 
-    fn embed(&self, job: EmbedJob) -> Result<EmbedReply, PortError> {
-        let inputs = match job.tokens {
-            Some(t) => t,
-            None => job
-                .inputs
-                .iter()
-                .map(|i| self.embed_tokens(i, false).map(Option::unwrap_or_default))
-                .collect::<Result<_, _>>()?,
-        };
+    fn embed(&self, mut job: EmbedJob) -> Result<EmbedReply, PortError> {
+        let inputs = job_tokens(job.tokens.take(), &job.inputs, |i| {
+            self.embed_tokens(i, false)
+        })?;
         let pooling = job.pooling.unwrap_or(self.inner.info().embed.pooling);
         let (reply, answer) = tokio::sync::oneshot::channel();
         self.inner
@@ -458,5 +448,20 @@ impl EngineFactory for CandleFactory {
             engine,
             model_ref.to_string(),
         )))
+    }
+}
+
+/// A job's inputs as token ids: those admission counted, else each input tokenized by `count`.
+fn job_tokens(
+    tokens: Option<Vec<Vec<u32>>>,
+    inputs: &[EmbedInput],
+    count: impl Fn(&EmbedInput) -> Result<Option<Vec<u32>>, PortError>,
+) -> Result<Vec<Vec<u32>>, PortError> {
+    match tokens {
+        Some(t) => Ok(t),
+        None => inputs
+            .iter()
+            .map(|i| count(i).map(Option::unwrap_or_default))
+            .collect(),
     }
 }

@@ -34,6 +34,33 @@ impl RemoteEngine {
     pub fn new(link: Arc<WorkerLink>, model: String, ctx: usize) -> Self {
         Self { link, model, ctx }
     }
+
+    /// Sends request `request_id` (already open on the link) to the worker for its backend's
+    /// `path`; the request is closed again when the socket cannot take it.
+    fn send_request(
+        &self,
+        request_id: &str,
+        path: &str,
+        is_streaming: bool,
+        body: String,
+        headers: std::collections::BTreeMap<String, String>,
+    ) -> Result<(), PortError> {
+        let sent = self.link.send(ServerToWorker::Request {
+            request_id: request_id.to_string(),
+            model: self.model.clone(),
+            endpoint_path: path.to_string(),
+            is_streaming,
+            body,
+            headers,
+        });
+        if !sent {
+            self.link.close_request(request_id);
+            return Err(PortError::Dead(
+                "the worker's socket is not writable".into(),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Engine for RemoteEngine {
@@ -115,21 +142,8 @@ impl Engine for RemoteEngine {
         if !job.correlation_id.is_empty() {
             headers.insert(CORRELATION_HEADER.to_string(), job.correlation_id.clone());
         }
-        let sent = self.link.send(ServerToWorker::Request {
-            request_id: request_id.clone(),
-            model: self.model.clone(),
-            endpoint_path: endpoint_path.to_string(),
-            // always: the server needs the tokens as they are made (WRK-REQ-4)
-            is_streaming: true,
-            body: body.to_string(),
-            headers,
-        });
-        if !sent {
-            self.link.close_request(&request_id);
-            return Err(PortError::Dead(
-                "the worker's socket is not writable".into(),
-            ));
-        }
+        // always streaming: the server needs the tokens as they are made (WRK-REQ-4)
+        self.send_request(&request_id, endpoint_path, true, body.to_string(), headers)?;
         let (tx, rx) = mpsc::channel(EVENT_CHANNEL_CAPACITY);
         let progress = Progress {
             scored: job.logprobs.is_some(),
@@ -176,20 +190,7 @@ impl Engine for RemoteEngine {
         };
         let mut headers = std::collections::BTreeMap::new();
         headers.insert("content-type".to_string(), "application/json".to_string());
-        let sent = self.link.send(ServerToWorker::Request {
-            request_id: request_id.clone(),
-            model: self.model.clone(),
-            endpoint_path: path.to_string(),
-            is_streaming: false,
-            body: body.to_string(),
-            headers,
-        });
-        if !sent {
-            self.link.close_request(&request_id);
-            return Err(PortError::Dead(
-                "the worker's socket is not writable".into(),
-            ));
-        }
+        self.send_request(&request_id, path, false, body.to_string(), headers)?;
         let (reply, answer) = tokio::sync::oneshot::channel();
         tokio::spawn(super::embed::relay(
             self.link.clone(),
