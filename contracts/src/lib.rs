@@ -33,7 +33,8 @@ pub use sse::{
     SseEnd, SseError, SseEvent, SseLogprobs, SseMetrics, SseStarted, SseToken, SseTokenLogprob,
 };
 pub use task::{
-    AdmissionResponse, ChatTurn, Prediction, Priority, PromptPart, StopField, StreamLinks,
-    TaskRecord, TaskRequest, TaskState, TaskStatus, TaskTimings, TerminalEvent, TranscriptEvent,
+    AdmissionResponse, ChatTurn, PlacementNote, PlacementReason, Prediction, Priority, PromptPart,
+    StopField, StreamLinks, TaskRecord, TaskRequest, TaskState, TaskStatus, TaskTimings,
+    TerminalEvent, TranscriptEvent,
 };
 pub use tenant::{TenantList, TenantStatus};

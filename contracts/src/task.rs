@@ -100,6 +100,12 @@ pub struct TaskRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[A-Za-z0-9._:-]{1,128}$")]
     pub session_id: Option<String>,
+    /// Keeps a conversation on the pool that holds its cache while that pool has room
+    /// (OpenAI's field of the same name); without it `session_id` does. 1-256 bytes, scoped to
+    /// the tenant.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(min_length = 1, max_length = 256)]
+    pub prompt_cache_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<Priority>,
     /// Sampling seed; a random one is chosen and recorded when absent.
@@ -240,6 +246,48 @@ pub struct TaskTimings {
     pub total_ms: Option<u64>,
 }
 
+/// Why a task's pool was chosen (`orchd_placement_total{reason}` counts the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PlacementReason {
+    /// The task named its pool (`pool_id`).
+    Pinned,
+    /// Its conversation (`prompt_cache_key`, `user`, `session_id`) ran there before, and the
+    /// pool had room.
+    Affinity,
+    /// The pool held the longest cached prefix of its prompt.
+    Cache,
+    /// The least loaded pool: no cache counted.
+    Load,
+}
+
+impl PlacementReason {
+    pub const ALL: [PlacementReason; 4] = [
+        PlacementReason::Pinned,
+        PlacementReason::Affinity,
+        PlacementReason::Cache,
+        PlacementReason::Load,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PlacementReason::Pinned => "pinned",
+            PlacementReason::Affinity => "affinity",
+            PlacementReason::Cache => "cache",
+            PlacementReason::Load => "load",
+        }
+    }
+}
+
+/// The placement decision of a task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct PlacementNote {
+    pub reason: PlacementReason,
+    /// Prompt tokens the chosen pool held from a cached prefix when it was chosen, as its
+    /// published block hashes told (a multiple of the 16-token block).
+    pub held_tokens: u32,
+}
+
 /// The per-task record (artifact): params with the prompt redacted, placement, timings,
 /// terminal event and transcript. Every admitted task leaves one, failed ones too.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -267,6 +315,9 @@ pub struct TaskRecord {
     /// In a cluster: the replica that ran it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica: Option<String>,
+    /// Why this replica chose the pool it ran on (absent: not placed here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementNote>,
     pub ctx: u32,
     pub timings: TaskTimings,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -374,6 +374,7 @@ impl CandleEngine {
             reused_tokens: std::sync::atomic::AtomicU64::new(0),
             prompt_cache_bytes: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
+            held: Default::default(),
         });
         // candle's rayon-based ops run on the decode thread alone (they are small); the
         // kernels and candle's other ops on the process's spinning compute pool
@@ -522,6 +523,11 @@ impl CandleEngine {
     /// Bytes the host-memory prompt cache holds now.
     pub fn prompt_cache_bytes(&self) -> usize {
         self.shared.prompt_cache_bytes.load(Ordering::Relaxed)
+    }
+
+    /// The prefixes its rows and prompt cache hold, as the decode thread last published them.
+    pub fn cached_prefixes(&self) -> Arc<engine_port::CachedPrefixes> {
+        self.shared.held.get()
     }
 
     /// One of the engine's slots for a sequence to [`CandleEngine::submit`], or `None` when

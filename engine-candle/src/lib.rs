@@ -24,6 +24,7 @@ mod engine;
 mod error;
 pub mod fresh_pages;
 mod geglu;
+mod held_prefixes;
 mod hparams;
 #[cfg(test)]
 mod kquant_parity;

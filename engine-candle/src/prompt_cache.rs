@@ -30,6 +30,9 @@ pub(crate) struct PromptCache {
     entries: VecDeque<(Entry, usize)>,
     bytes: usize,
     limit: usize,
+    /// Changes with every insert (and the evictions it makes): what it holds is published
+    /// again when this moves.
+    generation: u64,
 }
 
 /// Length of the common prefix of two token lists.
@@ -44,7 +47,17 @@ impl PromptCache {
             entries: VecDeque::new(),
             bytes: 0,
             limit,
+            generation: 0,
         }
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// The token lists it holds, most recently used first.
+    pub fn sequences(&self) -> impl Iterator<Item = &[u32]> {
+        self.entries.iter().rev().map(|(e, _)| e.tokens.as_slice())
     }
 
     pub fn bytes(&self) -> usize {
@@ -86,6 +99,7 @@ impl PromptCache {
         }
         self.bytes += size;
         self.entries.push_back((entry, size));
+        self.generation += 1;
     }
 
     /// The entry sharing the longest prefix with `prompt`, if that prefix is longer than

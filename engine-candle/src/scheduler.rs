@@ -22,6 +22,7 @@ use crate::contention::Governor;
 use crate::embed_job::EmbedRequest;
 use crate::embed_rows::{After, EmbedRun};
 use crate::error::EngineError;
+use crate::held_prefixes::{Held, Publisher};
 use crate::model::{KvCache, Model, Segment};
 use crate::prompt_cache::{common_prefix, Entry, PromptCache};
 use crate::step_budget::StepBudget;
@@ -30,8 +31,8 @@ use crate::sampling::Sampler;
 use crate::text_stream::TextStream;
 use crate::tokenizer::GgufTokenizer;
 use engine_port::{
-    FailureNote, Finish, FinishReason, PortError, SamplingParams, SeqEvent, SlotPermit, Slots,
-    StepLogprobs, TokenLogprob, MAX_TOP_LOGPROBS,
+    CachedPrefixes, FailureNote, Finish, FinishReason, PortError, SamplingParams, SeqEvent,
+    SlotPermit, Slots, StepLogprobs, TokenLogprob, MAX_TOP_LOGPROBS,
 };
 
 /// A generation request for one sequence.
@@ -155,6 +156,9 @@ pub(crate) struct Shared {
     pub reused_tokens: std::sync::atomic::AtomicU64,
     /// Bytes the host-memory prompt cache holds.
     pub prompt_cache_bytes: AtomicUsize,
+    /// The prefixes the rows and the prompt cache hold, as published after the last step
+    /// that changed them.
+    pub held: Held,
 }
 
 /// A cache row no sequence runs in, with the prompt tokens whose keys and values it still
@@ -217,6 +221,7 @@ pub(crate) struct Scheduler {
     draining: Vec<Draining>,
     /// Prompts whose rows were taken by others.
     saved: PromptCache,
+    publisher: Publisher,
 }
 
 impl Scheduler {
@@ -251,6 +256,7 @@ impl Scheduler {
             waiting: VecDeque::new(),
             draining: Vec::new(),
             saved: PromptCache::new(prompt_cache_bytes),
+            publisher: Publisher::default(),
         }
     }
 
@@ -292,6 +298,7 @@ impl Scheduler {
                 // every running sequence waits for its receiver: do not spin
                 std::thread::sleep(Duration::from_millis(1));
             }
+            self.publish_held();
             governor.after_step();
         }
     }
@@ -301,6 +308,35 @@ impl Scheduler {
             Command::Submit(req, at) => self.waiting.push_back((req, at)),
             Command::Embed(req) => self.embed_waiting.push_back(req),
         }
+    }
+
+    /// Publishes what the rows and the prompt cache hold when that changed: the running
+    /// sequences' prompts, the prompts going through so far, the free rows' (most recently
+    /// freed first), then the prompt cache's entries.
+    fn publish_held(&mut self) {
+        let mut rows = Vec::with_capacity(self.slots);
+        rows.extend(
+            self.running
+                .iter()
+                .map(|s| (s.row, s.req.prompt_tokens.len())),
+        );
+        rows.extend(self.prefilling.iter().map(|p| (p.row, p.done)));
+        rows.extend(self.free.iter().map(|f| (f.row, f.cached.len())));
+        if !self.publisher.changed(rows, self.saved.generation()) {
+            return;
+        }
+        let running = self.running.iter().map(|s| s.req.prompt_tokens.as_slice());
+        let prefilling = self
+            .prefilling
+            .iter()
+            .map(|p| &p.req.prompt_tokens[..p.done]);
+        let free = self.free.iter().rev().map(|f| f.cached.as_slice());
+        self.shared.held.set(CachedPrefixes::of(
+            running
+                .chain(prefilling)
+                .chain(free)
+                .chain(self.saved.sequences()),
+        ));
     }
 
     fn flush_draining(&mut self) {

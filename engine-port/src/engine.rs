@@ -153,4 +153,10 @@ pub trait Engine: Send + Sync + 'static {
     fn prompt_cache_bytes(&self) -> u64 {
         0
     }
+    /// The prefixes its rows and prompt cache hold now, as block hashes (`None`: the engine
+    /// does not say, e.g. a backend that keeps its cache to itself). Placement prefers the
+    /// pool holding the longest prefix of a task's prompt.
+    fn cached_prefixes(&self) -> Option<std::sync::Arc<crate::CachedPrefixes>> {
+        None
+    }
 }

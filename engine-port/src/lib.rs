@@ -9,6 +9,7 @@ mod engine;
 mod error;
 mod events;
 mod job;
+mod prefix;
 mod sampling;
 mod slots;
 
@@ -20,6 +21,9 @@ pub use error::PortError;
 pub use events::{Finish, FinishReason, SeqEvent, StepLogprobs, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use job::{
     ChatTurn, EngineJob, FailureNote, OutputConstraint, PromptInput, PromptPart, StopCause,
+};
+pub use prefix::{
+    prefix_chain, CachedPrefixes, CHAIN_SEED, MAX_PUBLISHED_BLOCKS, PREFIX_BLOCK_TOKENS,
 };
 pub use sampling::SamplingParams;
 pub use slots::{SlotPermit, Slots};

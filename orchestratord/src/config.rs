@@ -364,6 +364,34 @@ impl Default for SessionConfig {
     }
 }
 
+/// How placement weighs what a pool has cached against its load (PLACE-1..4).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PlacementConfig {
+    /// Cached prompt tokens below which a pool's cache does not count (one shared short
+    /// system prompt must not decide); 0 counts any held block.
+    pub min_cached_tokens: usize,
+    /// A pool is preferred for its cache or a session only while the sequences it runs once
+    /// it takes the task stay within this many times its fair share (the mean load of the
+    /// pools serving the model, by slots), or one above that share where that is more.
+    pub load_bound: f64,
+    /// Conversations (`prompt_cache_key`, `user`, `session_id`) whose pool is remembered.
+    pub sessions: usize,
+    /// A conversation not seen for this long is forgotten.
+    pub session_idle_ms: u64,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        Self {
+            min_cached_tokens: 64,
+            load_bound: 1.5,
+            sessions: 65_536,
+            session_idle_ms: 1_800_000,
+        }
+    }
+}
+
 /// Pools created at run time through the Kolosal `POST /engines` API.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -969,6 +997,7 @@ pub struct Config {
     pub timeouts: TimeoutConfig,
     pub metrics: MetricsConfig,
     pub sessions: SessionConfig,
+    pub placement: PlacementConfig,
     pub engines_api: EnginesApiConfig,
     pub hyperswarm: HyperswarmConfig,
     pub workers: WorkersConfig,
@@ -993,6 +1022,7 @@ impl Default for Config {
             timeouts: TimeoutConfig::default(),
             metrics: MetricsConfig::default(),
             sessions: SessionConfig::default(),
+            placement: PlacementConfig::default(),
             engines_api: EnginesApiConfig::default(),
             hyperswarm: HyperswarmConfig::default(),
             workers: WorkersConfig::default(),
@@ -1228,6 +1258,15 @@ impl Config {
             return bad("queue.capacity must be at least 1".into());
         }
         self.cluster.check().map_err(ConfigError::Invalid)?;
+        if !(self.placement.load_bound >= 1.0 && self.placement.load_bound.is_finite()) {
+            return bad(format!(
+                "placement.load_bound must be a number of at least 1.0, got {}",
+                self.placement.load_bound
+            ));
+        }
+        if self.placement.sessions == 0 {
+            return bad("placement.sessions must be at least 1".into());
+        }
         for (name, t) in &self.queue.tenants {
             if let Err(why) = t.check() {
                 return bad(format!("queue.tenants.{name}: {why}"));

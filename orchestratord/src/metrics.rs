@@ -312,8 +312,8 @@ pub fn upkeep(
     for (s, queued) in pools {
         pool(s, *queued);
         counter!(TASKS_STARTED, L_POOL => s.id.clone()).increment(0);
-        for reason in ["pinned", "auto"] {
-            counter!(PLACEMENTS, L_POOL => s.id.clone(), L_REASON => reason).increment(0);
+        for reason in contracts::PlacementReason::ALL {
+            counter!(PLACEMENTS, L_POOL => s.id.clone(), L_REASON => reason.as_str()).increment(0);
         }
     }
 }
@@ -449,9 +449,8 @@ pub fn started(pool: &str) {
     counter!(TASKS_STARTED, L_POOL => pool.to_string()).increment(1);
 }
 
-pub fn placement(pool: &str, pinned: bool) {
-    let reason = if pinned { "pinned" } else { "auto" };
-    counter!(PLACEMENTS, L_POOL => pool.to_string(), L_REASON => reason).increment(1);
+pub fn placement(pool: &str, reason: contracts::PlacementReason) {
+    counter!(PLACEMENTS, L_POOL => pool.to_string(), L_REASON => reason.as_str()).increment(1);
 }
 
 pub fn cancelled(r: CancelReason) {

@@ -59,6 +59,10 @@ pub fn build_state(
             cfg.stream.max_retained_tasks,
         ),
         sessions: SessionStore::new(cfg.sessions.clone()),
+        placement_sessions: crate::lifecycle::placement::PlacementSessions::new(
+            cfg.placement.sessions,
+            Duration::from_millis(cfg.placement.session_idle_ms),
+        ),
         running: Default::default(),
         pools,
         wake,

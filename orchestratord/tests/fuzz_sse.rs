@@ -46,6 +46,7 @@ fn task(id: usize) -> Arc<Task> {
         },
         prompt_tokens: 1,
         prompt_ids: None,
+        conversation: None,
         embed_ids: None,
         params: Value::Null,
         ctx: 256,

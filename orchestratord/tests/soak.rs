@@ -1,4 +1,4 @@
-//! The reliability suite's CI version: a minute of the soak (`orchd_tools::soak`; the
+//! The reliability suite's CI version: half a minute of the soak (`orchd_tools::soak`; the
 //! long runs are `orchd-soak --minutes 30`) on the real engine, every adapter, with cancels,
 //! disconnects, resumes, late subscribers, session budgets, drains, resumes and reloads.
 //! Nothing may be lost, doubled, streamed after a cancel, answered 5xx, or left holding a slot.
@@ -19,7 +19,7 @@ async fn soak_on_the_real_engine_loses_nothing() {
     let secs: u64 = std::env::var("ORCHD_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(30);
     let model = default_model_path();
     let scratch = std::env::temp_dir().join(format!("orchd-soak-test-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).unwrap();

@@ -247,6 +247,10 @@ impl Engine for CandlePortEngine {
     fn prompt_cache_bytes(&self) -> u64 {
         self.inner.prompt_cache_bytes() as u64
     }
+
+    fn cached_prefixes(&self) -> Option<Arc<engine_port::CachedPrefixes>> {
+        Some(self.inner.cached_prefixes())
+    }
 }
 
 /// A loaded encoder (BERT) seen through the port: it embeds and ranks, it does not generate.

@@ -506,6 +506,7 @@ mod tests {
             prompt_tokens_reused: 0,
             embed_passes: None,
             prompt_cache_bytes: 0,
+            cached_prefixes: None,
         }
     }
 

@@ -66,6 +66,11 @@ pub async fn build(
         spec: v.into_spec(),
         prompt_tokens,
         prompt_ids,
+        conversation: req
+            .prompt_cache_key
+            .as_deref()
+            .or(req.session_id.as_deref())
+            .map(|k| crate::lifecycle::placement::ConversationKey::of(&h.owner, k)),
         // counted again where it runs
         embed_ids: None,
         params: redact(req),

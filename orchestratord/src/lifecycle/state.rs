@@ -25,6 +25,8 @@ pub struct AppState {
     /// The tasks in a slot now, by pool (for start predictions).
     pub running: crate::lifecycle::running::RunningTasks,
     pub sessions: SessionStore,
+    /// Which pool each conversation last ran on (placement's session affinity).
+    pub placement_sessions: crate::lifecycle::placement::PlacementSessions,
     /// Wakes the dispatcher: new task queued, slot freed, pool state changed.
     pub wake: Arc<Notify>,
     pub metrics: PrometheusHandle,

@@ -9,6 +9,7 @@ use contracts::{
 };
 use pool_manager::{EngineDescriptor, OutputConstraint, PromptInput, SamplingParams, StopCause};
 
+use super::placement::ConversationKey;
 use super::request_work::PromptIds;
 use serde::Serialize;
 use tokio::sync::watch;
@@ -135,6 +136,8 @@ pub struct TaskInner {
     pub cached_prompt_tokens: u32,
     /// Followed while another replica runs it: where it runs, as that replica said.
     pub placed_elsewhere: Option<crate::lifecycle::handoff::Placed>,
+    /// Why the pool it runs on was chosen (placed here).
+    pub placement: Option<contracts::PlacementNote>,
 }
 
 impl TaskInner {
@@ -157,6 +160,10 @@ pub struct Task {
     pub prompt_tokens: usize,
     /// The prompt's token ids as admission counted them (engines that take token ids).
     pub prompt_ids: Option<PromptIds>,
+    /// The block hashes of those ids (placement compares them with what pools hold).
+    pub prefix_chain: Vec<u64>,
+    /// The conversation it belongs to, for placement's session affinity.
+    pub conversation: Option<ConversationKey>,
     /// An embedding task's inputs as admission counted them.
     pub embed_ids: Option<EmbedIds>,
     /// The request with the prompt redacted, for the record.
@@ -221,6 +228,7 @@ pub struct NewTask {
     pub spec: RunSpec,
     pub prompt_tokens: usize,
     pub prompt_ids: Option<PromptIds>,
+    pub conversation: Option<ConversationKey>,
     pub embed_ids: Option<EmbedIds>,
     pub params: serde_json::Value,
     pub ctx: usize,
@@ -252,7 +260,13 @@ impl Task {
             model: n.model,
             spec: n.spec,
             prompt_tokens: n.prompt_tokens,
+            prefix_chain: n
+                .prompt_ids
+                .as_ref()
+                .map(|p| pool_manager::prefix_chain(&p.ids))
+                .unwrap_or_default(),
             prompt_ids: n.prompt_ids,
+            conversation: n.conversation,
             embed_ids: n.embed_ids,
             params: n.params,
             ctx: n.ctx,
@@ -273,6 +287,7 @@ impl Task {
                 pool_id: None,
                 engine: None,
                 placed_elsewhere: None,
+                placement: None,
                 placed_at: None,
                 first_token_at: None,
                 last_token_at: None,
@@ -695,6 +710,7 @@ impl Task {
                 .map(|e| e.model_ref.clone())
                 .or_else(|| elsewhere.map(|p| p.model_ref.clone())),
             replica: elsewhere.map(|p| p.replica.clone()),
+            placement: g.placement.clone(),
             ctx: self.ctx as u32,
             timings: TaskTimings {
                 queued_ms: since(g.placed_at),
@@ -760,6 +776,7 @@ pub(crate) fn test_task(id: &str, rank: Option<Instant>) -> std::sync::Arc<Task>
         },
         prompt_tokens: 1,
         prompt_ids: None,
+        conversation: None,
         embed_ids: None,
         params: serde_json::Value::Null,
         ctx: 16,

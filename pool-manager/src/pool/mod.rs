@@ -88,6 +88,9 @@ pub struct PoolSnapshot {
     pub embed_passes: Option<(u64, u64)>,
     /// Bytes the current engine's host-memory prompt cache holds.
     pub prompt_cache_bytes: u64,
+    /// The prefixes the current engine holds, as it last published them (`None`: it does not
+    /// say).
+    pub cached_prefixes: Option<Arc<crate::port::CachedPrefixes>>,
 }
 
 impl PoolSnapshot {
@@ -323,6 +326,7 @@ impl Pool {
             prompt_tokens_reused: g.engine.as_ref().map_or(0, |e| e.prompt_tokens_reused()),
             embed_passes: g.engine.as_ref().and_then(|e| e.embed_passes()),
             prompt_cache_bytes: g.engine.as_ref().map_or(0, |e| e.prompt_cache_bytes()),
+            cached_prefixes: g.engine.as_ref().and_then(|e| e.cached_prefixes()),
         }
     }
 

@@ -84,6 +84,7 @@ fn to_task(req: &ChatRequest, tools: Option<&Toolbox>) -> Result<TaskRequest, Ap
         presence_penalty: req.presence_penalty,
         frequency_penalty: req.frequency_penalty,
         session_id: super::session_of(req.user.as_deref()),
+        prompt_cache_key: req.prompt_cache_key.clone(),
         top_k: req.top_k,
         min_p: req.min_p,
         repetition_penalty: req.repetition_penalty,

@@ -96,6 +96,7 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
                 presence_penalty: req.presence_penalty,
                 frequency_penalty: req.frequency_penalty,
                 session_id: super::session_of(req.user.as_deref()),
+                prompt_cache_key: req.prompt_cache_key.clone(),
                 priority: req.priority,
                 top_k: req.top_k,
                 min_p: req.min_p,

@@ -155,6 +155,9 @@ pub struct ChatRequest {
     pub n: Option<u32>,
     /// Used as the session id (budgets, accounting) when 1..=128 bytes.
     pub user: Option<String>,
+    /// Keeps the conversation on the pool holding its cache while that pool has room (else
+    /// `user` does), 1-256 bytes.
+    pub prompt_cache_key: Option<String>,
     /// Sampling extensions (llama.cpp's and vLLM's names): 0 disables top-k.
     pub top_k: Option<u32>,
     #[schema(minimum = 0.0, maximum = 1.0)]
@@ -266,6 +269,9 @@ pub struct CompletionRequest {
     /// TensorRT-LLM's `priority`); default the tenant's highest allowed.
     pub priority: Option<contracts::Priority>,
     pub user: Option<String>,
+    /// Keeps the conversation on the pool holding its cache while that pool has room (else
+    /// `user` does), 1-256 bytes.
+    pub prompt_cache_key: Option<String>,
     /// Sampling extensions (llama.cpp's and vLLM's names): 0 disables top-k.
     pub top_k: Option<u32>,
     #[schema(minimum = 0.0, maximum = 1.0)]

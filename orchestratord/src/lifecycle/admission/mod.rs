@@ -29,6 +29,7 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::deadline::{self, Delivery, Limits, Plan};
 use crate::lifecycle::eta;
+use crate::lifecycle::placement::ConversationKey;
 use crate::lifecycle::state::SharedState;
 use crate::lifecycle::task::{Claimant, NewTask, Task};
 use crate::lifecycle::task_store::Inserted;
@@ -287,6 +288,11 @@ fn new_task(
         spec: v.into_spec(),
         prompt_tokens: prepared.n_prompt,
         prompt_ids: prepared.ids.clone(),
+        conversation: req
+            .prompt_cache_key
+            .as_deref()
+            .or(req.session_id.as_deref())
+            .map(|k| ConversationKey::of(caller.tenant(), k)),
         embed_ids: prepared.embed_ids.clone(),
         params: redact(req),
         ctx: prepared.ctx,

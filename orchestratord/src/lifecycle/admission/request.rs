@@ -262,8 +262,21 @@ fn check_ids(req: &TaskRequest) -> Result<(), ApiError> {
             ));
         }
     }
+    if req
+        .prompt_cache_key
+        .as_deref()
+        .is_some_and(|k| k.is_empty() || k.len() > MAX_CACHE_KEY_BYTES)
+    {
+        return Err(ApiError::invalid(
+            "prompt_cache_key",
+            format!("prompt_cache_key must be 1-{MAX_CACHE_KEY_BYTES} bytes"),
+        ));
+    }
     Ok(())
 }
+
+/// The longest `prompt_cache_key` taken.
+pub const MAX_CACHE_KEY_BYTES: usize = 256;
 
 pub fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiError> {
     let a = &state.cfg.admission;

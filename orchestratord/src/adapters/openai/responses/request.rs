@@ -190,6 +190,7 @@ pub fn to_task(req: &ResponsesRequest) -> Result<(TaskRequest, Option<Toolbox>),
         temperature: req.temperature,
         top_p: req.top_p,
         session_id: crate::adapters::openai::session_of(user),
+        prompt_cache_key: req.prompt_cache_key.clone(),
         json_schema,
         priority: req.priority,
         ..Default::default()

@@ -96,7 +96,8 @@ pub struct ResponsesRequest {
     /// The end user: the session, as chat's `user`.
     pub user: Option<String>,
     pub safety_identifier: Option<String>,
-    /// Accepted: this server keeps its own prompt cache.
+    /// Keeps the conversation on the pool holding its cache while that pool has room
+    /// (else `user` does), 1-256 bytes.
     pub prompt_cache_key: Option<String>,
     /// Echoed back.
     #[schema(value_type = Option<Object>)]

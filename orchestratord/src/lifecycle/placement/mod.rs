@@ -1,12 +1,19 @@
 //! Placement: which pool runs a queued task. A pin means that pool only, never a fallback;
-//! otherwise the Ready pools serving the model, most free slots first (a remote worker's
-//! reported load counts as busy), then least engine load, then lowest recent latency, then
-//! pool id.
+//! otherwise, among the Ready pools serving the model that have a free slot: the
+//! conversation's pool while it has room, then the pool holding the longest cached prefix of
+//! the prompt, then the least loaded (most free slots — a remote worker's reported load counts
+//! as busy — then least engine load, then lowest recent latency, then pool id); cache and
+//! session count only within the load bound (`score.rs`). The choice and its reason go to the
+//! task record and `orchd_placement_total{pool, reason}`.
 
-use std::cmp::Ordering;
+mod score;
+mod sessions;
 
-use contracts::ErrorCode;
+use contracts::{ErrorCode, PlacementNote};
 use pool_manager::{PoolState, SlotLease};
+
+pub use score::{order, Candidate, Reason, Weights};
+pub use sessions::{ConversationKey, PlacementSessions};
 
 use crate::lifecycle::state::AppState;
 use crate::lifecycle::task::Task;
@@ -50,8 +57,7 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
         }
         return match pool.try_lease() {
             Some(lease) => {
-                metrics::placement(pin, true);
-                tracing::debug!(task_id = %task.id, pool = %pin, "placed on pinned pool");
+                placed(state, task, pin, Reason::Pinned, 0);
                 Placement::Leased(lease)
             }
             None => Placement::Wait,
@@ -89,32 +95,69 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
             ),
         );
     }
-    let mut candidates: Vec<_> = snapshots
-        .into_iter()
+    // (slots used, slots) of every pool serving the model that takes work: the mean load
+    let loads: Vec<(usize, usize)> = snapshots
+        .iter()
+        .filter(|(s, _)| s.accepts_work)
+        .map(|(s, _)| (s.slots_total - s.slots_free(), s.slots_total))
+        .collect();
+    let free: Vec<_> = snapshots
+        .iter()
         .filter(|(s, _)| s.accepts_work && s.slots_free() > 0)
         .collect();
-    candidates.sort_by(|(a, _), (b, _)| {
-        b.slots_free()
-            .cmp(&a.slots_free())
-            .then_with(|| a.engine_load.unwrap_or(0).cmp(&b.engine_load.unwrap_or(0)))
-            .then_with(|| {
-                let la = a.service_ms_ewma.unwrap_or(f64::MAX);
-                let lb = b.service_ms_ewma.unwrap_or(f64::MAX);
-                la.partial_cmp(&lb).unwrap_or(Ordering::Equal)
-            })
-            .then_with(|| a.id.cmp(&b.id))
-    });
+    let candidates: Vec<Candidate<'_>> = free
+        .iter()
+        .map(|(s, _)| Candidate {
+            id: &s.id,
+            slots_total: s.slots_total,
+            used: s.slots_total - s.slots_free(),
+            engine_load: s.engine_load.unwrap_or(0),
+            service_ms: s.service_ms_ewma,
+            held_tokens: s
+                .cached_prefixes
+                .as_ref()
+                .map_or(0, |held| held.held_tokens(&task.prefix_chain)),
+        })
+        .collect();
+    let affinity = task
+        .conversation
+        .and_then(|k| state.placement_sessions.pool_of(k));
+    let weights = Weights {
+        min_cached_tokens: state.cfg.placement.min_cached_tokens,
+        load_bound: state.cfg.placement.load_bound,
+    };
+    let ranked = order(&candidates, &loads, affinity.as_deref(), weights);
     tracing::debug!(
         task_id = %task.id,
-        candidates = ?candidates.iter().map(|(s, _)| (s.id.as_str(), s.slots_free())).collect::<Vec<_>>(),
+        candidates = ?ranked,
         "placement candidates"
     );
-    for (snap, pool) in candidates {
+    for (id, reason) in ranked {
+        let Some(((_, pool), held)) = free
+            .iter()
+            .zip(&candidates)
+            .find(|((s, _), _)| s.id == id)
+            .map(|(f, c)| (*f, c.held_tokens))
+        else {
+            continue;
+        };
         if let Some(lease) = pool.try_lease() {
-            metrics::placement(&snap.id, false);
-            tracing::debug!(task_id = %task.id, pool = %snap.id, "placed");
+            placed(state, task, id, reason, held);
             return Placement::Leased(lease);
         }
     }
     Placement::Wait
+}
+
+/// Notes where `task` goes and why: its record, the metric, its conversation's pool.
+fn placed(state: &AppState, task: &Task, pool: &str, reason: Reason, held_tokens: usize) {
+    metrics::placement(pool, reason);
+    tracing::debug!(task_id = %task.id, pool, reason = reason.as_str(), held_tokens, "placed");
+    if let Some(k) = task.conversation {
+        state.placement_sessions.ran_on(k, pool);
+    }
+    task.lock().placement = Some(PlacementNote {
+        reason,
+        held_tokens: held_tokens as u32,
+    });
 }

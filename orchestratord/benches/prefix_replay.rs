@@ -1,0 +1,330 @@
+//! Cache-aware placement against load-only placement (PLACE-BENCH-1): a multi-turn chat
+//! replay — 16 conversations of 6 turns, 8 at a time, each turn resending the whole
+//! conversation as chat clients do — through one server with two pools of the default model
+//! (4 slots each). `cache`: the server as configured by default (PLACE-2/3: prefixes and
+//! `prompt_cache_key`); `load`: the same server with `placement.min_cached_tokens` out of reach
+//! and no keys sent, so only load places. Paired runs alternate which goes first; medians of
+//! TTFT p50 and p90 over the turns after the first, of the prompt tokens served from cache
+//! (OpenAI's `cached_tokens` over `prompt_tokens`), and of the wall time. Also: what a
+//! prompt's block hash chain costs (16-token blocks).
+//!
+//! `cargo bench -p orchestratord --bench prefix_replay` (env `PAIRS`, `CONVERSATIONS`,
+//! `TURNS`, `AT_ONCE`, `MAX_TOKENS`); under `cargo test` one tiny pair as a smoke test.
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::Semaphore;
+
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn spawn(port: u16, config: &str) -> Proc {
+    let dir =
+        std::env::temp_dir().join(format!("orchd-bench-replay-{}-{port}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let cfg = dir.join("config.toml");
+    std::fs::write(&cfg, config).expect("config");
+    let log = std::fs::File::create(dir.join("log.txt")).expect("log");
+    let child = Command::new(env!("CARGO_BIN_EXE_orchestratord"))
+        .arg("--config")
+        .arg(&cfg)
+        .args(["--bind", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "warn")
+        .env("ORCHD_RECORDS_PATH", dir.join("records.sqlite3"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("spawn orchestratord");
+    Proc(child)
+}
+
+async fn wait_ready(client: &reqwest::Client, base: &str, pools: usize) {
+    for _ in 0..2400 {
+        if let Ok(r) = client.get(format!("{base}/v1/pools")).send().await {
+            if let Ok(v) = r.json::<Value>().await {
+                let ready = v["pools"]
+                    .as_array()
+                    .map_or(0, |a| a.iter().filter(|p| p["ready"] == true).count());
+                if ready == pools {
+                    return;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{base} never had its pools ready");
+}
+
+/// One streamed turn: (TTFT ms, the answer, prompt tokens, cached tokens).
+async fn turn(
+    client: &reqwest::Client,
+    base: &str,
+    messages: &[Value],
+    key: Option<&str>,
+    max_tokens: usize,
+) -> (f64, String, u64, u64) {
+    let mut body = json!({
+        "model": "smol", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+        "stream": true, "stream_options": {"include_usage": true},
+    });
+    if let Some(k) = key {
+        body["prompt_cache_key"] = json!(k);
+    }
+    let began = Instant::now();
+    let r = client
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("chat");
+    assert_eq!(r.status(), 200, "{base}");
+    let mut stream = r.bytes_stream();
+    let (mut buf, mut answer, mut ttft, mut usage) = (String::new(), String::new(), None, None);
+    while let Some(chunk) = stream.next().await {
+        buf.push_str(&String::from_utf8_lossy(&chunk.expect("body")));
+        while let Some(end) = buf.find("\n\n") {
+            let frame: String = buf.drain(..end + 2).collect();
+            let Some(data) = frame.trim().strip_prefix("data: ") else {
+                continue;
+            };
+            let Ok(v) = serde_json::from_str::<Value>(data) else {
+                continue;
+            };
+            if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
+                ttft.get_or_insert_with(|| began.elapsed().as_secs_f64() * 1e3);
+                answer.push_str(t);
+            }
+            if v["usage"].is_object() {
+                usage = Some(v["usage"].clone());
+            }
+        }
+    }
+    let usage = usage.expect("a usage frame");
+    (
+        ttft.unwrap_or_else(|| began.elapsed().as_secs_f64() * 1e3),
+        answer,
+        usage["prompt_tokens"].as_u64().unwrap_or(0),
+        usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap_or(0),
+    )
+}
+
+fn opening(k: usize) -> String {
+    let mut s = format!(
+        "Conversation {k}. You help me keep a travel diary; answer in one short sentence. "
+    );
+    for i in 0..30 {
+        s.push_str(&format!(
+            "Day {i} of trip {k}: we walked {} kilometres and ate at place number {}. ",
+            (i * 7 + k) % 23 + 1,
+            (i * 13 + k * 5) % 97
+        ));
+    }
+    s.push_str("What was the best day?");
+    s
+}
+
+struct Replay {
+    ttft_p50: f64,
+    ttft_p90: f64,
+    hit: f64,
+    wall_s: f64,
+}
+
+#[derive(Clone, Copy)]
+struct Shape {
+    conversations: usize,
+    turns: usize,
+    at_once: usize,
+    max_tokens: usize,
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return 0.0;
+    }
+    v[((v.len() - 1) as f64 * p).round() as usize]
+}
+
+async fn replay(client: &reqwest::Client, base: &str, keys: bool, s: Shape, run: usize) -> Replay {
+    let gate = Arc::new(Semaphore::new(s.at_once));
+    let began = Instant::now();
+    let handles: Vec<_> = (0..s.conversations)
+        .map(|k| {
+            let (client, base, gate) = (client.clone(), base.to_string(), gate.clone());
+            tokio::spawn(async move {
+                let _one = gate.acquire_owned().await.expect("gate");
+                // a fresh conversation each run: nothing of it cached before
+                let key = keys.then(|| format!("run{run}-conv{k}"));
+                let mut messages =
+                    vec![json!({"role": "user", "content": format!("Run {run}. {}", opening(k))})];
+                let mut out = Vec::new();
+                for t in 0..s.turns {
+                    let r = turn(&client, &base, &messages, key.as_deref(), s.max_tokens).await;
+                    messages.push(json!({"role": "assistant", "content": r.1}));
+                    messages
+                        .push(json!({"role": "user", "content": format!("And on day {}?", t + 3)}));
+                    out.push((t, r.0, r.2, r.3));
+                }
+                out
+            })
+        })
+        .collect();
+    let (mut ttfts, mut prompt, mut cached) = (Vec::new(), 0u64, 0u64);
+    for h in handles {
+        for (t, ttft, p, c) in h.await.expect("conversation") {
+            if t > 0 {
+                ttfts.push(ttft);
+            }
+            prompt += p;
+            cached += c;
+        }
+    }
+    Replay {
+        ttft_p50: pct(&mut ttfts, 0.5),
+        ttft_p90: pct(&mut ttfts, 0.9),
+        hit: cached as f64 / prompt.max(1) as f64,
+        wall_s: began.elapsed().as_secs_f64(),
+    }
+}
+
+fn env_or(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    pct(&mut v, 0.5)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let model = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../.cache/models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !model.exists() {
+        eprintln!(
+            "prefix_replay bench: {} missing (run ci/fetch-model.sh); skipped",
+            model.display()
+        );
+        return;
+    }
+    let (pairs, shape) = if full {
+        (
+            env_or("PAIRS", 3),
+            Shape {
+                conversations: env_or("CONVERSATIONS", 16),
+                turns: env_or("TURNS", 6),
+                at_once: env_or("AT_ONCE", 8),
+                max_tokens: env_or("MAX_TOKENS", 16),
+            },
+        )
+    } else {
+        (
+            1,
+            Shape {
+                conversations: 2,
+                turns: 2,
+                at_once: 2,
+                max_tokens: 4,
+            },
+        )
+    };
+    // the chain of a 4,096-token prompt, as placement computes it once per task
+    let tokens: Vec<u32> = (0..4096u32)
+        .map(|i| i.wrapping_mul(2654435761) % 49152)
+        .collect();
+    let n = if full { 2000 } else { 10 };
+    let t0 = Instant::now();
+    let mut blocks = 0;
+    for _ in 0..n {
+        blocks += std::hint::black_box(pool_manager::prefix_chain(&tokens)).len();
+    }
+    let chain_us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+    let pools = |extra: &str| {
+        format!(
+            "{extra}[[pools]]\nid = \"a\"\nmodel = \"{m}\"\nalias = \"smol\"\nslots = 4\nctx = 2048\n\
+             [[pools]]\nid = \"b\"\nmodel = \"{m}\"\nalias = \"smol\"\nslots = 4\nctx = 2048\n",
+            m = model.display()
+        )
+    };
+    let (cp, lp) = (free_port(), free_port());
+    let (cache_base, load_base) = (
+        format!("http://127.0.0.1:{cp}"),
+        format!("http://127.0.0.1:{lp}"),
+    );
+    let _cache = spawn(cp, &pools(""));
+    let _load = spawn(lp, &pools("[placement]\nmin_cached_tokens = 1000000000\n"));
+    let client = reqwest::Client::new();
+    wait_ready(&client, &cache_base, 2).await;
+    wait_ready(&client, &load_base, 2).await;
+    println!(
+        "prefix replay: {pairs} pairs x {} conversations of {} turns, {} at once, {} tokens per answer; two pools of 4 slots",
+        shape.conversations, shape.turns, shape.at_once, shape.max_tokens
+    );
+    println!(
+        "block hash chain of a 4,096-token prompt: {chain_us:.1} us ({} blocks of 16 tokens)",
+        blocks / n
+    );
+    let mut rows: [Vec<Replay>; 2] = [Vec::new(), Vec::new()];
+    for pair in 0..pairs {
+        for side in if pair % 2 == 0 { [0, 1] } else { [1, 0] } {
+            let (base, keys) = if side == 0 {
+                (&cache_base, true)
+            } else {
+                (&load_base, false)
+            };
+            rows[side].push(replay(&client, base, keys, shape, pair).await);
+        }
+    }
+    println!(
+        "| placement | TTFT p50 ms (turns 2+) | TTFT p90 ms | prompt tokens from cache | wall s |"
+    );
+    println!("|---|---|---|---|---|");
+    let mut meds = Vec::new();
+    for (side, name) in [(0, "cache + sessions"), (1, "load only")] {
+        let r = &rows[side];
+        let m = [
+            median(r.iter().map(|x| x.ttft_p50).collect()),
+            median(r.iter().map(|x| x.ttft_p90).collect()),
+            median(r.iter().map(|x| x.hit).collect()),
+            median(r.iter().map(|x| x.wall_s).collect()),
+        ];
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.1} % | {:.1} |",
+            m[0],
+            m[1],
+            m[2] * 100.0,
+            m[3]
+        );
+        meds.push(m);
+    }
+    println!(
+        "ratios cache/load: TTFT p50 {:.2}x, p90 {:.2}x, wall {:.2}x",
+        meds[0][0] / meds[1][0].max(1e-9),
+        meds[0][1] / meds[1][1].max(1e-9),
+        meds[0][3] / meds[1][3].max(1e-9)
+    );
+}

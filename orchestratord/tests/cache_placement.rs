@@ -1,0 +1,129 @@
+//! PLACE-1..5 on the real default model: two pools of the same model, four conversations at
+//! once, three turns each (every turn resends the whole conversation, as chat clients do).
+//! Each later turn lands on the pool whose engine holds its history (`cache`, or `affinity`
+//! for the conversations that send a `prompt_cache_key`), that pool's engine reuses it (the
+//! `end` event's `cached_tokens`), the record says why, and `/metrics` counts the reasons.
+
+mod support;
+
+use std::sync::Arc;
+
+use serde_json::json;
+use support::*;
+
+const TURNS: usize = 3;
+
+/// A first message of ~150 tokens of its own (no prefix shared with the others).
+fn opening(k: usize) -> String {
+    let topics = ["rivers", "mountains", "harbours", "forests"];
+    let mut s = format!(
+        "Conversation number {k}. I am writing notes about {} and I will ask short questions. ",
+        topics[k % topics.len()]
+    );
+    for i in 0..24 {
+        s.push_str(&format!(
+            "Note {i} of conversation {k} is about {}. ",
+            topics[k % 4]
+        ));
+    }
+    s.push_str("First question: what is the first thing to say?");
+    s
+}
+
+struct Turn {
+    pool: String,
+    reason: String,
+    held: u64,
+    cached: u64,
+}
+
+async fn converse(s: Arc<TestServer>, k: usize, key: Option<String>) -> Vec<Turn> {
+    let mut messages = vec![json!({"role": "user", "content": opening(k)})];
+    let mut turns = Vec::new();
+    for t in 0..TURNS {
+        let mut body = json!({"messages": messages, "max_tokens": 8, "temperature": 0});
+        if let Some(key) = &key {
+            body["prompt_cache_key"] = json!(key);
+        }
+        let id = s.submit_ok(body).await;
+        let events = s.stream_all(&id).await;
+        let answer: String = events
+            .iter()
+            .filter(|e| e.event == "token")
+            .filter_map(|e| e.data["t"].as_str())
+            .collect();
+        let end = events
+            .iter()
+            .find(|e| e.event == "end")
+            .unwrap_or_else(|| panic!("conversation {k} turn {t}: {events:?}"));
+        let record = s.record(&id).await;
+        let placement = &record["placement"];
+        turns.push(Turn {
+            pool: record["pool_id"].as_str().unwrap_or_default().to_string(),
+            reason: placement["reason"].as_str().unwrap_or_default().to_string(),
+            held: placement["held_tokens"].as_u64().unwrap_or(0),
+            cached: end.data["cached_tokens"].as_u64().unwrap_or(0),
+        });
+        messages.push(json!({"role": "assistant", "content": answer}));
+        messages.push(json!({"role": "user", "content": format!("And question {}?", t + 2)}));
+    }
+    turns
+}
+
+/// PLACE-2, PLACE-3, PLACE-4, PLACE-5.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_turn_lands_where_its_conversation_is_cached() {
+    let mut cfg = config(vec![real_pool("a", 4, 1024), real_pool("b", 4, 1024)]);
+    cfg.timeouts.idle_ms = 60_000;
+    let s = Arc::new(start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await);
+    // conversations 0 and 1 name themselves; 2 and 3 are told apart by their prefix alone
+    let runs: Vec<_> = (0..4)
+        .map(|k| {
+            let key = (k < 2).then(|| format!("conversation-{k}"));
+            tokio::spawn(converse(s.clone(), k, key))
+        })
+        .collect();
+    let mut firsts = Vec::new();
+    for (k, run) in runs.into_iter().enumerate() {
+        let turns = run.await.unwrap();
+        let first = &turns[0];
+        assert_eq!(
+            first.reason, "load",
+            "conversation {k}'s first turn: nothing cached"
+        );
+        firsts.push(first.pool.clone());
+        let expected = if k < 2 { "affinity" } else { "cache" };
+        for (t, turn) in turns.iter().enumerate().skip(1) {
+            let line = format!(
+                "conversation {k} turn {t}: pool {} ({}, held {}), first on {}",
+                turn.pool, turn.reason, turn.held, first.pool
+            );
+            assert_eq!(turn.pool, first.pool, "{line}");
+            assert_eq!(turn.reason, expected, "{line}");
+            if k >= 2 {
+                assert!(turn.held >= 128, "{line}: its opening is cached");
+            }
+            // the engine reused the history it held (its prompt, then each later prompt)
+            assert!(turn.cached >= 128, "{line}: cached_tokens {}", turn.cached);
+        }
+    }
+    assert!(
+        firsts.iter().any(|p| p == "a") && firsts.iter().any(|p| p == "b"),
+        "the first turns spread over both pools by load: {firsts:?}"
+    );
+    let m = s.metrics().await;
+    let count = |reason: &str| -> f64 {
+        ["a", "b"]
+            .iter()
+            .map(|p| {
+                counter(
+                    &m,
+                    &format!("orchd_placement_total{{pool=\"{p}\",reason=\"{reason}\"}}"),
+                )
+            })
+            .sum()
+    };
+    assert_eq!(count("load"), 4.0, "{m}");
+    assert_eq!(count("affinity"), 4.0);
+    assert_eq!(count("cache"), 4.0);
+}
