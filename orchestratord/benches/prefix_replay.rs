@@ -1,6 +1,6 @@
 //! Cache-aware placement against load-only placement (PLACE-BENCH-1): a multi-turn chat
 //! replay — 16 conversations of 6 turns, 8 at a time, each turn resending the whole
-//! conversation as chat clients do — through one server with two pools of the default model
+//! conversation as chat clients do, after a user's pause of up to 2 s — through one server with two pools of the default model
 //! (4 slots each). `cache`: the server as configured by default (PLACE-2/3: prefixes and
 //! `prompt_cache_key`); `load`: the same server with `placement.min_cached_tokens` out of reach
 //! and no keys sent, so only load places. Paired runs alternate which goes first; medians of
@@ -9,7 +9,7 @@
 //! prompt's block hash chain costs (16-token blocks).
 //!
 //! `cargo bench -p orchestratord --bench prefix_replay` (env `PAIRS`, `CONVERSATIONS`,
-//! `TURNS`, `AT_ONCE`, `MAX_TOKENS`); under `cargo test` one tiny pair as a smoke test.
+//! `TURNS`, `AT_ONCE`, `MAX_TOKENS`, `THINK_MS`); under `cargo test` one tiny pair as a smoke test.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -156,6 +156,9 @@ struct Shape {
     turns: usize,
     at_once: usize,
     max_tokens: usize,
+    /// A user's pause between an answer and the next turn, at most (each one drawn from
+    /// 0..think_ms by the conversation and turn): other conversations' turns come meanwhile.
+    think_ms: u64,
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
@@ -185,6 +188,10 @@ async fn replay(client: &reqwest::Client, base: &str, keys: bool, s: Shape, run:
                     messages
                         .push(json!({"role": "user", "content": format!("And on day {}?", t + 3)}));
                     out.push((t, r.0, r.2, r.3));
+                    if s.think_ms > 0 {
+                        let pause = (k as u64 * 7919 + t as u64 * 104_729) % s.think_ms;
+                        tokio::time::sleep(Duration::from_millis(pause)).await;
+                    }
                 }
                 out
             })
@@ -239,6 +246,7 @@ async fn main() {
                 turns: env_or("TURNS", 6),
                 at_once: env_or("AT_ONCE", 8),
                 max_tokens: env_or("MAX_TOKENS", 16),
+                think_ms: env_or("THINK_MS", 2000) as u64,
             },
         )
     } else {
@@ -249,6 +257,7 @@ async fn main() {
                 turns: 2,
                 at_once: 2,
                 max_tokens: 4,
+                think_ms: 0,
             },
         )
     };
@@ -281,8 +290,8 @@ async fn main() {
     wait_ready(&client, &cache_base, 2).await;
     wait_ready(&client, &load_base, 2).await;
     println!(
-        "prefix replay: {pairs} pairs x {} conversations of {} turns, {} at once, {} tokens per answer; two pools of 4 slots",
-        shape.conversations, shape.turns, shape.at_once, shape.max_tokens
+        "prefix replay: {pairs} pairs x {} conversations of {} turns, {} at once, {} tokens per answer, pauses of 0-{} ms between turns; two pools of 4 slots",
+        shape.conversations, shape.turns, shape.at_once, shape.max_tokens, shape.think_ms
     );
     println!(
         "block hash chain of a 4,096-token prompt: {chain_us:.1} us ({} blocks of 16 tokens)",
