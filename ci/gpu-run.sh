@@ -42,10 +42,9 @@ with lzma.open(sys.stdout.buffer, "wb", format=lzma.FORMAT_XZ, filters=f) as out
 tests=(device_kernels device_parity batching real_model llama_parity logprobs prefix_cache chunked_prefill prompt_integrity context_default)
 json="$(mktemp)"
 # (only the executables that travel: each of engine-candle's test crates builds at opt-level 3;
-# features resolved over the whole workspace, as ci/test.sh's build does, so only the crates
-# under candle-core build again — not every shared dependency with other features)
-cargo test --workspace --features engine-candle/cuda --no-run \
-  --message-format=json-render-diagnostics \
+# not `--workspace`: that builds every member's library under `cuda` too, and the feature
+# changes serde's features, so nearly every crate builds again either way)
+cargo test -p engine-candle --features cuda --no-run --message-format=json-render-diagnostics \
   $(printf -- '--test %s ' "${tests[@]}") --bench device_sweep >"$json"
 python3 - "$json" "$carry/payload/bin" "${tests[@]}" device_sweep <<'PY'
 import json, shutil, sys
