@@ -32,6 +32,10 @@ pub struct PoolMetrics {
     /// prompt cache) instead of computing.
     #[serde(default)]
     pub prompt_tokens_reused: u64,
+    /// Prompt tokens of every sequence the engine started, the reused ones included (their
+    /// ratio is the pool's cache hit rate, shown by the console).
+    #[serde(default)]
+    pub prompt_tokens: u64,
     /// Bytes the engine's host-memory prompt cache holds (bounded by the pool's
     /// `prompt_cache_mib`).
     #[serde(default)]

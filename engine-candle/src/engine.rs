@@ -372,6 +372,7 @@ impl CandleEngine {
         };
         let shared = Arc::new(Shared {
             reused_tokens: std::sync::atomic::AtomicU64::new(0),
+            prompt_tokens: std::sync::atomic::AtomicU64::new(0),
             prompt_cache_bytes: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
             held: Default::default(),
@@ -518,6 +519,11 @@ impl CandleEngine {
     /// the prompt cache) instead of being computed again.
     pub fn reused_prompt_tokens(&self) -> u64 {
         self.shared.reused_tokens.load(Ordering::Relaxed)
+    }
+
+    /// Prompt tokens of every sequence given a row so far (the reused ones included).
+    pub fn prompt_tokens_taken(&self) -> u64 {
+        self.shared.prompt_tokens.load(Ordering::Relaxed)
     }
 
     /// Bytes the host-memory prompt cache holds now.

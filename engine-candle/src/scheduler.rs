@@ -154,6 +154,8 @@ pub(crate) struct Shared {
     pub alive: AtomicBool,
     /// Prompt tokens whose keys and values were reused from a cached prefix (not recomputed).
     pub reused_tokens: std::sync::atomic::AtomicU64,
+    /// Prompt tokens of the sequences given a row (of which `reused_tokens` came cached).
+    pub prompt_tokens: std::sync::atomic::AtomicU64,
     /// Bytes the host-memory prompt cache holds.
     pub prompt_cache_bytes: AtomicUsize,
     /// The prefixes the rows and the prompt cache hold, as published after the last step
@@ -425,6 +427,9 @@ impl Scheduler {
         self.shared
             .reused_tokens
             .fetch_add(reuse as u64, Ordering::Relaxed);
+        self.shared
+            .prompt_tokens
+            .fetch_add(prompt.len() as u64, Ordering::Relaxed);
         (row, reuse)
     }
 

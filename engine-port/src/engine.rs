@@ -144,6 +144,11 @@ pub trait Engine: Send + Sync + 'static {
     fn prompt_tokens_reused(&self) -> u64 {
         0
     }
+    /// Prompt tokens of every sequence it started (of which `prompt_tokens_reused` came from
+    /// a cached prefix): their ratio is its hit rate.
+    fn prompt_tokens_taken(&self) -> u64 {
+        0
+    }
     /// Inputs embedded so far and the passes they took, when the engine embeds in passes of
     /// its own (their ratio is its mean batch).
     fn embed_passes(&self) -> Option<(u64, u64)> {

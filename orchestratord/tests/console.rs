@@ -100,6 +100,14 @@ async fn the_console_shows_the_pools_streams_a_chat_stops_it_and_shows_a_refusal
         "the chat's end",
     )
     .await;
+    // issue 52: the pools table shows each pool's cache hit rate (prompt tokens from cache)
+    until(
+        &mut b,
+        "/\\d+ %$/.test(document.querySelector('#pools tbody tr').innerText.trim())",
+        "document.querySelector('#pools tbody tr').innerText",
+        "the pool's cache hit rate",
+    )
+    .await;
     // issue 49: the answer joins the conversation shown above the prompt; the model list
     // starts with the server's own choice
     let talk = b.eval(&format!("Promise.resolve({CONVERSATION})")).await;

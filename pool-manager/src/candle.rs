@@ -244,6 +244,10 @@ impl Engine for CandlePortEngine {
         self.inner.reused_prompt_tokens()
     }
 
+    fn prompt_tokens_taken(&self) -> u64 {
+        self.inner.prompt_tokens_taken()
+    }
+
     fn prompt_cache_bytes(&self) -> u64 {
         self.inner.prompt_cache_bytes() as u64
     }

@@ -504,6 +504,7 @@ mod tests {
             consecutive_failures: 0,
             last_tokens_per_s: None,
             prompt_tokens_reused: 0,
+            prompt_tokens_taken: 0,
             embed_passes: None,
             prompt_cache_bytes: 0,
             cached_prefixes: None,

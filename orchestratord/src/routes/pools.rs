@@ -57,6 +57,7 @@ pub(crate) fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {
             deadline_remaining_ms: s.drain_deadline_remaining_ms,
             drain_cut_off: s.drain_cut_off,
             prompt_tokens_reused: s.prompt_tokens_reused,
+            prompt_tokens: s.prompt_tokens_taken,
             prompt_cache_bytes: s.prompt_cache_bytes,
         },
         on_demand: state.models_folder.on_demand(pool),

@@ -84,6 +84,8 @@ pub struct PoolSnapshot {
     pub last_tokens_per_s: Option<f64>,
     /// Prompt tokens the current engine took from its prefix cache.
     pub prompt_tokens_reused: u64,
+    /// Prompt tokens of every sequence the current engine started (the reused ones included).
+    pub prompt_tokens_taken: u64,
     /// An embedding engine's passes: the inputs they carried and how many there were.
     pub embed_passes: Option<(u64, u64)>,
     /// Bytes the current engine's host-memory prompt cache holds.
@@ -324,6 +326,7 @@ impl Pool {
             consecutive_failures: g.consecutive_failures,
             last_tokens_per_s: g.last_tokens_per_s,
             prompt_tokens_reused: g.engine.as_ref().map_or(0, |e| e.prompt_tokens_reused()),
+            prompt_tokens_taken: g.engine.as_ref().map_or(0, |e| e.prompt_tokens_taken()),
             embed_passes: g.engine.as_ref().and_then(|e| e.embed_passes()),
             prompt_cache_bytes: g.engine.as_ref().map_or(0, |e| e.prompt_cache_bytes()),
             cached_prefixes: g.engine.as_ref().and_then(|e| e.cached_prefixes()),

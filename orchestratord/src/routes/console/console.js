@@ -77,6 +77,9 @@ async function refreshPools() {
     `${p.slots_total - p.slots_free}/${p.slots_total}`,
     ctx.has(p.pool_id) ? String(ctx.get(p.pool_id)) : "",
     String(p.queue_depth),
+    p.metrics.prompt_tokens > 0
+      ? `${Math.round((100 * p.metrics.prompt_tokens_reused) / p.metrics.prompt_tokens)} %`
+      : "",
   ]));
 }
 
