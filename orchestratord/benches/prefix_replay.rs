@@ -9,7 +9,8 @@
 //! prompt's block hash chain costs (16-token blocks).
 //!
 //! `cargo bench -p orchestratord --bench prefix_replay` (env `PAIRS`, `CONVERSATIONS`,
-//! `TURNS`, `AT_ONCE`, `MAX_TOKENS`, `THINK_MS`); under `cargo test` one tiny pair as a smoke test.
+//! `TURNS`, `AT_ONCE`, `MAX_TOKENS`, `THINK_MS`); under `cargo test` one conversation of two turns
+//! through the cache-aware server as a smoke test.
 
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -253,9 +254,9 @@ async fn main() {
         (
             1,
             Shape {
-                conversations: 2,
+                conversations: 1,
                 turns: 2,
-                at_once: 2,
+                at_once: 1,
                 max_tokens: 4,
                 think_ms: 0,
             },
@@ -284,10 +285,20 @@ async fn main() {
         format!("http://127.0.0.1:{cp}"),
         format!("http://127.0.0.1:{lp}"),
     );
-    let _cache = spawn(cp, &pools(""));
-    let _load = spawn(lp, &pools("[placement]\nmin_cached_tokens = 1000000000\n"));
     let client = reqwest::Client::new();
+    let _cache = spawn(cp, &pools(""));
     wait_ready(&client, &cache_base, 2).await;
+    if !full {
+        // the smoke test: one conversation through the cache-aware server, its turns placed
+        let r = replay(&client, &cache_base, true, shape, 0).await;
+        assert!(r.hit > 0.0, "a later turn reused its conversation's prefix");
+        println!(
+            "prefix replay smoke: {:.0} % of prompt tokens from cache",
+            r.hit * 100.0
+        );
+        return;
+    }
+    let _load = spawn(lp, &pools("[placement]\nmin_cached_tokens = 1000000000\n"));
     wait_ready(&client, &load_base, 2).await;
     println!(
         "prefix replay: {pairs} pairs x {} conversations of {} turns, {} at once, {} tokens per answer, pauses of 0-{} ms between turns; two pools of 4 slots",
