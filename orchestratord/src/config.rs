@@ -1547,6 +1547,29 @@ mod tests {
         }
     }
 
+    /// PLACE-2, PLACE-3: the README's placement settings are read; a load bound below 1 (a
+    /// pool refused its share) or not a number, and no room for a conversation, are named.
+    #[test]
+    fn placement_settings_are_read_and_checked() {
+        let cfg = readme_config();
+        assert_eq!(cfg.placement.min_cached_tokens, 64);
+        assert_eq!(cfg.placement.load_bound, 1.5);
+        assert_eq!(cfg.placement.sessions, 65_536);
+        for bad in ["0.9", "nan", "inf"] {
+            let mut c = cfg.clone();
+            c.placement.load_bound = bad.parse().unwrap();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("placement.load_bound"), "{bad}: {e}");
+        }
+        let mut c = cfg.clone();
+        c.placement.sessions = 0;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("placement.sessions"));
+    }
+
     /// ORCH-CPU-1, ISO-1: the compute threads keep the process's priority unless told, the
     /// request-work threads go 10 steps below; the README's values are read; past the lowest
     /// priority is named, not clamped silently.

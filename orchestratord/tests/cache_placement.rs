@@ -126,4 +126,18 @@ async fn each_turn_lands_where_its_conversation_is_cached() {
     assert_eq!(count("load"), 4.0, "{m}");
     assert_eq!(count("affinity"), 4.0);
     assert_eq!(count("cache"), 4.0);
+
+    // a key past 256 bytes is a typed 400 naming it, as an empty one is
+    for key in [String::new(), "k".repeat(257)] {
+        let r = s
+            .submit(json!({"prompt": "Hi", "max_tokens": 1, "prompt_cache_key": key}))
+            .await;
+        assert_eq!(r.status(), 400);
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(
+            (v["code"].as_str(), v["field"].as_str()),
+            (Some("INVALID_PARAMS"), Some("prompt_cache_key")),
+            "{v}"
+        );
+    }
 }
