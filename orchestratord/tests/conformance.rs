@@ -88,7 +88,7 @@ impl Deployment {
     /// its last event).
     async fn idle(&self) {
         let bases = [self.entry.clone(), self.other.clone()];
-        let idle = eventually(Duration::from_secs(10), || async {
+        let idle = eventually(Duration::from_secs(30), || async {
             let mut all = true;
             for base in &bases {
                 let v: Value = match reqwest::get(format!("{base}/v1/pools")).await {
