@@ -13,6 +13,8 @@
 //! `cargo bench -p orchestratord --bench cluster` (env `PAIRS`, `REQUESTS`, `MAX_TOKENS`);
 //! under `cargo test` it runs one tiny pair as a smoke test. Needs `ci/install-nats.sh`.
 
+mod support;
+
 #[allow(dead_code)]
 #[path = "../tests/support/procs.rs"]
 mod procs;
@@ -24,21 +26,7 @@ mod nats;
 use std::time::{Duration, Instant};
 
 use orchd_tools::loadgen::{run_level, LevelReport, LoadSpec};
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        return 0.0;
-    }
-    v[v.len() / 2]
-}
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+use support::{env_or, median};
 
 const SLOTS: usize = 2;
 const CAPACITY: usize = 4;

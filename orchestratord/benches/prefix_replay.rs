@@ -12,67 +12,22 @@
 //! `TURNS`, `AT_ONCE`, `MAX_TOKENS`, `THINK_MS`); under `cargo test` one conversation of two turns
 //! through the cache-aware server as a smoke test.
 
-use std::process::{Child, Command, Stdio};
+mod support;
+
+#[allow(dead_code)]
+#[path = "../tests/support/procs.rs"]
+mod procs;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use orchd_tools::loadgen::percentile;
+use orchd_tools::sse_reader::SseReader;
 use serde_json::{json, Value};
 use tokio::sync::Semaphore;
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn spawn(port: u16, config: &str) -> Proc {
-    let dir =
-        std::env::temp_dir().join(format!("orchd-bench-replay-{}-{port}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let cfg = dir.join("config.toml");
-    std::fs::write(&cfg, config).expect("config");
-    let log = std::fs::File::create(dir.join("log.txt")).expect("log");
-    let child = Command::new(env!("CARGO_BIN_EXE_orchestratord"))
-        .arg("--config")
-        .arg(&cfg)
-        .args(["--bind", &format!("127.0.0.1:{port}")])
-        .env("RUST_LOG", "warn")
-        .env("ORCHD_RECORDS_PATH", dir.join("records.sqlite3"))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("spawn orchestratord");
-    Proc(child)
-}
-
-async fn wait_ready(client: &reqwest::Client, base: &str, pools: usize) {
-    for _ in 0..2400 {
-        if let Ok(r) = client.get(format!("{base}/v1/pools")).send().await {
-            if let Ok(v) = r.json::<Value>().await {
-                let ready = v["pools"]
-                    .as_array()
-                    .map_or(0, |a| a.iter().filter(|p| p["ready"] == true).count());
-                if ready == pools {
-                    return;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{base} never had its pools ready");
-}
+use support::{env_or, median, wait_ready};
 
 /// One streamed turn: (TTFT ms, the answer, prompt tokens, cached tokens).
 async fn turn(
@@ -98,16 +53,15 @@ async fn turn(
         .expect("chat");
     assert_eq!(r.status(), 200, "{base}");
     let mut stream = r.bytes_stream();
-    let (mut buf, mut answer, mut ttft, mut usage) = (String::new(), String::new(), None, None);
+    let mut frames = SseReader::new(1 << 20);
+    let (mut answer, mut ttft, mut usage) = (String::new(), None, None);
     while let Some(chunk) = stream.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk.expect("body")));
-        while let Some(end) = buf.find("\n\n") {
-            let frame: String = buf.drain(..end + 2).collect();
-            let Some(data) = frame.trim().strip_prefix("data: ") else {
-                continue;
-            };
-            let Ok(v) = serde_json::from_str::<Value>(data) else {
-                continue;
+        for frame in frames
+            .feed(&chunk.expect("body"))
+            .expect("frames within 1 MiB")
+        {
+            let Ok(v) = serde_json::from_str::<Value>(&frame.data) else {
+                continue; // [DONE]
             };
             if let Some(t) = v["choices"][0]["delta"]["content"].as_str() {
                 ttft.get_or_insert_with(|| began.elapsed().as_secs_f64() * 1e3);
@@ -162,14 +116,6 @@ struct Shape {
     think_ms: u64,
 }
 
-fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        return 0.0;
-    }
-    v[((v.len() - 1) as f64 * p).round() as usize]
-}
-
 async fn replay(client: &reqwest::Client, base: &str, keys: bool, s: Shape, run: usize) -> Replay {
     let gate = Arc::new(Semaphore::new(s.at_once));
     let began = Instant::now();
@@ -209,22 +155,11 @@ async fn replay(client: &reqwest::Client, base: &str, keys: bool, s: Shape, run:
         }
     }
     Replay {
-        ttft_p50: pct(&mut ttfts, 0.5),
-        ttft_p90: pct(&mut ttfts, 0.9),
+        ttft_p50: percentile(&mut ttfts, 0.5),
+        ttft_p90: percentile(&mut ttfts, 0.9),
         hit: cached as f64 / prompt.max(1) as f64,
         wall_s: began.elapsed().as_secs_f64(),
     }
-}
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    pct(&mut v, 0.5)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -280,13 +215,9 @@ async fn main() {
             m = model.display()
         )
     };
-    let (cp, lp) = (free_port(), free_port());
-    let (cache_base, load_base) = (
-        format!("http://127.0.0.1:{cp}"),
-        format!("http://127.0.0.1:{lp}"),
-    );
+    let quiet = [("RUST_LOG", "warn")];
     let client = reqwest::Client::new();
-    let _cache = spawn(cp, &pools(""));
+    let (_cache, cache_base) = procs::server_env_answering(&pools(""), &quiet).await;
     wait_ready(&client, &cache_base, 2).await;
     if !full {
         // the smoke test: one conversation through the cache-aware server, its turns placed
@@ -298,7 +229,8 @@ async fn main() {
         );
         return;
     }
-    let _load = spawn(lp, &pools("[placement]\nmin_cached_tokens = 1000000000\n"));
+    let load_only = pools("[placement]\nmin_cached_tokens = 1000000000\n");
+    let (_load, load_base) = procs::server_env_answering(&load_only, &quiet).await;
     wait_ready(&client, &load_base, 2).await;
     println!(
         "prefix replay: {pairs} pairs x {} conversations of {} turns, {} at once, {} tokens per answer, pauses of 0-{} ms between turns; two pools of 4 slots",
@@ -327,10 +259,10 @@ async fn main() {
     for (side, name) in [(0, "cache + sessions"), (1, "load only")] {
         let r = &rows[side];
         let m = [
-            median(r.iter().map(|x| x.ttft_p50).collect()),
-            median(r.iter().map(|x| x.ttft_p90).collect()),
-            median(r.iter().map(|x| x.hit).collect()),
-            median(r.iter().map(|x| x.wall_s).collect()),
+            median(&mut r.iter().map(|x| x.ttft_p50).collect::<Vec<_>>()),
+            median(&mut r.iter().map(|x| x.ttft_p90).collect::<Vec<_>>()),
+            median(&mut r.iter().map(|x| x.hit).collect::<Vec<_>>()),
+            median(&mut r.iter().map(|x| x.wall_s).collect::<Vec<_>>()),
         ];
         println!(
             "| {name} | {:.0} | {:.0} | {:.1} % | {:.1} |",

@@ -6,69 +6,16 @@
 //! `cargo bench -p orchestratord --bench remote` (env `PAIRS`, `REQUESTS`, `MAX_TOKENS`);
 //! under `cargo test` it runs one tiny pair as a smoke test.
 
-use std::process::{Child, Command, Stdio};
+mod support;
+
+#[allow(dead_code)]
+#[path = "../tests/support/procs.rs"]
+mod procs;
+
 use std::time::Duration;
 
 use orchd_tools::loadgen::{run_level, LoadSpec};
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-fn spawn(args: &[String], config: &str) -> Proc {
-    let dir = std::env::temp_dir().join(format!(
-        "orchd-bench-remote-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let cfg = dir.join("config.toml");
-    std::fs::write(&cfg, config).expect("config");
-    let log = std::fs::File::create(dir.join("log.txt")).expect("log");
-    let child = Command::new(env!("CARGO_BIN_EXE_orchestratord"))
-        .arg("--config")
-        .arg(&cfg)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .env_remove("ORCHD_WORKER_SECRET")
-        // each process its own record store, beside its config
-        .env("ORCHD_RECORDS_PATH", dir.join("records.sqlite3"))
-        .stdin(Stdio::null())
-        .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("spawn orchestratord");
-    Proc(child)
-}
-
-async fn wait_ready(client: &reqwest::Client, base: &str) {
-    for _ in 0..1200 {
-        if let Ok(r) = client.get(format!("{base}/v1/pools")).send().await {
-            if let Ok(v) = r.json::<serde_json::Value>().await {
-                if v["pools"]
-                    .as_array()
-                    .is_some_and(|a| a.iter().any(|p| p["ready"] == true))
-                {
-                    return;
-                }
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("{base} never had a ready pool");
-}
+use support::{env_or, median, wait_ready};
 
 /// `requests` chats at `concurrency`: (aggregate tokens/s, TTFT p50 in ms).
 async fn level(
@@ -89,21 +36,6 @@ async fn level(
     let r = run_level(client, &spec).await;
     assert!(r.errors.is_empty(), "{base}: {:?}", r.errors);
     (r.tokens_per_s, r.ttft_p50_ms)
-}
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    if v.is_empty() {
-        return 0.0;
-    }
-    v[v.len() / 2]
-}
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -133,41 +65,18 @@ async fn main() {
         model.display()
     );
     let secret = "bench-secret";
-    let (lp, rp) = (free_port(), free_port());
-    let local_base = format!("http://127.0.0.1:{lp}");
-    let remote_base = format!("http://127.0.0.1:{rp}");
-    let _local = spawn(&["--bind".into(), format!("127.0.0.1:{lp}")], &pool);
-    let _server = spawn(
-        &["--bind".into(), format!("127.0.0.1:{rp}")],
+    let quiet = [("RUST_LOG", "warn")];
+    let (_local, local_base) = procs::server_env_answering(&pool, &quiet).await;
+    let (_server, remote_base) = procs::server_env_answering(
         &format!("pools = []\n[workers]\nsecret = \"{secret}\"\n"),
-    );
+        &quiet,
+    )
+    .await;
     let client = reqwest::Client::new();
     // the worker loads the same pool once the server is up
-    for _ in 0..400 {
-        if client
-            .get(format!("{remote_base}/metrics"))
-            .send()
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    let _worker = spawn(
-        &[
-            "worker".into(),
-            "--server".into(),
-            remote_base.clone(),
-            "--secret".into(),
-            secret.into(),
-            "--name".into(),
-            "bench".into(),
-        ],
-        &pool,
-    );
-    wait_ready(&client, &local_base).await;
-    wait_ready(&client, &remote_base).await;
+    let _worker = procs::worker_env(&remote_base, secret, "bench", &pool, &[], &quiet);
+    wait_ready(&client, &local_base, 1).await;
+    wait_ready(&client, &remote_base, 1).await;
     // warm both (first requests pay page faults)
     level(&client, &local_base, 1, 2, 8).await;
     level(&client, &remote_base, 1, 2, 8).await;
