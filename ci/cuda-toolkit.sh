@@ -14,7 +14,7 @@ cuda_pins="nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.
 if [ "$(cat "$cuda_cache/.installed" 2>/dev/null)" != "$cuda_pins" ]; then
   rm -rf "$cuda_cache"
   # shellcheck disable=SC2086
-  python3 -m pip install --quiet --no-deps --disable-pip-version-check --target "$cuda_cache" $cuda_pins >&2
+  python3 -m pip install --quiet --no-deps --no-cache-dir --disable-pip-version-check --target "$cuda_cache" $cuda_pins >&2
   cuda="$cuda_cache/nvidia/cu13"
   # the layout CMake's FindCUDAToolkit and cudarc's build script search: lib64, unversioned
   # names, lib/stubs/libcuda.so

@@ -23,7 +23,8 @@ pub use job::{
     ChatTurn, EngineJob, FailureNote, OutputConstraint, PromptInput, PromptPart, StopCause,
 };
 pub use prefix::{
-    prefix_chain, CachedPrefixes, CHAIN_SEED, MAX_PUBLISHED_BLOCKS, PREFIX_BLOCK_TOKENS,
+    prefix_chain, text_prefix_chain, CachedPrefixes, CHAIN_SEED, MAX_PUBLISHED_BLOCKS,
+    PREFIX_BLOCK_TOKENS, TEXT_BLOCK_BYTES, TEXT_CHAIN_SEED,
 };
 pub use sampling::SamplingParams;
 pub use slots::{SlotPermit, Slots};

@@ -13,6 +13,8 @@ use std::collections::HashSet;
 
 use xxhash_rust::xxh3::xxh3_64_with_seed;
 
+use crate::PromptInput;
+
 /// Tokens per block. 16 as vLLM's pages: a match is short of the true shared prefix by at most
 /// 15 tokens, and a 4,096-token prompt is 256 hashes (2 KB); hashing it costs microseconds
 /// (the replay bench, `cargo bench -p orchestratord --bench prefix_replay`, measures both).
@@ -39,6 +41,43 @@ pub fn prefix_chain(tokens: &[u32]) -> Vec<u64> {
         chain.push(seed);
     }
     chain
+}
+
+/// The seed of a text chain's first block: text chains never meet token chains.
+pub const TEXT_CHAIN_SEED: u64 = 0x6f72_6368_6474_7874;
+
+/// Bytes per block of a text chain: [`PREFIX_BLOCK_TOKENS`] tokens' worth at the estimate of
+/// four bytes a token, so a held text block counts as that many tokens.
+pub const TEXT_BLOCK_BYTES: usize = PREFIX_BLOCK_TOKENS * 4;
+
+/// The chain of a prompt placement has no token ids for (a model only remote workers serve:
+/// nothing here tokenizes it): the same chained hashes over blocks of the prompt's bytes —
+/// a chat's turns each as role, 0x1E, content, 0x1F — full blocks only.
+pub fn text_prefix_chain(prompt: &PromptInput, continuation: &str) -> Vec<u64> {
+    let mut bytes = Vec::new();
+    match prompt {
+        PromptInput::Text(t) => bytes.extend_from_slice(t.as_bytes()),
+        PromptInput::Chat(turns) => {
+            for t in turns {
+                bytes.extend_from_slice(t.role.as_bytes());
+                bytes.push(0x1e);
+                bytes.extend_from_slice(t.content.as_bytes());
+                bytes.push(0x1f);
+            }
+        }
+        // ids are run by engines that say what they hold; a chain of text pieces alone would
+        // skip them
+        PromptInput::Tokens(_) => return Vec::new(),
+    }
+    bytes.extend_from_slice(continuation.as_bytes());
+    let mut seed = TEXT_CHAIN_SEED;
+    bytes
+        .chunks_exact(TEXT_BLOCK_BYTES)
+        .map(|block| {
+            seed = xxh3_64_with_seed(block, seed);
+            seed
+        })
+        .collect()
 }
 
 /// The block hashes of every prefix an engine holds now (its rows, its prompt cache).
@@ -170,5 +209,32 @@ mod tests {
             CachedPrefixes::of([huge.as_slice()]).blocks(),
             MAX_PUBLISHED_BLOCKS
         );
+    }
+
+    /// PLACE-6: a prompt with no ids chains over its bytes: a chat's next turn extends the
+    /// chain of the one before, a changed turn breaks it, and text never meets a token chain.
+    #[test]
+    fn a_text_chain_grows_with_the_conversation() {
+        let turn = |role: &str, content: &str| crate::ChatTurn {
+            role: role.into(),
+            content: content.into(),
+        };
+        let mut chat = vec![turn("system", &"You are terse. ".repeat(10))];
+        chat.push(turn("user", &"What is a prefix cache? ".repeat(4)));
+        let first = text_prefix_chain(&PromptInput::Chat(chat.clone()), "");
+        assert_eq!(first.len(), 260 / TEXT_BLOCK_BYTES); // 260 bytes: 4 full blocks
+        chat.push(turn("assistant", &"One that keeps work. ".repeat(8)));
+        let second = text_prefix_chain(&PromptInput::Chat(chat.clone()), "");
+        assert!(second.len() > first.len());
+        assert_eq!(second[..first.len()], first[..]);
+        chat[0].role = "user".into();
+        let changed = text_prefix_chain(&PromptInput::Chat(chat), "");
+        assert_ne!(changed[0], second[0]);
+        let text = "x".repeat(TEXT_BLOCK_BYTES * 2);
+        let chain = text_prefix_chain(&PromptInput::Text(text.clone()), "");
+        assert_eq!(chain.len(), 2);
+        let as_tokens: Vec<u32> = text.bytes().map(u32::from).collect();
+        assert!(prefix_chain(&as_tokens).iter().all(|h| !chain.contains(h)));
+        assert!(text_prefix_chain(&PromptInput::Tokens(vec![]), &text).is_empty());
     }
 }

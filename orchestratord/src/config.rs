@@ -379,6 +379,11 @@ pub struct PlacementConfig {
     pub sessions: usize,
     /// A conversation not seen for this long is forgotten.
     pub session_idle_ms: u64,
+    /// Prefix blocks (16 tokens each) remembered per pool whose engine does not say what it
+    /// holds (a remote worker): what placement sent it, the least recently sent forgotten first.
+    pub sent_blocks: usize,
+    /// A block sent to such a pool counts as held for this long after it was last sent.
+    pub sent_idle_ms: u64,
 }
 
 impl Default for PlacementConfig {
@@ -388,6 +393,8 @@ impl Default for PlacementConfig {
             load_bound: 1.5,
             sessions: 65_536,
             session_idle_ms: 1_800_000,
+            sent_blocks: 16_384,
+            sent_idle_ms: 600_000,
         }
     }
 }
@@ -712,6 +719,9 @@ pub struct WorkersConfig {
     pub models: Vec<String>,
     /// Context length assumed for remote models at admission (0 = the worker's backend checks).
     pub ctx: usize,
+    /// Whether a worker may add capacity to a model a local pool serves (its pool then serves
+    /// that model beside the local ones); off, such a model of a worker is ignored (WRK-NAME-1).
+    pub join_local_models: bool,
 }
 
 impl Default for WorkersConfig {
@@ -733,6 +743,7 @@ impl Default for WorkersConfig {
             max_auth_failures_per_minute: 10,
             models: Vec::new(),
             ctx: 0,
+            join_local_models: false,
         }
     }
 }
@@ -1267,6 +1278,9 @@ impl Config {
         if self.placement.sessions == 0 {
             return bad("placement.sessions must be at least 1".into());
         }
+        if self.placement.sent_blocks == 0 {
+            return bad("placement.sent_blocks must be at least 1".into());
+        }
         for (name, t) in &self.queue.tenants {
             if let Err(why) = t.check() {
                 return bad(format!("queue.tenants.{name}: {why}"));
@@ -1555,6 +1569,8 @@ mod tests {
         assert_eq!(cfg.placement.min_cached_tokens, 64);
         assert_eq!(cfg.placement.load_bound, 1.5);
         assert_eq!(cfg.placement.sessions, 65_536);
+        assert_eq!(cfg.placement.sent_blocks, 16_384);
+        assert_eq!(cfg.placement.sent_idle_ms, 600_000);
         for bad in ["0.9", "nan", "inf"] {
             let mut c = cfg.clone();
             c.placement.load_bound = bad.parse().unwrap();
@@ -1568,6 +1584,13 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("placement.sessions"));
+        let mut c = cfg.clone();
+        c.placement.sent_blocks = 0;
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("placement.sent_blocks"));
     }
 
     /// ORCH-CPU-1, ISO-1: the compute threads keep the process's priority unless told, the

@@ -63,6 +63,10 @@ pub fn build_state(
             cfg.placement.sessions,
             Duration::from_millis(cfg.placement.session_idle_ms),
         ),
+        placement_sent: crate::lifecycle::placement::SentPrefixes::new(
+            cfg.placement.sent_blocks,
+            Duration::from_millis(cfg.placement.sent_idle_ms),
+        ),
         running: Default::default(),
         pools,
         wake,

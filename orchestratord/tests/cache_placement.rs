@@ -3,12 +3,16 @@
 //! Each later turn lands on the pool whose engine holds its history (`cache`, or `affinity`
 //! for the conversations that send a `prompt_cache_key`), that pool's engine reuses it (the
 //! `end` event's `cached_tokens`), the record says why, and `/metrics` counts the reasons.
+//! Then over a local pool and a remote worker (a real `orchestratord worker` process with the
+//! model): the worker's turns stay on it by what placement sent it (PLACE-6).
 
 mod support;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde_json::json;
+use support::procs::{eventually, worker, worker_config};
 use support::*;
 
 const TURNS: usize = 3;
@@ -37,13 +41,21 @@ struct Turn {
     cached: u64,
 }
 
-async fn converse(s: Arc<TestServer>, k: usize, key: Option<String>) -> Vec<Turn> {
+async fn converse(
+    s: Arc<TestServer>,
+    k: usize,
+    key: Option<String>,
+    model: Option<&'static str>,
+) -> Vec<Turn> {
     let mut messages = vec![json!({"role": "user", "content": opening(k)})];
     let mut turns = Vec::new();
     for t in 0..TURNS {
         let mut body = json!({"messages": messages, "max_tokens": 8, "temperature": 0});
         if let Some(key) = &key {
             body["prompt_cache_key"] = json!(key);
+        }
+        if let Some(model) = model {
+            body["model"] = json!(model);
         }
         let id = s.submit_ok(body).await;
         let events = s.stream_all(&id).await;
@@ -80,7 +92,7 @@ async fn each_turn_lands_where_its_conversation_is_cached() {
     let runs: Vec<_> = (0..4)
         .map(|k| {
             let key = (k < 2).then(|| format!("conversation-{k}"));
-            tokio::spawn(converse(s.clone(), k, key))
+            tokio::spawn(converse(s.clone(), k, key, None))
         })
         .collect();
     let mut firsts = Vec::new();
@@ -140,4 +152,62 @@ async fn each_turn_lands_where_its_conversation_is_cached() {
             "{v}"
         );
     }
+}
+
+/// PLACE-6: a local pool and a remote worker (its own engine, which says nothing of what it
+/// holds): four conversations at once spread over both by load, and each later turn goes back
+/// to the pool that has its history — the worker's by what placement sent it — where the
+/// engine reuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_follow_their_conversation_to_a_remote_worker() {
+    const SECRET: &str = "placement-secret";
+    let mut local = real_pool("a", 4, 1024);
+    local.alias = Some("smol".into());
+    let mut cfg = config(vec![local]);
+    cfg.timeouts.idle_ms = 60_000;
+    cfg.workers.secret = Some(SECRET.into());
+    cfg.workers.heartbeat_interval_ms = 200;
+    cfg.workers.join_local_models = true;
+    let s = Arc::new(start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await);
+    let _w = worker(
+        &s.base,
+        SECRET,
+        "remote",
+        &worker_config(&default_model_path(), 4),
+        &[],
+    );
+    let remote_ready =
+        eventually(Duration::from_secs(90), || {
+            let s = s.clone();
+            async move {
+                s.state.pools.all().iter().map(|p| p.snapshot()).any(|p| {
+                    p.id != "a" && p.slots_total == 4 && p.slots_free() == 4 && p.accepts_work
+                })
+            }
+        })
+        .await;
+    assert!(remote_ready, "the worker's pool never came");
+    let runs: Vec<_> = (0..4)
+        .map(|k| tokio::spawn(converse(s.clone(), k, None, Some("smol"))))
+        .collect();
+    let mut firsts = Vec::new();
+    for (k, run) in runs.into_iter().enumerate() {
+        let turns = run.await.unwrap();
+        let first = &turns[0];
+        firsts.push(first.pool.clone());
+        for (t, turn) in turns.iter().enumerate().skip(1) {
+            let line = format!(
+                "conversation {k} turn {t}: pool {} ({}, held {}, cached {}), first on {}",
+                turn.pool, turn.reason, turn.held, turn.cached, first.pool
+            );
+            assert_eq!(turn.pool, first.pool, "{line}");
+            assert_eq!(turn.reason, "cache", "{line}");
+            assert!(turn.held >= 128, "{line}: its opening was sent there");
+            assert!(turn.cached >= 128, "{line}: the engine reused it");
+        }
+    }
+    assert!(
+        firsts.iter().any(|p| p == "a") && firsts.iter().any(|p| p != "a"),
+        "the first turns spread over the local pool and the worker: {firsts:?}"
+    );
 }

@@ -15,11 +15,11 @@ pub use pool::{
     LoadFailure, Pool, PoolError, PoolSnapshot, ServiceSample, SlotLease, CIRCUIT_OPEN_AFTER,
 };
 pub use port::{
-    prefix_chain, CachedPrefixes, ChatTurn, EmbedInfo, EmbedInput, EmbedJob, EmbedReply,
-    Embeddings, Engine, EngineDescriptor, EngineFactory, EngineJob, FailureNote, Finish,
-    FinishReason, ModelFacts, OnLoss, OutputConstraint, Pooling, PortError, PromptInput,
+    prefix_chain, text_prefix_chain, CachedPrefixes, ChatTurn, EmbedInfo, EmbedInput, EmbedJob,
+    EmbedReply, Embeddings, Engine, EngineDescriptor, EngineFactory, EngineJob, FailureNote,
+    Finish, FinishReason, ModelFacts, OnLoss, OutputConstraint, Pooling, PortError, PromptInput,
     PromptPart, SamplingParams, SeqEvent, SlotPermit, Slots, StepLogprobs, StopCause, TokenLogprob,
-    EVENT_CHANNEL_CAPACITY, MAX_TOP_LOGPROBS,
+    EVENT_CHANNEL_CAPACITY, MAX_TOP_LOGPROBS, PREFIX_BLOCK_TOKENS,
 };
 pub use registry::{AddError, PoolRegistry};
 pub use spec::{EngineConfig, PoolSpec};

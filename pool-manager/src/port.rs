@@ -4,11 +4,11 @@
 use std::sync::Arc;
 
 pub use engine_port::{
-    prefix_chain, CachedPrefixes, ChatTurn, EmbedInfo, EmbedInput, EmbedJob, EmbedReply,
-    Embeddings, Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason, ModelFacts,
-    OnLoss, OutputConstraint, Pooling, PortError, PromptInput, PromptPart, SamplingParams,
-    SeqEvent, SlotPermit, Slots, StepLogprobs, StopCause, TokenLogprob, EVENT_CHANNEL_CAPACITY,
-    MAX_TOP_LOGPROBS,
+    prefix_chain, text_prefix_chain, CachedPrefixes, ChatTurn, EmbedInfo, EmbedInput, EmbedJob,
+    EmbedReply, Embeddings, Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason,
+    ModelFacts, OnLoss, OutputConstraint, Pooling, PortError, PromptInput, PromptPart,
+    SamplingParams, SeqEvent, SlotPermit, Slots, StepLogprobs, StopCause, TokenLogprob,
+    EVENT_CHANNEL_CAPACITY, MAX_TOP_LOGPROBS, PREFIX_BLOCK_TOKENS,
 };
 
 use crate::spec::PoolSpec;

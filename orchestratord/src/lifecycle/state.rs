@@ -27,6 +27,8 @@ pub struct AppState {
     pub sessions: SessionStore,
     /// Which pool each conversation last ran on (placement's session affinity).
     pub placement_sessions: crate::lifecycle::placement::PlacementSessions,
+    /// The prefixes placement sent to pools whose engines do not say what they hold.
+    pub placement_sent: crate::lifecycle::placement::SentPrefixes,
     /// Wakes the dispatcher: new task queued, slot freed, pool state changed.
     pub wake: Arc<Notify>,
     pub metrics: PrometheusHandle,

@@ -160,7 +160,8 @@ pub struct Task {
     pub prompt_tokens: usize,
     /// The prompt's token ids as admission counted them (engines that take token ids).
     pub prompt_ids: Option<PromptIds>,
-    /// The block hashes of those ids (placement compares them with what pools hold).
+    /// The block hashes of those ids, or without ids of the prompt's bytes (placement compares
+    /// them with what pools hold).
     pub prefix_chain: Vec<u64>,
     /// The conversation it belongs to, for placement's session affinity.
     pub conversation: Option<ConversationKey>,
@@ -250,6 +251,11 @@ impl Task {
     pub fn new(n: NewTask) -> Self {
         let now = Instant::now();
         let submitted = now.checked_sub(n.admitted_ago).unwrap_or(now);
+        let prefix_chain = match (&n.prompt_ids, &n.spec.embed) {
+            (Some(p), _) => pool_manager::prefix_chain(&p.ids),
+            (None, None) => pool_manager::text_prefix_chain(&n.spec.prompt, &n.spec.continuation),
+            (None, Some(_)) => Vec::new(),
+        };
         Self {
             id: n.id,
             owner: n.owner,
@@ -260,11 +266,7 @@ impl Task {
             model: n.model,
             spec: n.spec,
             prompt_tokens: n.prompt_tokens,
-            prefix_chain: n
-                .prompt_ids
-                .as_ref()
-                .map(|p| pool_manager::prefix_chain(&p.ids))
-                .unwrap_or_default(),
+            prefix_chain,
             prompt_ids: n.prompt_ids,
             conversation: n.conversation,
             embed_ids: n.embed_ids,

@@ -132,7 +132,8 @@ struct Registration {
 }
 
 /// The models of a `register` or `models_update` that may become pools: names of the
-/// documented form (`names.rs`), not a name a local pool answers to, not repeated, at most
+/// documented form (`names.rs`), not a name a local pool answers to (unless
+/// `workers.join_local_models`), not repeated, at most
 /// `workers.max_models_per_worker`; why each other one is ignored goes to `warnings`.
 fn accepted_models(
     state: &dyn WorkerHost,
@@ -152,7 +153,7 @@ fn accepted_models(
         let shown: String = m.escape_debug().take(80).collect();
         if let Some(why) = names::model_name_problem(&m) {
             warnings.push(format!("model \"{shown}\" ignored: {why}"));
-        } else if local.iter().any(|p| p.serves(&m)) {
+        } else if !state.config().workers.join_local_models && local.iter().any(|p| p.serves(&m)) {
             warnings.push(format!(
                 "model \"{shown}\" ignored: a model of this server has that name"
             ));

@@ -1,18 +1,21 @@
 //! Placement: which pool runs a queued task. A pin means that pool only, never a fallback;
 //! otherwise, among the Ready pools serving the model that have a free slot: the
 //! conversation's pool while it has room, then the pool holding the longest cached prefix of
-//! the prompt, then the least loaded (most free slots — a remote worker's reported load counts
+//! the prompt (what its engine says it holds, or for a pool whose engine cannot say — a remote
+//! worker — what placement sent it: `sent.rs`), then the least loaded (most free slots — a remote worker's reported load counts
 //! as busy — then least engine load, then lowest recent latency, then pool id); cache and
 //! session count only within the load bound (`score.rs`). The choice and its reason go to the
 //! task record and `orchd_placement_total{pool, reason}`.
 
 mod score;
+mod sent;
 mod sessions;
 
 use contracts::{ErrorCode, PlacementNote};
 use pool_manager::{PoolState, SlotLease};
 
 pub use score::{order, Candidate, Reason, Weights};
+pub use sent::SentPrefixes;
 pub use sessions::{ConversationKey, PlacementSessions};
 
 use crate::lifecycle::state::AppState;
@@ -113,10 +116,10 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
             used: s.slots_total - s.slots_free(),
             engine_load: s.engine_load.unwrap_or(0),
             service_ms: s.service_ms_ewma,
-            held_tokens: s
-                .cached_prefixes
-                .as_ref()
-                .map_or(0, |held| held.held_tokens(&task.prefix_chain)),
+            held_tokens: match &s.cached_prefixes {
+                Some(held) => held.held_tokens(&task.prefix_chain),
+                None => state.placement_sent.held_tokens(&s.id, &task.prefix_chain),
+            },
         })
         .collect();
     let affinity = task
@@ -133,7 +136,7 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
         "placement candidates"
     );
     for (id, reason) in ranked {
-        let Some(((_, pool), held)) = free
+        let Some(((snapshot, pool), held)) = free
             .iter()
             .zip(&candidates)
             .find(|((s, _), _)| s.id == id)
@@ -143,6 +146,12 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
         };
         if let Some(lease) = pool.try_lease() {
             placed(state, task, id, reason, held);
+            if snapshot.cached_prefixes.is_none() {
+                let pools = &state.pools;
+                state
+                    .placement_sent
+                    .sent(id, &task.prefix_chain, |p| pools.get(p).is_some());
+            }
             return Placement::Leased(lease);
         }
     }
