@@ -6,7 +6,9 @@
 //! and no keys sent, so only load places. Paired runs alternate which goes first; medians of
 //! TTFT p50 and p90 over the turns after the first, of the prompt tokens served from cache
 //! (OpenAI's `cached_tokens` over `prompt_tokens`), and of the wall time. Also: what a
-//! prompt's block hash chain costs (16-token blocks).
+//! prompt's block hash chain costs (16-token blocks). `TOPOLOGY=remote`: one local pool and
+//! a remote worker (an `orchestratord worker` process with its own 4-slot pool of the model,
+//! `workers.join_local_models`) instead of two local pools (PLACE-6).
 //!
 //! `cargo bench -p orchestratord --bench prefix_replay` (env `PAIRS`, `CONVERSATIONS`,
 //! `TURNS`, `AT_ONCE`, `MAX_TOKENS`, `THINK_MS`); under `cargo test` one conversation of two turns
@@ -208,16 +210,35 @@ async fn main() {
         blocks += std::hint::black_box(pool_manager::prefix_chain(&tokens)).len();
     }
     let chain_us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
+    let remote = full && std::env::var("TOPOLOGY").is_ok_and(|t| t == "remote");
+    const SECRET: &str = "prefix-replay";
     let pools = |extra: &str| {
-        format!(
-            "{extra}[[pools]]\nid = \"a\"\nmodel = \"{m}\"\nalias = \"smol\"\nslots = 4\nctx = 2048\n\
-             [[pools]]\nid = \"b\"\nmodel = \"{m}\"\nalias = \"smol\"\nslots = 4\nctx = 2048\n",
+        let local = format!(
+            "[[pools]]\nid = \"a\"\nmodel = \"{m}\"\nalias = \"smol\"\nslots = 4\nctx = 2048\n",
             m = model.display()
-        )
+        );
+        if remote {
+            format!("{extra}[workers]\nsecret = \"{SECRET}\"\njoin_local_models = true\n{local}")
+        } else {
+            format!(
+                "{extra}{local}{}",
+                local.replace("id = \"a\"", "id = \"b\"")
+            )
+        }
+    };
+    // the worker of a server, in the remote topology
+    let worker_of = |base: &str| {
+        remote.then(|| {
+            let cfg = procs::worker_config(&model.display().to_string(), 4)
+                .replace("1024", "2048")
+                .replace("threads = 1\n", "");
+            procs::worker(base, SECRET, "w", &cfg, &[])
+        })
     };
     let quiet = [("RUST_LOG", "warn")];
     let client = reqwest::Client::new();
     let (_cache, cache_base) = procs::server_env_answering(&pools(""), &quiet).await;
+    let _cache_worker = worker_of(&cache_base);
     wait_ready(&client, &cache_base, 2).await;
     if !full {
         // the smoke test: one conversation through the cache-aware server, its turns placed
@@ -231,10 +252,20 @@ async fn main() {
     }
     let load_only = pools("[placement]\nmin_cached_tokens = 1000000000\n");
     let (_load, load_base) = procs::server_env_answering(&load_only, &quiet).await;
+    let _load_worker = worker_of(&load_base);
     wait_ready(&client, &load_base, 2).await;
     println!(
-        "prefix replay: {pairs} pairs x {} conversations of {} turns, {} at once, {} tokens per answer, pauses of 0-{} ms between turns; two pools of 4 slots",
-        shape.conversations, shape.turns, shape.at_once, shape.max_tokens, shape.think_ms
+        "prefix replay: {pairs} pairs x {} conversations of {} turns, {} at once, {} tokens per answer, pauses of 0-{} ms between turns; {}",
+        shape.conversations,
+        shape.turns,
+        shape.at_once,
+        shape.max_tokens,
+        shape.think_ms,
+        if remote {
+            "a local pool and a remote worker of 4 slots each"
+        } else {
+            "two pools of 4 slots"
+        }
     );
     println!(
         "block hash chain of a 4,096-token prompt: {chain_us:.1} us ({} blocks of 16 tokens)",

@@ -161,7 +161,8 @@ async fn each_turn_lands_where_its_conversation_is_cached() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_follow_their_conversation_to_a_remote_worker() {
     const SECRET: &str = "placement-secret";
-    let mut local = real_pool("a", 4, 1024);
+    // its own pool id: /metrics is one per process, the other test counts pools a and b
+    let mut local = real_pool("local", 4, 1024);
     local.alias = Some("smol".into());
     let mut cfg = config(vec![local]);
     cfg.timeouts.idle_ms = 60_000;
@@ -207,7 +208,7 @@ async fn turns_follow_their_conversation_to_a_remote_worker() {
         }
     }
     assert!(
-        firsts.iter().any(|p| p == "a") && firsts.iter().any(|p| p != "a"),
+        firsts.iter().any(|p| p == "local") && firsts.iter().any(|p| p != "local"),
         "the first turns spread over the local pool and the worker: {firsts:?}"
     );
 }
