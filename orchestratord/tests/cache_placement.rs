@@ -182,7 +182,7 @@ async fn turns_follow_their_conversation_to_a_remote_worker() {
             let s = s.clone();
             async move {
                 s.state.pools.all().iter().map(|p| p.snapshot()).any(|p| {
-                    p.id != "a" && p.slots_total == 4 && p.slots_free() == 4 && p.accepts_work
+                    p.id != "local" && p.slots_total == 4 && p.slots_free() == 4 && p.accepts_work
                 })
             }
         })
