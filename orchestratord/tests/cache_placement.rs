@@ -177,16 +177,15 @@ async fn turns_follow_their_conversation_to_a_remote_worker() {
         &worker_config(&default_model_path(), 4),
         &[],
     );
-    let remote_ready =
-        eventually(Duration::from_secs(90), || {
-            let s = s.clone();
-            async move {
-                s.state.pools.all().iter().map(|p| p.snapshot()).any(|p| {
-                    p.id != "local" && p.slots_total == 4 && p.slots_free() == 4 && p.accepts_work
-                })
-            }
-        })
-        .await;
+    let remote_ready = eventually(Duration::from_secs(90), || {
+        let s = s.clone();
+        async move {
+            s.state.pools.all().iter().map(|p| p.snapshot()).any(|p| {
+                p.id != "local" && p.slots_total == 4 && p.slots_free() == 4 && p.accepts_work
+            })
+        }
+    })
+    .await;
     assert!(remote_ready, "the worker's pool never came");
     let runs: Vec<_> = (0..4)
         .map(|k| tokio::spawn(converse(s.clone(), k, None, Some("smol"))))
