@@ -181,26 +181,6 @@ pub struct AdmissionConfig {
 /// `ci/isolation_bench.py`).
 pub const DEFAULT_REQUEST_WORK_NICE: u8 = 10;
 
-impl AdmissionConfig {
-    /// How the request-work threads are set up (`queue_capacity`: what 0 waiting jobs means).
-    /// What the request-work threads take; `could_take`: the tasks the server could hold at
-    /// once (its queue's capacity and its pools' slots).
-    pub fn request_work_limits(&self, could_take: usize) -> crate::lifecycle::request_work::Limits {
-        crate::lifecycle::request_work::Limits {
-            threads: self.tokenize_concurrency,
-            nice: self.request_work_nice.min(candle::MAX_NICE),
-            per_tenant: self.request_work_per_tenant,
-            waiting_per_tenant: match self.request_work_waiting_per_tenant {
-                0 => could_take.max(MIN_REQUEST_WORK_WAITING),
-                n => n,
-            },
-        }
-    }
-}
-
-/// Least default bound of one tenant's requests waiting for the request-work threads.
-const MIN_REQUEST_WORK_WAITING: usize = 16;
-
 impl Default for AdmissionConfig {
     fn default() -> Self {
         Self {

@@ -5,11 +5,13 @@
 
 pub mod adapters;
 pub mod allocator;
+pub mod app_state;
 pub mod auth;
 pub mod body_deadline;
 pub mod client_addr;
 pub mod cluster;
 pub mod config;
+pub mod console_history;
 pub mod correlation;
 pub mod error;
 pub mod examples;

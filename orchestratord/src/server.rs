@@ -12,9 +12,10 @@ use pool_manager::{EngineFactory, PoolRegistry};
 use tokio::net::TcpListener;
 use tokio::sync::Notify;
 
+use crate::app_state::{AppState, SharedState};
 use crate::config::{Config, ConfigError};
 use crate::lifecycle::queue::TaskQueue;
-use crate::lifecycle::state::{AppState, SharedState};
+use crate::lifecycle::state::Lifecycle;
 use crate::lifecycle::task_store::TaskStore;
 use crate::routes;
 use crate::sessions::SessionStore;
@@ -43,14 +44,24 @@ pub fn build_state(
             .iter()
             .map(|(t, o)| (t.clone(), o.clone())),
     );
-    let state = Arc::new(AppState {
+    let key_tenants = auth.keys.tenants();
+    let parts = crate::app_state::Parts {
+        workers: Arc::new(crate::remote_workers::WorkerRegistry::new(&cfg.workers)),
+        auth,
+        model_dirs: model_dirs(&cfg),
+        models_folder: Arc::new(crate::models_folder::ModelsFolder::new(
+            &cfg.models,
+            model_dirs(&cfg),
+        )),
+    };
+    let state = AppState::new(parts, |workers_port, models_port| Lifecycle {
         queue: TaskQueue::with_fair_share(
             cfg.queue.capacity,
             cfg.queue.policy,
             crate::lifecycle::fair_share::FairShare::new(
                 cfg.queue.fairness,
                 &tenants,
-                &auth.keys.tenants(),
+                &key_tenants,
             ),
         ),
         quotas: crate::lifecycle::quota::Quotas::new(tenants.into_iter().collect()),
@@ -73,22 +84,17 @@ pub fn build_state(
         metrics: crate::metrics::install(Duration::from_millis(cfg.metrics.idle_timeout_ms)),
         shutting_down: AtomicBool::new(false),
         shutdown: tokio_util::sync::CancellationToken::new(),
-        hyperswarm: std::sync::OnceLock::new(),
         request_work: crate::lifecycle::request_work::RequestWork::new(
-            cfg.admission.request_work_limits(
+            crate::lifecycle::request_work::Limits::of(
+                &cfg.admission,
                 cfg.queue.capacity + cfg.pools.iter().map(|p| p.slots).sum::<usize>(),
             ),
         ),
-        workers: crate::remote_workers::WorkerRegistry::new(&cfg.workers),
-        auth,
-        model_dirs: model_dirs(&cfg),
-        models_folder: crate::models_folder::ModelsFolder::new(&cfg.models, model_dirs(&cfg)),
-        model_digests: Default::default(),
         records,
-        cluster: std::sync::OnceLock::new(),
         cluster_tasks: std::sync::OnceLock::new(),
         admitting: Default::default(),
-        console_history: Default::default(),
+        workers_port,
+        models_port,
         started_at: Instant::now(),
         cfg,
     });
@@ -321,10 +327,13 @@ pub async fn start_background(state: &SharedState) -> Background {
 
 /// The background loops: the dispatcher, the metrics' upkeep, the model folder's.
 pub fn start_loops(state: &SharedState) {
-    tokio::spawn(crate::lifecycle::dispatcher::run(state.clone()));
-    tokio::spawn(state.clone().metrics_upkeep_loop());
-    routes::console::History::spawn(state.clone());
-    crate::models_folder::ModelsFolder::spawn_upkeep(state.clone());
+    tokio::spawn(crate::lifecycle::dispatcher::run(state.lifecycle.clone()));
+    tokio::spawn(state.lifecycle.clone().metrics_upkeep_loop());
+    state.console_history.clone().spawn(state.shutdown.clone());
+    state
+        .models_folder
+        .clone()
+        .spawn_upkeep(state.lifecycle.clone());
 }
 
 /// In a cluster (`cluster.nats_urls`): connects (the start fails if the cluster does not
@@ -341,7 +350,7 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
     let until = tokio::time::Instant::now()
         + std::time::Duration::from_millis(state.cfg.cluster.connect_timeout_ms);
     let path = loop {
-        match crate::cluster::task_path::TaskPath::open(cluster.clone(), state).await {
+        match crate::cluster::task_path::TaskPath::open(cluster.clone(), &state.lifecycle).await {
             Ok(path) => break Arc::new(path),
             Err(e) if tokio::time::Instant::now() < until => {
                 tracing::info!(error = %e, "cluster: the task path's streams not ready yet");
@@ -351,7 +360,7 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
         }
     };
     let _ = state.cluster_tasks.set(Arc::new(path.clone()));
-    path.spawn_takers(state);
+    path.spawn_takers(&state.lifecycle);
     let directory = cluster.directory().clone();
     let stop = state.shutdown.clone();
     tokio::spawn(async move { directory.follow(stop).await });
@@ -407,7 +416,7 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
                     .iter()
                     .map(|l| crate::routes::workers::info(&st, l))
                     .collect(),
-                lines: crate::lifecycle::deadline::forecasts(&st, &st.pools.all())
+                lines: crate::lifecycle::deadline::forecasts(&st.lifecycle, &st.pools.all())
                     .into_iter()
                     .collect(),
             };

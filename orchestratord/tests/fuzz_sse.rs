@@ -127,7 +127,7 @@ async fn any_token_text_survives_the_sse_writer() {
                 t.push_token(text.clone());
             }
             t.finish("length", None);
-            let sub = Subscription::new(&state, t, 0, Resume::Never);
+            let sub = Subscription::new(&state.lifecycle, t, 0, Resume::Never);
             let body = handle.block_on(async {
                 axum::body::to_bytes(sse::response(sub, 0).into_body(), usize::MAX).await
             });

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use contracts::{ErrorCode, TaskRequest};
 
 use crate::adapters::tool_calls::AnswerStream;
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::admission;
 use crate::lifecycle::deadline::Delivery;
-use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::{Resume, Subscription};
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::CancelReason;
@@ -18,7 +18,7 @@ use crate::metrics::CancelReason;
 /// Follows an admitted task for a protocol that cannot come back to the same stream: the
 /// client going away (the response dropped) cancels it unless someone else follows it.
 pub fn subscribe(state: &SharedState, task: &Arc<Task>) -> Subscription {
-    Subscription::new(state, task.clone(), 0, Resume::Never)
+    Subscription::new(&state.lifecycle, task.clone(), 0, Resume::Never)
 }
 
 /// The keep-alive interval of streaming responses (`stream.keepalive_ms`; 0 = none).
@@ -39,7 +39,7 @@ pub async fn admit(
     caller: &Caller,
     delivery: Delivery,
 ) -> Result<Arc<Task>, ApiError> {
-    admission::admit(state, req, caller, delivery)
+    admission::admit(&state.lifecycle, req, caller, delivery)
         .await
         .map(|(_, task, _)| task)
         .map_err(|e| {

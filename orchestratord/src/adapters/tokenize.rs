@@ -14,13 +14,13 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::adapters::openai::types::{chat_turns, Message};
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::openai::OpenAiError;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::quota::OverQuota;
 use crate::lifecycle::request_work::Turn;
-use crate::lifecycle::state::SharedState;
 
 /// Most ids one `/detokenize` takes.
 pub const MAX_DETOKENIZE_IDS: usize = 1 << 17;

@@ -21,7 +21,7 @@ use super::ClusterError;
 use crate::error::ApiError;
 use crate::lifecycle::handoff::WireEvent;
 use crate::lifecycle::relayed_task::{self, Purpose};
-use crate::lifecycle::state::AppState;
+use crate::lifecycle::state::Lifecycle;
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::lifecycle::task_store::Inserted;
 
@@ -37,7 +37,7 @@ impl TaskPath {
     /// Feeds `task` from `events` until its end; a cancel here goes to where it runs.
     pub(super) fn spawn_feeder(
         self: &Arc<Self>,
-        state: Arc<AppState>,
+        state: Arc<Lifecycle>,
         task: Arc<Task>,
         events: Events,
     ) {
@@ -46,7 +46,7 @@ impl TaskPath {
         tokio::spawn(async move { path.feed(state, task, events).await });
     }
 
-    async fn feed(self: Arc<Self>, state: Arc<AppState>, task: Arc<Task>, mut events: Events) {
+    async fn feed(self: Arc<Self>, state: Arc<Lifecycle>, task: Arc<Task>, mut events: Events) {
         loop {
             tokio::select! {
                 _ = task.cancel.cancelled() => break,
@@ -97,7 +97,7 @@ impl TaskPath {
     /// see it (`sees_all`: any tenant's). `None` when the relay has no such task (for them).
     pub async fn adopt_task(
         self: &Arc<Self>,
-        state: &Arc<AppState>,
+        state: &Arc<Lifecycle>,
         tenant: &str,
         sees_all: bool,
         id: &str,
@@ -171,7 +171,7 @@ impl TaskPath {
 
 /// Applies one relayed event to `task`, timed when the relay stored it; true once the task
 /// has ended.
-fn apply(state: &AppState, task: &Task, relayed: &Relayed) -> bool {
+fn apply(state: &Lifecycle, task: &Task, relayed: &Relayed) -> bool {
     let at = relayed.at;
     let Some(wire) = WireEvent::decode(&relayed.payload) else {
         return false;

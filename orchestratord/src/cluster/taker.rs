@@ -18,7 +18,7 @@ use crate::lifecycle::handoff::{Handoff, WireEvent};
 use crate::lifecycle::placement::{place, Placement};
 use crate::lifecycle::relayed_task::{self, Purpose};
 use crate::lifecycle::runner;
-use crate::lifecycle::state::AppState;
+use crate::lifecycle::state::Lifecycle;
 use crate::lifecycle::task::{Task, TaskEvent};
 
 /// How often a replica with a free slot looks at its queues without being nudged.
@@ -35,7 +35,7 @@ const MEASUREMENT_GIVES_WAY: Duration = Duration::from_secs(2);
 
 impl TaskPath {
     /// Starts taking tasks for each pool of this replica (and for pools added later).
-    pub fn spawn_takers(self: &Arc<Self>, state: &Arc<AppState>) {
+    pub fn spawn_takers(self: &Arc<Self>, state: &Arc<Lifecycle>) {
         let (path, state) = (self.clone(), state.clone());
         tokio::spawn(async move {
             let mut taking = std::collections::HashSet::new();
@@ -55,7 +55,7 @@ impl TaskPath {
         });
     }
 
-    async fn take_loop(self: Arc<Self>, state: Arc<AppState>, pool_id: String) {
+    async fn take_loop(self: Arc<Self>, state: Arc<Lifecycle>, pool_id: String) {
         let Some(alias) = state
             .pools
             .get(&pool_id)
@@ -203,7 +203,7 @@ impl TaskPath {
     }
 
     /// Runs a taken task on a slot of `pool_id` (or hands it back).
-    async fn start(self: &Arc<Self>, state: &Arc<AppState>, pool_id: &str, taken: Taken) {
+    async fn start(self: &Arc<Self>, state: &Arc<Lifecycle>, pool_id: &str, taken: Taken) {
         let Ok(h) = serde_json::from_slice::<Handoff>(&taken.payload) else {
             tracing::warn!(task_id = %taken.task_id, "cluster: a queued task that is no handoff, dropped");
             let _ = taken.done().await;
@@ -289,7 +289,7 @@ impl TaskPath {
     /// Another replica that took the task meanwhile (this one was stopped past `ack_wait`)
     /// makes this one stop it here; a shutdown hands it back to the queue at once, for another
     /// replica to go on with.
-    async fn relay_run(self: Arc<Self>, state: Arc<AppState>, mut run: Run) {
+    async fn relay_run(self: Arc<Self>, state: Arc<Lifecycle>, mut run: Run) {
         let task = run.task.clone();
         let mut changes = task.subscribe();
         let mut progress = tokio::time::interval(self.ack_wait / 4);
@@ -427,7 +427,7 @@ enum Outcome {
 /// busy counts those slots free, and a lease cancels the measurement: its sequences end
 /// within a step or two, and the task waits for them rather than going back to the queue
 /// (where it would count as taken by a replica that stopped).
-async fn place_giving_way(state: &AppState, pool_id: &str, task: &Task) -> Placement {
+async fn place_giving_way(state: &Lifecycle, pool_id: &str, task: &Task) -> Placement {
     let until = tokio::time::Instant::now() + MEASUREMENT_GIVES_WAY;
     let mut last_try = false;
     loop {

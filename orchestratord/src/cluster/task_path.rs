@@ -25,7 +25,7 @@ use crate::error::ApiError;
 use crate::lifecycle::cluster_port::{ClusterPlace, ClusterPort, ClusterRefusal};
 use crate::lifecycle::deadline;
 use crate::lifecycle::eta::{start_over, SlotForecast};
-use crate::lifecycle::state::AppState;
+use crate::lifecycle::state::Lifecycle;
 use crate::lifecycle::task::{Task, TaskEvent};
 
 /// How long a task admitted into its queue waits for the relay to take its `started` (a
@@ -34,8 +34,8 @@ use crate::lifecycle::task::{Task, TaskEvent};
 pub(super) const ANNOUNCE_FOR: Duration = Duration::from_secs(10);
 
 pub struct TaskPath {
-    /// The server's state (weak: the state holds this path).
-    state: std::sync::Weak<AppState>,
+    /// The lifecycle's state (weak: it holds this path).
+    state: std::sync::Weak<Lifecycle>,
     pub(super) cluster: Arc<Cluster>,
     pub(super) relay: EventRelay,
     /// Ended tasks' records, for every replica (none while `records.enabled` is off).
@@ -50,7 +50,7 @@ pub struct TaskPath {
 
 impl TaskPath {
     /// Opens the relay (its stream created by the first replica) for `cluster`.
-    pub async fn open(cluster: Arc<Cluster>, state: &Arc<AppState>) -> Result<Self, ClusterError> {
+    pub async fn open(cluster: Arc<Cluster>, state: &Arc<Lifecycle>) -> Result<Self, ClusterError> {
         let cfg = &state.cfg;
         let limits = RelayLimits {
             keep: Duration::from_millis(cfg.stream.transcript_ttl_ms.max(1000)),
@@ -125,7 +125,7 @@ impl TaskPath {
 
     /// The bound of `key`'s queue, per class, queued and running together: the configured
     /// capacity plus the slots of the pools that take from it on every live replica.
-    pub fn bound_for(&self, state: &AppState, key: &QueueKey) -> i64 {
+    pub fn bound_for(&self, state: &Lifecycle, key: &QueueKey) -> i64 {
         let here: usize = state
             .pools
             .all()
@@ -177,7 +177,7 @@ impl TaskPath {
 
     /// The lines of every pool that takes from `key`'s queue, this replica's as they stand
     /// and the others' as last announced.
-    fn lines_of(&self, state: &Arc<AppState>, key: &QueueKey) -> Vec<SlotForecast> {
+    fn lines_of(&self, state: &Arc<Lifecycle>, key: &QueueKey) -> Vec<SlotForecast> {
         let here: Vec<_> = state
             .pools
             .all()
@@ -201,7 +201,7 @@ impl TaskPath {
     /// comes after `wait_allowed`.
     async fn admit_task(
         &self,
-        state: &Arc<AppState>,
+        state: &Arc<Lifecycle>,
         task: &Arc<Task>,
         handoff: Handoff,
         wait_allowed: Option<Duration>,
@@ -260,7 +260,7 @@ impl TaskPath {
     /// task's later events from there.
     async fn announce_task(
         self: &Arc<Self>,
-        state: &Arc<AppState>,
+        state: &Arc<Lifecycle>,
         task: &Arc<Task>,
         handoff: Handoff,
     ) -> Result<(), ClusterError> {

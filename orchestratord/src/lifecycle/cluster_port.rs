@@ -1,7 +1,7 @@
 //! What the lifecycle asks of the cluster, when the replica is one (`cluster.nats_urls`).
 //! `cluster/` implements it and sits above the lifecycle (it runs tasks through the runner and
 //! placement), so the lifecycle names only this trait, never the cluster's types; the
-//! implementation reaches the server's state through a weak reference given at start.
+//! implementation reaches the lifecycle's state through a weak reference given at start.
 
 use std::sync::Arc;
 use std::time::Duration;

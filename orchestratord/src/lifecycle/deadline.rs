@@ -19,7 +19,7 @@ use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::eta::{self, Need, PoolLine};
 use crate::lifecycle::queue::Promised;
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::lifecycle::task::Claimant;
 use crate::metrics;
 
@@ -152,7 +152,7 @@ const MAX_PLACE_GRACE: Duration = Duration::from_secs(5);
 /// ahead of everyone else (issue 32: two loops without retry headers kept 64 places and an
 /// idle pool refused every client).
 pub fn keep_place(
-    state: &SharedState,
+    state: &SharedLifecycle,
     rank: Instant,
     retry_after_ms: u64,
     claimant: Option<Claimant>,
@@ -175,7 +175,7 @@ pub fn keep_place(
 /// line ahead is the reason. Steps: its place in line, what is ahead of it, what its answer
 /// needs once it has a slot, the limits that need must fit, then the line played forward.
 pub fn plan<'a>(
-    state: &'a SharedState,
+    state: &'a SharedLifecycle,
     pools: &[std::sync::Arc<Pool>],
     snapshots: &[PoolSnapshot],
     limits: &Limits,
@@ -243,7 +243,7 @@ pub fn plan<'a>(
 }
 
 /// Its place in line: a place kept for this client's retry when it claims one, else now.
-fn place_in_line(state: &SharedState, caller: &Caller) -> Instant {
+fn place_in_line(state: &SharedLifecycle, caller: &Caller) -> Instant {
     let now = Instant::now();
     match (caller.patience.is_retry(), Claimant::of(caller)) {
         (true, Some(claimant)) => match state.queue.claim_place(now, claimant) {
@@ -261,7 +261,7 @@ fn place_in_line(state: &SharedState, caller: &Caller) -> Instant {
 /// its own tenant's admissions being prepared, and kept places — and its own place promised
 /// until its task is queued.
 fn line_ahead<'a>(
-    state: &'a SharedState,
+    state: &'a SharedLifecycle,
     snapshots: &[PoolSnapshot],
     limits: &Limits,
     caller: &Caller,
@@ -343,7 +343,7 @@ fn answer_needs(
 /// stream its first token, else its end; with the margin kept in hand), the longest queue
 /// wait.
 fn bounds_of(
-    state: &SharedState,
+    state: &SharedLifecycle,
     limits: &Limits,
     caller: &Caller,
     delivery: Delivery,
@@ -492,7 +492,7 @@ fn too_late(late: &Late, b: &Bound, caller: &Caller) -> Option<(ApiError, u64)> 
 /// else an answer of `admission.default_max_tokens` at its pace, prompt aside); pools without
 /// a measured pace are left out.
 pub fn forecasts(
-    state: &SharedState,
+    state: &SharedLifecycle,
     pools: &[std::sync::Arc<Pool>],
 ) -> Vec<(String, eta::SlotForecast)> {
     let snapshots: Vec<PoolSnapshot> = pools.iter().map(|p| p.snapshot()).collect();

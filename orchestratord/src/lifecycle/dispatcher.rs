@@ -10,7 +10,7 @@ use crate::lifecycle::eta;
 use crate::lifecycle::placement::{place, Placement};
 use crate::lifecycle::runner;
 use crate::lifecycle::shed;
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::lifecycle::task::Task;
 
 /// How often the dispatcher looks even without a wake-up (deadlines, sweeps, gauges).
@@ -19,7 +19,7 @@ const TICK: Duration = Duration::from_millis(200);
 /// How often at most the line is re-played at the measured pace (shed.rs).
 const REPLAN_EVERY: Duration = Duration::from_millis(100);
 
-pub async fn run(state: SharedState) {
+pub async fn run(state: SharedLifecycle) {
     let mut last_sweep = Instant::now();
     let mut last_replan = Instant::now();
     loop {
@@ -54,7 +54,7 @@ pub async fn run(state: SharedState) {
 /// A queued task that can no longer start in time for its client (or waited the longest
 /// queue wait) leaves before it costs any compute, with a retriable `QUEUE_TIMEOUT` and a
 /// wait to come back after; its place in line is kept for the retry (ORCH-ADM-DL-3).
-fn start_budget_spent(state: &SharedState, task: &Task) {
+fn start_budget_spent(state: &SharedLifecycle, task: &Task) {
     let typical = state.cfg.admission.default_max_tokens as usize;
     let retry = eta::estimate(0, &state.candidate_snapshots(task), typical).retry_after_ms;
     let waited = task.submitted.elapsed().as_millis();
@@ -71,7 +71,7 @@ fn start_budget_spent(state: &SharedState, task: &Task) {
 
 /// Whether every pool that could run `task` is loading (at start-up, or on demand): it waits
 /// for the load rather than the server's longest queue wait.
-fn waits_for_a_load(state: &SharedState, task: &Task) -> bool {
+fn waits_for_a_load(state: &SharedLifecycle, task: &Task) -> bool {
     let pools = state.candidate_snapshots(task);
     !pools.is_empty()
         && pools
@@ -81,7 +81,7 @@ fn waits_for_a_load(state: &SharedState, task: &Task) -> bool {
 
 /// One pass over the queue. Returns when the earliest start budget of a task left waiting
 /// runs out.
-pub fn dispatch_once(state: &SharedState) -> Option<Instant> {
+pub fn dispatch_once(state: &SharedLifecycle) -> Option<Instant> {
     let now = Instant::now();
     let mut next_due: Option<Instant> = None;
     for task in state.queue.in_order() {
@@ -111,7 +111,7 @@ pub fn dispatch_once(state: &SharedState) -> Option<Instant> {
                 if let Some(at) = task.start_by {
                     next_due = Some(next_due.map_or(at, |n| n.min(at)));
                 }
-                if let Some(limit) = state.workers.queue_timeout_for(
+                if let Some(limit) = state.workers_port.queue_timeout_for(
                     &state.pools,
                     task.pin.as_deref(),
                     task.model.as_deref(),

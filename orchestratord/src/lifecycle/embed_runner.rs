@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 use contracts::ErrorCode;
 use pool_manager::{EmbedJob, PortError, SlotLease};
 
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::lifecycle::task::Task;
 use crate::metrics;
 
-pub async fn run(state: &SharedState, task: &Task, lease: &mut SlotLease, placed: Instant) {
+pub async fn run(state: &SharedLifecycle, task: &Task, lease: &mut SlotLease, placed: Instant) {
     let Some(spec) = task.spec.embed.clone() else {
         return;
     };

@@ -9,11 +9,11 @@ use std::time::Instant;
 use contracts::worker::{CancelReason as WireCancel, MAX_REQUEUE_COUNT};
 use contracts::{ErrorCode, SseError};
 
-use crate::lifecycle::state::AppState;
+use crate::lifecycle::state::Lifecycle;
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::{self, CancelReason};
 
-impl AppState {
+impl Lifecycle {
     /// What every ending does after the task's own state changed.
     fn after_end(&self, task: &Task) {
         self.queue.remove(task);

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use contracts::{SseEnd, SseError, SseMetrics, SseStarted, SseToken, TaskRequest};
 use serde::{Deserialize, Serialize};
 
-use crate::lifecycle::task::TaskEvent;
+use crate::lifecycle::task::{Placed, TaskEvent};
 
 /// A task admitted on one replica, as any other needs it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -39,16 +39,6 @@ pub struct WireEvent {
     /// replicas following it put in its record).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placed: Option<Placed>,
-}
-
-/// Where a task runs, as the replica running it says.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Placed {
-    pub replica: String,
-    pub pool_id: String,
-    pub engine: String,
-    pub engine_version: String,
-    pub model_ref: String,
 }
 
 impl WireEvent {

@@ -22,9 +22,11 @@
 //!    live) and how a client that goes away cancels it (only the last subscriber, after the
 //!    grace period); [`sse`] writes a subscription as `text/event-stream` with event ids.
 //!
-//! [`state`] is the server's shared state (pools, queue, tasks, sessions, workers, keys,
-//! records, config), which every step and every route reads; remote workers reach it only
-//! through `remote_workers::WorkerHost`, which it implements.
+//! [`state`] is the lifecycle's state (pools, queue, tasks, sessions, records, config), which
+//! every step reads; the composition root (`app_state.rs`) holds it beside the parts above
+//! the lifecycle (remote workers, the models folder, the cluster, keys), and the lifecycle
+//! reaches those only through [`ports`] and [`cluster_port`]: it names none of their types
+//! (`tests/module_layers.rs`).
 //! [`endings`] is how every task ends (complete, fail, cancel, requeue after a lost worker),
 //! whoever ends it. [`tokenize`] templates and tokenizes prompts off the runtime, once per task.
 //! [`task_store`] keeps tasks (and their records) for the artifact TTL; [`eta`] turns pool
@@ -45,6 +47,7 @@ pub mod fair_share;
 pub mod handoff;
 pub mod in_flight;
 pub mod placement;
+pub mod ports;
 pub mod queue;
 pub mod quota;
 pub mod relayed_task;

@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::lifecycle::admission::{count_prompt, prepare_constraint, redact, validate};
 use crate::lifecycle::handoff::{unix_ms, Handoff};
 use crate::lifecycle::request_work::Turn;
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::lifecycle::task::{NewTask, Task};
 
 /// What the task is built for.
@@ -26,7 +26,7 @@ pub enum Purpose<'a> {
 
 /// Builds the task of `h` for `purpose`.
 pub async fn build(
-    state: &SharedState,
+    state: &SharedLifecycle,
     h: &Handoff,
     purpose: Purpose<'_>,
 ) -> Result<Arc<Task>, ApiError> {

@@ -42,6 +42,26 @@ pub struct Limits {
     pub waiting_per_tenant: usize,
 }
 
+/// Least default bound of one tenant's requests waiting for the request-work threads.
+const MIN_REQUEST_WORK_WAITING: usize = 16;
+
+impl Limits {
+    /// What the config's `[admission]` sets; `could_take`: the tasks the server could hold at
+    /// once (its queue's capacity and its pools' slots), the default bound of one tenant's
+    /// waiting requests.
+    pub fn of(cfg: &crate::config::AdmissionConfig, could_take: usize) -> Self {
+        Limits {
+            threads: cfg.tokenize_concurrency,
+            nice: cfg.request_work_nice.min(pool_manager::candle::MAX_NICE),
+            per_tenant: cfg.request_work_per_tenant,
+            waiting_per_tenant: match cfg.request_work_waiting_per_tenant {
+                0 => could_take.max(MIN_REQUEST_WORK_WAITING),
+                n => n,
+            },
+        }
+    }
+}
+
 /// Whose work a job is.
 #[derive(Debug, Clone, Copy)]
 pub enum Turn<'a> {

@@ -11,7 +11,7 @@ use pool_manager::{
 use tokio::sync::mpsc::Receiver;
 
 use crate::lifecycle::eta;
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::lifecycle::task::Task;
 use crate::metrics;
 
@@ -22,7 +22,7 @@ enum Outcome {
     Lost,
 }
 
-pub async fn run(state: SharedState, task: Arc<Task>, mut lease: SlotLease) {
+pub async fn run(state: SharedLifecycle, task: Arc<Task>, mut lease: SlotLease) {
     let pool = lease.pool().clone();
     let engine = lease.engine.clone();
     let desc = engine.descriptor();
@@ -215,7 +215,7 @@ struct Watch<'a> {
 }
 
 async fn pump(
-    state: &SharedState,
+    state: &SharedLifecycle,
     task: &Task,
     lease: &SlotLease,
     rx: &mut Receiver<SeqEvent>,
@@ -356,7 +356,7 @@ fn wire_logprobs(l: pool_manager::StepLogprobs) -> contracts::SseLogprobs {
 /// The task's prompt (and `continuation`) tokenized by `engine`, on the request-work threads
 /// in its tenant's turn.
 async fn tokenize_admitted(
-    state: &SharedState,
+    state: &SharedLifecycle,
     task: &Arc<Task>,
     engine: Arc<dyn pool_manager::Engine>,
     continuation: &str,

@@ -24,7 +24,7 @@ use pool_manager::PoolSnapshot;
 use crate::lifecycle::deadline;
 use crate::lifecycle::eta::{Line, Need, PoolLine};
 use crate::lifecycle::queue::InLine;
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::metrics;
 
 /// How far past its start budget a task must be predicted before it is sent back: a tenth of
@@ -38,7 +38,7 @@ fn tolerance_ms(allowed_ms: u64) -> u64 {
 /// Re-plays the line and sends back the queued tasks that would start too late. Does nothing
 /// for pools whose pace is not settled (eta.rs: the running tasks show theirs, and a full
 /// pool's pace was seen on real tasks); the dispatcher's start budgets cover those.
-pub fn shed_late(state: &SharedState) {
+pub fn shed_late(state: &SharedLifecycle) {
     let line = state.queue.line();
     if !line
         .iter()
@@ -127,7 +127,7 @@ pub fn shed_late(state: &SharedState) {
 }
 
 /// The line of these pools when its pace is settled; `None` otherwise.
-fn settled_line(state: &SharedState, snapshots: &[PoolSnapshot]) -> Option<Line> {
+fn settled_line(state: &SharedLifecycle, snapshots: &[PoolSnapshot]) -> Option<Line> {
     let pools: Vec<PoolLine<'_>> = snapshots
         .iter()
         .map(|s| PoolLine {

@@ -1,4 +1,4 @@
-//! The shared state of the server and the task-ending helpers every path uses.
+//! The lifecycle's state, which every step of a task reads and changes.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -9,13 +9,19 @@ use pool_manager::{PoolRegistry, PoolSnapshot};
 use tokio::sync::Notify;
 
 use crate::config::Config;
+use crate::lifecycle::ports::{ModelsPort, WorkersPort};
 use crate::lifecycle::queue::TaskQueue;
 use crate::lifecycle::task::Task;
 use crate::lifecycle::task_store::TaskStore;
 use crate::metrics;
 use crate::sessions::SessionStore;
 
-pub struct AppState {
+/// What the lifecycle owns: the pools, the queue, the tasks and everything their admission,
+/// placement, run and ending read and change. The composition root (`app_state.rs`) builds it
+/// and holds it beside the parts above the lifecycle (remote workers, the models folder, the
+/// cluster, keys, the console), which reach it through [`SharedLifecycle`]; the lifecycle
+/// reaches them only through its ports (`ports.rs`, `cluster_port.rs`).
+pub struct Lifecycle {
     pub cfg: Config,
     pub pools: PoolRegistry,
     pub queue: TaskQueue,
@@ -26,49 +32,35 @@ pub struct AppState {
     pub running: crate::lifecycle::running::RunningTasks,
     pub sessions: SessionStore,
     /// Which pool each conversation last ran on (placement's session affinity).
-    pub placement_sessions: crate::lifecycle::placement::PlacementSessions,
+    pub placement_sessions: crate::lifecycle::placement::sessions::PlacementSessions,
     /// The prefixes placement sent to pools whose engines do not say what they hold.
-    pub placement_sent: crate::lifecycle::placement::SentPrefixes,
+    pub placement_sent: crate::lifecycle::placement::sent::SentPrefixes,
     /// Wakes the dispatcher: new task queued, slot freed, pool state changed.
     pub wake: Arc<Notify>,
     pub metrics: PrometheusHandle,
     pub shutting_down: AtomicBool,
     /// Cancelled when the server shuts down: background adapters stop on it.
     pub shutdown: tokio_util::sync::CancellationToken,
-    /// What the Hyperswarm host reports to `/v1/capabilities`, set by the host once it runs.
-    pub hyperswarm: std::sync::OnceLock<CapabilityReport<contracts::HyperswarmCapability>>,
     /// Where prompts are templated and tokenized and grammars compiled: threads of their own,
     /// below the decode loop, fair among tenants (`request_work.rs`).
     pub request_work: crate::lifecycle::request_work::RequestWork,
-    /// Connected remote workers.
-    pub workers: crate::remote_workers::WorkerRegistry,
-    /// API keys and the failed-attempt limiter.
-    pub auth: Arc<crate::auth::Auth>,
-    /// Where models may be loaded from (`POST /engines`, reloads).
-    pub model_dirs: crate::model_paths::ModelDirs,
-    /// The model folder: its models listed, loaded on demand, unloaded when idle.
-    pub models_folder: crate::models_folder::ModelsFolder,
-    /// SHA-256 of model files, remembered per file version (Ollama's `digest`).
-    pub model_digests: crate::model_digest::ModelDigests,
     /// Task records and artifacts that outlive the process.
     pub records: crate::records::Records,
-    /// This replica's link to its cluster (`cluster.nats_urls`), set once connected at start.
-    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
-    /// The cluster's task path (queues, relay), set with `cluster`.
+    /// The cluster's task path (queues, relay), set once this replica is connected to its
+    /// cluster (`cluster.nats_urls`).
     pub cluster_tasks: std::sync::OnceLock<Arc<dyn crate::lifecycle::cluster_port::ClusterPort>>,
     /// In a cluster: the admissions under way, by client task id (`in_flight.rs`).
     pub admitting: crate::lifecycle::in_flight::InFlight,
-    /// The console's last minutes (throughput, time to first token).
-    pub console_history: crate::routes::console::History,
+    /// What the lifecycle asks of remote workers.
+    pub workers_port: Arc<dyn WorkersPort>,
+    /// What admission asks of the models folder.
+    pub models_port: Arc<dyn ModelsPort>,
     pub started_at: Instant,
 }
 
-pub type SharedState = Arc<AppState>;
+pub type SharedLifecycle = Arc<Lifecycle>;
 
-/// How a background adapter reports its live status without core state knowing its types.
-pub type CapabilityReport<T> = Box<dyn Fn() -> T + Send + Sync>;
-
-impl AppState {
+impl Lifecycle {
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }
@@ -127,32 +119,5 @@ impl AppState {
                 self.records.total_bytes(),
             );
         }
-    }
-}
-
-/// Remote workers reach the server through this (given to each when it connects).
-impl crate::remote_workers::WorkerHost for AppState {
-    fn config(&self) -> &Config {
-        &self.cfg
-    }
-
-    fn pools(&self) -> &PoolRegistry {
-        &self.pools
-    }
-
-    fn workers(&self) -> &crate::remote_workers::WorkerRegistry {
-        &self.workers
-    }
-
-    fn wake(&self) {
-        self.wake.notify_one();
-    }
-
-    fn shutdown(&self) -> &tokio_util::sync::CancellationToken {
-        &self.shutdown
-    }
-
-    fn is_shutting_down(&self) -> bool {
-        AppState::is_shutting_down(self)
     }
 }

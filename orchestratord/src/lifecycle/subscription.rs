@@ -17,7 +17,7 @@ use futures::Stream;
 use tokio::sync::watch;
 
 use super::task::{Task, TaskEvent};
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::metrics::CancelReason;
 
 /// Whether the reader can come back to the same stream.
@@ -42,7 +42,7 @@ pub enum Followed {
 
 /// One reader of one task.
 pub struct Subscription {
-    state: SharedState,
+    state: SharedLifecycle,
     task: Arc<Task>,
     changes: watch::Receiver<u64>,
     cursor: usize,
@@ -53,7 +53,7 @@ pub struct Subscription {
 
 impl Subscription {
     /// Follows `task` from event number `from` (0 = from the first).
-    pub fn new(state: &SharedState, task: Arc<Task>, from: usize, resume: Resume) -> Self {
+    pub fn new(state: &SharedLifecycle, task: Arc<Task>, from: usize, resume: Resume) -> Self {
         task.follow();
         Self {
             state: state.clone(),

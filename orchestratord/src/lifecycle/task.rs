@@ -9,11 +9,22 @@ use contracts::{
 };
 use pool_manager::{EngineDescriptor, OutputConstraint, PromptInput, SamplingParams, StopCause};
 
-use super::placement::ConversationKey;
+use super::placement::sessions::ConversationKey;
 use super::request_work::PromptIds;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+/// Where a task runs, as the replica running it says (it travels in the cluster's handoff:
+/// `handoff.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placed {
+    pub replica: String,
+    pub pool_id: String,
+    pub engine: String,
+    pub engine_version: String,
+    pub model_ref: String,
+}
 
 /// One SSE event of a task, stored once and written to every subscriber.
 #[derive(Debug, Clone, PartialEq)]
@@ -135,7 +146,7 @@ pub struct TaskInner {
     /// Of the prompt tokens, those the engine took from its cache (not computed).
     pub cached_prompt_tokens: u32,
     /// Followed while another replica runs it: where it runs, as that replica said.
-    pub placed_elsewhere: Option<crate::lifecycle::handoff::Placed>,
+    pub placed_elsewhere: Option<Placed>,
     /// Why the pool it runs on was chosen (placed here).
     pub placement: Option<contracts::PlacementNote>,
 }
@@ -389,15 +400,15 @@ impl Task {
     }
 
     /// Where the replica running it says it runs (a task this replica follows).
-    pub fn mark_placed_elsewhere(&self, placed: crate::lifecycle::handoff::Placed) {
+    pub fn mark_placed_elsewhere(&self, placed: Placed) {
         self.lock().placed_elsewhere = Some(placed);
     }
 
     /// Where it runs, as a replica following it tells the others: its pool and engine.
-    pub fn placement(&self, replica: &str) -> Option<crate::lifecycle::handoff::Placed> {
+    pub fn placement(&self, replica: &str) -> Option<Placed> {
         let g = self.lock();
         let e = g.engine.as_ref()?;
-        Some(crate::lifecycle::handoff::Placed {
+        Some(Placed {
             replica: replica.to_string(),
             pool_id: g.pool_id.clone()?,
             engine: e.engine.clone(),

@@ -12,7 +12,7 @@ use pool_manager::candle;
 use super::recipe::{self, Parameters, Recipe, MAX_NUM_CTX, MAX_TEXT_BYTES};
 use super::ModelsFolder;
 use crate::error::ApiError;
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 
 /// What `/api/create` asks for.
 #[derive(Debug, Clone)]
@@ -86,7 +86,7 @@ fn template_text(t: &str) -> Result<String, ApiError> {
 
 /// Refuses sampling defaults a request carrying them would be refused for, and a context or
 /// a `num_predict` that means nothing.
-fn check_parameters(state: &SharedState, p: &Parameters) -> Result<(), ApiError> {
+fn check_parameters(state: &SharedLifecycle, p: &Parameters) -> Result<(), ApiError> {
     if p.num_ctx.is_some_and(|n| n == 0 || n > MAX_NUM_CTX) {
         return Err(ApiError::invalid(
             "parameters.num_ctx",
@@ -155,7 +155,7 @@ impl ModelsFolder {
     /// over it. Made under its own name, it is listed at once; made under `c.from`'s own name,
     /// its recipe changes and its pool (if loaded) is unloaded so that its next request loads
     /// it as the recipe now says. Returns the name it was made from.
-    pub fn create(&self, state: &SharedState, c: Creation) -> Result<String, ApiError> {
+    pub fn create(&self, state: &SharedLifecycle, c: Creation) -> Result<String, ApiError> {
         check_name("model", &c.model)?;
         let Some(source) = self.catalog.find(&c.from) else {
             return Err(ApiError::not_found("model", &c.from).with_field("from"));

@@ -23,7 +23,7 @@ use pool_manager::{candle, Pool, PoolSpec, PoolState};
 
 use crate::config::ModelsConfig;
 use crate::error::ApiError;
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::metrics;
 
 /// How long a failed load is remembered: requests for that model meanwhile get its error at
@@ -53,6 +53,9 @@ struct Owned {
 
 pub struct ModelsFolder {
     cfg: ModelsConfig,
+    /// Where a model may be loaded from: every file of the folder is checked against these
+    /// before it loads (SEC-MODEL-1).
+    allowed: crate::model_paths::ModelDirs,
     pub catalog: Catalog,
     /// On-demand pools by pool id. Held across no await.
     owned: Mutex<HashMap<String, Owned>>,
@@ -106,7 +109,7 @@ fn without_path(why: &str, path: &std::path::Path) -> String {
 /// half as long again as it has taken so far, at least a second (never "1 ms" for minutes:
 /// ISO-7).
 /// The pools serving `model` now.
-fn pools_serving(state: &SharedState, model: &str) -> Vec<Arc<Pool>> {
+fn pools_serving(state: &SharedLifecycle, model: &str) -> Vec<Arc<Pool>> {
     state
         .pools
         .all()
@@ -126,7 +129,8 @@ fn time_left(predicted_ms: u64, spent_ms: u64) -> u64 {
 impl ModelsFolder {
     pub fn new(cfg: &ModelsConfig, allowed: crate::model_paths::ModelDirs) -> Self {
         Self {
-            catalog: Catalog::new(&cfg.dirs, allowed),
+            catalog: Catalog::new(&cfg.dirs, allowed.clone()),
+            allowed,
             cfg: cfg.clone(),
             owned: Mutex::new(HashMap::new()),
             failed: Mutex::new(HashMap::new()),
@@ -151,7 +155,7 @@ impl ModelsFolder {
 
     /// Removes the folder's model `name`: its on-demand pool unloaded first; a model a
     /// configured pool serves is refused (it is the operator's), as is a name not listed.
-    pub fn delete(&self, state: &SharedState, name: &str) -> Result<(), ApiError> {
+    pub fn delete(&self, state: &SharedLifecycle, name: &str) -> Result<(), ApiError> {
         let Some(entry) = self.catalog.find(name) else {
             return Err(ApiError::not_found("model", name).with_field("model"));
         };
@@ -264,13 +268,12 @@ impl ModelsFolder {
 
     /// The folder's models (none unless `on_demand`: a model that is listed can be asked
     /// for), blocking reads off the runtime.
-    pub async fn entries(state: &SharedState) -> Vec<Entry> {
-        if !state.models_folder.cfg.on_demand {
+    pub async fn entries(self: &Arc<Self>, state: &SharedLifecycle) -> Vec<Entry> {
+        if !self.cfg.on_demand {
             return Vec::new();
         }
-        let s = state.clone();
+        let (s, me) = (state.clone(), self.clone());
         tokio::task::spawn_blocking(move || {
-            let me = &s.models_folder;
             let mut list = me.catalog.entries();
             for e in list.iter_mut().filter(|e| e.facts.is_ok()) {
                 e.served_ctx = me.served_context(&s, e);
@@ -283,7 +286,7 @@ impl ModelsFolder {
 
     /// The context per sequence a load of `e` would serve (blocking: its header, read once
     /// a version of the file).
-    fn served_context(&self, state: &SharedState, e: &Entry) -> Option<usize> {
+    fn served_context(&self, state: &SharedLifecycle, e: &Entry) -> Option<usize> {
         let num_ctx = e.recipe().and_then(|r| r.parameters.num_ctx);
         let version = ((e.path.clone(), e.bytes, e.modified), num_ctx);
         let mut served = self.served.lock().unwrap_or_else(|p| p.into_inner());
@@ -321,8 +324,12 @@ impl ModelsFolder {
 
     /// The folder's model clients call `model` (by its name or the hub name it was pulled
     /// as), unless a configured pool serves that name (the operator's model: no recipe).
-    pub async fn folder_entry(state: &SharedState, model: &str) -> Option<Entry> {
-        let me = &state.models_folder;
+    pub async fn folder_entry(
+        self: &Arc<Self>,
+        state: &SharedLifecycle,
+        model: &str,
+    ) -> Option<Entry> {
+        let me = self;
         if !me.cfg.on_demand || me.catalog.is_empty() {
             return None;
         }
@@ -334,9 +341,9 @@ impl ModelsFolder {
         if configured {
             return None;
         }
-        let s = state.clone();
+        let me = self.clone();
         let model = model.to_string();
-        tokio::task::spawn_blocking(move || s.models_folder.catalog.find(&model))
+        tokio::task::spawn_blocking(move || me.catalog.find(&model))
             .await
             .ok()
             .flatten()
@@ -344,14 +351,14 @@ impl ModelsFolder {
 
     /// Gives `req` the recipe of the folder's model it names: the model's own name for a hub
     /// name it was pulled as, and the recipe's defaults where the request says nothing.
-    pub async fn apply_recipe(state: &SharedState, req: &mut TaskRequest) {
+    pub async fn apply_recipe(self: &Arc<Self>, state: &SharedLifecycle, req: &mut TaskRequest) {
         if req.pool_id.is_some() {
             return;
         }
         let Some(model) = req.model.as_deref() else {
             return;
         };
-        let Some(entry) = Self::folder_entry(state, model).await else {
+        let Some(entry) = self.folder_entry(state, model).await else {
             return;
         };
         req.model = Some(entry.name.clone());
@@ -365,8 +372,12 @@ impl ModelsFolder {
     /// Returns the predicted wait for its load (0: a pool serving it is ready, or none is
     /// ours). Errors: the model failed to load a moment ago (400 naming `model`, its reason);
     /// the budget cannot make room because the other models are busy (503, retriable).
-    pub async fn ensure(state: &SharedState, model: &str) -> Result<u64, ApiError> {
-        let me = &state.models_folder;
+    pub async fn ensure(
+        self: &Arc<Self>,
+        state: &SharedLifecycle,
+        model: &str,
+    ) -> Result<u64, ApiError> {
+        let me = self;
         if !me.cfg.on_demand || me.catalog.is_empty() {
             return Ok(0);
         }
@@ -395,9 +406,9 @@ impl ModelsFolder {
                 ));
             }
         }
-        let s = state.clone();
+        let folder = self.clone();
         let name = model.to_string();
-        let Some(entry) = tokio::task::spawn_blocking(move || s.models_folder.catalog.find(&name))
+        let Some(entry) = tokio::task::spawn_blocking(move || folder.catalog.find(&name))
             .await
             .ok()
             .flatten()
@@ -406,7 +417,7 @@ impl ModelsFolder {
         };
         // the one check of every file that becomes a model (SEC-MODEL-1): inside the model
         // folders once links are resolved, a regular file, a GGUF
-        if let Err(e) = state.model_dirs.check(&entry.path.display().to_string()) {
+        if let Err(e) = me.allowed.check(&entry.path.display().to_string()) {
             tracing::warn!(model, path = %entry.path.display(), error = %e, "a model of the folder refused");
             return Err(ApiError::invalid(
                 "model",
@@ -461,16 +472,15 @@ impl ModelsFolder {
         let wait = me.load_ms(entry.bytes);
         let file_bytes = entry.bytes;
         tracing::info!(model, pool = %id, path = %entry.path.display(), "loading a model of the folder on demand");
-        let (s, model, path) = (state.clone(), model.to_string(), entry.path.clone());
+        let (s, folder) = (state.clone(), self.clone());
+        let (model, path) = (model.to_string(), entry.path.clone());
         tokio::spawn(async move {
             let started = Instant::now();
             match pool.load_once().await {
                 Ok(()) => {
                     let ms = started.elapsed().as_millis().max(1) as f64;
-                    *s.models_folder
-                        .load_rate
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = Some(file_bytes as f64 / ms);
+                    *folder.load_rate.lock().unwrap_or_else(|p| p.into_inner()) =
+                        Some(file_bytes as f64 / ms);
                     metrics::model_loaded(&model, "ok");
                     tracing::info!(
                         model,
@@ -481,7 +491,7 @@ impl ModelsFolder {
                 Err(why) => {
                     metrics::model_loaded(&model, "failed");
                     tracing::warn!(model, %why, "a model of the folder failed to load");
-                    s.models_folder
+                    folder
                         .failed
                         .lock()
                         .unwrap_or_else(|p| p.into_inner())
@@ -491,7 +501,7 @@ impl ModelsFolder {
                         );
                     // its waiting tasks end: no pool serves the model any more
                     s.pools.remove(&id);
-                    s.models_folder.owned().remove(&id);
+                    folder.owned().remove(&id);
                 }
             }
             s.wake.notify_one();
@@ -530,7 +540,12 @@ impl ModelsFolder {
 
     /// Unloads idle on-demand pools, least recently used first, until `need` more bytes fit
     /// the budget beside the pinned pools.
-    fn make_room(&self, state: &SharedState, need: u64, for_model: &str) -> Result<(), ApiError> {
+    fn make_room(
+        &self,
+        state: &SharedLifecycle,
+        need: u64,
+        for_model: &str,
+    ) -> Result<(), ApiError> {
         let budget = self.cfg.memory_budget_mib << 20;
         if budget == 0 {
             return Ok(());
@@ -597,7 +612,7 @@ impl ModelsFolder {
     }
 
     /// Stops an idle on-demand pool taking work and removes it (its engine is dropped with it).
-    fn unload(&self, state: &SharedState, pool: &Arc<Pool>, reason: &'static str) {
+    fn unload(&self, state: &SharedLifecycle, pool: &Arc<Pool>, reason: &'static str) {
         let _ = pool.drain(Duration::ZERO);
         state.pools.remove(pool.id());
         if let Some(o) = self.owned().remove(pool.id()) {
@@ -610,7 +625,7 @@ impl ModelsFolder {
     /// Every second until shutdown: on-demand pools in use count as used now; idle ones past
     /// `keep_alive_s`, and those an operator drained, are unloaded; the resident-bytes gauge
     /// is refreshed.
-    pub fn spawn_upkeep(state: SharedState) {
+    pub fn spawn_upkeep(self: Arc<Self>, state: SharedLifecycle) {
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(UPKEEP_EVERY);
             loop {
@@ -618,15 +633,15 @@ impl ModelsFolder {
                     _ = state.shutdown.cancelled() => return,
                     _ = tick.tick() => {}
                 }
-                state.models_folder.upkeep(&state);
-                for e in Self::entries(&state).await {
+                self.upkeep(&state);
+                for e in self.entries(&state).await {
                     metrics::model_listed(&e.name);
                 }
             }
         });
     }
 
-    fn upkeep(&self, state: &SharedState) {
+    fn upkeep(&self, state: &SharedLifecycle) {
         let pools = state.pools.all();
         let keep_alive = Duration::from_secs(self.cfg.keep_alive_s);
         let mut idle = Vec::new();

@@ -11,11 +11,11 @@ use contracts::{
     ArtifactList, ArtifactMeta, ArtifactQuery, ArtifactRequest, ErrorEnvelope, StoredArtifact,
 };
 
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::examples;
 use crate::json_body::JsonBody;
-use crate::lifecycle::state::SharedState;
 use crate::records::content_id::is_artifact_id;
 
 /// Store an artifact. Its id is the SHA-256 of its kind, content and parents, so posting the

@@ -4,7 +4,7 @@ use axum::extract::State;
 use axum::Json;
 use contracts::{Capabilities, PoolCapability, QueueCapability, API_VERSION};
 
-use crate::lifecycle::state::SharedState;
+use crate::app_state::SharedState;
 
 /// Features this server implements, for clients to check.
 pub const FEATURES: &[&str] = &[

@@ -5,9 +5,9 @@ use axum::http::header;
 use axum::response::IntoResponse;
 use axum::{Extension, Json};
 
+use crate::app_state::SharedState;
 use crate::auth::{Principal, Scope};
 use crate::error::ApiError;
-use crate::lifecycle::state::SharedState;
 use crate::openapi;
 
 /// The Prometheus text. Prompt-cache series (how many prompt tokens came from a cache) would

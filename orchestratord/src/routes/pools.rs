@@ -12,10 +12,10 @@ use contracts::{
 };
 use pool_manager::{Pool, PoolError, PoolState};
 
+use crate::app_state::SharedState;
 use crate::error::ApiError;
 use crate::examples;
 use crate::json_body::JsonBody;
-use crate::lifecycle::state::SharedState;
 
 /// A pool of this process, as `/v1/pools` lists it (and the cluster's directory announces it).
 pub(crate) fn health_of(state: &SharedState, pool: &Arc<Pool>) -> PoolHealth {

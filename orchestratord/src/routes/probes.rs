@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use contracts::{PoolReadiness, Readiness};
 
-use crate::lifecycle::state::SharedState;
+use crate::app_state::SharedState;
 
 /// Liveness: 200 while the server answers.
 #[utoipa::path(

@@ -5,10 +5,10 @@ use axum::http::StatusCode;
 use axum::Json;
 use contracts::{ErrorEnvelope, SessionInfo};
 
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::examples;
-use crate::lifecycle::state::SharedState;
 
 /// A session's TTL, turns and budgets.
 #[utoipa::path(

@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use contracts::{AdmissionResponse, ErrorCode, ErrorEnvelope, TaskRequest, TaskStatus};
 
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::examples;
@@ -13,7 +14,6 @@ use crate::json_body::JsonBody;
 use crate::lifecycle::admission;
 use crate::lifecycle::deadline::Delivery;
 use crate::lifecycle::sse;
-use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::{Resume, Subscription};
 use crate::metrics::CancelReason;
 
@@ -38,7 +38,8 @@ pub async fn submit(
     caller: Caller,
     JsonBody(req): JsonBody<TaskRequest>,
 ) -> Result<Response, ApiError> {
-    let (body, _task, _new) = admission::admit(&state, req, &caller, Delivery::Whole).await?;
+    let (body, _task, _new) =
+        admission::admit(&state.lifecycle, req, &caller, Delivery::Whole).await?;
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
 }
 
@@ -189,7 +190,7 @@ pub async fn stream(
             last + 1
         }
     };
-    let sub = Subscription::new(&state, task, from, Resume::WithinGrace);
+    let sub = Subscription::new(&state.lifecycle, task, from, Resume::WithinGrace);
     Ok(sse::response(sub, state.cfg.stream.keepalive_ms))
 }
 

@@ -5,7 +5,7 @@ use axum::extract::State;
 use axum::Json;
 use contracts::{TenantList, TenantStatus};
 
-use crate::lifecycle::state::SharedState;
+use crate::app_state::SharedState;
 
 /// Tenants: configured ones, those with keys, those served so far (idle ones too) and those
 /// with tasks queued or running.

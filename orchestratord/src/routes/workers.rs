@@ -28,7 +28,7 @@ pub async fn connect(
 ) -> axum::response::Response {
     crate::remote_workers::connect(state, q, headers, peer, ws).await
 }
-use crate::lifecycle::state::{AppState, SharedState};
+use crate::app_state::{AppState, SharedState};
 
 /// A worker connected here, as `/v1/workers` lists it.
 pub fn info(state: &AppState, link: &WorkerLink) -> WorkerInfo {

@@ -10,7 +10,7 @@ use axum::body::{Body, Bytes};
 use futures::{Stream, TryStreamExt};
 use tower::ServiceExt;
 
-use crate::lifecycle::state::SharedState;
+use crate::app_state::SharedState;
 
 pub type BodyStream = Pin<Box<dyn Stream<Item = Result<Bytes, String>> + Send>>;
 

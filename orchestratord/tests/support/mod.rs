@@ -12,8 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use orchestratord::app_state::SharedState;
 use orchestratord::config::{Config, PoolConfig};
-use orchestratord::lifecycle::state::SharedState;
 use pool_manager::{
     Engine, EngineDescriptor, EngineFactory, EngineJob, Finish, FinishReason, OnLoss, PoolSpec,
     PortError, PromptInput, SeqEvent, SlotPermit, Slots,

@@ -13,12 +13,12 @@ use super::request::{count_task, messages_task};
 use super::types::*;
 use crate::adapters::follow;
 use crate::adapters::tool_calls::{BlockStream, Step};
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::anthropic::{body as error_body, AnthropicError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
-use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::TaskEvent;
 

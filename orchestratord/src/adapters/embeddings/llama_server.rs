@@ -13,11 +13,11 @@ use utoipa::ToSchema;
 
 use super::{embed, inputs_named};
 use crate::adapters::follow;
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::openai::OpenAiError;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
-use crate::lifecycle::state::SharedState;
 
 /// `POST /embeddings` (llama-server's shape).
 #[derive(Debug, Clone, Deserialize, ToSchema)]

@@ -17,10 +17,10 @@ use std::sync::Arc;
 use contracts::{EmbedTask, EmbedVectors, Priority, TaskRequest};
 
 use crate::adapters::follow;
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::ApiError;
 use crate::lifecycle::deadline::Delivery;
-use crate::lifecycle::state::SharedState;
 use crate::lifecycle::task::Task;
 
 /// An embedding task's answer.

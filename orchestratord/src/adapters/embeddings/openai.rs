@@ -10,11 +10,11 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{embed, inputs_named, one_each};
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::openai::OpenAiError;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
-use crate::lifecycle::state::SharedState;
 
 /// `input`: one text, several, token ids, or several arrays of token ids.
 #[derive(Debug, Clone, Deserialize, ToSchema)]

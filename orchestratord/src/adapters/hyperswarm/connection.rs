@@ -19,10 +19,10 @@ use super::line_reader::{read_lines, Line};
 use super::peers::PeerHandle;
 use super::protocol::{parse, ChatStart, Incoming, Outgoing, PeerCode, RequestId};
 use crate::adapters::follow;
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::config::HyperswarmConfig;
 use crate::lifecycle::deadline::Delivery;
-use crate::lifecycle::state::SharedState;
 use crate::lifecycle::task::{Task, TaskEvent};
 use crate::metrics::CancelReason;
 

@@ -20,7 +20,7 @@ pub use connection::Host;
 pub use identity::Identity;
 pub use sidecar::SidecarStatus;
 
-use crate::lifecycle::state::SharedState;
+use crate::app_state::SharedState;
 
 /// The running host: where it listens and what it tells `/v1/capabilities`.
 #[derive(Debug, Clone)]

@@ -14,10 +14,10 @@ use pool_manager::{EngineConfig, Pool, PoolSnapshot, PoolSpec, PoolState};
 use serde::Deserialize;
 
 use super::types::*;
+use crate::app_state::SharedState;
 use crate::error::openai::{ErrorBody, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
-use crate::lifecycle::state::SharedState;
 
 /// An engine's status word: `loaded` when it serves, `unloaded` when it failed to load, else
 /// the pool state.

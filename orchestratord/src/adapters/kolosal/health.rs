@@ -9,7 +9,7 @@ use contracts::API_VERSION;
 
 use super::engines::status_word;
 use super::types::*;
-use crate::lifecycle::state::SharedState;
+use crate::app_state::SharedState;
 use crate::process_stats;
 
 /// Server health in Kolosal's shape: 200 while at least one engine serves, else 503.

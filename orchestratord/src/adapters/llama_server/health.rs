@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use crate::lifecycle::state::SharedState;
+use crate::app_state::SharedState;
 
 fn unavailable(message: &str) -> Response {
     (

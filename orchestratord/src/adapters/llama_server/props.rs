@@ -10,10 +10,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::settings::GenerationSettings;
+use crate::app_state::SharedState;
 use crate::auth::{Caller, Scope};
 use crate::error::openai::OpenAiError;
 use crate::error::ApiError;
-use crate::lifecycle::state::SharedState;
 
 /// Which pool (llama-server's router mode names a model in `?model=`).
 #[derive(Debug, Deserialize, IntoParams)]

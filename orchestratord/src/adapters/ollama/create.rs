@@ -11,10 +11,10 @@ use serde::Deserialize;
 use utoipa::ToSchema;
 
 use super::pull::PullLine;
+use crate::app_state::SharedState;
 use crate::error::ollama::OllamaError;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
-use crate::lifecycle::state::SharedState;
 use crate::models_folder::recipe::Parameters;
 use crate::models_folder::Creation;
 
@@ -137,9 +137,11 @@ pub async fn create(
     let model = creation.model.clone();
     let _one = state.models_folder.changing.lock().await;
     let worker = state.clone();
-    let from = tokio::task::spawn_blocking(move || worker.models_folder.create(&worker, creation))
-        .await
-        .map_err(|e| ApiError::internal(format!("the create did not finish: {e}")))??;
+    let from = tokio::task::spawn_blocking(move || {
+        worker.models_folder.create(&worker.lifecycle, creation)
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("the create did not finish: {e}")))??;
     let done = PullLine {
         model: Some(model.clone()),
         ..status("success")

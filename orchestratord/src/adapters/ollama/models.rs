@@ -9,10 +9,10 @@ use axum::Json;
 use pool_manager::{EngineDescriptor, Pool};
 
 use super::types::*;
+use crate::app_state::SharedState;
 use crate::error::ollama::OllamaError;
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
-use crate::lifecycle::state::SharedState;
 
 /// `134.5M`, `1.2B`: Ollama's `parameter_size`.
 fn parameter_size(n: u64) -> String {
@@ -129,7 +129,7 @@ pub async fn tags(State(state): State<SharedState>) -> Json<ModelList> {
         models.push(entry(&state, p, false).await);
     }
     // the model folder's models no pool serves yet (a request loads them)
-    for e in crate::models_folder::ModelsFolder::entries(&state).await {
+    for e in state.models_folder.entries(&state.lifecycle).await {
         let Ok(facts) = &e.facts else { continue };
         if models.iter().any(|m| m.name == e.name) {
             continue;
@@ -179,7 +179,10 @@ pub async fn show(
     body: Result<JsonBody<ShowRequest>, ApiError>,
 ) -> Result<Json<ShowResponse>, OllamaError> {
     let JsonBody(req) = body?;
-    let entry = crate::models_folder::ModelsFolder::folder_entry(&state, &req.model).await;
+    let entry = state
+        .models_folder
+        .folder_entry(&state.lifecycle, &req.model)
+        .await;
     let recipe = entry.as_ref().and_then(|e| e.recipe().cloned());
     let name = entry.as_ref().map_or(req.model.clone(), |e| e.name.clone());
     let pools = state.pools.all();

@@ -10,10 +10,10 @@ use axum::Json;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use crate::app_state::SharedState;
 use crate::error::ollama::{body as error_body, OllamaError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
-use crate::lifecycle::state::SharedState;
 use crate::models_folder::pull::{HubRef, Progress};
 
 /// Progress lines buffered for a slow reader (lines past it are skipped: the next says more).
@@ -202,7 +202,7 @@ pub async fn delete(
         .ok_or_else(|| ApiError::invalid("model", "model is required"))?;
     let _one = state.models_folder.changing.lock().await;
     let worker = state.clone();
-    tokio::task::spawn_blocking(move || worker.models_folder.delete(&worker, &name))
+    tokio::task::spawn_blocking(move || worker.models_folder.delete(&worker.lifecycle, &name))
         .await
         .map_err(|e| ApiError::internal(format!("the delete did not finish: {e}")))??;
     Ok(StatusCode::OK)

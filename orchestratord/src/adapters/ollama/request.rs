@@ -5,8 +5,8 @@ use contracts::{ChatTurn, TaskRequest};
 
 use super::types::{ChatRequest, GenerateRequest, Message, Options};
 use crate::adapters::tool_calls;
+use crate::app_state::SharedState;
 use crate::error::ApiError;
-use crate::lifecycle::state::SharedState;
 
 fn refuse(field: &str, why: &str) -> ApiError {
     ApiError::invalid(field, why)

@@ -14,12 +14,12 @@ use super::types::*;
 use super::{DONE, FINGERPRINT};
 use crate::adapters::follow;
 use crate::adapters::tool_calls::{AnswerStream, Toolbox};
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::openai::{body as error_body, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
-use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::TaskEvent;
 
@@ -430,7 +430,7 @@ pub async fn models(State(state): State<SharedState>) -> Json<ModelList> {
     for m in models_of(pools).await {
         merge(&mut data, m);
     }
-    for e in crate::models_folder::ModelsFolder::entries(&state).await {
+    for e in state.models_folder.entries(&state.lifecycle).await {
         if let Some(m) = folder_model(&e) {
             merge_folder(&mut data, m);
         }
@@ -465,7 +465,7 @@ pub async fn model(
     for m in models_of(pools).await {
         merge(&mut found, m);
     }
-    for e in crate::models_folder::ModelsFolder::entries(&state).await {
+    for e in state.models_folder.entries(&state.lifecycle).await {
         if let Some(m) = folder_model(&e).filter(|m| m.id == name) {
             merge_folder(&mut found, m);
         }

@@ -16,12 +16,12 @@ use super::types::*;
 use super::{DONE, FINGERPRINT};
 use crate::adapters::follow;
 use crate::adapters::raw_prompt::RawPrompt;
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::openai::{body as error_body, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
-use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::{Followed, Subscription};
 use crate::lifecycle::task::{Task, TaskEvent};
 

@@ -11,12 +11,12 @@ use futures::StreamExt;
 
 use super::types::*;
 use crate::adapters::follow;
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::openai::{error_type, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
-use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::TaskEvent;
 

@@ -7,14 +7,12 @@
 use std::sync::Arc;
 
 use contracts::{EmbedItem, EmbedTask, PoolingKind, TaskRequest};
-use pool_manager::{EmbedInput, Pool, Pooling, PortError, PromptInput, SamplingParams};
+use pool_manager::{EmbedInput, Pool, Pooling, PortError};
 
 use crate::error::ApiError;
 use crate::lifecycle::request_work::{Turn, WorkError};
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::lifecycle::task::{EmbedIds, EmbedSpec};
-
-use super::request::Validated;
 
 fn pooling_of(k: PoolingKind) -> Pooling {
     match k {
@@ -56,7 +54,7 @@ fn generation_fields(req: &TaskRequest) -> Option<&'static str> {
 }
 
 /// The embedding task of `req` checked: its inputs, pooling and options.
-pub(super) fn validated(req: &TaskRequest, e: &EmbedTask) -> Result<Validated, ApiError> {
+pub(super) fn validated(req: &TaskRequest, e: &EmbedTask) -> Result<EmbedSpec, ApiError> {
     if let Some(field) = generation_fields(req) {
         return Err(ApiError::invalid(
             field,
@@ -117,21 +115,12 @@ pub(super) fn validated(req: &TaskRequest, e: &EmbedTask) -> Result<Validated, A
             "dimensions must be at least 1",
         ));
     }
-    Ok(Validated {
-        prompt: PromptInput::Text(String::new()),
-        continuation: String::new(),
-        max_tokens: 0,
-        stop: Vec::new(),
-        sampling: SamplingParams::default(),
-        constraint: None,
-        logprobs: None,
-        embed: Some(EmbedSpec {
-            inputs,
-            pooling,
-            normalize: e.normalize.unwrap_or(true),
-            truncate: e.truncate.unwrap_or(false),
-            dimensions: e.dimensions.map(|d| d as usize),
-        }),
+    Ok(EmbedSpec {
+        inputs,
+        pooling,
+        normalize: e.normalize.unwrap_or(true),
+        truncate: e.truncate.unwrap_or(false),
+        dimensions: e.dimensions.map(|d| d as usize),
     })
 }
 
@@ -149,7 +138,7 @@ pub(super) fn estimated_tokens(spec: &EmbedSpec) -> usize {
 /// them; checked against what the engine embeds. Without a loaded engine (a model loading on
 /// demand) the count is an estimate and the runner tokenizes.
 pub(super) async fn count_inputs(
-    state: &SharedState,
+    state: &SharedLifecycle,
     turn: Turn<'_>,
     pools: &[Arc<Pool>],
     spec: &EmbedSpec,

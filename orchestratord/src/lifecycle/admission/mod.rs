@@ -30,7 +30,7 @@ use crate::error::ApiError;
 use crate::lifecycle::deadline::{self, Delivery, Limits, Plan};
 use crate::lifecycle::eta;
 use crate::lifecycle::placement::ConversationKey;
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::lifecycle::task::{Claimant, NewTask, Task};
 use crate::lifecycle::task_store::Inserted;
 use crate::metrics;
@@ -72,7 +72,7 @@ fn admission_of(
 /// resubmission of an existing `task_id`). `delivery` says what the client's stated timeout
 /// bounds (deadline.rs). A refusal is counted for the caller's tenant.
 pub async fn admit(
-    state: &SharedState,
+    state: &SharedLifecycle,
     req: TaskRequest,
     caller: &Caller,
     delivery: Delivery,
@@ -90,7 +90,7 @@ pub async fn admit(
 /// In a cluster: the admission runs on its own (a client gone mid-way does not cut it short),
 /// and one task id's admissions one after the other (`in_flight.rs`).
 async fn admit_in_cluster(
-    state: &SharedState,
+    state: &SharedLifecycle,
     req: TaskRequest,
     caller: &Caller,
     delivery: Delivery,
@@ -124,7 +124,7 @@ async fn admit_in_cluster(
 type Admitted = (AdmissionResponse, Arc<Task>, bool);
 
 async fn admit_task(
-    state: &SharedState,
+    state: &SharedLifecycle,
     mut req: TaskRequest,
     caller: &Caller,
     delivery: Delivery,
@@ -145,7 +145,7 @@ async fn admit_task(
     }
     // a model of the folder: its own name for the hub name it was pulled as, its recipe's
     // defaults where the request says nothing
-    crate::models_folder::ModelsFolder::apply_recipe(state, &mut req).await;
+    state.models_port.apply_recipe(&mut req).await;
     let v = validate(state, &req).map_err(rejected)?;
     let resolved = pools::resolve(state, &req).await.map_err(rejected)?;
     let typical = state.cfg.admission.default_max_tokens as usize;
@@ -200,7 +200,7 @@ async fn admit_task(
 }
 
 /// A task id this tenant already submitted: the same task, not another.
-fn already_admitted(state: &SharedState, owner: &str, req: &TaskRequest) -> Option<Admitted> {
+fn already_admitted(state: &SharedLifecycle, owner: &str, req: &TaskRequest) -> Option<Admitted> {
     let existing = state.tasks.get(owner, req.task_id.as_deref()?, false)?;
     let pos = state.queue.position(&existing).unwrap_or(0);
     Some((
@@ -213,7 +213,7 @@ fn already_admitted(state: &SharedState, owner: &str, req: &TaskRequest) -> Opti
 /// Its place and predicted time in line, or the refusal (counted by `deadline::plan`), before
 /// any work is spent on its prompt; then whether this server's queue has room.
 fn plan_place<'a>(
-    state: &'a SharedState,
+    state: &'a SharedLifecycle,
     req: &TaskRequest,
     v: &Validated,
     resolved: &pools::Resolved,
@@ -310,7 +310,7 @@ fn new_task(
 
 /// The task's `started` event (announced to the cluster's relay in a cluster) and the 202.
 async fn answer(
-    state: &SharedState,
+    state: &SharedLifecycle,
     task: Arc<Task>,
     plan: &Plan<'_>,
     placed: Placed,

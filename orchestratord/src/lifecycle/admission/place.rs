@@ -15,7 +15,7 @@ use crate::lifecycle::cluster_port::{ClusterPort, ClusterRefusal};
 use crate::lifecycle::deadline::{self, Plan};
 use crate::lifecycle::handoff::{unix_ms, Handoff};
 use crate::lifecycle::queue::{Enqueued, Eviction};
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::lifecycle::task::{Claimant, Task};
 use crate::metrics;
 
@@ -31,7 +31,7 @@ pub(super) struct Placed {
 
 /// The 429 of a full queue (the refused request's place is kept for its retry).
 pub(super) fn queue_full(
-    state: &SharedState,
+    state: &SharedLifecycle,
     rank: Instant,
     retry_after_ms: u64,
     caller: &Caller,
@@ -51,7 +51,7 @@ pub(super) fn queue_full(
 /// `retry_after_ms` is what a refusal advises.
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn take_place(
-    state: &SharedState,
+    state: &SharedLifecycle,
     task: &Arc<Task>,
     req: &TaskRequest,
     caller: &Caller,
@@ -92,7 +92,7 @@ pub(super) async fn take_place(
 
 /// The answer to a cluster that did not take the task.
 fn cluster_refusal(
-    state: &SharedState,
+    state: &SharedLifecycle,
     e: ClusterRefusal,
     rank: Instant,
     retry_after_ms: u64,
@@ -129,7 +129,7 @@ fn cluster_refusal(
 
 /// Pushes `task` into this server's queue; returns its place.
 fn enqueue(
-    state: &SharedState,
+    state: &SharedLifecycle,
     task: &Arc<Task>,
     pools: &[Arc<Pool>],
     rank: Instant,

@@ -7,7 +7,7 @@ use contracts::{ErrorCode, TaskRequest};
 use pool_manager::Pool;
 
 use crate::error::ApiError;
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 
 /// The pools a task may run on.
 pub(super) struct Resolved {
@@ -20,7 +20,7 @@ pub(super) struct Resolved {
 }
 
 /// Picks the pools a task may run on: the pinned one, or those serving the model.
-fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, ApiError> {
+fn resolve_pools(state: &SharedLifecycle, req: &TaskRequest) -> Result<Resolved, ApiError> {
     let all = state.pools.all();
     if let Some(pin) = &req.pool_id {
         if !state.cfg.admission.pinning_enabled {
@@ -56,9 +56,9 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
         if !pool.accepts_work() {
             // a pool still loading says when it is predicted to serve
             let retry = state
-                .models_folder
-                .load_progress(&pool, state.started_at)
-                .map_or(1000, |(_, left)| left.max(1000));
+                .models_port
+                .load_wait_ms(std::slice::from_ref(&pool), state.started_at)
+                .max(1000);
             return Err(ApiError::new(
                 ErrorCode::PoolUnready,
                 format!("pool {pin:?} is {}", pool.state().as_str()),
@@ -105,7 +105,7 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
     };
     let serving: Vec<Arc<Pool>> = all.into_iter().filter(|p| p.serves(&model)).collect();
     // remote workers here, or any pool of another replica, serve it: the task waits for one
-    let from_workers = state.workers.knows_model(&model) || elsewhere(state, None, &model);
+    let from_workers = state.workers_port.knows_model(&model) || elsewhere(state, None, &model);
     if serving.is_empty() {
         if from_workers {
             // a model remote workers serve: the task waits for one (queue timeout)
@@ -127,7 +127,7 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
     let loading = serving
         .iter()
         .any(|p| p.state() == pool_manager::PoolState::Loading);
-    let load_wait = state.models_folder.load_wait_ms(&serving, state.started_at);
+    let load_wait = state.models_port.load_wait_ms(&serving, state.started_at);
     let ready: Vec<Arc<Pool>> = serving.into_iter().filter(|p| p.accepts_work()).collect();
     if ready.is_empty() && loading {
         return Ok(Resolved {
@@ -153,7 +153,7 @@ fn resolve_pools(state: &SharedState, req: &TaskRequest) -> Result<Resolved, Api
 
 /// Whether, in a cluster, another replica has a pool that takes tasks pinned to `pin`, or
 /// else of `model`.
-fn elsewhere(state: &SharedState, pin: Option<&str>, model: &str) -> bool {
+fn elsewhere(state: &SharedLifecycle, pin: Option<&str>, model: &str) -> bool {
     state
         .cluster_tasks
         .get()
@@ -177,9 +177,12 @@ pub(super) fn context_of(pools: &[Arc<Pool>]) -> Option<usize> {
 /// Resolves the pools of `req`: a model of the folder no pool serves starts loading (the
 /// task waits for it, as for a configured pool still loading at start-up), unless the
 /// client's deadline comes before the load is predicted to end (503 with that wait).
-pub(super) async fn resolve(state: &SharedState, req: &TaskRequest) -> Result<Resolved, ApiError> {
+pub(super) async fn resolve(
+    state: &SharedLifecycle,
+    req: &TaskRequest,
+) -> Result<Resolved, ApiError> {
     let folder_wait_ms = match req.model.as_deref().filter(|_| req.pool_id.is_none()) {
-        Some(model) => crate::models_folder::ModelsFolder::ensure(state, model).await?,
+        Some(model) => state.models_port.ensure(model).await?,
         None => 0,
     };
     let mut resolved = resolve_pools(state, req)?;
@@ -198,7 +201,11 @@ pub(super) async fn resolve(state: &SharedState, req: &TaskRequest) -> Result<Re
 
 /// In a cluster: whether another replica's pool that could run the task confirmed its pace
 /// on a real task (what refuses a limit for good, as this replica's own pools would).
-pub(super) fn confirmed_elsewhere(state: &SharedState, req: &TaskRequest, r: &Resolved) -> bool {
+pub(super) fn confirmed_elsewhere(
+    state: &SharedLifecycle,
+    req: &TaskRequest,
+    r: &Resolved,
+) -> bool {
     state.cluster_tasks.get().is_some_and(|path| {
         let model = r.model.as_deref().unwrap_or("");
         path.pace_confirmed_elsewhere(req.pool_id.as_deref(), model)

@@ -12,7 +12,7 @@ use pool_manager::{OutputConstraint, Pool, PortError, PromptInput};
 
 use crate::error::ApiError;
 use crate::lifecycle::request_work::{PromptIds, Turn, WorkError};
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::lifecycle::task::EmbedIds;
 
 use super::request::{estimated_tokens, Validated};
@@ -30,7 +30,7 @@ pub(super) struct Prepared {
 
 /// Prepares the prompt of `v` for `pools` in `owner`'s turn and checks what the work shows.
 pub(super) async fn prepare(
-    state: &SharedState,
+    state: &SharedLifecycle,
     owner: &str,
     pools: &[Arc<Pool>],
     v: &Validated,
@@ -121,7 +121,7 @@ pub(super) async fn prepare(
 /// The ids come with the count when a local tokenizer made it (exact); they go with the task so
 /// the runner does not tokenize again.
 pub async fn count_prompt(
-    state: &SharedState,
+    state: &SharedLifecycle,
     turn: Turn<'_>,
     pools: &[Arc<Pool>],
     v: &Validated,
@@ -151,7 +151,7 @@ pub async fn count_prompt(
 /// not compile, or pools with no constrained decoding, are refused before the task queues.
 /// Without a loaded engine the run compiles it (a failure then ends the task).
 pub async fn prepare_constraint(
-    state: &SharedState,
+    state: &SharedLifecycle,
     turn: Turn<'_>,
     pools: &[Arc<Pool>],
     c: &OutputConstraint,

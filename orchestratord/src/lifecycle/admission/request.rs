@@ -5,7 +5,7 @@ use contracts::TaskRequest;
 use pool_manager::{ChatTurn, OutputConstraint, PromptInput, SamplingParams};
 
 use crate::error::ApiError;
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 use crate::lifecycle::task::{EmbedSpec, RunSpec};
 
 const MAX_ID_LEN: usize = 128;
@@ -278,7 +278,7 @@ fn check_ids(req: &TaskRequest) -> Result<(), ApiError> {
 /// The longest `prompt_cache_key` taken.
 pub const MAX_CACHE_KEY_BYTES: usize = 256;
 
-pub fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, ApiError> {
+pub fn validate(state: &SharedLifecycle, req: &TaskRequest) -> Result<Validated, ApiError> {
     let a = &state.cfg.admission;
     check_ids(req)?;
     if req.deadline_ms == Some(0) {
@@ -288,7 +288,16 @@ pub fn validate(state: &SharedState, req: &TaskRequest) -> Result<Validated, Api
         ));
     }
     if let Some(e) = &req.embed {
-        return super::embed::validated(req, e);
+        return Ok(Validated {
+            prompt: PromptInput::Text(String::new()),
+            continuation: String::new(),
+            max_tokens: 0,
+            stop: Vec::new(),
+            sampling: SamplingParams::default(),
+            constraint: None,
+            logprobs: None,
+            embed: Some(super::embed::validated(req, e)?),
+        });
     }
     let (prompt, continuation) = prompt_of(req)?;
     let max_tokens = req.max_tokens.unwrap_or(a.default_max_tokens);

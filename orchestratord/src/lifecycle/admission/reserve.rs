@@ -6,7 +6,7 @@ use contracts::{ErrorCode, Priority, TaskRequest};
 
 use crate::error::ApiError;
 use crate::lifecycle::quota::{InFlight, Ticket};
-use crate::lifecycle::state::SharedState;
+use crate::lifecycle::state::SharedLifecycle;
 
 /// A task's reservation while its admission goes on.
 pub(super) struct Reservation {
@@ -18,7 +18,7 @@ pub(super) struct Reservation {
 
 impl Reservation {
     /// The admission failed after all: everything goes back.
-    pub(super) fn refund(&self, state: &SharedState, owner: &str) {
+    pub(super) fn refund(&self, state: &SharedLifecycle, owner: &str) {
         if let Some(t) = self.ticket {
             state.quotas.release(owner, t);
         }
@@ -33,7 +33,7 @@ impl Reservation {
 /// it never could (`retry_after_ms`: when a task of the tenant's is predicted to end, for the
 /// at-once quotas).
 pub(super) fn reserve(
-    state: &SharedState,
+    state: &SharedLifecycle,
     owner: &str,
     req: &TaskRequest,
     priority: Priority,

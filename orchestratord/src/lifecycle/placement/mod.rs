@@ -8,8 +8,8 @@
 //! task record and `orchd_placement_total{pool, reason}`.
 
 mod score;
-mod sent;
-mod sessions;
+pub mod sent;
+pub mod sessions;
 
 use contracts::{ErrorCode, PlacementNote};
 use pool_manager::{PoolState, SlotLease};
@@ -18,7 +18,7 @@ pub use score::{order, Candidate, Reason, Weights};
 pub use sent::SentPrefixes;
 pub use sessions::{ConversationKey, PlacementSessions};
 
-use crate::lifecycle::state::AppState;
+use crate::lifecycle::state::Lifecycle;
 use crate::lifecycle::task::Task;
 use crate::metrics;
 
@@ -44,7 +44,7 @@ fn may_come_back(s: &pool_manager::PoolSnapshot) -> bool {
     }
 }
 
-pub fn place(state: &AppState, task: &Task) -> Placement {
+pub fn place(state: &Lifecycle, task: &Task) -> Placement {
     if let Some(pin) = &task.pin {
         let Some(pool) = state.pools.get(pin) else {
             return Placement::Unavailable(
@@ -74,7 +74,7 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
         .collect();
     if serving.is_empty() {
         let model = task.model.as_deref().unwrap_or("");
-        if state.workers.knows_model(model) {
+        if state.workers_port.knows_model(model) {
             // a worker may (re)connect for it; the queue timeout bounds the wait
             return Placement::Wait;
         }
@@ -85,7 +85,7 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
     }
     let snapshots: Vec<_> = serving.into_iter().map(|p| (p.snapshot(), p)).collect();
     let model = task.model.as_deref().unwrap_or("");
-    if !snapshots.iter().any(|(s, _)| may_come_back(s)) && !state.workers.knows_model(model) {
+    if !snapshots.iter().any(|(s, _)| may_come_back(s)) && !state.workers_port.knows_model(model) {
         let states: Vec<String> = snapshots
             .iter()
             .map(|(s, _)| format!("{} {}", s.id, s.state.as_str()))
@@ -159,7 +159,7 @@ pub fn place(state: &AppState, task: &Task) -> Placement {
 }
 
 /// Notes where `task` goes and why: its record, the metric, its conversation's pool.
-fn placed(state: &AppState, task: &Task, pool: &str, reason: Reason, held_tokens: usize) {
+fn placed(state: &Lifecycle, task: &Task, pool: &str, reason: Reason, held_tokens: usize) {
     metrics::placement(pool, reason);
     tracing::debug!(task_id = %task.id, pool, reason = reason.as_str(), held_tokens, "placed");
     if let Some(k) = task.conversation {

@@ -6,7 +6,6 @@ use axum::http::header::{CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE};
 
 pub mod history;
 use axum::response::IntoResponse;
-pub use history::History;
 
 const INDEX: &str = include_str!("index.html");
 const SCRIPT: &str = include_str!("console.js");

@@ -18,12 +18,12 @@ use serde_json::{json, Value};
 
 use crate::adapters::follow;
 use crate::adapters::tool_calls::{self, Block, BlockStream, Step};
+use crate::app_state::SharedState;
 use crate::auth::Caller;
 use crate::error::openai::{error_type, OpenAiError};
 use crate::error::ApiError;
 use crate::json_body::JsonBody;
 use crate::lifecycle::deadline::Delivery;
-use crate::lifecycle::state::SharedState;
 use crate::lifecycle::subscription::Followed;
 use crate::lifecycle::task::{Task, TaskEvent};
 use output::{message, Events};
