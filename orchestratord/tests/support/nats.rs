@@ -13,7 +13,7 @@ pub struct NatsCluster {
     nodes: Vec<Option<Child>>,
     /// One cluster at a time in a test binary: the tests' leader elections and kills do not
     /// compete for the cores, and their ports cannot meet.
-    _serial: tokio::sync::MutexGuard<'static, ()>,
+    _serial: Option<tokio::sync::MutexGuard<'static, ()>>,
     pub client_ports: Vec<u16>,
     /// The nodes' monitoring ports (`/healthz`).
     pub http_ports: Vec<u16>,
@@ -44,9 +44,27 @@ fn binary() -> PathBuf {
 
 impl NatsCluster {
     /// Starts the nodes and waits until the cluster has elected its JetStream meta leader.
+    /// The ports are free when picked, but another test's process may take one before a node
+    /// binds it: a node that exits for a port in use starts the cluster again on new ports.
     pub async fn start(nodes: usize) -> Self {
         static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-        let serial = SERIAL.lock().await;
+        let mut serial = Some(SERIAL.lock().await);
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            let mut c = Self::spawn(nodes, serial.take());
+            match c.wait_for_jetstream().await {
+                Ok(()) => return c,
+                Err(why) if attempt < ATTEMPTS && why.contains("address already in use") => {
+                    eprintln!("nats cluster, attempt {attempt}: a port was taken; again");
+                    serial = c._serial.take();
+                }
+                Err(why) => panic!("{why}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    fn spawn(nodes: usize, serial: Option<tokio::sync::MutexGuard<'static, ()>>) -> Self {
         let dir = scratch("nats");
         let client_ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect();
         let http_ports: Vec<u16> = (0..nodes).map(|_| free_port()).collect();
@@ -88,15 +106,13 @@ impl NatsCluster {
                 .expect("spawn nats-server");
             children.push(Some(child));
         }
-        let c = Self {
+        Self {
             nodes: children,
             _serial: serial,
             client_ports,
             http_ports,
             dir,
-        };
-        c.wait_for_jetstream().await;
-        c
+        }
     }
 
     /// Every node's client URL, comma-separated (what `ORCHD_CLUSTER_NATS` takes).
@@ -131,13 +147,25 @@ impl NatsCluster {
         std::fs::read_to_string(self.dir.join(format!("n{i}.log"))).unwrap_or_default()
     }
 
-    async fn wait_for_jetstream(&self) {
+    /// Waits for every node's JetStream; `Err`: the nodes' logs' ends, when one did not come
+    /// up in a minute or exited.
+    async fn wait_for_jetstream(&mut self) -> Result<(), String> {
         // `/healthz` answers 200 once the node's JetStream is up and, in a cluster, its meta
         // leader elected
         for i in 0..self.http_ports.len() {
             let url = format!("http://127.0.0.1:{}/healthz", self.http_ports[i]);
             let mut up = false;
+            let mut exited = false;
             for _ in 0..600 {
+                if self
+                    .nodes
+                    .iter_mut()
+                    .flatten()
+                    .any(|n| matches!(n.try_wait(), Ok(Some(_))))
+                {
+                    exited = true;
+                    break;
+                }
                 if let Ok(r) = reqwest::get(&url).await {
                     if r.status().is_success() {
                         up = true;
@@ -157,11 +185,13 @@ impl NatsCluster {
                         )
                     })
                     .collect();
-                panic!(
-                    "JetStream did not come up on node {i}:\n{}",
+                let what = if exited { "a node exited" } else { "no answer" };
+                return Err(format!(
+                    "JetStream did not come up on node {i} ({what}):\n{}",
                     tails.join("\n")
-                );
+                ));
             }
         }
+        Ok(())
     }
 }
