@@ -521,6 +521,97 @@ async fn a_requests_keep_alive_decides_when_its_model_unloads() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// MOD-FOLDER-6, EMB-API-2: Ollama's `/api/embed` and `/api/embeddings` follow `keep_alive`
+/// as its generate does, for an embedding model of the folder (all-MiniLM-L6-v2): `0` unloads
+/// it once idle, `-1` keeps it, a duration after that long; a call with no input is Ollama's
+/// load or unload call (no vectors), 404 for a model no pool serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedding_requests_keep_alive_decides_when_its_model_unloads() {
+    let minilm = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../.cache/models/all-MiniLM-L6-v2.F16.gguf");
+    assert!(minilm.exists(), "run ci/minilm_gguf.py first");
+    let dir = folder(
+        "embedkeep",
+        &[("ke-minilm", std::fs::canonicalize(minilm).unwrap())],
+    );
+    // the config would keep an idle model five minutes
+    let s = start_with(
+        folder_config(&dir, 0, 300),
+        Arc::new(pool_manager::candle::CandleFactory),
+    )
+    .await;
+    let post = |path: &'static str, body: serde_json::Value| {
+        let s = &s;
+        async move {
+            let r = s.post(path, &body).await;
+            let status = r.status().as_u16();
+            (
+                status,
+                r.json::<serde_json::Value>().await.unwrap_or_default(),
+            )
+        }
+    };
+    let embed = |keep: serde_json::Value| json!({"model": "ke-minilm", "input": ["Why is the sky blue?"], "keep_alive": keep});
+
+    let (status, v) = post("/api/embed", embed(json!(0))).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        v["embeddings"][0].as_array().map(Vec::len),
+        Some(384),
+        "{v}"
+    );
+    assert!(
+        unloaded(&s, 5).await,
+        "keep_alive 0: {:?}",
+        pool_ids(&s).await
+    );
+
+    let (status, v) = post("/api/embed", embed(json!(-1))).await;
+    assert_eq!(status, 200, "{v}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        pool_ids(&s).await,
+        vec!["auto-ke-minilm"],
+        "keep_alive -1 stays"
+    );
+
+    // Ollama's unload call: no input, keep_alive 0
+    let (status, v) = post(
+        "/api/embed",
+        json!({"model": "ke-minilm", "input": [], "keep_alive": 0}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["embeddings"], json!([]), "{v}");
+    assert!(
+        unloaded(&s, 5).await,
+        "the unload call: {:?}",
+        pool_ids(&s).await
+    );
+    let (status, v) = post("/api/embed", json!({"model": "ke-minilm"})).await;
+    assert_eq!(status, 404, "no pool serves it now: {v}");
+
+    // the older route
+    let (status, v) = post(
+        "/api/embeddings",
+        json!({"model": "ke-minilm", "prompt": "Why is grass green?", "keep_alive": "1s"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["embedding"].as_array().map(Vec::len), Some(384), "{v}");
+    assert_eq!(pool_ids(&s).await, vec!["auto-ke-minilm"]);
+    assert!(
+        unloaded(&s, 6).await,
+        "keep_alive 1s: {:?}",
+        pool_ids(&s).await
+    );
+
+    let (status, v) = post("/api/embed", embed(json!("soon"))).await;
+    assert_eq!(status, 400);
+    assert!(v["error"].as_str().unwrap().contains("keep_alive"), "{v}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// MOD-FOLDER-8: a configured pool counts in the memory budget and is pinned: Gemma 3 alone
 /// fits the budget but not beside the configured SmolLM2 pool, so a request for it is a 400
 /// saying what the configured pools hold, and the configured pool goes on answering; with

@@ -30,7 +30,9 @@ pub enum OneOrMany {
 #[schema(as = OllamaEmbedRequest, example = json!({"model": "all-MiniLM-L6-v2", "input": ["Why is the sky blue?", "Why is grass green?"]}))]
 pub struct EmbedRequest {
     pub model: String,
-    pub input: OneOrMany,
+    /// Absent, `""` or `[]`: nothing to embed, Ollama's call that only applies `keep_alive`
+    /// (`0` unloads a model loaded on demand once idle).
+    pub input: Option<OneOrMany>,
     /// Cut an input longer than the model takes to fit (default true, as Ollama does; false: a
     /// 400 naming it).
     pub truncate: Option<bool>,
@@ -107,10 +109,15 @@ pub async fn embed_route(
 ) -> Result<Json<EmbedResponse>, OllamaError> {
     let JsonBody(req) = body?;
     keep_alive_valid(&req.keep_alive)?;
-    let input = match req.input {
-        OneOrMany::One(t) => vec![EmbedItem::Text(t)],
-        OneOrMany::Many(v) => v.into_iter().map(EmbedItem::Text).collect(),
+    let input: Vec<EmbedItem> = match req.input {
+        None => Vec::new(),
+        Some(OneOrMany::One(t)) if t.is_empty() => Vec::new(),
+        Some(OneOrMany::One(t)) => vec![EmbedItem::Text(t)],
+        Some(OneOrMany::Many(v)) => v.into_iter().map(EmbedItem::Text).collect(),
     };
+    if input.is_empty() {
+        return Ok(Json(nothing_to_embed(&state, req.model, &req.keep_alive)?));
+    }
     let task = EmbedTask {
         input,
         truncate: Some(req.truncate.unwrap_or(true)),
@@ -164,6 +171,26 @@ pub async fn embeddings_route(
     Ok(Json(EmbeddingsResponse {
         embedding: one.pop().unwrap_or_default(),
     }))
+}
+
+/// Ollama's load (and, with `keep_alive: 0`, unload) call: no input, so no task; the model
+/// must be served (404 otherwise), and its `keep_alive` applies as after an embedding.
+fn nothing_to_embed(
+    state: &SharedState,
+    model: String,
+    keep_alive: &Option<serde_json::Value>,
+) -> Result<EmbedResponse, ApiError> {
+    if !state.pools.all().iter().any(|p| p.serves(&model)) {
+        return Err(ApiError::not_found("model", &model).with_field("model"));
+    }
+    keep(state, &model, keep_alive)?;
+    Ok(EmbedResponse {
+        model,
+        embeddings: Vec::new(),
+        total_duration: 0,
+        load_duration: 0,
+        prompt_eval_count: 0,
+    })
 }
 
 /// `keep_alive` checked before the work (a bad one is refused, not found out after).
