@@ -112,6 +112,10 @@ pub struct SseEnd {
     /// `none`) or its scores (pooling `rank`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub embeddings: Option<crate::embed::EmbedVectors>,
+    /// An embedding task's input tokens as the engine that ran it counted them (its `usage`
+    /// wherever it is followed: another replica may have admitted it on an estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<u32>,
 }
 
 /// Failing terminal event; nothing follows it.

@@ -53,7 +53,10 @@ async fn turn(
         .send()
         .await
         .expect("chat");
-    assert_eq!(r.status(), 200, "{base}");
+    if r.status() != 200 {
+        let status = r.status();
+        panic!("{base}: {status} {}", r.text().await.unwrap_or_default());
+    }
     let mut stream = r.bytes_stream();
     let mut frames = SseReader::new(1 << 20);
     let (mut answer, mut ttft, mut usage) = (String::new(), None, None);

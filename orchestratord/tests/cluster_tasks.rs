@@ -962,3 +962,103 @@ async fn a_replica_answers_with_the_clusters_line() {
             .unwrap();
     }
 }
+
+/// EMB (issue 51) through replicas: an embedding request admitted on a replica with no pool
+/// of the model runs on the replica whose pool serves it (all-MiniLM-L6-v2), and its vectors
+/// are the ones that replica gives directly, in OpenAI's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedding_admitted_on_one_replica_runs_on_another() {
+    let minilm = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../.cache/models/all-MiniLM-L6-v2.F16.gguf");
+    assert!(minilm.exists(), "run ci/minilm_gguf.py first");
+    let cluster = "[cluster]\nheartbeat_ms = 200\nack_wait_ms = 2000\n";
+    let configs = [
+        format!("pools = []\n{cluster}"),
+        format!(
+            "{cluster}[[pools]]\nid = \"e\"\nmodel = \"{}\"\nalias = \"minilm\"\nslots = 2\nthreads = 1\n",
+            minilm.display()
+        ),
+    ];
+    let nats = NatsCluster::start(3).await;
+    let urls = nats.urls();
+    let (mut procs, mut bases) = (Vec::new(), Vec::new());
+    for (i, cfg) in configs.iter().enumerate() {
+        let name = format!("r{i}");
+        let env = [
+            ("ORCHD_CLUSTER_NATS", urls.as_str()),
+            ("ORCHD_REPLICA_ID", name.as_str()),
+        ];
+        let (p, base) = server_env(cfg, &env).await;
+        procs.push(p);
+        bases.push(base);
+    }
+    let logs = || {
+        procs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("--- r{i}\n{}", p.log_text()))
+            .collect::<String>()
+    };
+    assert!(
+        lists_pools(&bases[0], 1, Duration::from_secs(30)).await,
+        "r0 never listed r1's pool:\n{}",
+        logs()
+    );
+    let body = json!({"model": "minilm", "input": ["The sea is calm.", "A quiet ocean at dawn."]});
+    let client = reqwest::Client::new();
+    let ask = |base: &str| {
+        let (client, body, url) = (
+            client.clone(),
+            body.clone(),
+            format!("{base}/v1/embeddings"),
+        );
+        async move {
+            let r = client
+                .post(url)
+                .json(&body)
+                .send()
+                .await
+                .expect("embeddings");
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.unwrap_or_default())
+        }
+    };
+    let (status, direct) = ask(&bases[1]).await;
+    assert_eq!(status, 200, "{direct}");
+    let (status, relayed) = ask(&bases[0]).await;
+    assert_eq!(status, 200, "through r0: {relayed}\n{}", logs());
+    let vectors = |v: &Value| -> Vec<Vec<f64>> {
+        v["data"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|d| {
+                d["embedding"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_f64)
+                    .collect()
+            })
+            .collect()
+    };
+    let (a, b) = (vectors(&direct), vectors(&relayed));
+    assert_eq!(a.len(), 2, "{direct}");
+    assert_eq!(b.len(), 2, "{relayed}");
+    for (x, y) in a.iter().zip(&b) {
+        assert_eq!(x.len(), 384);
+        let cos: f64 = x.iter().zip(y).map(|(p, q)| p * q).sum();
+        assert!(
+            cos > 0.9999,
+            "the same vector through the cluster: cosine {cos}"
+        );
+    }
+    assert_eq!(
+        relayed["usage"]["prompt_tokens"], direct["usage"]["prompt_tokens"],
+        "{relayed}"
+    );
+    // it ran on r1, where the pool is: r0 has none to take it with
+    let taken = |i: usize| procs[i].log_text().matches("cluster: task taken").count();
+    assert!(taken(1) >= 1, "r1 took no task from the queue:\n{}", logs());
+    assert_eq!(taken(0), 0, "{}", logs());
+}

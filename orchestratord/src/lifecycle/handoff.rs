@@ -116,6 +116,7 @@ mod tests {
                 stop_sequence: Some("\n\n".into()),
                 cached_tokens: 3,
                 embeddings: None,
+                prompt_tokens: None,
             }),
             TaskEvent::Error(SseError {
                 code: contracts::ErrorCode::ReplicaExhausted,

@@ -10,7 +10,9 @@ use std::time::Duration;
 use contracts::Priority;
 
 use crate::error::ApiError;
-use crate::lifecycle::admission::{count_prompt, prepare_constraint, redact, validate};
+use crate::lifecycle::admission::{
+    count_inputs, count_prompt, prepare_constraint, redact, validate,
+};
 use crate::lifecycle::handoff::{unix_ms, Handoff};
 use crate::lifecycle::request_work::Turn;
 use crate::lifecycle::state::SharedLifecycle;
@@ -33,7 +35,7 @@ pub async fn build(
     let req = &h.request;
     let v = validate(state, req)?;
     let follows = matches!(purpose, Purpose::Follow);
-    let (pin, prompt_tokens, prompt_ids, ctx) = match purpose {
+    let (pin, prompt_tokens, prompt_ids, embed_ids, ctx) = match purpose {
         Purpose::Run { pool } => {
             let p = state.pools.get(pool).ok_or_else(|| {
                 ApiError::invalid("pool_id", format!("pool {pool:?} is not on this replica"))
@@ -41,13 +43,19 @@ pub async fn build(
             let ctx = p.engine().map_or(0, |e| e.descriptor().ctx_max);
             let pools = [p];
             let turn = Turn::Admitted(&h.owner);
-            let (n, ids) = count_prompt(state, turn, &pools, &v).await?;
-            if let Some(c) = &v.constraint {
-                prepare_constraint(state, turn, &pools, c).await?;
+            if let Some(spec) = &v.embed {
+                // an embedding task: its inputs counted (and checked) by this pool's engine
+                let (n, ids) = count_inputs(state, turn, &pools, spec).await?;
+                (Some(pool.to_string()), n, None, ids, ctx)
+            } else {
+                let (n, ids) = count_prompt(state, turn, &pools, &v).await?;
+                if let Some(c) = &v.constraint {
+                    prepare_constraint(state, turn, &pools, c).await?;
+                }
+                (Some(pool.to_string()), n, ids, None, ctx)
             }
-            (Some(pool.to_string()), n, ids, ctx)
         }
-        Purpose::Follow => (req.pool_id.clone(), h.prompt_tokens as usize, None, 0),
+        Purpose::Follow => (req.pool_id.clone(), h.prompt_tokens as usize, None, None, 0),
     };
     // the deadline counts from the admission, wherever that was
     let waited = Duration::from_millis(unix_ms().saturating_sub(h.admitted_unix_ms));
@@ -71,8 +79,7 @@ pub async fn build(
             .as_deref()
             .or(req.session_id.as_deref())
             .map(|k| crate::lifecycle::placement::ConversationKey::of(&h.owner, k)),
-        // counted again where it runs
-        embed_ids: None,
+        embed_ids,
         params: redact(req),
         ctx,
         deadline,

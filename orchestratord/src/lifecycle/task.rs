@@ -598,6 +598,7 @@ impl Task {
                 stop_sequence,
                 cached_tokens: g.cached_prompt_tokens,
                 embeddings: None,
+                prompt_tokens: None,
             }
         })
     }
@@ -615,6 +616,7 @@ impl Task {
                 stop_sequence: None,
                 cached_tokens: 0,
                 embeddings: Some(vectors),
+                prompt_tokens: Some(g.counted_prompt_tokens.unwrap_or(self.prompt_tokens as u32)),
             }
         })
     }
@@ -624,6 +626,9 @@ impl Task {
     /// ended.
     pub fn finish_relayed(&self, end: SseEnd, at: Instant) -> bool {
         self.set_cached_prompt_tokens(end.cached_tokens);
+        if let Some(n) = end.prompt_tokens {
+            self.set_counted_prompt_tokens(n);
+        }
         self.finish_with(at, |_, _| end)
     }
 

@@ -137,7 +137,7 @@ pub(super) fn estimated_tokens(spec: &EmbedSpec) -> usize {
 /// The inputs counted by a loaded engine of `pools` (exact), with their ids when it made
 /// them; checked against what the engine embeds. Without a loaded engine (a model loading on
 /// demand) the count is an estimate and the runner tokenizes.
-pub(super) async fn count_inputs(
+pub async fn count_inputs(
     state: &SharedLifecycle,
     turn: Turn<'_>,
     pools: &[Arc<Pool>],

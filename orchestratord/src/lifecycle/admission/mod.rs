@@ -35,6 +35,7 @@ use crate::lifecycle::task::{Claimant, NewTask, Task};
 use crate::lifecycle::task_store::Inserted;
 use crate::metrics;
 
+pub use embed::count_inputs;
 pub use prepare::{count_prompt, prepare_constraint};
 pub(crate) use request::valid_id;
 pub use request::{prompt_of, redact, validate, Validated, SMALLEST_FACTOR};
