@@ -46,6 +46,7 @@ async fn converse(
     k: usize,
     key: Option<String>,
     model: Option<&'static str>,
+    pause: Duration,
 ) -> Vec<Turn> {
     let mut messages = vec![json!({"role": "user", "content": opening(k)})];
     let mut turns = Vec::new();
@@ -78,6 +79,7 @@ async fn converse(
         });
         messages.push(json!({"role": "assistant", "content": answer}));
         messages.push(json!({"role": "user", "content": format!("And question {}?", t + 2)}));
+        tokio::time::sleep(pause).await;
     }
     turns
 }
@@ -92,7 +94,7 @@ async fn each_turn_lands_where_its_conversation_is_cached() {
     let runs: Vec<_> = (0..4)
         .map(|k| {
             let key = (k < 2).then(|| format!("conversation-{k}"));
-            tokio::spawn(converse(s.clone(), k, key, None))
+            tokio::spawn(converse(s.clone(), k, key, None, Duration::ZERO))
         })
         .collect();
     let mut firsts = Vec::new();
@@ -188,7 +190,18 @@ async fn turns_follow_their_conversation_to_a_remote_worker() {
     .await;
     assert!(remote_ready, "the worker's pool never came");
     let runs: Vec<_> = (0..4)
-        .map(|k| tokio::spawn(converse(s.clone(), k, None, Some("smol"))))
+        .map(|k| {
+            tokio::spawn(converse(
+                s.clone(),
+                k,
+                None,
+                Some("smol"),
+                // a user's pause: a worker's load report (every 200 ms) counts a request
+                // that just ended here until its next one, and a pool it fills is no
+                // candidate (PLACE-2 places only on pools with room)
+                Duration::from_millis(600),
+            ))
+        })
         .collect();
     let mut firsts = Vec::new();
     for (k, run) in runs.into_iter().enumerate() {
