@@ -598,6 +598,23 @@ async fn a_worker_on_one_replica_serves_tasks_admitted_on_another() {
     );
 }
 
+/// One replica `r{i}` of each of `configs`, on the NATS cluster at `urls`: their processes
+/// and base URLs.
+async fn replicas_of(urls: &str, configs: &[String]) -> (Vec<Proc>, Vec<String>) {
+    let (mut procs, mut bases) = (Vec::new(), Vec::new());
+    for (i, cfg) in configs.iter().enumerate() {
+        let name = format!("r{i}");
+        let env = [
+            ("ORCHD_CLUSTER_NATS", urls),
+            ("ORCHD_REPLICA_ID", name.as_str()),
+        ];
+        let (p, base) = server_env(cfg, &env).await;
+        procs.push(p);
+        bases.push(base);
+    }
+    (procs, bases)
+}
+
 /// The NATS node (index) leading the stream `stream` now, from the nodes' monitoring endpoints.
 async fn stream_leader(nats: &NatsCluster, stream: &str) -> Option<usize> {
     for port in &nats.http_ports {
@@ -854,17 +871,7 @@ async fn a_replica_answers_with_the_clusters_line() {
         format!("pools = []\n{cluster}"),
         replica_config(no_wait_limit).replace("[queue]\ncapacity = 1\n", "[queue]\ncapacity = 3\n"),
     ];
-    let (mut procs, mut bases) = (Vec::new(), Vec::new());
-    for (i, cfg) in configs.iter().enumerate() {
-        let name = format!("r{i}");
-        let env = [
-            ("ORCHD_CLUSTER_NATS", urls.as_str()),
-            ("ORCHD_REPLICA_ID", name.as_str()),
-        ];
-        let (p, base) = server_env(cfg, &env).await;
-        procs.push(p);
-        bases.push(base);
-    }
+    let (procs, bases) = replicas_of(&urls, &configs).await;
     let logs = || -> String { procs.iter().map(|p| p.log_text()).collect() };
     let b0 = bases[0].clone();
     let listed = lists_pools(&b0, 1, Duration::from_secs(10)).await;
@@ -981,17 +988,7 @@ async fn an_embedding_admitted_on_one_replica_runs_on_another() {
     ];
     let nats = NatsCluster::start(3).await;
     let urls = nats.urls();
-    let (mut procs, mut bases) = (Vec::new(), Vec::new());
-    for (i, cfg) in configs.iter().enumerate() {
-        let name = format!("r{i}");
-        let env = [
-            ("ORCHD_CLUSTER_NATS", urls.as_str()),
-            ("ORCHD_REPLICA_ID", name.as_str()),
-        ];
-        let (p, base) = server_env(cfg, &env).await;
-        procs.push(p);
-        bases.push(base);
-    }
+    let (procs, bases) = replicas_of(&urls, &configs).await;
     let logs = || {
         procs
             .iter()
