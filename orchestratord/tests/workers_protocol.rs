@@ -349,6 +349,34 @@ async fn a_stale_load_report_does_not_hold_a_free_slot() {
     assert_eq!(second.await.unwrap().unwrap().status(), 200);
 }
 
+/// WRK-PLACE-2: a report sent after our request ended that still counts it (the worker had
+/// not let go of it yet) does not leave the one-slot worker looking full: the next request
+/// goes to it at once, not after the next report.
+#[tokio::test]
+async fn a_report_lagging_behind_a_request_that_ended_does_not_fill_the_worker() {
+    let s = server(|_| {}).await;
+    let mut w = worker(&s, "one-slot", &["m"], 1).await;
+    let first = spawn_chat(&s, "m", false);
+    let (rid, ..) = w.request().await;
+    w.answer(&rid, &["one"]).await;
+    assert_eq!(first.await.unwrap().unwrap().status(), 200);
+    w.send(&WorkerToServer::Pong {
+        current_load: 1,
+        timestamp_unix_ms: None,
+    })
+    .await;
+    // the report reached the server before the next request does
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let second = spawn_chat(&s, "m", false);
+    match w.next(Duration::from_millis(400)).await {
+        Next::Msg(ServerToWorker::Request { request_id, .. }) => {
+            w.answer(&request_id, &["two"]).await
+        }
+        other => panic!("the worker looked full after its lagging report: {other:?}"),
+    }
+    assert_eq!(second.await.unwrap().unwrap().status(), 200);
+}
+
 /// WRK-REQ-1, WRK-REQ-2: a worker lost after streaming tokens: the task goes back to the queue
 /// and the next worker continues after the text already sent (final assistant turn with
 /// `continue_final_message`, fewer max_tokens); the client sees every token once, in order.

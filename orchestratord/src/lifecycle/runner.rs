@@ -179,9 +179,14 @@ pub async fn run(state: SharedLifecycle, task: Arc<Task>, mut lease: SlotLease) 
             });
         }
         Outcome::Lost if remote => {
-            // the worker's socket closed under the task: another worker takes it from here
+            // the worker's socket closed under the task, or the worker had no slot for it:
+            // another worker (or this one, once it has room) takes it from here
             drop(lease);
-            state.requeue_lost(&task, "the worker was lost while running the task");
+            let why = match failure.get() {
+                Some(PortError::Dead(why)) => why,
+                _ => "the worker was lost while running the task".to_string(),
+            };
+            state.requeue_lost(&task, &why);
             return;
         }
         Outcome::Lost => {

@@ -23,6 +23,10 @@ use crate::correlation::HEADER as CORRELATION_HEADER;
 
 pub const ENGINE_NAME: &str = "remote-worker";
 
+/// A worker's error codes for a request it did not start: no slot free there (its slots hold
+/// other servers' work), or it is draining. Such a request is run elsewhere, not failed.
+const NO_SLOT_CODES: [&str; 2] = ["busy", "draining"];
+
 pub struct RemoteEngine {
     link: Arc<WorkerLink>,
     model: String,
@@ -344,7 +348,7 @@ async fn relay(
         cancel,
         cause,
         failure,
-        permit: _slot,
+        permit: slot,
     } = ends;
     let stop = |reason: CancelReason| {
         link.close_request(&request_id);
@@ -425,6 +429,20 @@ async fn relay(
             }
             Some(RequestEvent::Error { code, message }) => {
                 link.close_request(&request_id);
+                if progress.tokens_out == 0 && NO_SLOT_CODES.contains(&code.as_str()) {
+                    // the worker never started it: the task goes back to the queue (closed
+                    // without a terminal event) and the worker counts as full until it reports
+                    failure.set(PortError::Dead(format!(
+                        "the worker took no request ({code}): {message}"
+                    )));
+                    drop(slot);
+                    if code == "draining" {
+                        link.start_drain();
+                    } else {
+                        link.note_full();
+                    }
+                    return;
+                }
                 let _ = tx
                     .send(SeqEvent::Failed(format!("worker error {code}: {message}")))
                     .await;

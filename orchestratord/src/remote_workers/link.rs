@@ -2,9 +2,10 @@
 //! worker's capacity (`max_concurrent` spans all its models), its requests in flight, and the
 //! frames waiting to be written.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use contracts::worker::{ServerToWorker, TokenCounts};
 use pool_manager::{SlotPermit, Slots};
@@ -13,6 +14,11 @@ use tokio_util::sync::CancellationToken;
 
 /// Frames waiting for the socket writer, per worker.
 pub const OUTBOUND_CAPACITY: usize = 1024;
+
+/// How long after one of our requests ended a load report may still count it: the worker
+/// computes `current_load` when it answers a ping, which can be before it let go of a request
+/// whose last frame it already sent, or before our cancel reached it (one round trip).
+pub const REPORT_LAG: Duration = Duration::from_millis(500);
 
 /// What the worker sent about one request, routed to the engine relay that waits for it.
 #[derive(Debug)]
@@ -43,6 +49,9 @@ pub struct WorkerLink {
     /// `current_load` minus what we had in flight then. Ours is counted live, so a report
     /// that lags behind our requests ending never holds a free slot back.
     external_load: AtomicUsize,
+    /// When our requests gave their slots back, the last [`REPORT_LAG`] of them (bounded):
+    /// a report may still count these, so they are not read as others' load.
+    released: Mutex<VecDeque<Instant>>,
     draining: AtomicBool,
     /// Fired when the socket is gone: engines report dead, relays see their channel close.
     pub closed: CancellationToken,
@@ -72,6 +81,7 @@ impl WorkerLink {
                 inflight: Mutex::new(HashMap::new()),
                 slots: Slots::new(max_concurrent),
                 external_load: AtomicUsize::new(initial_load),
+                released: Mutex::new(VecDeque::new()),
                 draining: AtomicBool::new(false),
                 closed: CancellationToken::new(),
                 drained: CancellationToken::new(),
@@ -136,6 +146,7 @@ impl WorkerLink {
         let me = Arc::downgrade(self);
         permit.on_release(move || {
             if let Some(link) = me.upgrade() {
+                link.note_released(Instant::now());
                 if link.is_draining() && link.in_flight() == 0 {
                     link.drained.cancel();
                 }
@@ -144,9 +155,47 @@ impl WorkerLink {
         Some(permit)
     }
 
-    /// Takes a `current_load` report; returns whether the load beyond ours changed.
+    fn released(&self) -> std::sync::MutexGuard<'_, VecDeque<Instant>> {
+        self.released.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn note_released(&self, at: Instant) {
+        let mut r = self.released();
+        while r
+            .front()
+            .is_some_and(|t| at.duration_since(*t) > REPORT_LAG)
+        {
+            r.pop_front();
+        }
+        // more ends within the lag than this bound count as this bound
+        if r.len() >= self.max_concurrent.max(1) * 4 {
+            r.pop_front();
+        }
+        r.push_back(at);
+    }
+
+    /// Our requests that ended within [`REPORT_LAG`] before `now`.
+    fn recently_released(&self, now: Instant) -> usize {
+        self.released()
+            .iter()
+            .filter(|t| now.saturating_duration_since(**t) <= REPORT_LAG)
+            .count()
+    }
+
+    /// Takes a `current_load` report; returns whether the load beyond ours changed. What we
+    /// run is counted live, and what ended here just before the report is not others' load.
     pub fn set_reported_load(&self, load: usize) -> bool {
-        let external = load.saturating_sub(self.in_flight());
+        let ours = self.in_flight() + self.recently_released(Instant::now());
+        self.set_external(load.saturating_sub(ours))
+    }
+
+    /// The worker refused a request for want of a slot: until its next report it counts as
+    /// full (others' work fills what ours leaves).
+    pub fn note_full(&self) {
+        self.set_external(self.max_concurrent.saturating_sub(self.in_flight()));
+    }
+
+    fn set_external(&self, external: usize) -> bool {
         self.external_load.swap(external, Ordering::SeqCst) != external
     }
 
