@@ -431,9 +431,11 @@ async fn relay(
                 link.close_request(&request_id);
                 if progress.tokens_out == 0 && NO_SLOT_CODES.contains(&code.as_str()) {
                     // the worker never started it: the task goes back to the queue (closed
-                    // without a terminal event) and the worker counts as full until it reports
+                    // without a terminal event) and the worker counts as full until it reports.
+                    // The worker's own words stay in the log: the reason can reach a client.
+                    tracing::info!(worker_id = %link.id, %request_id, %code, %message, "worker took no request");
                     failure.set(PortError::Dead(format!(
-                        "the worker took no request ({code}): {message}"
+                        "the worker had no slot for the task ({code})"
                     )));
                     drop(slot);
                     if code == "draining" {
