@@ -223,11 +223,16 @@ async fn reload_switches_without_failures_and_rolls_back_bad_models() {
     let _ = std::fs::remove_file(bad);
 }
 
-/// The real candle engine behind a switch the test can flip to make it die mid-task.
+const VICTIM_TOKENS: usize = 300;
+
+/// The real candle engine behind a switch that makes it die mid-task: with `die_after`, the
+/// engine dies once it has streamed that many tokens of a task (a point in the task the test
+/// names, however fast the machine runs it; a timer lost the race to a task that ended first).
 struct Killable {
     inner: Arc<dyn Engine>,
     dead: Arc<AtomicBool>,
     kill: CancellationToken,
+    die_after: Option<usize>,
 }
 
 impl Engine for Killable {
@@ -241,15 +246,28 @@ impl Engine for Killable {
         if self.dead.load(Ordering::SeqCst) {
             return Err(PortError::Dead("killed".into()));
         }
+        // the victim is the task of 300 tokens, not the pool's short pace measurement at load
+        let die_after = self.die_after.filter(|_| job.max_tokens == VICTIM_TOKENS);
         let mut rx = self.inner.start(job)?;
         let (tx, out) = mpsc::channel(pool_manager::EVENT_CHANNEL_CAPACITY);
         let kill = self.kill.clone();
+        let dead = self.dead.clone();
         tokio::spawn(async move {
+            let mut tokens = 0;
             loop {
                 tokio::select! {
                     _ = kill.cancelled() => break,
                     ev = rx.recv() => match ev {
-                        Some(ev) => if tx.send(ev).await.is_err() { break },
+                        Some(ev) => {
+                            let is_token = matches!(ev, SeqEvent::Token { .. });
+                            if tx.send(ev).await.is_err() { break }
+                            tokens += usize::from(is_token);
+                            if die_after == Some(tokens) {
+                                dead.store(true, Ordering::SeqCst);
+                                kill.cancel();
+                                break;
+                            }
+                        }
                         None => break,
                     }
                 }
@@ -269,7 +287,6 @@ impl Engine for Killable {
 }
 
 struct KillableFactory {
-    kill_p1: CancellationToken,
     dead_p1: Arc<AtomicBool>,
 }
 
@@ -279,13 +296,18 @@ impl EngineFactory for KillableFactory {
         if spec.id != "p1" {
             return Ok(inner);
         }
-        // a restarted p1 is healthy again: its own switch, never flipped
-        let (dead, kill) = if self.dead_p1.load(Ordering::SeqCst) {
-            (Arc::new(AtomicBool::new(false)), CancellationToken::new())
+        // the first p1 dies three tokens into its first task; a restarted p1 is healthy
+        let (dead, die_after) = if self.dead_p1.load(Ordering::SeqCst) {
+            (Arc::new(AtomicBool::new(false)), None)
         } else {
-            (self.dead_p1.clone(), self.kill_p1.clone())
+            (self.dead_p1.clone(), Some(3))
         };
-        Ok(Arc::new(Killable { inner, dead, kill }))
+        Ok(Arc::new(Killable {
+            inner,
+            dead,
+            kill: CancellationToken::new(),
+            die_after,
+        }))
     }
 }
 
@@ -293,23 +315,21 @@ impl EngineFactory for KillableFactory {
 /// WORKER_RESET, its pool restarts, and the other pool serves meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engine_failure_restarts_the_pool_and_the_other_keeps_serving() {
-    let kill = CancellationToken::new();
     let dead = Arc::new(AtomicBool::new(false));
     let s = start_with(
         real_pools(),
         Arc::new(KillableFactory {
-            kill_p1: kill.clone(),
             dead_p1: dead.clone(),
         }),
     )
     .await;
     let victim = s
-        .submit_ok(json!({"prompt": "Count to one hundred:", "max_tokens": 300, "pool_id": "p1"}))
+        .submit_ok(json!({"prompt": "Count to one hundred:", "max_tokens": VICTIM_TOKENS, "pool_id": "p1"}))
         .await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    dead.store(true, Ordering::SeqCst);
-    kill.cancel();
     let ev = s.stream_all(&victim).await;
+    assert!(dead.load(Ordering::SeqCst), "the engine died mid-task");
+    let tokens = ev.iter().filter(|e| e.event == "token").count();
+    assert!((1..=3).contains(&tokens), "{ev:?}");
     assert_well_formed(&ev);
     let last = ev.last().unwrap();
     assert_eq!(last.data["code"], "WORKER_RESET", "{last:?}");

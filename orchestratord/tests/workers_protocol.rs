@@ -377,61 +377,6 @@ async fn a_report_lagging_behind_a_request_that_ended_does_not_fill_the_worker()
     assert_eq!(second.await.unwrap().unwrap().status(), 200);
 }
 
-/// WRK-REQ-1, WRK-REQ-2: a worker lost after streaming tokens: the task goes back to the queue
-/// and the next worker continues after the text already sent (final assistant turn with
-/// `continue_final_message`, fewer max_tokens); the client sees every token once, in order.
-#[tokio::test]
-async fn lost_worker_continues_on_the_next_without_duplicate_or_gap() {
-    let s = server(|_| {}).await;
-    let mut a = worker(&s, "a", &["m"], 1).await;
-    let id = s
-        .submit_ok(json!({"model": "m", "max_tokens": 10,
-            "messages": [{"role": "user", "content": "Say hello world"}]}))
-        .await;
-    let (rid, ..) = a.request().await;
-    for p in ["Hello", " wor"] {
-        let chunk = json!({"choices": [{"index": 0, "delta": {"content": p}}]});
-        a.send(&WorkerToServer::ResponseChunk {
-            request_id: rid.clone(),
-            chunk: format!("data: {chunk}\n\n"),
-        })
-        .await;
-    }
-    // both tokens reached the task before the crash
-    let mut seen = 0;
-    for _ in 0..100 {
-        seen = s.get_json(&format!("/v1/tasks/{id}")).await["record"]["tokens_out"]
-            .as_u64()
-            .unwrap_or(0);
-        if seen == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(seen, 2);
-    a.crash();
-    let mut b = worker(&s, "b", &["m"], 1).await;
-    let (rid, _, body, _) = b.request().await;
-    let msgs = body["messages"].as_array().unwrap();
-    assert_eq!(msgs.last().unwrap()["role"], "assistant");
-    assert_eq!(msgs.last().unwrap()["content"], "Hello wor");
-    assert_eq!(body["continue_final_message"], true);
-    assert_eq!(body["max_tokens"], 8);
-    b.answer(&rid, &["ld", "!"]).await;
-    let ev = s.stream_all(&id).await;
-    support::assert_well_formed(&ev);
-    let text: String = ev
-        .iter()
-        .filter(|e| e.event == "token")
-        .map(|e| e.data["t"].as_str().unwrap())
-        .collect();
-    assert_eq!(text, "Hello world!");
-    assert_eq!(ev.last().unwrap().event, "end");
-    assert_eq!(ev.last().unwrap().data["tokens_out"], 4);
-    let m = s.metrics().await;
-    assert_eq!(support::counter(&m, "orchd_tasks_requeued_total"), 1.0);
-}
-
 /// WRK-REQ-3: after 3 requeues the next loss ends the task REPLICA_EXHAUSTED (503, cancel
 /// reason requeue_exhausted), keeping its place in line each time.
 #[tokio::test]

@@ -1,6 +1,7 @@
-//! Remote workers that did not start a request (WRK-PLACE-2): a worker shared with other
-//! servers answers `busy`, a worker shutting down answers `draining`. Both are requeues, not
-//! failures; in their own test binary because they read the process-wide requeue counter.
+//! Requeues to remote workers, in their own test binary because they read the process-wide
+//! requeue counter (one test at a time): a worker lost mid-stream (WRK-REQ-1/2), and workers
+//! that did not start a request (WRK-PLACE-2): a worker shared with other servers answers
+//! `busy`, a worker shutting down answers `draining`. Those are requeues, not failures.
 
 mod support;
 
@@ -108,5 +109,61 @@ async fn a_draining_worker_hands_the_task_to_another_and_is_closed() {
         Next::Closed(_) | Next::Msg(ServerToWorker::GracefulShutdown { .. }) => {}
         other => panic!("the draining worker was not let go: {other:?}"),
     }
+    assert_eq!(requeued(&s).await - before, 1.0);
+}
+
+/// WRK-REQ-1, WRK-REQ-2: a worker lost after streaming tokens: the task goes back to the queue
+/// and the next worker continues after the text already sent (final assistant turn with
+/// `continue_final_message`, fewer max_tokens); the client sees every token once, in order.
+#[tokio::test]
+async fn lost_worker_continues_on_the_next_without_duplicate_or_gap() {
+    let _one = SERIAL.lock().await;
+    let s = server().await;
+    let before = requeued(&s).await;
+    let mut a = worker(&s, "a", 1).await;
+    let id = s
+        .submit_ok(json!({"model": "m", "max_tokens": 10,
+            "messages": [{"role": "user", "content": "Say hello world"}]}))
+        .await;
+    let (rid, ..) = a.request().await;
+    for p in ["Hello", " wor"] {
+        let chunk = json!({"choices": [{"index": 0, "delta": {"content": p}}]});
+        a.send(&WorkerToServer::ResponseChunk {
+            request_id: rid.clone(),
+            chunk: format!("data: {chunk}\n\n"),
+        })
+        .await;
+    }
+    // both tokens reached the task before the crash
+    let mut seen = 0;
+    for _ in 0..100 {
+        seen = s.get_json(&format!("/v1/tasks/{id}")).await["record"]["tokens_out"]
+            .as_u64()
+            .unwrap_or(0);
+        if seen == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(seen, 2);
+    a.crash();
+    let mut b = worker(&s, "b", 1).await;
+    let (rid, _, body, _) = b.request().await;
+    let msgs = body["messages"].as_array().unwrap();
+    assert_eq!(msgs.last().unwrap()["role"], "assistant");
+    assert_eq!(msgs.last().unwrap()["content"], "Hello wor");
+    assert_eq!(body["continue_final_message"], true);
+    assert_eq!(body["max_tokens"], 8);
+    b.answer(&rid, &["ld", "!"]).await;
+    let ev = s.stream_all(&id).await;
+    support::assert_well_formed(&ev);
+    let text: String = ev
+        .iter()
+        .filter(|e| e.event == "token")
+        .map(|e| e.data["t"].as_str().unwrap())
+        .collect();
+    assert_eq!(text, "Hello world!");
+    assert_eq!(ev.last().unwrap().event, "end");
+    assert_eq!(ev.last().unwrap().data["tokens_out"], 4);
     assert_eq!(requeued(&s).await - before, 1.0);
 }
