@@ -8,7 +8,9 @@
 //! (OpenAI's `cached_tokens` over `prompt_tokens`), and of the wall time. Also: what a
 //! prompt's block hash chain costs (16-token blocks). `TOPOLOGY=remote`: one local pool and
 //! a remote worker (an `orchestratord worker` process with its own 4-slot pool of the model,
-//! `workers.join_local_models`) instead of two local pools (PLACE-6).
+//! `workers.join_local_models`) instead of two local pools (PLACE-6). `TOPOLOGY=replicas`: two
+//! replicas on one NATS node, a 4-slot pool each, each conversation's turns sent to them in
+//! turn (PLACE-8; needs `ci/install-nats.sh`).
 //!
 //! `cargo bench -p orchestratord --bench prefix_replay` (env `PAIRS`, `CONVERSATIONS`,
 //! `TURNS`, `AT_ONCE`, `MAX_TOKENS`, `THINK_MS`); under `cargo test` one conversation of two turns
@@ -19,6 +21,10 @@ mod support;
 #[allow(dead_code)]
 #[path = "../tests/support/procs.rs"]
 mod procs;
+
+#[allow(dead_code)]
+#[path = "../tests/support/nats.rs"]
+mod nats;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -34,13 +40,13 @@ use support::{env_or, median, wait_ready};
 /// One streamed turn: (TTFT ms, the answer, prompt tokens, cached tokens).
 async fn turn(
     client: &reqwest::Client,
-    base: &str,
+    (base, model): (&str, &str),
     messages: &[Value],
     key: Option<&str>,
     max_tokens: usize,
 ) -> (f64, String, u64, u64) {
     let mut body = json!({
-        "model": "smol", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+        "model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
         "stream": true, "stream_options": {"include_usage": true},
     });
     if let Some(k) = key {
@@ -121,12 +127,22 @@ struct Shape {
     think_ms: u64,
 }
 
-async fn replay(client: &reqwest::Client, base: &str, keys: bool, s: Shape, run: usize) -> Replay {
+/// Where a replay's turns go: the servers (a conversation's turns each to the next, as a
+/// round-robin balancer in front of replicas sends them), the model, whether keys are sent.
+#[derive(Clone)]
+struct Side {
+    bases: Vec<String>,
+    model: &'static str,
+    keys: bool,
+}
+
+async fn replay(client: &reqwest::Client, side: &Side, s: Shape, run: usize) -> Replay {
     let gate = Arc::new(Semaphore::new(s.at_once));
     let began = Instant::now();
+    let keys = side.keys;
     let handles: Vec<_> = (0..s.conversations)
         .map(|k| {
-            let (client, base, gate) = (client.clone(), base.to_string(), gate.clone());
+            let (client, side, gate) = (client.clone(), side.clone(), gate.clone());
             tokio::spawn(async move {
                 let _one = gate.acquire_owned().await.expect("gate");
                 // a fresh conversation each run: nothing of it cached before
@@ -135,7 +151,9 @@ async fn replay(client: &reqwest::Client, base: &str, keys: bool, s: Shape, run:
                     vec![json!({"role": "user", "content": format!("Run {run}. {}", opening(k))})];
                 let mut out = Vec::new();
                 for t in 0..s.turns {
-                    let r = turn(&client, &base, &messages, key.as_deref(), s.max_tokens).await;
+                    let base = &side.bases[(k + t) % side.bases.len()];
+                    let to = (base.as_str(), side.model);
+                    let r = turn(&client, to, &messages, key.as_deref(), s.max_tokens).await;
                     messages.push(json!({"role": "assistant", "content": r.1}));
                     messages
                         .push(json!({"role": "user", "content": format!("And on day {}?", t + 3)}));
@@ -213,15 +231,23 @@ async fn main() {
         blocks += std::hint::black_box(pool_manager::prefix_chain(&tokens)).len();
     }
     let chain_us = t0.elapsed().as_secs_f64() * 1e6 / n as f64;
-    let remote = full && std::env::var("TOPOLOGY").is_ok_and(|t| t == "remote");
+    let topology = if full {
+        std::env::var("TOPOLOGY").unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let (remote, replicas) = (topology == "remote", topology == "replicas");
     const SECRET: &str = "prefix-replay";
-    let pools = |extra: &str| {
+    // a server's pools: two local ones, or one and a remote worker, or (a replica) one
+    let pools = |extra: &str, alias: &str| {
         let local = format!(
-            "[[pools]]\nid = \"a\"\nmodel = \"{m}\"\nalias = \"smol\"\nslots = 4\nctx = 2048\n",
+            "[[pools]]\nid = \"a\"\nmodel = \"{m}\"\nalias = \"{alias}\"\nslots = 4\nctx = 2048\n",
             m = model.display()
         );
         if remote {
             format!("{extra}[workers]\nsecret = \"{SECRET}\"\njoin_local_models = true\n{local}")
+        } else if replicas {
+            format!("{extra}[cluster]\nstream_replicas = 1\nheartbeat_ms = 500\n\n{local}")
         } else {
             format!(
                 "{extra}{local}{}",
@@ -238,14 +264,43 @@ async fn main() {
             procs::worker(base, SECRET, "w", &cfg, &[])
         })
     };
-    let quiet = [("RUST_LOG", "warn")];
+    // both sides' replicas on one NATS node, each side its own model name (so its own queue)
+    let nats = if replicas {
+        Some(nats::NatsCluster::start(1).await)
+    } else {
+        None
+    };
+    let urls = nats.as_ref().map(|n| n.urls()).unwrap_or_default();
     let client = reqwest::Client::new();
-    let (_cache, cache_base) = procs::server_env_answering(&pools(""), &quiet).await;
-    let _cache_worker = worker_of(&cache_base);
-    wait_ready(&client, &cache_base, 2).await;
+    let mut procs_kept = Vec::new();
+    let side = |name: &str, config: String, model: &'static str, keys: bool| {
+        let (client, urls, name) = (client.clone(), urls.clone(), name.to_string());
+        let mut kept = Vec::new();
+        async move {
+            let mut bases = Vec::new();
+            let n = if replicas { 2 } else { 1 };
+            for i in 0..n {
+                let id = format!("{name}{i}");
+                let mut env = vec![("RUST_LOG", "warn")];
+                if replicas {
+                    env.push(("ORCHD_CLUSTER_NATS", urls.as_str()));
+                    env.push(("ORCHD_REPLICA_ID", id.as_str()));
+                }
+                let (p, base) = procs::server_env_answering(&config, &env).await;
+                kept.push((p, worker_of(&base)));
+                bases.push(base);
+            }
+            for base in &bases {
+                wait_ready(&client, base, 2).await;
+            }
+            (Side { bases, model, keys }, kept)
+        }
+    };
+    let (cache, kept) = side("c", pools("", "smol"), "smol", true).await;
+    procs_kept.push(kept);
     if !full {
         // the smoke test: one conversation through the cache-aware server, its turns placed
-        let r = replay(&client, &cache_base, true, shape, 0).await;
+        let r = replay(&client, &cache, shape, 0).await;
         assert!(r.hit > 0.0, "a later turn reused its conversation's prefix");
         println!(
             "prefix replay smoke: {:.0} % of prompt tokens from cache",
@@ -253,10 +308,9 @@ async fn main() {
         );
         return;
     }
-    let load_only = pools("[placement]\nmin_cached_tokens = 1000000000\n");
-    let (_load, load_base) = procs::server_env_answering(&load_only, &quiet).await;
-    let _load_worker = worker_of(&load_base);
-    wait_ready(&client, &load_base, 2).await;
+    let load_only = pools("[placement]\nmin_cached_tokens = 1000000000\n", "smol-l");
+    let (load, kept) = side("l", load_only, "smol-l", false).await;
+    procs_kept.push(kept);
     println!(
         "prefix replay: {pairs} pairs x {} conversations of {} turns, {} at once, {} tokens per answer, pauses of 0-{} ms between turns; {}",
         shape.conversations,
@@ -266,6 +320,8 @@ async fn main() {
         shape.think_ms,
         if remote {
             "a local pool and a remote worker of 4 slots each"
+        } else if replicas {
+            "two replicas (one NATS node) of a 4-slot pool each, turns sent to them in turn"
         } else {
             "two pools of 4 slots"
         }
@@ -276,13 +332,9 @@ async fn main() {
     );
     let mut rows: [Vec<Replay>; 2] = [Vec::new(), Vec::new()];
     for pair in 0..pairs {
-        for side in if pair % 2 == 0 { [0, 1] } else { [1, 0] } {
-            let (base, keys) = if side == 0 {
-                (&cache_base, true)
-            } else {
-                (&load_base, false)
-            };
-            rows[side].push(replay(&client, base, keys, shape, pair).await);
+        for i in if pair % 2 == 0 { [0, 1] } else { [1, 0] } {
+            let side = if i == 0 { &cache } else { &load };
+            rows[i].push(replay(&client, side, shape, pair).await);
         }
     }
     println!(

@@ -769,6 +769,10 @@ pub struct ClusterConfig {
     /// many times ends `REPLICA_EXHAUSTED` instead of being taken again (the first run and
     /// two requeues by default).
     pub max_deliveries: u32,
+    /// How long the other pools leave a queued task to the pool of the cluster holding the
+    /// longest cached prefix of its prompt before they may take it (PLACE-8); 0: no head
+    /// start, the first pool with a free slot takes it.
+    pub head_start_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -782,6 +786,7 @@ impl Default for ClusterConfig {
             ack_wait_ms: 10_000,
             relay_max_bytes: 256 << 20,
             max_deliveries: 3,
+            head_start_ms: 100,
         }
     }
 }
@@ -817,6 +822,12 @@ impl ClusterConfig {
             return Err(format!(
                 "cluster.max_deliveries must be between 1 and 10, got {}",
                 self.max_deliveries
+            ));
+        }
+        if self.head_start_ms > 10_000 {
+            return Err(format!(
+                "cluster.head_start_ms must be at most 10000, got {}",
+                self.head_start_ms
             ));
         }
         if self.relay_max_bytes < 1 << 20 {

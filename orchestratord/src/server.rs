@@ -364,6 +364,18 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
     let directory = cluster.directory().clone();
     let stop = state.shutdown.clone();
     tokio::spawn(async move { directory.follow(stop).await });
+    // what every replica's pools hold (PLACE-8): this one's out, the others' in
+    let (c, st) = (cluster.clone(), state.clone());
+    tokio::spawn(async move {
+        c.publish_held(st.lifecycle.clone(), st.shutdown.clone())
+            .await
+    });
+    let (c, stop) = (cluster.clone(), state.shutdown.clone());
+    tokio::spawn(async move {
+        if let Err(e) = c.follow_held(stop).await {
+            tracing::error!(error = %e, "cluster: cannot follow what the other replicas hold");
+        }
+    });
     // the others' cancels of tasks this replica holds
     let (st, c, taker) = (state.clone(), cluster.clone(), path.clone());
     tokio::spawn(async move {

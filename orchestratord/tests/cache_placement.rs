@@ -224,3 +224,107 @@ async fn turns_follow_their_conversation_to_a_remote_worker() {
         "the first turns spread over the local pool and the worker: {firsts:?}"
     );
 }
+
+/// PLACE-8: over two replicas (real processes on a 3-node JetStream cluster, a 2-slot pool
+/// of the real model each), every later turn of a conversation — admitted on either replica,
+/// in turn — is taken by the replica whose pool holds its history (the others give it a head
+/// start: 1 s here, where the test binary's other tests load the two cores and a JetStream
+/// fetch can take a few hundred ms), and reuses it there. Without the head start the first
+/// replica to look takes it: each turn a coin toss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn turns_follow_their_conversation_across_replicas() {
+    let nats = support::nats::NatsCluster::start(3).await;
+    let urls = nats.urls();
+    let cfg = format!(
+        "[cluster]\nheartbeat_ms = 200\nhead_start_ms = 1000\n\n[[pools]]\nid = \"p\"\nmodel = \"{}\"\nalias = \"smollm2\"\nslots = 2\nctx = 1024\nthreads = 1\n",
+        default_model_path()
+    );
+    let (mut procs, mut bases) = (Vec::new(), Vec::new());
+    for name in ["r0", "r1"] {
+        let env = [
+            ("ORCHD_CLUSTER_NATS", urls.as_str()),
+            ("ORCHD_REPLICA_ID", name),
+            ("RUST_LOG", "info,orchestratord::cluster=debug"),
+        ];
+        let (p, base) = support::procs::server_env(&cfg, &env).await;
+        procs.push(p);
+        bases.push(base);
+    }
+    let logs = || {
+        procs
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("--- r{i}\n{}", p.log_text()))
+            .collect::<String>()
+    };
+    for base in &bases {
+        assert!(
+            support::procs::lists_pools(base, 2, Duration::from_secs(30)).await,
+            "{base} does not list both replicas' pools:\n{}",
+            logs()
+        );
+    }
+    // one conversation: each turn admitted on the replica after the last one's, its history
+    // resent; (replica it ran on, cached tokens) per turn
+    let converse = |k: usize| {
+        let bases = bases.clone();
+        async move {
+            let mut messages = vec![json!({"role": "user", "content": opening(k)})];
+            let mut turns = Vec::new();
+            for t in 0..TURNS {
+                let base = &bases[(k + t) % 2];
+                let body = json!({"messages": messages, "max_tokens": 8, "temperature": 0, "model": "smollm2"});
+                let id = support::task_client::submit_ok(base, body).await;
+                let events = support::task_client::read_stream(base, &id, None, |_| false).await;
+                let end = events
+                    .iter()
+                    .find(|e| e.event == "end")
+                    .unwrap_or_else(|| panic!("conversation {k} turn {t}: {events:?}"));
+                let cached = end.data["cached_tokens"].as_u64().unwrap_or(0);
+                // where it ran, as the running replica said (its record, once stored)
+                let mut replica = String::new();
+                for _ in 0..100 {
+                    let record: serde_json::Value =
+                        reqwest::get(format!("{base}/v1/artifacts/{id}"))
+                            .await
+                            .unwrap()
+                            .json()
+                            .await
+                            .unwrap_or_default();
+                    if let Some(r) = record["replica"].as_str() {
+                        replica = r.to_string();
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                turns.push((replica, cached));
+                messages.push(
+                    json!({"role": "assistant", "content": support::task_client::text_of(&events)}),
+                );
+                messages
+                    .push(json!({"role": "user", "content": format!("And question {}?", t + 2)}));
+                // the user reads the answer; what the pool holds now reaches the other replica
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+            turns
+        }
+    };
+    // two conversations at a time: their replica has a slot for each
+    let mut later = Vec::new();
+    for pair in [[0, 1], [2, 3]] {
+        let (a, b) = tokio::join!(converse(pair[0]), converse(pair[1]));
+        for (k, turns) in pair.into_iter().zip([a, b]) {
+            for (t, (replica, cached)) in turns.iter().enumerate().skip(1) {
+                later.push(format!(
+                    "conversation {k} turn {t}: on {replica} (turn {} on {}), cached {cached}",
+                    t - 1,
+                    turns[t - 1].0
+                ));
+                let ok = *replica == turns[t - 1].0 && *cached >= 128;
+                if !ok {
+                    panic!("{}\n{}", later.join("\n"), logs());
+                }
+            }
+        }
+    }
+}

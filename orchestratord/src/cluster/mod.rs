@@ -13,6 +13,8 @@ mod ask;
 pub mod cancel;
 mod error;
 pub mod event_relay;
+mod head_start;
+pub mod held_prefixes;
 mod mirror;
 pub mod pool_directory;
 pub mod record_stream;
@@ -37,6 +39,8 @@ pub use pool_directory::PoolDirectory;
 pub struct Cluster {
     replica: String,
     directory: Arc<PoolDirectory>,
+    /// What the other replicas' pools hold (`held_prefixes.rs`).
+    held: held_prefixes::HeldIndex,
     client: async_nats::Client,
     js: jetstream::Context,
     stream_replicas: usize,
@@ -109,6 +113,7 @@ impl Cluster {
         Ok(Self {
             replica: cfg.replica_id.clone(),
             directory: Arc::new(directory),
+            held: held_prefixes::HeldIndex::new(&cfg.replica_id),
             client,
             js,
             stream_replicas: cfg.stream_replicas,
@@ -155,10 +160,14 @@ impl Cluster {
     }
 
     /// Tells the replicas taking from queue `queue` that a task is in it (core NATS, at most
-    /// once: a replica that misses it finds the task at its next look).
-    pub async fn nudge(&self, queue: &str) {
+    /// once: a replica that misses it finds the task at its next look), and which pool the
+    /// others leave it to for a moment (`head_start.rs`).
+    pub async fn nudge(&self, queue: &str, prefer: Option<&head_start::Preference>) {
         let subject = format!("orchd.nudge.{}", subject_token::subject_token(queue));
-        if let Err(e) = self.client.publish(subject, bytes::Bytes::new()).await {
+        let payload = prefer
+            .and_then(|p| serde_json::to_vec(p).ok())
+            .unwrap_or_default();
+        if let Err(e) = self.client.publish(subject, payload.into()).await {
             tracing::debug!(error = %e, "cluster: nudge not sent");
         }
     }
@@ -184,6 +193,11 @@ impl Cluster {
     /// Every live replica's pools.
     pub fn directory(&self) -> &Arc<PoolDirectory> {
         &self.directory
+    }
+
+    /// What the other replicas' pools hold.
+    pub fn held(&self) -> &held_prefixes::HeldIndex {
+        &self.held
     }
 }
 

@@ -115,10 +115,27 @@ impl TaskPath {
             if matches!(took, Ok(Take::Empty)) {
                 // until a replica admits a task here, or a look anyway (a task handed back, or
                 // given up by a replica that stopped, comes without a nudge)
-                tokio::select! {
-                    _ = nudges.next() => {}
-                    _ = tokio::time::sleep(LOOK_EVERY) => {}
+                let nudge = tokio::select! {
+                    n = nudges.next() => n,
+                    _ = tokio::time::sleep(LOOK_EVERY) => None,
                     _ = state.shutdown.cancelled() => return,
+                };
+                // a task left to the pool holding its prefix: this one looks after its head
+                // start, or sooner for a task left to no one or to this pool
+                let mut hold = nudge.and_then(|n| self.hold_for(&state, &pool_id, &n.payload));
+                while let Some(left) = hold.take() {
+                    let until = tokio::time::Instant::now() + left;
+                    tokio::select! {
+                        n = nudges.next() => {
+                            let again = n.map(|n| self.hold_for(&state, &pool_id, &n.payload));
+                            if let Some(Some(_)) = again {
+                                hold = Some(until.saturating_duration_since(tokio::time::Instant::now()))
+                                    .filter(|d| !d.is_zero());
+                            }
+                        }
+                        _ = tokio::time::sleep_until(until) => {}
+                        _ = state.shutdown.cancelled() => return,
+                    }
                 }
                 continue;
             }
@@ -146,6 +163,12 @@ impl TaskPath {
                 }
             }
         }
+    }
+
+    /// How long pool `pool_id` leaves its queues alone after a nudge carrying `payload`.
+    fn hold_for(&self, state: &Lifecycle, pool_id: &str, payload: &[u8]) -> Option<Duration> {
+        let cap = Duration::from_millis(state.cfg.cluster.head_start_ms);
+        super::head_start::hold_for(payload, self.cluster.replica(), pool_id, cap)
     }
 
     /// The events of `task_id` on the relay so far and the last one's id, waiting a moment

@@ -299,8 +299,12 @@ impl TaskPath {
             }
         };
         tracing::debug!(task_id = %task.id, started_id = id, "task announced");
-        // now the task can start: the replicas taking from its queue may look
-        self.cluster.nudge(&QueueKey::of(task).name()).await;
+        // now the task can start: the replicas taking from its queue may look, the pool
+        // holding its prefix first
+        let prefer = super::head_start::preferred(&self.cluster, state, task);
+        self.cluster
+            .nudge(&QueueKey::of(task).name(), prefer.as_ref())
+            .await;
         self.spawn_feeder(state.clone(), task.clone(), Box::pin(events));
         Ok(())
     }

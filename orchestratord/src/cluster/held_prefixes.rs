@@ -1,0 +1,418 @@
+//! What every replica's pools hold (PLACE-8): each replica publishes, per local pool whose
+//! engine says what it holds, the block hashes of its cached prefixes (`engine_port::prefix`)
+//! on core NATS `orchd.held.<replica>` — what was added and evicted since the last message,
+//! every [`PUBLISH_EVERY`] while it changes, and the whole set every [`FULL_EVERY`] — and
+//! follows the others'. Fire and forget: no message is on a request's path, and one lost is
+//! found by the next message's sequence number (the pool counts for nothing until its next
+//! whole set). The index is bounded: [`MAX_REPLICAS`] replicas, [`MAX_POOLS`] pools each,
+//! [`MAX_INDEX_BLOCKS`] blocks in all; a pool silent for [`STALE_AFTER`] counts for nothing.
+//!
+//! Admission reads it to give the replica holding a task's prefix a head start on taking it
+//! (`head_start.rs`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use futures::StreamExt;
+use pool_manager::CachedPrefixes;
+use serde::{Deserialize, Serialize};
+
+use super::subject_token::subject_token;
+use super::ClusterError;
+use crate::lifecycle::state::Lifecycle;
+
+/// How often a replica looks whether its pools' prefixes changed.
+pub const PUBLISH_EVERY: Duration = Duration::from_millis(50);
+/// How often each pool's whole set goes out (a reader that missed a message recovers).
+pub const FULL_EVERY: Duration = Duration::from_secs(5);
+/// A pool not heard from for this long counts for nothing.
+pub const STALE_AFTER: Duration = Duration::from_secs(15);
+/// Other replicas indexed at most.
+const MAX_REPLICAS: usize = 256;
+/// Pools of one replica indexed at most.
+const MAX_POOLS: usize = 64;
+/// Block hashes indexed at most, every replica's together (8 bytes and a set's overhead each).
+pub const MAX_INDEX_BLOCKS: usize = 1 << 20;
+/// Block hashes in one message at most (a whole set goes in several: 64 KiB of hashes each).
+const HASHES_PER_MESSAGE: usize = 8192;
+
+/// One message: a pool's changes since its previous message, or (`full`) its whole set, or
+/// (`gone`) the pool's end.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+struct HeldUpdate {
+    replica: String,
+    pool: String,
+    /// The model the pool serves (its alias: the queue it takes from).
+    model: String,
+    /// One more than the pool's previous message.
+    seq: u64,
+    #[serde(default)]
+    full: bool,
+    #[serde(default)]
+    gone: bool,
+    /// Block hashes as little-endian `u64`s, base64.
+    #[serde(default)]
+    added: String,
+    #[serde(default)]
+    evicted: String,
+}
+
+fn encode(hashes: &[u64]) -> String {
+    let bytes: Vec<u8> = hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+fn decode(text: &str) -> Option<Vec<u64>> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .ok()?;
+    if bytes.len() % 8 != 0 {
+        return None;
+    }
+    Some(
+        bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect(),
+    )
+}
+
+/// Another replica's pool, as its messages say.
+struct PeerPool {
+    model: String,
+    seq: u64,
+    blocks: CachedPrefixes,
+    /// Every message since its last whole set arrived (else it counts for nothing).
+    complete: bool,
+    heard: Instant,
+}
+
+/// The other replicas' pools and what they hold.
+pub struct HeldIndex {
+    replica: String,
+    peers: Mutex<HashMap<String, HashMap<String, PeerPool>>>,
+}
+
+impl HeldIndex {
+    pub fn new(replica: &str) -> Self {
+        Self {
+            replica: replica.to_string(),
+            peers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// For every other replica with a pool serving `model` that holds part of `chain` (a
+    /// task's prefix blocks), the longest prefix one of its pools holds: (replica, pool,
+    /// tokens).
+    pub fn holders(&self, model: &str, chain: &[u64]) -> Vec<(String, String, usize)> {
+        if chain.is_empty() {
+            return Vec::new();
+        }
+        let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for (replica, pools) in peers.iter() {
+            let best = pools
+                .iter()
+                .filter(|(_, p)| p.complete && p.model == model && p.heard.elapsed() < STALE_AFTER)
+                .map(|(id, p)| (id, p.blocks.held_tokens(chain)))
+                .filter(|&(_, held)| held > 0)
+                .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(a.0)));
+            if let Some((pool, held)) = best {
+                out.push((replica.clone(), pool.clone(), held));
+            }
+        }
+        out
+    }
+
+    /// Block hashes indexed now, every replica's together.
+    pub fn blocks(&self) -> usize {
+        let peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        peers
+            .values()
+            .flat_map(|pools| pools.values())
+            .map(|p| p.blocks.blocks())
+            .sum()
+    }
+
+    /// Takes one message in.
+    fn take(&self, u: HeldUpdate) {
+        if u.replica == self.replica {
+            return;
+        }
+        let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
+        if u.gone {
+            if let Some(pools) = peers.get_mut(&u.replica) {
+                pools.remove(&u.pool);
+                if pools.is_empty() {
+                    peers.remove(&u.replica);
+                }
+            }
+            return;
+        }
+        let (Some(added), Some(evicted)) = (decode(&u.added), decode(&u.evicted)) else {
+            tracing::debug!(replica = %u.replica, pool = %u.pool, "cluster: unreadable held prefixes");
+            return;
+        };
+        // room left in the index for this pool: the bound counts every other pool's blocks
+        let others: usize = peers
+            .iter()
+            .flat_map(|(r, pools)| pools.iter().map(move |(id, p)| (r, id, p)))
+            .filter(|(r, id, _)| **r != u.replica || **id != u.pool)
+            .map(|(_, _, p)| p.blocks.blocks())
+            .sum();
+        let room = MAX_INDEX_BLOCKS.saturating_sub(others);
+        if !peers.contains_key(&u.replica) && peers.len() >= MAX_REPLICAS {
+            return;
+        }
+        let pools = peers.entry(u.replica.clone()).or_default();
+        if !pools.contains_key(&u.pool) && pools.len() >= MAX_POOLS {
+            return;
+        }
+        let now = Instant::now();
+        let pool = pools.entry(u.pool.clone()).or_insert_with(|| PeerPool {
+            model: u.model.clone(),
+            seq: 0,
+            blocks: CachedPrefixes::default(),
+            complete: false,
+            heard: now,
+        });
+        if u.full {
+            pool.blocks = CachedPrefixes::from_blocks(added.into_iter().take(room));
+            pool.complete = true;
+        } else if pool.complete && u.seq == pool.seq + 1 {
+            let fits = room.saturating_sub(pool.blocks.blocks());
+            pool.blocks.apply(&added[..added.len().min(fits)], &evicted);
+        } else {
+            // a message missed: nothing counts until the next whole set
+            pool.complete = false;
+        }
+        pool.model = u.model;
+        pool.seq = u.seq;
+        pool.heard = now;
+    }
+}
+
+/// What this replica last published of one pool.
+struct Published {
+    held: Arc<CachedPrefixes>,
+    seq: u64,
+    full_at: Instant,
+}
+
+/// This replica's side: the messages that say what its pools hold now, given what it said
+/// before (`last`, updated).
+fn updates(
+    replica: &str,
+    state: &Lifecycle,
+    last: &mut HashMap<String, Published>,
+) -> Vec<HeldUpdate> {
+    let mut out = Vec::new();
+    let mut seen = Vec::new();
+    for pool in state.pools.all() {
+        let Some(held) = pool.engine().and_then(|e| e.cached_prefixes()) else {
+            continue;
+        };
+        let id = pool.id().to_string();
+        seen.push(id.clone());
+        let model = pool.spec().model_alias.clone();
+        let msg = |seq: u64, full: bool, added: &[u64], evicted: &[u64]| HeldUpdate {
+            replica: replica.to_string(),
+            pool: id.clone(),
+            model: model.clone(),
+            seq,
+            full,
+            gone: false,
+            added: encode(added),
+            evicted: encode(evicted),
+        };
+        let (seq, whole) = match last.get(&id) {
+            Some(p) if p.full_at.elapsed() < FULL_EVERY => {
+                if Arc::ptr_eq(&p.held, &held) || *p.held == *held {
+                    continue;
+                }
+                let (added, evicted) = held.changes_from(&p.held);
+                let mut seq = p.seq;
+                let mut evicted = Some(evicted);
+                for chunk in added.chunks(HASHES_PER_MESSAGE).chain(
+                    // only evictions: one message
+                    added.is_empty().then_some(&[][..]),
+                ) {
+                    seq += 1;
+                    out.push(msg(seq, false, chunk, &evicted.take().unwrap_or_default()));
+                }
+                (seq, false)
+            }
+            prev => {
+                let hashes: Vec<u64> = held.hashes().collect();
+                let mut seq = prev.map_or(0, |p| p.seq);
+                for (i, chunk) in hashes
+                    .chunks(HASHES_PER_MESSAGE)
+                    .chain(hashes.is_empty().then_some(&[][..]))
+                    .enumerate()
+                {
+                    seq += 1;
+                    out.push(msg(seq, i == 0, chunk, &[]));
+                }
+                (seq, true)
+            }
+        };
+        let full_at = match (whole, last.get(&id)) {
+            (false, Some(p)) => p.full_at,
+            _ => Instant::now(),
+        };
+        last.insert(id, Published { held, seq, full_at });
+    }
+    // pools gone (removed, or an engine that no longer says): their end
+    let gone: Vec<String> = last
+        .keys()
+        .filter(|id| !seen.contains(id))
+        .cloned()
+        .collect();
+    for id in gone {
+        if let Some(p) = last.remove(&id) {
+            out.push(HeldUpdate {
+                replica: replica.to_string(),
+                pool: id,
+                model: String::new(),
+                seq: p.seq + 1,
+                full: false,
+                gone: true,
+                added: String::new(),
+                evicted: String::new(),
+            });
+        }
+    }
+    out
+}
+
+fn subject(replica: &str) -> String {
+    format!("orchd.held.{}", subject_token(replica))
+}
+
+impl super::Cluster {
+    /// What this replica's pools hold, put out until `stop` (see the module's text).
+    pub async fn publish_held(
+        &self,
+        state: Arc<Lifecycle>,
+        stop: tokio_util::sync::CancellationToken,
+    ) {
+        let mut last = HashMap::new();
+        let mut tick = tokio::time::interval(PUBLISH_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let subject = subject(self.replica());
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            for u in updates(self.replica(), &state, &mut last) {
+                let Ok(payload) = serde_json::to_vec(&u) else {
+                    continue;
+                };
+                if let Err(e) = self.client.publish(subject.clone(), payload.into()).await {
+                    tracing::debug!(error = %e, "cluster: held prefixes not sent");
+                }
+            }
+        }
+    }
+
+    /// Follows the other replicas' messages into `self.held()` until `stop`.
+    pub async fn follow_held(
+        &self,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Result<(), ClusterError> {
+        let mut sub = self
+            .client
+            .subscribe("orchd.held.*")
+            .await
+            .map_err(ClusterError::jetstream)?;
+        loop {
+            let msg = tokio::select! {
+                _ = stop.cancelled() => return Ok(()),
+                m = sub.next() => m,
+            };
+            let Some(msg) = msg else {
+                return Ok(());
+            };
+            match serde_json::from_slice::<HeldUpdate>(&msg.payload) {
+                Ok(u) => self.held().take(u),
+                Err(e) => tracing::debug!(error = %e, "cluster: unreadable held prefixes"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn update(seq: u64, full: bool, added: &[u64], evicted: &[u64]) -> HeldUpdate {
+        HeldUpdate {
+            replica: "r2".into(),
+            pool: "p".into(),
+            model: "m".into(),
+            seq,
+            full,
+            gone: false,
+            added: encode(added),
+            evicted: encode(evicted),
+        }
+    }
+
+    const B: usize = pool_manager::PREFIX_BLOCK_TOKENS;
+
+    /// PLACE-8: a peer's whole set, then its changes, count; a missed message makes the pool
+    /// count for nothing until its next whole set; a pool's end removes it; the replica's own
+    /// messages are not indexed.
+    #[test]
+    fn changes_apply_in_order_and_a_gap_waits_for_the_next_whole_set() {
+        let ix = HeldIndex::new("r1");
+        ix.take(update(1, true, &[1, 2], &[]));
+        assert_eq!(
+            ix.holders("m", &[1, 2, 3]),
+            vec![("r2".into(), "p".into(), 2 * B)]
+        );
+        assert!(ix.holders("other-model", &[1, 2]).is_empty());
+        ix.take(update(2, false, &[3], &[2]));
+        assert_eq!(ix.holders("m", &[1, 2, 3])[0].2, B);
+        assert_eq!(ix.holders("m", &[1, 3])[0].2, 2 * B);
+        // seq 3 lost: 4 does not count, nor anything until a whole set
+        ix.take(update(4, false, &[5], &[]));
+        assert!(ix.holders("m", &[1, 3]).is_empty());
+        ix.take(update(5, true, &[7], &[]));
+        assert_eq!(ix.holders("m", &[7])[0].2, B);
+        assert!(ix.holders("m", &[1]).is_empty());
+        let mut own = update(1, true, &[9], &[]);
+        own.replica = "r1".into();
+        ix.take(own);
+        assert!(ix.holders("m", &[9]).is_empty());
+        let mut gone = update(6, false, &[], &[]);
+        gone.gone = true;
+        ix.take(gone);
+        assert_eq!(ix.blocks(), 0);
+    }
+
+    /// The wire form round-trips, and a payload that is not whole hashes is refused.
+    #[test]
+    fn hashes_round_trip() {
+        let h = [0u64, 1, u64::MAX, 0x0123_4567_89ab_cdef];
+        assert_eq!(decode(&encode(&h)).as_deref(), Some(&h[..]));
+        assert_eq!(decode("AAAA"), None);
+        assert_eq!(decode("not base64!"), None);
+    }
+
+    /// PLACE-8: the index never holds more than its bound, however much peers send.
+    #[test]
+    fn the_index_is_bounded() {
+        let ix = HeldIndex::new("r1");
+        let many: Vec<u64> = (0..(MAX_INDEX_BLOCKS as u64 + 10)).collect();
+        for (i, chunk) in many.chunks(HASHES_PER_MESSAGE * 4).enumerate() {
+            let mut u = update(1, true, chunk, &[]);
+            u.pool = format!("p{i}");
+            ix.take(u);
+        }
+        assert!(ix.blocks() <= MAX_INDEX_BLOCKS, "{}", ix.blocks());
+    }
+}
