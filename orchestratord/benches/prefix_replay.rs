@@ -10,7 +10,10 @@
 //! a remote worker (an `orchestratord worker` process with its own 4-slot pool of the model,
 //! `workers.join_local_models`) instead of two local pools (PLACE-6). `TOPOLOGY=replicas`: two
 //! replicas on one NATS node, a 4-slot pool each, each conversation's turns sent to them in
-//! turn (PLACE-8; needs `ci/install-nats.sh`).
+//! turn (PLACE-8; needs `ci/install-nats.sh`). `TOPOLOGY=llama-server`: one 4-slot pool of
+//! ours against llama-server (`LLAMA_SERVER=<binary>`, 4 slots of 2,048 positions, 2 threads)
+//! on the same replay: what each serves from its cache (its `cached_tokens`, llama-server's
+//! `timings.cache_n`). `PROMPT_CACHE_MIB`: our pools' host-memory prompt cache.
 //!
 //! `cargo bench -p orchestratord --bench prefix_replay` (env `PAIRS`, `CONVERSATIONS`,
 //! `TURNS`, `AT_ONCE`, `MAX_TOKENS`, `THINK_MS`); under `cargo test` one conversation of two turns
@@ -37,14 +40,14 @@ use tokio::sync::Semaphore;
 
 use support::{env_or, median, wait_ready};
 
-/// One streamed turn: (TTFT ms, the answer, prompt tokens, cached tokens).
+/// One streamed turn: (TTFT ms, the answer, prompt tokens, cached tokens, answer tokens).
 async fn turn(
     client: &reqwest::Client,
     (base, model): (&str, &str),
     messages: &[Value],
     key: Option<&str>,
     max_tokens: usize,
-) -> (f64, String, u64, u64) {
+) -> (f64, String, u64, u64, u64) {
     let mut body = json!({
         "model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0,
         "stream": true, "stream_options": {"include_usage": true},
@@ -91,6 +94,7 @@ async fn turn(
         usage["prompt_tokens_details"]["cached_tokens"]
             .as_u64()
             .unwrap_or(0),
+        usage["completion_tokens"].as_u64().unwrap_or(0),
     )
 }
 
@@ -112,7 +116,11 @@ fn opening(k: usize) -> String {
 struct Replay {
     ttft_p50: f64,
     ttft_p90: f64,
+    /// Prompt tokens served from cache, of every prompt token.
     hit: f64,
+    /// Cached tokens of the turns after the first, of the history they resent (the previous
+    /// turn's prompt and answer).
+    history_hit: f64,
     wall_s: f64,
 }
 
@@ -157,7 +165,7 @@ async fn replay(client: &reqwest::Client, side: &Side, s: Shape, run: usize) -> 
                     messages.push(json!({"role": "assistant", "content": r.1}));
                     messages
                         .push(json!({"role": "user", "content": format!("And on day {}?", t + 3)}));
-                    out.push((t, r.0, r.2, r.3));
+                    out.push((t, r.0, r.2, r.3, r.4));
                     if s.think_ms > 0 {
                         let pause = (k as u64 * 7919 + t as u64 * 104_729) % s.think_ms;
                         tokio::time::sleep(Duration::from_millis(pause)).await;
@@ -168,11 +176,16 @@ async fn replay(client: &reqwest::Client, side: &Side, s: Shape, run: usize) -> 
         })
         .collect();
     let (mut ttfts, mut prompt, mut cached) = (Vec::new(), 0u64, 0u64);
+    let (mut resent, mut resent_cached) = (0u64, 0u64);
     for h in handles {
-        for (t, ttft, p, c) in h.await.expect("conversation") {
+        let mut before = 0;
+        for (t, ttft, p, c, answer) in h.await.expect("conversation") {
             if t > 0 {
                 ttfts.push(ttft);
+                resent += before;
+                resent_cached += c.min(before);
             }
+            before = p + answer;
             prompt += p;
             cached += c;
         }
@@ -181,6 +194,7 @@ async fn replay(client: &reqwest::Client, side: &Side, s: Shape, run: usize) -> 
         ttft_p50: percentile(&mut ttfts, 0.5),
         ttft_p90: percentile(&mut ttfts, 0.9),
         hit: cached as f64 / prompt.max(1) as f64,
+        history_hit: resent_cached as f64 / resent.max(1) as f64,
         wall_s: began.elapsed().as_secs_f64(),
     }
 }
@@ -237,17 +251,24 @@ async fn main() {
         String::new()
     };
     let (remote, replicas) = (topology == "remote", topology == "replicas");
+    let llama = topology == "llama-server";
     const SECRET: &str = "prefix-replay";
     // a server's pools: two local ones, or one and a remote worker, or (a replica) one
+    // env PROMPT_CACHE_MIB: each pool's host-memory prompt cache (else the default)
+    let cache_mib = std::env::var("PROMPT_CACHE_MIB")
+        .map(|m| format!("prompt_cache_mib = {m}\n"))
+        .unwrap_or_default();
     let pools = |extra: &str, alias: &str| {
         let local = format!(
-            "[[pools]]\nid = \"a\"\nmodel = \"{m}\"\nalias = \"{alias}\"\nslots = 4\nctx = 2048\n",
+            "[[pools]]\nid = \"a\"\nmodel = \"{m}\"\nalias = \"{alias}\"\nslots = 4\nctx = 2048\n{cache_mib}",
             m = model.display()
         );
         if remote {
             format!("{extra}[workers]\nsecret = \"{SECRET}\"\njoin_local_models = true\n{local}")
         } else if replicas {
             format!("{extra}[cluster]\nstream_replicas = 1\nheartbeat_ms = 500\n\n{local}")
+        } else if llama {
+            format!("{extra}{local}")
         } else {
             format!(
                 "{extra}{local}{}",
@@ -291,7 +312,7 @@ async fn main() {
                 bases.push(base);
             }
             for base in &bases {
-                wait_ready(&client, base, 2).await;
+                wait_ready(&client, base, if llama { 1 } else { 2 }).await;
             }
             (Side { bases, model, keys }, kept)
         }
@@ -308,9 +329,21 @@ async fn main() {
         );
         return;
     }
-    let load_only = pools("[placement]\nmin_cached_tokens = 1000000000\n", "smol-l");
-    let (load, kept) = side("l", load_only, "smol-l", false).await;
-    procs_kept.push(kept);
+    let (load, _llama_proc) = if llama {
+        let binary = std::env::var("LLAMA_SERVER").expect("LLAMA_SERVER: a llama-server binary");
+        let (p, base) = llama_server(&binary, &model).await;
+        let side = Side {
+            bases: vec![base],
+            model: "smol",
+            keys: false,
+        };
+        (side, Some(p))
+    } else {
+        let load_only = pools("[placement]\nmin_cached_tokens = 1000000000\n", "smol-l");
+        let (load, kept) = side("l", load_only, "smol-l", false).await;
+        procs_kept.push(kept);
+        (load, None)
+    };
     println!(
         "prefix replay: {pairs} pairs x {} conversations of {} turns, {} at once, {} tokens per answer, pauses of 0-{} ms between turns; {}",
         shape.conversations,
@@ -322,6 +355,8 @@ async fn main() {
             "a local pool and a remote worker of 4 slots each"
         } else if replicas {
             "two replicas (one NATS node) of a 4-slot pool each, turns sent to them in turn"
+        } else if llama {
+            "one 4-slot pool against llama-server -np 4 -c 8192 -t 2 (its prompt cache on)"
         } else {
             "two pools of 4 slots"
         }
@@ -337,32 +372,69 @@ async fn main() {
             rows[i].push(replay(&client, side, shape, pair).await);
         }
     }
+    let names = if llama {
+        ["orchestratord", "llama-server"]
+    } else {
+        ["cache + sessions", "load only"]
+    };
     println!(
-        "| placement | TTFT p50 ms (turns 2+) | TTFT p90 ms | prompt tokens from cache | wall s |"
+        "| placement | TTFT p50 ms (turns 2+) | TTFT p90 ms | prompt tokens from cache | resent history from cache | wall s |"
     );
-    println!("|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|");
     let mut meds = Vec::new();
-    for (side, name) in [(0, "cache + sessions"), (1, "load only")] {
+    for (side, name) in names.into_iter().enumerate() {
         let r = &rows[side];
         let m = [
             median(&mut r.iter().map(|x| x.ttft_p50).collect::<Vec<_>>()),
             median(&mut r.iter().map(|x| x.ttft_p90).collect::<Vec<_>>()),
             median(&mut r.iter().map(|x| x.hit).collect::<Vec<_>>()),
+            median(&mut r.iter().map(|x| x.history_hit).collect::<Vec<_>>()),
             median(&mut r.iter().map(|x| x.wall_s).collect::<Vec<_>>()),
         ];
         println!(
-            "| {name} | {:.0} | {:.0} | {:.1} % | {:.1} |",
+            "| {name} | {:.0} | {:.0} | {:.1} % | {:.1} % | {:.1} |",
             m[0],
             m[1],
             m[2] * 100.0,
-            m[3]
+            m[3] * 100.0,
+            m[4]
         );
         meds.push(m);
     }
     println!(
-        "ratios cache/load: TTFT p50 {:.2}x, p90 {:.2}x, wall {:.2}x",
+        "ratios {}/{}: TTFT p50 {:.2}x, p90 {:.2}x, wall {:.2}x",
+        names[0],
+        names[1],
         meds[0][0] / meds[1][0].max(1e-9),
         meds[0][1] / meds[1][1].max(1e-9),
-        meds[0][3] / meds[1][3].max(1e-9)
+        meds[0][4] / meds[1][4].max(1e-9)
     );
+}
+
+/// llama-server (`LLAMA_SERVER`, a llama.cpp build) on `model` with the slots and context of
+/// our one pool: 4 slots of 2,048 positions, 2 threads, its prompt cache on (its default).
+async fn llama_server(binary: &str, model: &std::path::Path) -> (procs::Proc, String) {
+    let port = procs::free_port();
+    let log = procs::scratch("llama-server").join("log");
+    let out = std::fs::File::create(&log).expect("log file");
+    let child = std::process::Command::new(binary)
+        .args(["-m", &model.display().to_string()])
+        .args(["-np", "4", "-c", "8192", "-t", "2", "--host", "127.0.0.1"])
+        .args(["--port", &port.to_string()])
+        .stdout(out.try_clone().expect("log file"))
+        .stderr(out)
+        .spawn()
+        .expect("llama-server starts");
+    let base = format!("http://127.0.0.1:{port}");
+    let proc = procs::Proc { child, log };
+    for _ in 0..600 {
+        if reqwest::get(format!("{base}/health"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
+            return (proc, base);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("llama-server never answered /health:\n{}", proc.log_text());
 }

@@ -1530,10 +1530,10 @@ mod tests {
     fn the_readme_example_is_a_valid_config() {
         let cfg = readme_config();
         cfg.validate().unwrap();
-        assert_eq!(cfg.pools[0].prompt_cache_mib, 256);
+        assert_eq!(cfg.pools[0].prompt_cache_mib, 2048);
         let spec = &cfg.pool_specs().unwrap()[0];
         assert!(
-            matches!(&spec.engine, pool_manager::EngineConfig::Local(s) if s.prompt_cache_bytes == 256 << 20),
+            matches!(&spec.engine, pool_manager::EngineConfig::Local(s) if s.prompt_cache_bytes == 2048 << 20),
             "{spec:?}"
         );
     }

@@ -282,7 +282,7 @@ async fn turns_follow_their_conversation_across_replicas() {
                     .unwrap_or_else(|| panic!("conversation {k} turn {t}: {events:?}"));
                 let cached = end.data["cached_tokens"].as_u64().unwrap_or(0);
                 // where it ran, as the running replica said (its record, once stored)
-                let mut replica = String::new();
+                let (mut replica, mut reason) = (String::new(), String::new());
                 for _ in 0..100 {
                     let record: serde_json::Value =
                         reqwest::get(format!("{base}/v1/artifacts/{id}"))
@@ -293,11 +293,15 @@ async fn turns_follow_their_conversation_across_replicas() {
                             .unwrap_or_default();
                     if let Some(r) = record["replica"].as_str() {
                         replica = r.to_string();
+                        reason = record["placement"]["reason"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .into();
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                turns.push((replica, cached));
+                turns.push((replica, cached, reason));
                 messages.push(
                     json!({"role": "assistant", "content": support::task_client::text_of(&events)}),
                 );
@@ -314,13 +318,14 @@ async fn turns_follow_their_conversation_across_replicas() {
     for pair in [[0, 1], [2, 3]] {
         let (a, b) = tokio::join!(converse(pair[0]), converse(pair[1]));
         for (k, turns) in pair.into_iter().zip([a, b]) {
-            for (t, (replica, cached)) in turns.iter().enumerate().skip(1) {
+            for (t, (replica, cached, reason)) in turns.iter().enumerate().skip(1) {
                 later.push(format!(
-                    "conversation {k} turn {t}: on {replica} (turn {} on {}), cached {cached}",
+                    "conversation {k} turn {t}: on {replica} ({reason}; turn {} on {}), cached {cached}",
                     t - 1,
                     turns[t - 1].0
                 ));
-                let ok = *replica == turns[t - 1].0 && *cached >= 128;
+                // the record says why, as the running replica decided it
+                let ok = *replica == turns[t - 1].0 && *cached >= 128 && reason == "cache";
                 if !ok {
                     panic!("{}\n{}", later.join("\n"), logs());
                 }

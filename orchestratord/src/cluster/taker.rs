@@ -287,6 +287,12 @@ impl TaskPath {
                 return;
             }
         };
+        crate::lifecycle::placement::taken_from_cluster(
+            state,
+            &task,
+            pool_id,
+            h.request.pool_id.is_some(),
+        );
         let waited_ms = crate::lifecycle::handoff::unix_ms().saturating_sub(h.admitted_unix_ms);
         tracing::info!(task_id = %task.id, pool = %pool_id, waited_ms, delivered = taken.delivered, "cluster: task taken");
         self.running().insert(task.id.clone(), task.clone());

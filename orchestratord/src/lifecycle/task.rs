@@ -24,6 +24,9 @@ pub struct Placed {
     pub engine: String,
     pub engine_version: String,
     pub model_ref: String,
+    /// Why the running replica's pool took it (absent from replicas before PLACE-8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<contracts::PlacementNote>,
 }
 
 /// One SSE event of a task, stored once and written to every subscriber.
@@ -414,6 +417,7 @@ impl Task {
             engine: e.engine.clone(),
             engine_version: e.engine_version.clone(),
             model_ref: e.model_ref.clone(),
+            placement: g.placement.clone(),
         })
     }
 
@@ -728,7 +732,10 @@ impl Task {
                 .map(|e| e.model_ref.clone())
                 .or_else(|| elsewhere.map(|p| p.model_ref.clone())),
             replica: elsewhere.map(|p| p.replica.clone()),
-            placement: g.placement.clone(),
+            placement: g
+                .placement
+                .clone()
+                .or_else(|| elsewhere.and_then(|p| p.placement.clone())),
             ctx: self.ctx as u32,
             timings: TaskTimings {
                 queued_ms: since(g.placed_at),

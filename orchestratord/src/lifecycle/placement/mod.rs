@@ -60,7 +60,11 @@ pub fn place(state: &Lifecycle, task: &Task) -> Placement {
         }
         return match pool.try_lease() {
             Some(lease) => {
-                placed(state, task, pin, Reason::Pinned, 0);
+                // a task taken from the cluster's queue runs where it was taken: the taker
+                // says why (`taken_from_cluster`)
+                if !task.is_run_for_cluster() {
+                    placed(state, task, pin, Reason::Pinned, 0);
+                }
                 Placement::Leased(lease)
             }
             None => Placement::Wait,
@@ -156,6 +160,26 @@ pub fn place(state: &Lifecycle, task: &Task) -> Placement {
         }
     }
     Placement::Wait
+}
+
+/// Notes why pool `pool_id` of this replica took `task` from the cluster's queue (PLACE-8):
+/// the client's pin, else its cached prefix there (`cache`, the pool the head start named, or
+/// one that holds as much) or room alone (`load`).
+pub fn taken_from_cluster(state: &Lifecycle, task: &Task, pool_id: &str, client_pinned: bool) {
+    let held = state
+        .pools
+        .get(pool_id)
+        .and_then(|p| p.engine())
+        .and_then(|e| e.cached_prefixes())
+        .map_or(0, |h| h.held_tokens(&task.prefix_chain));
+    let reason = if client_pinned {
+        Reason::Pinned
+    } else if held > 0 && held >= state.cfg.placement.min_cached_tokens {
+        Reason::Cache
+    } else {
+        Reason::Load
+    };
+    placed(state, task, pool_id, reason, held);
 }
 
 /// Notes where `task` goes and why: its record, the metric, its conversation's pool.
