@@ -4,9 +4,11 @@
 //! from what they publish (`held_prefixes.rs`) and their free slots from the directory — with
 //! the rule placement uses inside one replica (`lifecycle/placement/score.rs`: the minimum
 //! match and the load bound), and names the winner in the task's nudge with an end
-//! (`cluster.head_start_ms` from now). Every other pool taking from the queue leaves its next
-//! look until that end, unless a nudge naming it (or no one) comes first; the named pool looks
-//! at once. Nothing waits for an answer: a pool that cannot take the task after all (full by
+//! (`cluster.head_start_ms` from now), sent once before the task goes into the queue (so no
+//! other pool finds it there first) and again once it can start. Every other pool taking from
+//! the queue leaves its next look until that end, unless a nudge naming it comes first (the
+//! nudges that came while it was busy are read before each look); the named pool looks at
+//! once. Nothing waits for an answer: a pool that cannot take the task after all (full by
 //! then, gone) costs it the head start, never more.
 
 use std::time::Duration;
@@ -114,19 +116,36 @@ pub fn preferred(cluster: &Cluster, state: &Lifecycle, task: &Task) -> Option<Pr
     })
 }
 
-/// How long pool `pool` of replica `me` leaves the queue alone after a nudge carrying
-/// `payload`: nothing when the nudge names no pool, names this one, or its head start is over;
-/// at most `cap` (this replica's `head_start_ms`: clocks of two hosts differ).
-pub fn hold_for(payload: &[u8], me: &str, pool: &str, cap: Duration) -> Option<Duration> {
+/// What a nudge means to one pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Heed {
+    /// It names this pool: look now.
+    Mine,
+    /// It names another pool: leave the queue to it this long.
+    Wait(Duration),
+    /// It names no pool, or its head start is over (or this replica gives none).
+    Nothing,
+}
+
+/// What a nudge carrying `payload` means to pool `pool` of replica `me`: a head start for
+/// another pool lasts until its end, at most `cap` (this replica's `head_start_ms`: the
+/// clocks of two hosts differ).
+pub fn heed(payload: &[u8], me: &str, pool: &str, cap: Duration) -> Heed {
     if payload.is_empty() || cap.is_zero() {
-        return None;
+        return Heed::Nothing;
     }
-    let p: Preference = serde_json::from_slice(payload).ok()?;
+    let Ok(p) = serde_json::from_slice::<Preference>(payload) else {
+        return Heed::Nothing;
+    };
     if p.replica == me && p.pool == pool {
-        return None;
+        return Heed::Mine;
     }
     let left = Duration::from_millis(p.until_unix_ms.saturating_sub(unix_ms()));
-    (!left.is_zero()).then(|| left.min(cap))
+    if left.is_zero() {
+        Heed::Nothing
+    } else {
+        Heed::Wait(left.min(cap))
+    }
 }
 
 #[cfg(test)]
@@ -147,21 +166,26 @@ mod tests {
     #[test]
     fn only_the_pools_not_named_wait_and_never_past_the_cap() {
         let cap = Duration::from_millis(50);
-        assert_eq!(hold_for(&nudge("r1", "p", 40), "r1", "p", cap), None);
-        let other = hold_for(&nudge("r1", "p", 40), "r2", "p", cap).unwrap();
+        assert_eq!(heed(&nudge("r1", "p", 40), "r1", "p", cap), Heed::Mine);
+        let Heed::Wait(other) = heed(&nudge("r1", "p", 40), "r2", "p", cap) else {
+            panic!("another replica's pool waits");
+        };
         assert!(other > Duration::from_millis(20) && other <= Duration::from_millis(40));
         // another pool of the named replica waits too
-        assert!(hold_for(&nudge("r1", "p", 40), "r1", "q", cap).is_some());
+        assert!(matches!(
+            heed(&nudge("r1", "p", 40), "r1", "q", cap),
+            Heed::Wait(_)
+        ));
         assert_eq!(
-            hold_for(&nudge("r1", "p", 60_000), "r2", "p", cap),
-            Some(cap)
+            heed(&nudge("r1", "p", 60_000), "r2", "p", cap),
+            Heed::Wait(cap)
         );
-        assert_eq!(hold_for(&nudge("r1", "p", -5), "r2", "p", cap), None);
-        assert_eq!(hold_for(b"", "r2", "p", cap), None);
+        assert_eq!(heed(&nudge("r1", "p", -5), "r2", "p", cap), Heed::Nothing);
+        assert_eq!(heed(b"", "r2", "p", cap), Heed::Nothing);
         assert_eq!(
-            hold_for(&nudge("r1", "p", 40), "r2", "p", Duration::ZERO),
-            None
+            heed(&nudge("r1", "p", 40), "r2", "p", Duration::ZERO),
+            Heed::Nothing
         );
-        assert_eq!(hold_for(b"{not json", "r2", "p", cap), None);
+        assert_eq!(heed(b"{not json", "r2", "p", cap), Heed::Nothing);
     }
 }

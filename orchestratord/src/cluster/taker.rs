@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use contracts::{ErrorCode, Priority, SseError};
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use tracing::Instrument;
 
 use super::event_relay::Appended;
@@ -75,6 +75,8 @@ impl TaskPath {
                 }
             }
         };
+        // until when this pool leaves its queues to another pool of the cluster (a head start)
+        let mut hold: Option<tokio::time::Instant> = None;
         loop {
             if state.is_shutting_down() || state.shutdown.is_cancelled() {
                 return;
@@ -99,6 +101,23 @@ impl TaskPath {
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 continue;
             }
+            // what the nudges that came meanwhile say, then a head start given to another
+            // pool waited out (a nudge naming this pool ends it)
+            while let Some(Some(n)) = nudges.next().now_or_never() {
+                self.heed(&state, &pool_id, &n.payload, &mut hold);
+            }
+            if let Some(until) = hold.filter(|u| *u > tokio::time::Instant::now()) {
+                tokio::select! {
+                    n = nudges.next() => {
+                        if let Some(n) = n {
+                            self.heed(&state, &pool_id, &n.payload, &mut hold);
+                        }
+                    }
+                    _ = tokio::time::sleep_until(until) => hold = None,
+                    _ = state.shutdown.cancelled() => return,
+                }
+                continue;
+            }
             // what is there now, interactive first
             let mut took = Ok(Take::Empty);
             for class in [Priority::Interactive, Priority::Batch] {
@@ -120,22 +139,8 @@ impl TaskPath {
                     _ = tokio::time::sleep(LOOK_EVERY) => None,
                     _ = state.shutdown.cancelled() => return,
                 };
-                // a task left to the pool holding its prefix: this one looks after its head
-                // start, or sooner for a task left to no one or to this pool
-                let mut hold = nudge.and_then(|n| self.hold_for(&state, &pool_id, &n.payload));
-                while let Some(left) = hold.take() {
-                    let until = tokio::time::Instant::now() + left;
-                    tokio::select! {
-                        n = nudges.next() => {
-                            let again = n.map(|n| self.hold_for(&state, &pool_id, &n.payload));
-                            if let Some(Some(_)) = again {
-                                hold = Some(until.saturating_duration_since(tokio::time::Instant::now()))
-                                    .filter(|d| !d.is_zero());
-                            }
-                        }
-                        _ = tokio::time::sleep_until(until) => {}
-                        _ = state.shutdown.cancelled() => return,
-                    }
+                if let Some(n) = nudge {
+                    self.heed(&state, &pool_id, &n.payload, &mut hold);
                 }
                 continue;
             }
@@ -165,10 +170,27 @@ impl TaskPath {
         }
     }
 
-    /// How long pool `pool_id` leaves its queues alone after a nudge carrying `payload`.
-    fn hold_for(&self, state: &Lifecycle, pool_id: &str, payload: &[u8]) -> Option<Duration> {
+    /// What a nudge carrying `payload` means for pool `pool_id`'s `hold`: one naming this
+    /// pool ends it; one naming another starts one unless one runs (never extended); one
+    /// naming no pool leaves it as it is.
+    fn heed(
+        &self,
+        state: &Lifecycle,
+        pool_id: &str,
+        payload: &[u8],
+        hold: &mut Option<tokio::time::Instant>,
+    ) {
         let cap = Duration::from_millis(state.cfg.cluster.head_start_ms);
-        super::head_start::hold_for(payload, self.cluster.replica(), pool_id, cap)
+        let now = tokio::time::Instant::now();
+        match super::head_start::heed(payload, self.cluster.replica(), pool_id, cap) {
+            super::head_start::Heed::Mine => *hold = None,
+            super::head_start::Heed::Wait(left) => {
+                if hold.is_none_or(|u| u <= now) {
+                    *hold = Some(now + left);
+                }
+            }
+            super::head_start::Heed::Nothing => {}
+        }
     }
 
     /// The events of `task_id` on the relay so far and the last one's id, waiting a moment

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use super::event_relay::{EventRelay, RelayLimits};
+use super::head_start::Preference;
 use super::record_stream::RecordStream;
 use super::task_queue::{AdmitError, ClusterQueue, PoolQueue};
 use super::{Cluster, ClusterError};
@@ -46,7 +47,14 @@ pub struct TaskPath {
     opened: Mutex<HashMap<String, (i64, Arc<PoolQueue>)>>,
     /// The tasks this replica took from the cluster's queues and runs now (for cancels).
     running: Mutex<HashMap<String, Arc<Task>>>,
+    /// The head start of each task admitted and not yet announced (PLACE-8), named again in
+    /// its announcement's nudge; at most [`MAX_PENDING_HEAD_STARTS`].
+    head_starts: Mutex<HashMap<String, Preference>>,
 }
+
+/// Admitted tasks whose head start waits for their announcement, at most (past it the map is
+/// emptied: a task that loses its entry is announced with a plain nudge).
+const MAX_PENDING_HEAD_STARTS: usize = 4096;
 
 impl TaskPath {
     /// Opens the relay (its stream created by the first replica) for `cluster`.
@@ -75,6 +83,7 @@ impl TaskPath {
             ack_wait,
             opened: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
+            head_starts: Mutex::new(HashMap::new()),
         })
     }
 
@@ -212,6 +221,12 @@ impl TaskPath {
         let q = self.queue(&key, bound).await.map_err(unavailable)?;
         let payload =
             serde_json::to_vec(&handoff).map_err(|e| unavailable(ClusterError::jetstream(e)))?;
+        // the pool holding its prefix is named before the task is in the queue: no other
+        // pool finds it there first
+        let prefer = super::head_start::preferred(&self.cluster, state, task);
+        if let Some(p) = &prefer {
+            self.cluster.nudge(&key.name(), Some(p)).await;
+        }
         let admitted = match q.admit(task.priority, &task.id, payload.into()).await {
             Ok(a) => a,
             Err(AdmitError::Full { .. }) => {
@@ -249,6 +264,13 @@ impl TaskPath {
                     allowed_ms,
                 });
             }
+        }
+        if let Some(p) = prefer {
+            let mut pending = self.head_starts.lock().unwrap_or_else(|e| e.into_inner());
+            if pending.len() >= MAX_PENDING_HEAD_STARTS {
+                pending.clear();
+            }
+            pending.insert(task.id.clone(), p);
         }
         Ok(ClusterPlace {
             position,
@@ -301,7 +323,11 @@ impl TaskPath {
         tracing::debug!(task_id = %task.id, started_id = id, "task announced");
         // now the task can start: the replicas taking from its queue may look, the pool
         // holding its prefix first
-        let prefer = super::head_start::preferred(&self.cluster, state, task);
+        let prefer = self
+            .head_starts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&task.id);
         self.cluster
             .nudge(&QueueKey::of(task).name(), prefer.as_ref())
             .await;
