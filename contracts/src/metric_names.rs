@@ -30,6 +30,10 @@ pub const POOL_PROMPT_REUSED: &str = "orchd_pool_prompt_tokens_reused_total";
 pub const POOL_PROMPT_TOKENS: &str = "orchd_pool_prompt_tokens_total";
 pub const POOL_PROMPT_CACHED: &str = "orchd_pool_prompt_tokens_cached_total";
 pub const POOL_PROMPT_CACHE_BYTES: &str = "orchd_pool_prompt_cache_bytes";
+/// Tokens guessed ahead by speculation (prompt lookup) in the sequences that finished, by pool.
+pub const POOL_GUESSED: &str = "orchd_pool_guessed_tokens_total";
+/// Of those, the guesses kept (each one a token out without a pass of its own), by pool.
+pub const POOL_GUESSES_KEPT: &str = "orchd_pool_guessed_tokens_kept_total";
 /// Inputs of embedding tasks that ended with their vectors, by pool.
 pub const EMBEDDING_INPUTS: &str = "orchd_embedding_inputs_total";
 /// Tokens of those inputs, by pool.

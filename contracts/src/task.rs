@@ -134,6 +134,12 @@ pub struct TaskRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = -2.0, maximum = 2.0)]
     pub frequency_penalty: Option<f32>,
+    /// Tokens guessed ahead per pass by prompt lookup (n-gram speculation: the output is what
+    /// plain decoding gives; faster where the answer repeats the prompt): 0 = off; absent =
+    /// the pool's `draft_tokens`. A constrained (`json_schema`/`grammar`) task does not guess.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 0, maximum = 16)]
+    pub draft_tokens: Option<u32>,
     /// Pin override: run on this pool only, never elsewhere.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pool_id: Option<String>,

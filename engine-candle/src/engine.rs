@@ -4,7 +4,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::SyncSender;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use candle_core::utils::barrier_pool;
 use candle_core::Device;
@@ -18,7 +18,6 @@ use crate::hparams::{md_str, Hparams};
 use crate::kv_type::KvType;
 use crate::model::{KvCache, Model};
 use crate::scheduler::{Command, GenerateRequest, Scheduler, Shared};
-use crate::step_budget::StepBudget;
 use crate::tokenizer::GgufTokenizer;
 use crate::weights::{GgufFile, WeightFormat};
 use engine_port::{ChatTurn, OutputConstraint, PromptPart, SlotPermit, Slots};
@@ -130,6 +129,10 @@ pub struct EngineSettings {
     /// A chat template (Jinja) used over the model's own: a built-in by name
     /// (`builtin_templates.rs`) or a file, resolved by whoever configures the pool.
     pub chat_template: Option<String>,
+    /// Tokens guessed ahead per pass by prompt lookup (n-gram speculation, checked in the same
+    /// pass, the output unchanged) for requests that do not say; 0 = off unless a request
+    /// asks; at most [`crate::MAX_DRAFT_TOKENS`].
+    pub draft_tokens: usize,
 }
 
 impl Default for EngineSettings {
@@ -144,6 +147,7 @@ impl Default for EngineSettings {
             step_prompt_tokens: DEFAULT_STEP_PROMPT_TOKENS,
             step_ms: DEFAULT_STEP_MS,
             chat_template: None,
+            draft_tokens: 0,
         }
     }
 }
@@ -396,11 +400,7 @@ impl CandleEngine {
             tokenizer.clone(),
             slots.clone(),
             shared.clone(),
-            opts.settings.prompt_cache_bytes,
-            StepBudget::new(
-                opts.settings.step_prompt_tokens,
-                Duration::from_millis(opts.settings.step_ms),
-            ),
+            &opts.settings,
         );
         std::thread::Builder::new()
             .name("candle-decode".into())

@@ -32,6 +32,7 @@ mod kquant_rows;
 mod kv_type;
 mod model;
 pub mod model_facts;
+mod ngram_draft;
 mod pooling;
 mod prompt_cache;
 mod q4_1_cpu;
@@ -65,6 +66,7 @@ pub use engine::{
 pub use error::{EngineError, Result};
 pub use hparams::{Activation, Hparams, RopeStyle, SlidingWindow};
 pub use kv_type::KvType;
+pub use ngram_draft::MAX_DRAFT_TOKENS;
 pub use sampling::{argmax, Sampler, REPEAT_WINDOW};
 pub use scheduler::GenerateRequest;
 pub use text_stream::{Pushed, TextStream};

@@ -37,6 +37,9 @@ pub(crate) struct Segment<'a> {
     /// Its tokens' last hidden states (after the final norm: what embeddings pool) are
     /// wanted instead of the last token's logits.
     pub hidden: bool,
+    /// The logits of every one of its tokens are wanted, row after row (a decode token with
+    /// the guesses after it: each guess is checked against the model's choice before it).
+    pub all_logits: bool,
 }
 
 pub(crate) struct Model {
@@ -374,7 +377,8 @@ impl Model {
     /// own positions into its own cache row (a prompt chunk, or one token while decoding).
     /// Matmuls run over all tokens together; attention runs per segment over exactly that
     /// sequence's length, so no sequence's result depends on the others. Returns, per
-    /// segment, the logits of its last token — or, for a `hidden` segment, its tokens' last
+    /// segment, the logits of its last token — of every token for an `all_logits` one (`t`
+    /// rows of the vocabulary, row-major) — or, for a `hidden` segment, its tokens' last
     /// hidden states after the final norm (`t` rows of the model's width, row-major).
     pub fn forward(&self, cache: &KvCache, segs: &[Segment<'_>]) -> Result<Vec<Vec<f32>>> {
         let hp = &self.hp;
@@ -548,7 +552,11 @@ impl Model {
             .iter()
             .zip(&offsets)
             .filter(|(s, _)| !s.hidden)
-            .map(|(s, &o)| (o + s.tokens.len() - 1) as u32)
+            .flat_map(|(s, &o)| {
+                let end = o + s.tokens.len();
+                let first = if s.all_logits { o } else { end - 1 };
+                (first..end).map(|p| p as u32)
+            })
             .collect();
         let mut logits = if last.is_empty() {
             Vec::new()
@@ -570,6 +578,8 @@ impl Model {
                         .flatten_all()?
                         .to_vec1::<f32>()?,
                 );
+            } else if s.all_logits {
+                out.push(logits.by_ref().take(s.tokens.len()).flatten().collect());
             } else {
                 out.push(logits.next().unwrap_or_default());
             }

@@ -363,6 +363,7 @@ mod tests {
                 presence_penalty: pick(&mut rng, &[-2.0, 2.0], -2.0, 2.0),
                 frequency_penalty: pick(&mut rng, &[-2.0, 2.0], -2.0, 2.0),
                 seed: rng.random(),
+                draft_tokens: None,
             };
             p.validate().expect("valid by construction");
             let n = rng.random_range(1..70);

@@ -21,9 +21,11 @@ use crate::constrained::{Constrained, ConstraintFailure};
 use crate::contention::Governor;
 use crate::embed_job::EmbedRequest;
 use crate::embed_rows::{After, EmbedRun};
+use crate::engine::EngineSettings;
 use crate::error::EngineError;
 use crate::held_prefixes::{Held, Publisher};
 use crate::model::{KvCache, Model, Segment};
+use crate::ngram_draft::NgramDraft;
 use crate::prompt_cache::{common_prefix, Entry, PromptCache};
 use crate::step_budget::StepBudget;
 
@@ -82,6 +84,19 @@ struct Running {
     failed: Option<ConstraintFailure>,
     /// The log-probabilities of the step that picked `next`, when asked for.
     logprobs: Option<Box<StepLogprobs>>,
+    /// Its guessing of the tokens ahead (prompt lookup), when on.
+    draft: Option<NgramDraft>,
+    /// The guesses the last pass fed after `next`, with the logits that followed each.
+    verify: Option<Verify>,
+}
+
+/// Guesses fed after a sequence's token in one pass, checked one by one as its tokens are
+/// picked: `logits[k]` follows `drafts[k]` (whose keys and values are in the row).
+struct Verify {
+    drafts: Vec<u32>,
+    logits: Vec<Vec<f32>>,
+    /// Guesses checked so far.
+    at: usize,
 }
 
 /// The event of a sequence whose constraint could not be followed: noted as the request's
@@ -224,6 +239,8 @@ pub(crate) struct Scheduler {
     /// Prompts whose rows were taken by others.
     saved: PromptCache,
     publisher: Publisher,
+    /// Tokens a sequence guesses ahead per pass when its request does not say (0: off).
+    draft_tokens: usize,
 }
 
 impl Scheduler {
@@ -233,8 +250,7 @@ impl Scheduler {
         tokenizer: Arc<GgufTokenizer>,
         slot_count: Slots,
         shared: Arc<Shared>,
-        prompt_cache_bytes: usize,
-        step: StepBudget,
+        settings: &EngineSettings,
     ) -> Self {
         let slots = slot_count.capacity();
         Self {
@@ -248,7 +264,10 @@ impl Scheduler {
             shared,
             running: Vec::with_capacity(slots),
             prefilling: Vec::with_capacity(slots),
-            step,
+            step: StepBudget::new(
+                settings.step_prompt_tokens,
+                Duration::from_millis(settings.step_ms),
+            ),
             free: (0..slots)
                 .map(|row| FreeRow {
                     row,
@@ -257,8 +276,9 @@ impl Scheduler {
                 .collect(),
             waiting: VecDeque::new(),
             draining: Vec::new(),
-            saved: PromptCache::new(prompt_cache_bytes),
+            saved: PromptCache::new(settings.prompt_cache_bytes),
             publisher: Publisher::default(),
+            draft_tokens: settings.draft_tokens,
         }
     }
 
@@ -520,6 +540,8 @@ impl Scheduler {
             tokens_out: seq.generated,
             prefill_ms: seq.prefill_ms,
             decode_ms: seq.first_token.elapsed().as_millis() as u64,
+            guessed_tokens: seq.draft.as_ref().map_or(0, NgramDraft::guessed),
+            guesses_kept: seq.draft.as_ref().map_or(0, NgramDraft::kept),
         })
     }
 
@@ -643,6 +665,8 @@ impl Scheduler {
             tokens_out: 0,
             prefill_ms: 0,
             decode_ms: 0,
+            guessed_tokens: 0,
+            guesses_kept: 0,
         }));
     }
 
@@ -672,6 +696,10 @@ impl Scheduler {
         let pos = req.prompt_tokens.len();
         let mut tokens = Vec::with_capacity(pos + req.max_tokens);
         tokens.extend_from_slice(&req.prompt_tokens);
+        // a grammar's matcher moves token by token and cannot take back a guess: constrained
+        // sequences do not guess
+        let draft = NgramDraft::new(req.sampling.draft_tokens.unwrap_or(self.draft_tokens))
+            .filter(|_| req.constraint.is_none());
         self.running.push(Running {
             row,
             sampler,
@@ -686,6 +714,8 @@ impl Scheduler {
             cached,
             failed,
             logprobs,
+            draft,
+            verify: None,
             req,
         });
     }
@@ -705,7 +735,8 @@ impl Scheduler {
     /// Every generated token except an end-of-sequence token with nothing left to show yields
     /// exactly one `Token` event, so `tokens_out` equals the number of `Token` events. Text held
     /// back (a possible stop prefix, a partial character) is released with the last token.
-    fn accept_token(&mut self, i: usize) {
+    /// Returns whether the sequence goes on (else it left `running`, the last taking `i`).
+    fn accept_token(&mut self, i: usize) -> bool {
         let tok = self.running[i].next;
         let ctx = self.model.ctx();
         let seq = &mut self.running[i];
@@ -713,13 +744,13 @@ impl Scheduler {
             seq.backlog.clear();
             let ev = Self::finish_event(seq, FinishReason::Cancelled, None);
             self.remove_row(i, Some(ev));
-            return;
+            return false;
         }
         if let Some(why) = seq.failed.take() {
             flush(&mut seq.backlog, &seq.req.events);
             let ev = constraint_failed(&seq.req, why);
             self.remove_row(i, Some(ev));
-            return;
+            return false;
         }
         if self.tokenizer.is_stop(tok) {
             let tail = seq.text.finish();
@@ -735,7 +766,7 @@ impl Scheduler {
             }
             let ev = Self::finish_event(seq, FinishReason::Stop, None);
             self.remove_row(i, Some(ev));
-            return;
+            return false;
         }
         seq.sampler.observe(tok);
         // the grammar moves past the token; complete, the sequence ends (its mask would allow
@@ -746,7 +777,7 @@ impl Scheduler {
                 flush(&mut seq.backlog, &seq.req.events);
                 let ev = constraint_failed(&seq.req, why);
                 self.remove_row(i, Some(ev));
-                return;
+                return false;
             }
             grammar_done = c.is_done();
         }
@@ -782,6 +813,53 @@ impl Scheduler {
         if let Some(reason) = finish {
             let ev = Self::finish_event(seq, reason, stop_sequence);
             self.remove_row(i, Some(ev));
+            return false;
+        }
+        true
+    }
+
+    /// Accepts row `i`'s freshly sampled token, then, while the guess fed after it in the last
+    /// pass equals it, picks the next token from the logits that followed the guess and accepts
+    /// that too — what one pass per token would have given, with the keys and values already
+    /// in the row. The first guess that differs ends it (its position is written again by the
+    /// next pass); the sequence's guessing learns how many were kept.
+    fn accept_tokens(&mut self, i: usize) {
+        if !self.accept_token(i) {
+            return;
+        }
+        let Some(mut v) = self.running[i].verify.take() else {
+            return;
+        };
+        if let Some(d) = self.running[i].draft.as_mut() {
+            d.fed(v.drafts.len());
+        }
+        while v.at < v.drafts.len() && self.running[i].next == v.drafts[v.at] {
+            let seq = &mut self.running[i];
+            if let Some(d) = seq.draft.as_mut() {
+                d.kept_one();
+            }
+            seq.pos += 1;
+            let mut row = std::mem::take(&mut v.logits[v.at]);
+            v.at += 1;
+            match pick(
+                &mut seq.sampler,
+                &mut seq.req,
+                &mut row,
+                &seq.tokens,
+                &self.tokenizer,
+            ) {
+                Ok((t, lp)) => {
+                    seq.next = t;
+                    seq.logprobs = lp;
+                }
+                Err(e) => seq.failed = Some(e),
+            }
+            if !self.accept_token(i) {
+                return;
+            }
+        }
+        if let Some(d) = self.running[i].draft.as_mut() {
+            d.learn(v.drafts.len(), v.at);
         }
     }
 
@@ -873,7 +951,24 @@ impl Scheduler {
             return self.running.is_empty()
                 && (!self.draining.is_empty() || !self.waiting.is_empty());
         }
-        let nexts: Vec<[u32; 1]> = decoding.iter().map(|&i| [self.running[i].next]).collect();
+        // each decoding sequence's next token, then the tokens it guesses follow it
+        let ctx = self.model.ctx();
+        let nexts: Vec<Vec<u32>> = decoding
+            .iter()
+            .map(|&i| {
+                let seq = &self.running[i];
+                let mut t = vec![seq.next];
+                if let Some(d) = &seq.draft {
+                    // a guess kept is one more token out: no more than the budget has left,
+                    // and every position inside the context
+                    let room = (seq.req.max_tokens.saturating_sub(seq.generated))
+                        .min(ctx.saturating_sub(seq.pos))
+                        .saturating_sub(1);
+                    t.extend(d.propose(&seq.tokens, room));
+                }
+                t
+            })
+            .collect();
         let mut segs: Vec<Segment<'_>> = decoding
             .iter()
             .zip(&nexts)
@@ -884,6 +979,7 @@ impl Scheduler {
                 prompt: false,
                 continues: false,
                 hidden: false,
+                all_logits: t.len() > 1,
             })
             .collect();
         for &(k, n) in &chunks {
@@ -895,6 +991,7 @@ impl Scheduler {
                 prompt: true,
                 continues: p.done + n < p.req.prompt_tokens.len(),
                 hidden: false,
+                all_logits: false,
             });
         }
         for &((j, k), n) in &embed_chunks {
@@ -907,6 +1004,7 @@ impl Scheduler {
                 prompt: true,
                 continues: n < left.len(),
                 hidden: true,
+                all_logits: false,
             });
         }
         let began = Instant::now();
@@ -953,10 +1051,20 @@ impl Scheduler {
         let mut prompt_logits = logits.split_off(decoding.len());
         let hidden = prompt_logits.split_off(chunks.len());
         self.absorb_embedding(&embed_chunks, hidden);
-        for (i, row) in decoding.iter().zip(logits) {
+        for ((i, row), fed) in decoding.iter().zip(logits).zip(&nexts) {
             let seq = &mut self.running[*i];
             seq.pos += 1;
             let mut row = row;
+            if fed.len() > 1 {
+                // the logits after the token, then after each guess
+                let vocab = row.len() / fed.len();
+                let after_guesses = row.split_off(vocab);
+                seq.verify = Some(Verify {
+                    drafts: fed[1..].to_vec(),
+                    logits: after_guesses.chunks(vocab).map(<[f32]>::to_vec).collect(),
+                    at: 0,
+                });
+            }
             match pick(
                 &mut seq.sampler,
                 &mut seq.req,
@@ -993,7 +1101,7 @@ impl Scheduler {
         sampled.extend(base..self.running.len());
         for &i in sampled.iter().rev() {
             if i < self.running.len() {
-                self.accept_token(i);
+                self.accept_tokens(i);
             }
         }
         true

@@ -38,6 +38,10 @@ pub struct Finish {
     /// The stop sequence that ended it (`reason` is `Stop`), when one did rather than the
     /// end-of-sequence token.
     pub stop_sequence: Option<String>,
+    /// Tokens guessed ahead by speculation (prompt lookup), and how many of them were kept:
+    /// each kept one is a token out without a pass of its own.
+    pub guessed_tokens: usize,
+    pub guesses_kept: usize,
 }
 
 /// What a running sequence reports, in order: `Token`* then one `Done` or `Failed`.

@@ -26,5 +26,5 @@ pub use prefix::{
     prefix_chain, text_prefix_chain, CachedPrefixes, CHAIN_SEED, MAX_PUBLISHED_BLOCKS,
     PREFIX_BLOCK_TOKENS, TEXT_BLOCK_BYTES, TEXT_CHAIN_SEED,
 };
-pub use sampling::SamplingParams;
+pub use sampling::{SamplingParams, MAX_DRAFT_TOKENS};
 pub use slots::{SlotPermit, Slots};

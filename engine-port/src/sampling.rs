@@ -1,5 +1,8 @@
 //! How the next token is chosen: the port's sampling parameters, checked once at the edge.
 
+/// The most tokens a pass may guess ahead for one sequence (`draft_tokens`).
+pub const MAX_DRAFT_TOKENS: usize = 16;
+
 /// How the next token is chosen. Defaults: greedy, no penalties.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
@@ -18,6 +21,9 @@ pub struct SamplingParams {
     /// OpenAI-style frequency penalty over generated tokens.
     pub frequency_penalty: f32,
     pub seed: u64,
+    /// Tokens guessed ahead per pass by prompt lookup (speculative decoding without a draft
+    /// model; the output is what plain decoding gives): `None` = the pool's setting, 0 = off.
+    pub draft_tokens: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -31,6 +37,7 @@ impl Default for SamplingParams {
             presence_penalty: 0.0,
             frequency_penalty: 0.0,
             seed: 0,
+            draft_tokens: None,
         }
     }
 }
@@ -58,6 +65,11 @@ impl SamplingParams {
             if !(v.is_finite() && (-2.0..=2.0).contains(&v)) {
                 return Err(format!("{name} must be within [-2, 2]"));
             }
+        }
+        if self.draft_tokens.is_some_and(|n| n > MAX_DRAFT_TOKENS) {
+            return Err(format!(
+                "draft_tokens must be within [0, {MAX_DRAFT_TOKENS}]"
+            ));
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use pool_manager::candle::{self, DeviceChoice, KvType, WeightFormat};
-use pool_manager::PoolSpec;
+use pool_manager::{PoolSpec, MAX_DRAFT_TOKENS};
 use serde::Deserialize;
 
 /// What to do when the queue is full.
@@ -917,6 +917,11 @@ pub struct PoolConfig {
     /// not with `chat_template`.
     #[serde(default)]
     pub chat_template_file: Option<String>,
+    /// Tokens a task guesses ahead per pass by prompt lookup (n-gram speculation: the output
+    /// is what plain decoding gives, faster where the answer repeats its prompt) when its
+    /// request does not say (`draft_tokens`); 0 (default) = off; at most 16.
+    #[serde(default)]
+    pub draft_tokens: usize,
 }
 
 fn default_slots() -> usize {
@@ -1334,6 +1339,12 @@ impl Config {
                     p.id
                 ));
             }
+            if p.draft_tokens > MAX_DRAFT_TOKENS {
+                return bad(format!(
+                    "pool {}: draft_tokens must be within [0, {MAX_DRAFT_TOKENS}]",
+                    p.id
+                ));
+            }
             p.spec()?;
         }
         let folder = self.models.on_demand && !self.models.dirs.is_empty();
@@ -1385,6 +1396,7 @@ impl PoolConfig {
             step_ms: default_step_ms(),
             chat_template: None,
             chat_template_file: None,
+            draft_tokens: 0,
         }
     }
 
@@ -1439,6 +1451,7 @@ impl PoolConfig {
             step_prompt_tokens: self.step_prompt_tokens,
             step_ms: self.step_ms,
             chat_template: self.chat_template_text()?,
+            draft_tokens: self.draft_tokens,
         };
         Ok(PoolSpec::local(
             &self.id,

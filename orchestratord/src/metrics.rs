@@ -154,6 +154,14 @@ fn describe() {
         POOL_PROMPT_CACHED,
         "Of those, the tokens taken from the cache (the hit rate: this over orchd_pool_prompt_tokens_total), by pool"
     );
+    describe_counter!(
+        POOL_GUESSED,
+        "Tokens guessed ahead by speculation (prompt lookup) in the sequences that finished, by pool"
+    );
+    describe_counter!(
+        POOL_GUESSES_KEPT,
+        "Of those, the guesses kept: tokens out without a pass of their own (the acceptance: this over orchd_pool_guessed_tokens_total), by pool"
+    );
     describe_gauge!(
         POOL_PROMPT_CACHE_BYTES,
         "Bytes the host-memory prompt cache holds, by pool"
@@ -477,6 +485,14 @@ pub fn embedded(pool: &str, inputs: usize, tokens: usize) {
 pub fn prompt_ran(pool: &str, prompt: usize, cached: usize) {
     counter!(POOL_PROMPT_TOKENS, L_POOL => pool.to_string()).increment(prompt as u64);
     counter!(POOL_PROMPT_CACHED, L_POOL => pool.to_string()).increment(cached as u64);
+}
+
+/// A sequence finished on `pool` having guessed `guessed` tokens ahead and kept `kept`.
+pub fn guesses(pool: &str, guessed: usize, kept: usize) {
+    if guessed > 0 {
+        counter!(POOL_GUESSED, L_POOL => pool.to_string()).increment(guessed as u64);
+        counter!(POOL_GUESSES_KEPT, L_POOL => pool.to_string()).increment(kept as u64);
+    }
 }
 
 pub fn tokens_in(n: usize) {

@@ -320,6 +320,7 @@ async fn pump(
                     }
                     task.set_cached_prompt_tokens(f.cached_tokens as u32);
                     metrics::prompt_ran(lease.pool().id(), f.prompt_tokens, f.cached_tokens);
+                    metrics::guesses(lease.pool().id(), f.guessed_tokens, f.guesses_kept);
                     if f.reason == FinishReason::Cancelled {
                         // only a cancel of ours stops a sequence; the task already ended
                         return Outcome::Ended;

@@ -310,6 +310,8 @@ impl Progress {
             tokens_out: self.tokens_out,
             prefill_ms: 0,
             decode_ms: 0,
+            guessed_tokens: 0,
+            guesses_kept: 0,
         })
     }
 }
@@ -370,6 +372,8 @@ async fn relay(
                     tokens_out: progress.tokens_out,
                     prefill_ms: 0,
                     decode_ms: 0,
+                    guessed_tokens: 0,
+                    guesses_kept: 0,
                 })).await;
                 return;
             }

@@ -182,6 +182,8 @@ impl Engine for ScriptedEngine {
                     tokens_out: n,
                     prefill_ms: 0,
                     decode_ms: 0,
+                    guessed_tokens: 0,
+                    guesses_kept: 0,
                 })
             };
             let mut n = 0;

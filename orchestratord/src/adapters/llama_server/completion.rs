@@ -55,6 +55,11 @@ pub struct CompletionRequest {
     pub repeat_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
+    /// The most tokens guessed ahead per pass (llama-server's speculative decoding; here by
+    /// prompt lookup, no draft model): 0 = off; absent = the pool's setting.
+    #[serde(rename = "speculative.n_max")]
+    #[schema(minimum = 0, maximum = 16)]
+    pub speculative_n_max: Option<u32>,
     /// A grammar in llguidance's Lark syntax (`start: "yes" | "no"`); GBNF is refused.
     pub grammar: Option<String>,
     /// The answer follows this JSON schema.
@@ -245,6 +250,7 @@ fn to_task(req: &CompletionRequest, prompt: &Prompt) -> Result<TaskRequest, ApiE
         repetition_penalty: req.repeat_penalty,
         presence_penalty: req.presence_penalty,
         frequency_penalty: req.frequency_penalty,
+        draft_tokens: req.speculative_n_max,
         grammar: req.grammar.clone(),
         json_schema: req.json_schema.clone(),
         logprobs: req.n_probs.filter(|&n| n > 0).map(|_| true),

@@ -88,6 +88,7 @@ fn to_task(req: &ChatRequest, tools: Option<&Toolbox>) -> Result<TaskRequest, Ap
         top_k: req.top_k,
         min_p: req.min_p,
         repetition_penalty: req.repetition_penalty,
+        draft_tokens: req.draft_tokens,
         continue_final_message: req.continue_final_message,
         json_schema,
         logprobs: req.logprobs,

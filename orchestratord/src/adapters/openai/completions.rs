@@ -101,6 +101,7 @@ fn to_tasks(req: &CompletionRequest, max_prompts: usize) -> Result<Vec<TaskReque
                 top_k: req.top_k,
                 min_p: req.min_p,
                 repetition_penalty: req.repetition_penalty,
+                draft_tokens: req.draft_tokens,
                 json_schema: json_schema.clone(),
                 logprobs: req.logprobs.map(|_| true),
                 top_logprobs: req.logprobs,

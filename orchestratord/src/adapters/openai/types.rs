@@ -164,6 +164,10 @@ pub struct ChatRequest {
     pub min_p: Option<f32>,
     #[schema(minimum = 1e-6, maximum = 10.0)]
     pub repetition_penalty: Option<f32>,
+    /// Tokens guessed ahead per pass by prompt lookup (n-gram speculation, the output
+    /// unchanged): 0 = off; absent = the pool's setting.
+    #[schema(minimum = 0, maximum = 16)]
+    pub draft_tokens: Option<u32>,
     /// Continue the final assistant turn instead of answering after it (vLLM's parameter).
     pub continue_final_message: Option<bool>,
     /// With `continue_final_message`: false (the only value honoured then); otherwise true.
@@ -278,6 +282,10 @@ pub struct CompletionRequest {
     pub min_p: Option<f32>,
     #[schema(minimum = 1e-6, maximum = 10.0)]
     pub repetition_penalty: Option<f32>,
+    /// Tokens guessed ahead per pass by prompt lookup (n-gram speculation, the output
+    /// unchanged): 0 = off; absent = the pool's setting.
+    #[schema(minimum = 0, maximum = 16)]
+    pub draft_tokens: Option<u32>,
     /// Each token's log-probability and this many likeliest tokens at each step (0-20).
     #[schema(minimum = 0, maximum = 20)]
     pub logprobs: Option<u32>,

@@ -2,7 +2,7 @@
 //! its ids. Nothing here reads the server's state beyond its configured limits.
 
 use contracts::TaskRequest;
-use pool_manager::{ChatTurn, OutputConstraint, PromptInput, SamplingParams};
+use pool_manager::{ChatTurn, OutputConstraint, PromptInput, SamplingParams, MAX_DRAFT_TOKENS};
 
 use crate::error::ApiError;
 use crate::lifecycle::state::SharedLifecycle;
@@ -319,6 +319,15 @@ pub fn validate(state: &SharedLifecycle, req: &TaskRequest) -> Result<Validated,
     )?;
     check_range("presence_penalty", req.presence_penalty, -2.0, 2.0, false)?;
     check_range("frequency_penalty", req.frequency_penalty, -2.0, 2.0, false)?;
+    if req
+        .draft_tokens
+        .is_some_and(|n| n as usize > MAX_DRAFT_TOKENS)
+    {
+        return Err(ApiError::invalid(
+            "draft_tokens",
+            format!("draft_tokens must be within [0, {MAX_DRAFT_TOKENS}]"),
+        ));
+    }
     let stop = req.stop.clone().map(|s| s.into_vec()).unwrap_or_default();
     if stop.len() > a.max_stop_sequences {
         return Err(ApiError::invalid(
@@ -344,6 +353,7 @@ pub fn validate(state: &SharedLifecycle, req: &TaskRequest) -> Result<Validated,
         presence_penalty: req.presence_penalty.unwrap_or(0.0),
         frequency_penalty: req.frequency_penalty.unwrap_or(0.0),
         seed: req.seed.unwrap_or_else(rand_seed),
+        draft_tokens: req.draft_tokens.map(|n| n as usize),
     };
     Ok(Validated {
         prompt,
