@@ -33,6 +33,7 @@ mod kv_type;
 mod model;
 pub mod model_facts;
 mod ngram_draft;
+mod pass_cost;
 mod pooling;
 mod prompt_cache;
 mod q4_1_cpu;

@@ -13,22 +13,22 @@
 //! costs about half a one-token pass: the matmuls are bound by compute beyond one row), so
 //! a guess pays only where it is likely to be kept. Each sequence learns, per guess position,
 //! how often a guess there was kept once the ones before it were, and guesses only as far as
-//! the chance of keeping every guess so far stays at least [`KEEP_LIKELIHOOD`]. A sequence whose guesses are mostly wrong gains
+//! the chance of keeping every guess so far stays at what a guess costs in that pass (the
+//! caller's `chance_needed`, from `pass_cost.rs`: higher the more tokens the pass has). A sequence whose guesses are mostly wrong gains
 //! nothing: below [`MIN_ACCEPTANCE`] of its guessed tokens kept (after [`JUDGED_AFTER`]
 //! guessed), it stops guessing.
 
 /// The longest and shortest suffix looked up, longest first.
 const MAX_NGRAM: usize = 4;
-const MIN_NGRAM: usize = 2;
+const MIN_NGRAM: usize = 3;
 /// How far back the lookup searches (tokens): bounds its cost per step.
 const SEARCH_WINDOW: usize = 8192;
 /// Guessed tokens a sequence's acceptance is judged over before it may switch itself off.
 pub(crate) const JUDGED_AFTER: usize = 32;
+/// Passes that checked a first guess before its record alone decides whether to guess.
+const LEARNED_AFTER: u32 = 4;
 /// The share of guessed tokens kept below which a sequence stops guessing.
 pub(crate) const MIN_ACCEPTANCE: f64 = 0.3;
-/// How likely a guess must be kept (with every guess before it) to be fed at all: about what
-/// a guess costs against a one-token pass.
-pub(crate) const KEEP_LIKELIHOOD: f64 = 0.5;
 pub use engine_port::MAX_DRAFT_TOKENS;
 
 /// One sequence's guessing: how many tokens a pass, and how well it went.
@@ -63,8 +63,8 @@ impl NgramDraft {
     /// The tokens that followed the most recent earlier occurrence of `history`'s longest
     /// suffix of [`MIN_NGRAM`]..=[`MAX_NGRAM`] tokens, at most `room` and the pass's limit;
     /// empty when nothing repeats (or guessing stopped paying).
-    pub fn propose(&self, history: &[u32], room: usize) -> Vec<u32> {
-        let room = room.min(self.likely_kept());
+    pub fn propose(&self, history: &[u32], room: usize, chance_needed: f64) -> Vec<u32> {
+        let room = room.min(self.likely_kept(chance_needed));
         if room == 0 || !self.worth_it() {
             return Vec::new();
         }
@@ -91,19 +91,23 @@ impl NgramDraft {
 
     /// How many guesses in a row are likely enough to be kept — the chance that a guess and
     /// every one before it are kept, by each position's record (one kept guess counted in
-    /// advance: a fresh sequence guesses as far as it may) — at least one, to go on learning
-    /// while the sequence still guesses.
-    fn likely_kept(&self) -> usize {
+    /// advance: a fresh sequence guesses as far as it may) at least `needed` — at least one
+    /// until its first position has [`LEARNED_AFTER`] passes of record, to learn.
+    fn likely_kept(&self, needed: f64) -> usize {
         let mut chance = 1.0;
         let mut n = 0;
         while n < self.max_tokens {
             chance *= f64::from(self.kept_at[n] + 1) / f64::from(self.reached[n] + 1);
-            if chance < KEEP_LIKELIHOOD {
+            if chance < needed {
                 break;
             }
             n += 1;
         }
-        n.max(1)
+        if self.reached[0] < LEARNED_AFTER {
+            n.max(1)
+        } else {
+            n
+        }
     }
 
     /// Tokens guessed so far.
@@ -153,32 +157,34 @@ mod tests {
         // "1 2 3 4" appears, later "9 2 3" then "... 2 3" again: the 3-gram "x 2 3" decides
         let h = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3];
         // suffix [1,2,3] (3-gram; the 4-gram [8,1,2,3] has no earlier match) occurred at 0
-        assert_eq!(d.propose(&h, 10), vec![4, 5, 9]);
+        assert_eq!(d.propose(&h, 10, 0.5), vec![4, 5, 9]);
         // the room caps it
-        assert_eq!(d.propose(&h, 2), vec![4, 5]);
-        assert!(d.propose(&h, 0).is_empty());
+        assert_eq!(d.propose(&h, 2, 0.5), vec![4, 5]);
+        assert!(d.propose(&h, 0, 0.5).is_empty());
     }
 
     #[test]
     fn the_most_recent_occurrence_wins_and_nothing_repeats_gives_nothing() {
         let d = NgramDraft::new(4).unwrap();
-        let h = [5, 6, 1, 5, 6, 2, 5, 6];
-        assert_eq!(d.propose(&h, 4), vec![2, 5, 6]);
-        assert!(d.propose(&[1, 2, 3, 4, 5], 4).is_empty());
+        let h = [5, 6, 7, 1, 5, 6, 7, 2, 5, 6, 7];
+        assert_eq!(d.propose(&h, 4, 0.5), vec![2, 5, 6, 7]);
+        // two tokens repeating are not enough to guess from
+        assert!(d.propose(&[5, 6, 1, 5, 6], 4, 0.5).is_empty());
+        assert!(d.propose(&[1, 2, 3, 4, 5], 4, 0.5).is_empty());
         // a continuation never reaches past the history's end
-        assert_eq!(d.propose(&[7, 7, 7], 4), vec![7]);
+        assert_eq!(d.propose(&[7, 7, 7, 7], 4, 0.5), vec![7]);
     }
 
     #[test]
     fn a_sequence_whose_guesses_fail_stops_guessing() {
         let mut d = NgramDraft::new(4).unwrap();
-        let h = [1, 2, 3, 1, 2];
-        assert!(!d.propose(&h, 4).is_empty());
+        let h = [1, 2, 3, 4, 1, 2, 3];
+        assert!(!d.propose(&h, 4, 0.5).is_empty());
         d.fed(JUDGED_AFTER - 1);
         assert!(d.worth_it(), "judged only after enough guesses");
         d.fed(1);
         assert!(!d.worth_it());
-        assert!(d.propose(&h, 4).is_empty());
+        assert!(d.propose(&h, 4, 0.5).is_empty());
         let mut good = NgramDraft::new(4).unwrap();
         good.fed(40);
         for _ in 0..13 {
@@ -194,7 +200,7 @@ mod tests {
         let h: Vec<u32> = [1, 2, 3, 4, 5, 6, 7, 8, 9].repeat(3);
         let mut d = NgramDraft::new(6).unwrap();
         assert_eq!(
-            d.propose(&h, 16).len(),
+            d.propose(&h, 16, 0.5).len(),
             6,
             "no record yet: as far as allowed"
         );
@@ -206,16 +212,29 @@ mod tests {
             d.learn(6, 2);
         }
         assert_eq!(
-            d.likely_kept(),
+            d.likely_kept(0.5),
             2,
             "position 2 was lost both times it was reached"
         );
-        assert_eq!(d.propose(&h, 16).len(), 2);
+        assert_eq!(d.propose(&h, 16, 0.5).len(), 2);
         // at least one guess while guessing pays, to go on learning
         let mut bad = NgramDraft::new(6).unwrap();
-        for _ in 0..5 {
+        for _ in 0..LEARNED_AFTER - 1 {
             bad.learn(6, 0);
         }
-        assert_eq!(bad.likely_kept(), 1);
+        assert_eq!(bad.likely_kept(0.5), 1, "still learning");
+        for _ in 0..2 {
+            bad.learn(6, 0);
+        }
+        assert_eq!(
+            bad.likely_kept(0.5),
+            0,
+            "learned: its first guesses are lost"
+        );
+        assert_eq!(
+            d.likely_kept(0.3),
+            6,
+            "a cheap pass guesses on past the position lost one time in three"
+        );
     }
 }

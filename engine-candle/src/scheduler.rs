@@ -26,6 +26,7 @@ use crate::error::EngineError;
 use crate::held_prefixes::{Held, Publisher};
 use crate::model::{KvCache, Model, Segment};
 use crate::ngram_draft::NgramDraft;
+use crate::pass_cost::PassCost;
 use crate::prompt_cache::{common_prefix, Entry, PromptCache};
 use crate::step_budget::StepBudget;
 
@@ -241,6 +242,8 @@ pub(crate) struct Scheduler {
     publisher: Publisher,
     /// Tokens a sequence guesses ahead per pass when its request does not say (0: off).
     draft_tokens: usize,
+    /// What a token more in a pass costs (how likely a guess must be kept to be fed).
+    pass_cost: PassCost,
 }
 
 impl Scheduler {
@@ -279,6 +282,7 @@ impl Scheduler {
             saved: PromptCache::new(settings.prompt_cache_bytes),
             publisher: Publisher::default(),
             draft_tokens: settings.draft_tokens,
+            pass_cost: PassCost::default(),
         }
     }
 
@@ -951,8 +955,12 @@ impl Scheduler {
             return self.running.is_empty()
                 && (!self.draining.is_empty() || !self.waiting.is_empty());
         }
-        // each decoding sequence's next token, then the tokens it guesses follow it
+        // each decoding sequence's next token, then the tokens it guesses follow it — as far
+        // as a guess is likely enough to be kept for what a token costs in this pass
         let ctx = self.model.ctx();
+        let prompt_chunk: usize = chunks.iter().map(|&(_, n)| n).sum::<usize>()
+            + embed_chunks.iter().map(|&(_, n)| n).sum::<usize>();
+        let chance_needed = self.pass_cost.chance_needed(decoding.len() + prompt_chunk);
         let nexts: Vec<Vec<u32>> = decoding
             .iter()
             .map(|&i| {
@@ -964,7 +972,7 @@ impl Scheduler {
                     let room = (seq.req.max_tokens.saturating_sub(seq.generated))
                         .min(ctx.saturating_sub(seq.pos))
                         .saturating_sub(1);
-                    t.extend(d.propose(&seq.tokens, room));
+                    t.extend(d.propose(&seq.tokens, room, chance_needed));
                 }
                 t
             })
@@ -1021,6 +1029,10 @@ impl Scheduler {
         );
         if !decoding.is_empty() {
             self.step.observe(prompt_tokens, took);
+            if prompt_tokens == 0 {
+                let tokens = nexts.iter().map(Vec::len).sum();
+                self.pass_cost.observe(tokens, took.as_secs_f64());
+            }
         }
         let mut logits = match result {
             Ok(l) => l,

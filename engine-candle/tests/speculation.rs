@@ -152,3 +152,23 @@ fn the_budget_and_stop_sequences_end_a_guessing_sequence_where_they_would() {
     assert_eq!(guessed.finish.reason, plain.finish.reason);
     assert_eq!(guessed.finish.stop_sequence, plain.finish.stop_sequence);
 }
+
+/// The same on Gemma 3 (local sliding-window layers, a logit soft-cap, K-quant weights).
+#[test]
+fn on_gemma_guesses_give_the_tokens_plain_decoding_gives() {
+    let mut opts = test_options();
+    opts.model_path = gemma_path();
+    opts.slots = 1;
+    opts.ctx = 512;
+    let e = CandleEngine::load(opts).expect("gemma loads");
+    let rewrite = chat_tokens(&e, REWRITE);
+    let plain = run(&e, &rewrite, SamplingParams::default(), 48);
+    let guessed = run(&e, &rewrite, with_draft(Some(6), Default::default()), 48);
+    assert_eq!(guessed.ids, plain.ids);
+    assert!(
+        guessed.finish.guesses_kept > 0,
+        "the rewrite keeps guesses on gemma too ({} of {})",
+        guessed.finish.guesses_kept,
+        guessed.finish.guessed_tokens
+    );
+}
