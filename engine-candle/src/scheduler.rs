@@ -92,12 +92,34 @@ struct Running {
 }
 
 /// Guesses fed after a sequence's token in one pass, checked one by one as its tokens are
-/// picked: `logits[k]` follows `drafts[k]` (whose keys and values are in the row).
+/// picked: the pass's logits, row after row (`vocab` each): row `k + 1` follows `drafts[k]`
+/// (whose keys and values are in the row).
 struct Verify {
     drafts: Vec<u32>,
-    logits: Vec<Vec<f32>>,
+    logits: Vec<f32>,
+    vocab: usize,
     /// Guesses checked so far.
     at: usize,
+}
+
+impl Running {
+    /// Picks the token after `logits` with the sequence's sampler (and constraint): it is
+    /// `next`, with its log-probabilities, or the constraint's failure.
+    fn pick_next(&mut self, logits: &mut [f32], tokenizer: &GgufTokenizer) {
+        match pick(
+            &mut self.sampler,
+            &mut self.req,
+            logits,
+            &self.tokens,
+            tokenizer,
+        ) {
+            Ok((t, lp)) => {
+                self.next = t;
+                self.logprobs = lp;
+            }
+            Err(e) => self.failed = Some(e),
+        }
+    }
 }
 
 /// The event of a sequence whose constraint could not be followed: noted as the request's
@@ -843,21 +865,9 @@ impl Scheduler {
                 d.kept_one();
             }
             seq.pos += 1;
-            let mut row = std::mem::take(&mut v.logits[v.at]);
             v.at += 1;
-            match pick(
-                &mut seq.sampler,
-                &mut seq.req,
-                &mut row,
-                &seq.tokens,
-                &self.tokenizer,
-            ) {
-                Ok((t, lp)) => {
-                    seq.next = t;
-                    seq.logprobs = lp;
-                }
-                Err(e) => seq.failed = Some(e),
-            }
+            let row = &mut v.logits[v.at * v.vocab..(v.at + 1) * v.vocab];
+            seq.pick_next(row, &self.tokenizer);
             if !self.accept_token(i) {
                 return;
             }
@@ -1068,27 +1078,18 @@ impl Scheduler {
             seq.pos += 1;
             let mut row = row;
             if fed.len() > 1 {
-                // the logits after the token, then after each guess
+                // the logits after the token, then after each guess: the first picks now,
+                // the others as the guesses before them are kept
                 let vocab = row.len() / fed.len();
-                let after_guesses = row.split_off(vocab);
+                seq.pick_next(&mut row[..vocab], &self.tokenizer);
                 seq.verify = Some(Verify {
                     drafts: fed[1..].to_vec(),
-                    logits: after_guesses.chunks(vocab).map(<[f32]>::to_vec).collect(),
+                    logits: row,
+                    vocab,
                     at: 0,
                 });
-            }
-            match pick(
-                &mut seq.sampler,
-                &mut seq.req,
-                &mut row,
-                &seq.tokens,
-                &self.tokenizer,
-            ) {
-                Ok((t, lp)) => {
-                    seq.next = t;
-                    seq.logprobs = lp;
-                }
-                Err(e) => seq.failed = Some(e),
+            } else {
+                seq.pick_next(&mut row, &self.tokenizer);
             }
         }
         // prompts whose last chunk went through start from its logits, in arrival order
