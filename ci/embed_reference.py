@@ -5,7 +5,9 @@ into engine-candle/tests/fixtures/llama_cpp_embeddings.json (issue 51's parity p
 Made with llama-cpp-python 0.3.36 built from its PyPI sdist (CMAKE_ARGS="-DGGML_NATIVE=ON
 -DGGML_AMX=OFF", pip install --target DIR, then PYTHONPATH=DIR):
     PYTHONPATH=DIR:.cache/pydeps python3 ci/embed_reference.py [OUT]
-after `ci/minilm_gguf.py` (the encoder and the tiny reranker) and `ci/fetch-model.sh` (the
+    PYTHONPATH=DIR:.cache/pydeps python3 ci/embed_reference.py --add MODEL.gguf [OUT]
+        (re)records one model's case into the fixture, mean pooling, keeping the others
+after `ci/minilm_gguf.py` (the encoder, the tiny reranker and the tiny nomic-bert) and `ci/fetch-model.sh` (the
 default decoder).
 
 For each model and pooling it records llama.cpp's token ids of each text (what our tokenizer
@@ -109,19 +111,27 @@ def rerank_case(path):
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else OUT
-    encoders = [os.path.join(MODELS, f"all-MiniLM-L6-v2.{t}.gguf")
-                for t in ("F32", "F16", "Q8_0", "Q4_0")]
-    cases = [texts_case(encoders[0], ["mean", "cls", "none"])]
-    cases += [texts_case(p, ["mean"]) for p in encoders[1:]]
-    cases.append(texts_case(os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf"),
-                            ["mean", "last"]))
-    doc = {
-        "generator": "ci/embed_reference.py",
-        "llama_cpp_python": llama_cpp.__version__,
-        "texts": cases,
-        "rerank": rerank_case(os.path.join(MODELS, "tiny-bert-reranker.gguf")),
-    }
+    args = sys.argv[1:]
+    if args[:1] == ["--add"]:
+        name, out = args[1], (args[2] if len(args) > 2 else OUT)
+        doc = json.load(open(out))
+        case = texts_case(os.path.join(MODELS, name), ["mean"])
+        doc["texts"] = [c for c in doc["texts"] if c["model"] != name] + [case]
+    else:
+        out = args[0] if args else OUT
+        encoders = [os.path.join(MODELS, f"all-MiniLM-L6-v2.{t}.gguf")
+                    for t in ("F32", "F16", "Q8_0", "Q4_0")]
+        cases = [texts_case(encoders[0], ["mean", "cls", "none"])]
+        cases += [texts_case(p, ["mean"]) for p in encoders[1:]]
+        cases.append(texts_case(os.path.join(MODELS, "tiny-nomic-bert.gguf"), ["mean"]))
+        cases.append(texts_case(os.path.join(MODELS, "SmolLM2-135M-Instruct.Q4_1.gguf"),
+                                ["mean", "last"]))
+        doc = {
+            "generator": "ci/embed_reference.py",
+            "llama_cpp_python": llama_cpp.__version__,
+            "texts": cases,
+            "rerank": rerank_case(os.path.join(MODELS, "tiny-bert-reranker.gguf")),
+        }
     with open(out, "w") as f:
         json.dump(doc, f, ensure_ascii=False)
         f.write("\n")

@@ -8,14 +8,17 @@ package.
 
     PYTHONPATH=.cache/pydeps python3 ci/minilm_gguf.py [DIR]
         writes DIR/all-MiniLM-L6-v2.{F32,F16,Q8_0,Q4_0}.gguf (default .cache/models) and
-        DIR/tiny-bert-reranker.gguf, prints their paths; idempotent (a file whose sha256 is
-        the pinned one is kept)
+        DIR/tiny-bert-reranker.gguf and DIR/tiny-nomic-bert.gguf, prints their paths;
+        idempotent (a file whose sha256 is the pinned one is kept)
 
 tiny-bert-reranker.gguf: no real reranker can be had from the registries, so a random-weight
 one (2 layers, 64 wide, seeded) with MiniLM's real WordPiece vocabulary and a classification
 head as llama.cpp stores a reranker's (`cls`: dense + tanh, `cls.output`: one score),
 `bert.pooling_type` 4 (rank). Its scores mean nothing; llama.cpp's on the same file are the
 reference they are checked against.
+
+tiny-nomic-bert.gguf: the same for `nomic-bert` (nomic-embed-text's layout: rotary positions
+over a 512-token context, a fused attn_qkv, a SwiGLU feed-forward), mean pooling.
 
 Deterministic: the wheel is pinned by its sha256 and each GGUF by its own (below); a mismatch
 stops with an error. Tensor types follow the converter's rules: norms, biases, the position
@@ -61,6 +64,7 @@ GGUF_SHA256 = {
     "Q8_0": "ff7009d191d9c783057e207ad65d8d2a5a8b76de034d8908cda064eb19d37303",
     "Q4_0": "8e1bb2a0e22eec18da66dbf2d2520ccd6976756154f10ed204f37980e5bb83f8",
     "tiny-bert-reranker": "cd1cf727f7061d53d1f89d88d9ae57819fb8383b2cbbaa2c74814e42f1c0ac48",
+    "tiny-nomic-bert": "166b1b3b7ce82cb3652685d17c5059d2079c28fde2f192034fa032e187c3078f",
 }
 
 
@@ -187,16 +191,18 @@ def write(model, out, file_type):
 
 
 RERANKER = "tiny-bert-reranker"
+NOMIC = "tiny-nomic-bert"
 TINY_EMBD, TINY_FF, TINY_HEAD, TINY_LAYER, TINY_CTX = 64, 128, 4, 2, 128
+# the tiny nomic-bert's context: past 128 so that rotary angles of far positions are tested
+NOMIC_CTX, NOMIC_ROPE_BASE = 512, 1000.0
 
 
-def write_reranker(model, out):
-    """The tiny reranker: MiniLM's vocabulary and metadata shape, random weights."""
+def tiny_header(model, out, arch, name, ctx, pooling):
+    """A tiny encoder's metadata with MiniLM's vocabulary; returns the writer and vocab size."""
     tok = json.load(open(os.path.join(model, "tokenizer.json")))
-    rng = np.random.default_rng(20261201)
-    w = gguf.GGUFWriter(out, "bert")
-    w.add_name(RERANKER)
-    w.add_context_length(TINY_CTX)
+    w = gguf.GGUFWriter(out, arch)
+    w.add_name(name)
+    w.add_context_length(ctx)
     w.add_embedding_length(TINY_EMBD)
     w.add_feed_forward_length(TINY_FF)
     w.add_block_count(TINY_LAYER)
@@ -204,7 +210,7 @@ def write_reranker(model, out):
     w.add_layer_norm_eps(1e-12)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     w.add_causal_attention(False)
-    w.add_pooling_type(gguf.PoolingType.RANK)
+    w.add_pooling_type(pooling)
     vocab = tok["model"]["vocab"]
     by_id = sorted(vocab.items(), key=lambda kv: kv[1])
     special = {t["content"] for t in tok["added_tokens"] if t.get("special")}
@@ -216,20 +222,39 @@ def write_reranker(model, out):
     w.add_token_list([phantom(t, ty) for (t, _), ty in zip(by_id, toktypes)])
     w.add_token_types(toktypes)
     gguf.SpecialVocab(model, n_vocab=len(by_id)).add_to_gguf(w)
-    e, ff = TINY_EMBD, TINY_FF
+    return w, len(by_id)
+
+
+def tiny_weights(seed):
+    """Seeded random tensors and LayerNorm pairs of the tiny encoders' width."""
+    rng = np.random.default_rng(seed)
 
     def r(*shape, scale=0.08):
         return (rng.standard_normal(shape) * scale).astype(np.float32)
 
-    def norm():
-        return (1.0 + r(e, scale=0.05)), r(e, scale=0.02)
+    def norm(w, name):
+        w.add_tensor(f"{name}.weight", 1.0 + r(TINY_EMBD, scale=0.05))
+        w.add_tensor(f"{name}.bias", r(TINY_EMBD, scale=0.02))
 
-    w.add_tensor("token_embd.weight", r(len(by_id), e, scale=0.5))
+    return r, norm
+
+
+def finish(w):
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_reranker(model, out):
+    """The tiny reranker: MiniLM's vocabulary and metadata shape, random weights."""
+    w, n_vocab = tiny_header(model, out, "bert", RERANKER, TINY_CTX, gguf.PoolingType.RANK)
+    r, norm = tiny_weights(20261201)
+    e, ff = TINY_EMBD, TINY_FF
+    w.add_tensor("token_embd.weight", r(n_vocab, e, scale=0.5))
     w.add_tensor("token_types.weight", r(2, e, scale=0.1))
     w.add_tensor("position_embd.weight", r(TINY_CTX, e, scale=0.1))
-    g, b = norm()
-    w.add_tensor("token_embd_norm.weight", g)
-    w.add_tensor("token_embd_norm.bias", b)
+    norm(w, "token_embd_norm")
     for i in range(TINY_LAYER):
         p = f"blk.{i}"
         for name, rows, cols in (("attn_q", e, e), ("attn_k", e, e), ("attn_v", e, e),
@@ -237,24 +262,48 @@ def write_reranker(model, out):
             w.add_tensor(f"{p}.{name}.weight", r(rows, cols))
             w.add_tensor(f"{p}.{name}.bias", r(rows, scale=0.02))
         for name in ("attn_output_norm", "layer_output_norm"):
-            g, b = norm()
-            w.add_tensor(f"{p}.{name}.weight", g)
-            w.add_tensor(f"{p}.{name}.bias", b)
+            norm(w, f"{p}.{name}")
     w.add_tensor("cls.weight", r(e, e, scale=0.2))
     w.add_tensor("cls.bias", r(e, scale=0.05))
     w.add_tensor("cls.output.weight", r(1, e, scale=0.5))
     w.add_tensor("cls.output.bias", r(1, scale=0.1))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    finish(w)
+
+
+def write_nomic(model, out):
+    """A tiny nomic-bert (nomic-embed-text's layout as llama.cpp's converter writes it: rotary
+    positions, fused attn_qkv without biases, SwiGLU feed-forward without biases), random
+    weights, MiniLM's vocabulary, mean pooling."""
+    w, n_vocab = tiny_header(model, out, "nomic-bert", NOMIC, NOMIC_CTX, gguf.PoolingType.MEAN)
+    w.add_rope_freq_base(NOMIC_ROPE_BASE)
+    r, norm = tiny_weights(20261204)
+    e, ff = TINY_EMBD, TINY_FF
+    w.add_tensor("token_embd.weight", r(n_vocab, e, scale=0.5))
+    w.add_tensor("token_types.weight", r(2, e, scale=0.1))
+    norm(w, "token_embd_norm")
+    for i in range(TINY_LAYER):
+        p = f"blk.{i}"
+        # queries and keys large enough that attention, and so the rotation, shapes the result
+        w.add_tensor(f"{p}.attn_qkv.weight", r(3 * e, e, scale=0.3))
+        w.add_tensor(f"{p}.attn_output.weight", r(e, e))
+        w.add_tensor(f"{p}.attn_output.bias", r(e, scale=0.02))
+        norm(w, f"{p}.attn_output_norm")
+        w.add_tensor(f"{p}.ffn_up.weight", r(ff, e))
+        w.add_tensor(f"{p}.ffn_gate.weight", r(ff, e))
+        w.add_tensor(f"{p}.ffn_down.weight", r(e, ff))
+        norm(w, f"{p}.layer_output_norm")
+    finish(w)
+
+
+TINY_WRITERS = {RERANKER: write_reranker, NOMIC: write_nomic}
 
 
 def main():
     out_dir = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, ".cache", "models")
     os.makedirs(out_dir, exist_ok=True)
     want = {t: os.path.join(out_dir, f"{NAME}.{t}.gguf") for t in TYPES}
-    want[RERANKER] = os.path.join(out_dir, f"{RERANKER}.gguf")
+    for name in TINY_WRITERS:
+        want[name] = os.path.join(out_dir, f"{name}.gguf")
     missing = [t for t, p in want.items()
                if not (os.path.exists(p) and GGUF_SHA256.get(t) == sha256(p))]
     if missing:
@@ -262,8 +311,8 @@ def main():
             model = model_files(tmp)
             for t in missing:
                 part = want[t] + ".part"
-                if t == RERANKER:
-                    write_reranker(model, part)
+                if t in TINY_WRITERS:
+                    TINY_WRITERS[t](model, part)
                 else:
                     write(model, part, t)
                 got = sha256(part)

@@ -1,10 +1,12 @@
-//! BERT encoders as llama.cpp stores them (`general.architecture = bert`: all-MiniLM, BGE,
-//! E5, rerankers): absolute positions, bidirectional attention, a post-norm block (attention,
-//! add, LayerNorm; GELU feed-forward, add, LayerNorm), weights with biases. Token types are
-//! all 0, as llama.cpp feeds them. The matmuls are the decoders' (`weights.rs`: every weight
-//! format, own CPU kernels where there are), over every token of a batch together; attention
-//! runs per sequence over exactly its tokens, so no sequence's result depends on the others
-//! (on the CPU one job per sequence and head on the compute pool: `encoder_attention.rs`).
+//! BERT encoders as llama.cpp stores them: `bert` (all-MiniLM, BGE, E5, rerankers: absolute
+//! positions, GELU feed-forward, weights with biases) and `nomic-bert` (nomic-embed-text:
+//! rotary positions with NeoX pairs, fused `attn_qkv`, a SwiGLU feed-forward without biases).
+//! Both are bidirectional with a post-norm block (attention, add, LayerNorm; feed-forward,
+//! add, LayerNorm). Token types are all 0, as llama.cpp feeds them. The matmuls are the
+//! decoders' (`weights.rs`: every weight format, own CPU kernels where there are), over every
+//! token of a batch together; positions count from 0 in each sequence and attention runs per
+//! sequence over exactly its tokens, so no sequence's result depends on the others (on the
+//! CPU one job per sequence and head on the compute pool: `encoder_attention.rs`).
 
 use std::collections::HashMap;
 
@@ -14,11 +16,28 @@ use candle_core::{Device, Tensor};
 use crate::error::{EngineError, Result};
 use crate::hparams::{md_f32, md_str, md_u32};
 use crate::pooling::Pooling;
+use crate::rotary::{angles, Rotary};
 use crate::weights::{GgufFile, Linear, WeightFormat};
+
+/// The encoder architectures (`general.architecture`) this module loads.
+pub const ENCODER_ARCHITECTURES: [&str; 2] = ["bert", "nomic-bert"];
+
+/// How an encoder's blocks tell positions apart, and their feed-forward.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum EncoderKind {
+    /// `bert`: learned absolute position embeddings; `up`, GELU, `down`.
+    Bert,
+    /// `nomic-bert`: rotary positions (NeoX pairs over the whole head, this base);
+    /// `down(silu(gate) · up)`.
+    NomicBert { rope_base: f32 },
+}
 
 /// What a BERT's GGUF says of its shape.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BertHparams {
+    /// `general.architecture`: one of [`ENCODER_ARCHITECTURES`].
+    pub architecture: String,
+    pub kind: EncoderKind,
     pub n_embd: usize,
     pub n_head: usize,
     pub n_layer: usize,
@@ -33,33 +52,59 @@ pub struct BertHparams {
 impl BertHparams {
     pub fn from_metadata(md: &HashMap<String, Value>) -> Result<Self> {
         let arch = md_str(md, "general.architecture").unwrap_or("");
-        if arch != "bert" {
-            return Err(EngineError::Unsupported(format!(
-                "encoder architecture {arch:?} (supported: bert)"
-            )));
-        }
-        let u = |k: &str| md_u32(md, &format!("bert.{k}")).map(|v| v as usize);
+        let kind = match arch {
+            "bert" => EncoderKind::Bert,
+            "nomic-bert" => EncoderKind::NomicBert {
+                rope_base: md_f32(md, "nomic-bert.rope.freq_base").unwrap_or(10_000.0),
+            },
+            _ => {
+                return Err(EngineError::Unsupported(format!(
+                    "encoder architecture {arch:?} (supported: {})",
+                    ENCODER_ARCHITECTURES.join(", ")
+                )))
+            }
+        };
+        let u = |k: &str| md_u32(md, &format!("{arch}.{k}")).map(|v| v as usize);
         let hp = Self {
+            architecture: arch.to_string(),
+            kind,
             n_embd: u("embedding_length")?,
             n_head: u("attention.head_count")?,
             n_layer: u("block_count")?,
             n_ff: u("feed_forward_length")?,
             ctx_train: u("context_length")?,
-            eps: md_f32(md, "bert.attention.layer_norm_epsilon").unwrap_or(1e-12),
-            pooling: match md_u32(md, "bert.pooling_type") {
+            eps: md_f32(md, &format!("{arch}.attention.layer_norm_epsilon")).unwrap_or(1e-12),
+            pooling: match md_u32(md, &format!("{arch}.pooling_type")) {
                 Ok(n) => Pooling::from_gguf(n).ok_or_else(|| {
                     EngineError::Unsupported(format!(
-                        "bert.pooling_type {n} (0 none, 1 mean, 2 cls, 3 last, 4 rank)"
+                        "{arch}.pooling_type {n} (0 none, 1 mean, 2 cls, 3 last, 4 rank)"
                     ))
                 })?,
                 Err(_) => Pooling::Mean,
             },
         };
+        let n_head = hp.n_head.max(1);
         if hp.n_head == 0 || !hp.n_embd.is_multiple_of(hp.n_head) || hp.n_layer == 0 {
             return Err(EngineError::BadModel(format!(
-                "bert: {} wide over {} heads, {} layers",
+                "{arch}: {} wide over {} heads, {} layers",
                 hp.n_embd, hp.n_head, hp.n_layer
             )));
+        }
+        if let EncoderKind::NomicBert { .. } = kind {
+            let head_dim = hp.n_embd / n_head;
+            match md_u32(md, &format!("{arch}.rope.dimension_count")) {
+                Ok(d) if d as usize != head_dim => {
+                    return Err(EngineError::Unsupported(format!(
+                        "{arch}: rotary embedding over {d} of a head's {head_dim} dimensions"
+                    )))
+                }
+                _ if !head_dim.is_multiple_of(2) => {
+                    return Err(EngineError::BadModel(format!(
+                        "{arch}: rotary embedding over an odd head width {head_dim}"
+                    )))
+                }
+                _ => {}
+            }
         }
         Ok(hp)
     }
@@ -81,6 +126,58 @@ impl Affine {
             None
         };
         Ok(Self { w, b })
+    }
+
+    /// A weight whose bias, if the file has one, llama.cpp does not add (nomic-bert's
+    /// feed-forward).
+    fn load_unbiased(
+        f: &mut GgufFile,
+        name: &str,
+        device: &Device,
+        format: WeightFormat,
+    ) -> Result<Self> {
+        let w = f.encoder_matmul(&format!("{name}.weight"), device, format)?;
+        Ok(Self { w, b: None })
+    }
+
+    /// A fused `{name}` (queries, keys, values by rows, `width` each) and its fused bias.
+    fn load_fused_qkv(
+        f: &mut GgufFile,
+        name: &str,
+        width: usize,
+        device: &Device,
+        format: WeightFormat,
+    ) -> Result<[Self; 3]> {
+        let parts = f.encoder_split(&format!("{name}.weight"), &[width; 3], device, format)?;
+        let [q, k, v] = <[Linear; 3]>::try_from(parts)
+            .map_err(|_| EngineError::BadModel(format!("{name}: three parts")))?;
+        let bias = format!("{name}.bias");
+        let b = if f.has(&bias) {
+            let b = f.dense(&bias, device)?;
+            if b.elem_count() != 3 * width {
+                return Err(EngineError::BadModel(format!(
+                    "{bias}: {} values for 3 x {width}",
+                    b.elem_count()
+                )));
+            }
+            let b = b.flatten_all()?;
+            Some([
+                b.narrow(0, 0, width)?,
+                b.narrow(0, width, width)?,
+                b.narrow(0, 2 * width, width)?,
+            ])
+        } else {
+            None
+        };
+        let [bq, bk, bv] = match b {
+            Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+            None => [None, None, None],
+        };
+        Ok([
+            Self { w: q, b: bq },
+            Self { w: k, b: bk },
+            Self { w: v, b: bv },
+        ])
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
@@ -118,15 +215,27 @@ struct Block {
     out: Affine,
     attn_norm: Norm,
     up: Affine,
+    /// SwiGLU's gate (nomic-bert); none for GELU.
+    gate: Option<Linear>,
     down: Affine,
     out_norm: Norm,
+}
+
+/// A rotary encoder's angles: as vectors (the CPU path) and as tensors (an accelerator's).
+struct RopeTables {
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    cos_t: Tensor,
+    sin_t: Tensor,
 }
 
 /// A loaded BERT.
 pub(crate) struct Bert {
     pub hp: BertHparams,
     tok_embd: Tensor,
-    pos_embd: Tensor,
+    /// Learned absolute positions (`bert`), or rotary angles (`nomic-bert`).
+    pos_embd: Option<Tensor>,
+    rope: Option<RopeTables>,
     /// The embedding of token type 0, when the model has token types.
     type0: Option<Tensor>,
     embd_norm: Norm,
@@ -146,7 +255,37 @@ impl Bert {
         format: WeightFormat,
     ) -> Result<Self> {
         let tok_embd = f.dense("token_embd.weight", device)?;
-        let pos_embd = f.dense("position_embd.weight", device)?;
+        let head_dim = hp.n_embd / hp.n_head;
+        let (pos_embd, rope) = match hp.kind {
+            EncoderKind::Bert => {
+                let pos_embd = f.dense("position_embd.weight", device)?;
+                let (rows, width) = pos_embd.dims2()?;
+                if width != hp.n_embd || rows < hp.ctx_train {
+                    return Err(EngineError::BadModel(format!(
+                        "bert: position embeddings {rows}x{width} for {} positions of {}",
+                        hp.ctx_train, hp.n_embd
+                    )));
+                }
+                (Some(pos_embd), None)
+            }
+            EncoderKind::NomicBert { rope_base } => {
+                let a = angles(head_dim, rope_base, 1.0, None, hp.ctx_train);
+                let cos: Vec<f32> = a.iter().map(|x| x.cos()).collect();
+                let sin: Vec<f32> = a.iter().map(|x| x.sin()).collect();
+                let shape = (hp.ctx_train, head_dim / 2);
+                let cos_t = Tensor::from_slice(&cos, shape, device)?;
+                let sin_t = Tensor::from_slice(&sin, shape, device)?;
+                (
+                    None,
+                    Some(RopeTables {
+                        cos,
+                        sin,
+                        cos_t,
+                        sin_t,
+                    }),
+                )
+            }
+        };
         let type0 = if f.has("token_types.weight") {
             Some(f.dense("token_types.weight", device)?.narrow(0, 0, 1)?)
         } else {
@@ -156,14 +295,37 @@ impl Bert {
         let mut blocks = Vec::with_capacity(hp.n_layer);
         for i in 0..hp.n_layer {
             let p = format!("blk.{i}");
+            let fused = format!("{p}.attn_qkv");
+            let [q, k, v] = if f.has(&format!("{fused}.weight")) {
+                Affine::load_fused_qkv(f, &fused, hp.n_embd, device, format)?
+            } else {
+                [
+                    Affine::load(f, &format!("{p}.attn_q"), device, format)?,
+                    Affine::load(f, &format!("{p}.attn_k"), device, format)?,
+                    Affine::load(f, &format!("{p}.attn_v"), device, format)?,
+                ]
+            };
+            let (up, gate, down) = match hp.kind {
+                EncoderKind::Bert => (
+                    Affine::load(f, &format!("{p}.ffn_up"), device, format)?,
+                    None,
+                    Affine::load(f, &format!("{p}.ffn_down"), device, format)?,
+                ),
+                EncoderKind::NomicBert { .. } => (
+                    Affine::load_unbiased(f, &format!("{p}.ffn_up"), device, format)?,
+                    Some(f.encoder_matmul(&format!("{p}.ffn_gate.weight"), device, format)?),
+                    Affine::load_unbiased(f, &format!("{p}.ffn_down"), device, format)?,
+                ),
+            };
             blocks.push(Block {
-                q: Affine::load(f, &format!("{p}.attn_q"), device, format)?,
-                k: Affine::load(f, &format!("{p}.attn_k"), device, format)?,
-                v: Affine::load(f, &format!("{p}.attn_v"), device, format)?,
+                q,
+                k,
+                v,
                 out: Affine::load(f, &format!("{p}.attn_output"), device, format)?,
                 attn_norm: Norm::load(f, &format!("{p}.attn_output_norm"), device)?,
-                up: Affine::load(f, &format!("{p}.ffn_up"), device, format)?,
-                down: Affine::load(f, &format!("{p}.ffn_down"), device, format)?,
+                up,
+                gate,
+                down,
                 out_norm: Norm::load(f, &format!("{p}.layer_output_norm"), device)?,
             });
         }
@@ -177,21 +339,16 @@ impl Bert {
         let cls = head(f, "cls")?;
         let cls_out = head(f, "cls.output")?;
         if hp.pooling == Pooling::Rank && cls.is_none() && cls_out.is_none() {
-            return Err(EngineError::BadModel(
-                "bert: pooling rank without a classification head (cls, cls.output)".into(),
-            ));
-        }
-        let (rows, width) = pos_embd.dims2()?;
-        if width != hp.n_embd || rows < hp.ctx_train {
             return Err(EngineError::BadModel(format!(
-                "bert: position embeddings {rows}x{width} for {} positions of {}",
-                hp.ctx_train, hp.n_embd
+                "{}: pooling rank without a classification head (cls, cls.output)",
+                hp.architecture
             )));
         }
         Ok(Self {
             hp,
             tok_embd,
             pos_embd,
+            rope,
             type0,
             embd_norm,
             blocks,
@@ -219,11 +376,11 @@ impl Bert {
         let ids_len = ids.len();
         let positions: Vec<u32> = seqs.iter().flat_map(|s| 0..s.len() as u32).collect();
         let ids = Tensor::new(ids.as_slice(), &self.device)?;
-        let positions = Tensor::new(positions.as_slice(), &self.device)?;
-        let mut x = self
-            .tok_embd
-            .index_select(&ids, 0)?
-            .add(&self.pos_embd.index_select(&positions, 0)?)?;
+        let mut x = self.tok_embd.index_select(&ids, 0)?;
+        if let Some(pos_embd) = &self.pos_embd {
+            let at = Tensor::new(positions.as_slice(), &self.device)?;
+            x = x.add(&pos_embd.index_select(&at, 0)?)?;
+        }
         if let Some(t) = &self.type0 {
             x = x.broadcast_add(t)?;
         }
@@ -236,9 +393,25 @@ impl Bert {
             let attn = if self.device.is_cpu() {
                 let flat =
                     |m: &Tensor| -> Result<Vec<f32>> { Ok(m.flatten_all()?.to_vec1::<f32>()?) };
+                let (mut q, mut k) = (flat(&q)?, flat(&k)?);
+                if let Some(r) = &self.rope {
+                    // `[tokens, heads, hd]` is `[1, tokens·heads, hd]`: each row turns by its
+                    // token's position
+                    let at: Vec<u32> = positions
+                        .iter()
+                        .flat_map(|&p| std::iter::repeat_n(p, nh))
+                        .collect();
+                    let rot = Rotary {
+                        cos: &r.cos,
+                        sin: &r.sin,
+                        interleaved: false,
+                    };
+                    rot.rotate(&mut q, 1, ids_len * nh, hd, &at);
+                    rot.rotate(&mut k, 1, ids_len * nh, hd, &at);
+                }
                 let out = crate::encoder_attention::attend(
-                    &flat(&q)?,
-                    &flat(&k)?,
+                    &q,
+                    &k,
                     &flat(&v)?,
                     &lens,
                     nh,
@@ -247,12 +420,32 @@ impl Bert {
                 );
                 Tensor::from_vec(out, (ids_len, hp.n_embd), &self.device)?
             } else {
+                let (q, k) = match &self.rope {
+                    Some(r) => {
+                        let at = Tensor::new(positions.as_slice(), &self.device)?;
+                        let (cos, sin) =
+                            (r.cos_t.index_select(&at, 0)?, r.sin_t.index_select(&at, 0)?);
+                        let turn = |m: &Tensor| -> Result<Tensor> {
+                            let m = m.reshape((1, ids_len, nh, hd))?;
+                            Ok(candle_nn::rotary_emb::rope_thd(&m, &cos, &sin)?
+                                .reshape((ids_len, hp.n_embd))?)
+                        };
+                        (turn(&q)?, turn(&k)?)
+                    }
+                    None => (q, k),
+                };
                 self.attend_per_sequence(seqs, [&q, &k, &v], scale)?
             };
             let h = b
                 .attn_norm
                 .forward(&(&x + b.out.forward(&attn)?)?, hp.eps)?;
-            let ff = b.down.forward(&crate::geglu::gelu(&b.up.forward(&h)?)?)?;
+            let ff = match &b.gate {
+                Some(gate) => {
+                    let [g, u] = Linear::forward_all([gate, &b.up.w], &h)?;
+                    b.down.forward(&(candle_nn::ops::silu(&g)? * u)?)?
+                }
+                None => b.down.forward(&crate::geglu::gelu(&b.up.forward(&h)?)?)?,
+            };
             x = b.out_norm.forward(&(&h + ff)?, hp.eps)?;
         }
         let all = x

@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use engine_port::{EmbedInfo, Pooling, PortError, SlotPermit, Slots};
 
-use crate::bert::{Bert, BertHparams};
+use crate::bert::{Bert, BertHparams, ENCODER_ARCHITECTURES};
 use crate::compute_priority;
 use crate::cpu_parallel::{pool_threads, with_threads};
 pub use crate::embed_job::EmbedRequest;
@@ -70,10 +70,12 @@ pub struct EncoderEngine {
     passes: Arc<AtomicU64>,
 }
 
-/// Whether the GGUF at `path` is an encoder this engine loads (its architecture is `bert`).
+/// Whether the GGUF at `path` is an encoder this engine loads (its architecture is one of
+/// [`ENCODER_ARCHITECTURES`]: `bert`, `nomic-bert`).
 pub fn is_encoder(path: &Path) -> Result<bool> {
     let f = GgufFile::open(path)?;
-    Ok(md_str(&f.content.metadata, "general.architecture") == Some("bert"))
+    let arch = md_str(&f.content.metadata, "general.architecture").unwrap_or("");
+    Ok(ENCODER_ARCHITECTURES.contains(&arch))
 }
 
 impl EncoderEngine {
@@ -95,7 +97,9 @@ impl EncoderEngine {
             keys.iter()
                 .find_map(|k| md_u32(&md, &format!("tokenizer.ggml.{k}_token_id")).ok())
                 .or_else(|| tokenizer.id_of(name))
-                .ok_or_else(|| EngineError::BadModel(format!("bert: no {name} token")))
+                .ok_or_else(|| {
+                    EngineError::BadModel(format!("{}: no {name} token", hp.architecture))
+                })
         };
         let cls = id(["bos", "cls"], "[CLS]")?;
         let sep = id(["seperator", "eos"], "[SEP]")?;
@@ -150,7 +154,7 @@ impl EncoderEngine {
             weights_bytes: std::fs::metadata(&opts.model_path).map_or(0, |m| m.len()),
             model_path: opts.model_path,
             name,
-            architecture: "bert".into(),
+            architecture: hp.architecture.clone(),
             slots: opts.slots,
             threads,
             device: opts.settings.device,

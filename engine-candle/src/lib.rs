@@ -42,6 +42,7 @@ mod q5_k_cpu;
 mod q6_k_cpu;
 mod q8_0_cpu;
 mod rms_norm;
+mod rotary;
 mod sampling;
 mod scheduler;
 mod spm_vocab;
@@ -50,7 +51,7 @@ mod text_stream;
 mod tokenizer;
 mod weights;
 
-pub use bert::BertHparams;
+pub use bert::{BertHparams, EncoderKind, ENCODER_ARCHITECTURES};
 pub use builtin_templates::{builtin as builtin_template, builtin_names as builtin_template_names};
 pub use chat_template::{ChatTemplate, Piece, TemplateSource, CHATML_FALLBACK, GEMMA_FALLBACK};
 pub use compute_priority::{lower_current_thread, MAX_NICE};

@@ -18,6 +18,7 @@ use crate::cpu_parallel::par_chunks_mut;
 use crate::error::{EngineError, Result};
 use crate::hparams::{Activation, Hparams, RopeStyle};
 use crate::kv_type::KvType;
+use crate::rotary::Rotary;
 use crate::weights::{Linear, Weights};
 
 /// Most prompt tokens of one sequence in one forward pass (bounds attention memory).
@@ -73,17 +74,13 @@ impl RopeTables {
         device: &Device,
     ) -> Result<Self> {
         let half = hp.head_dim / 2;
-        let theta_scale = base.powf(-2.0 / hp.head_dim as f32);
-        let freq_scale = 1.0 / hp.rope_linear_factor;
-        let mut angles = Vec::with_capacity(ctx * half);
-        for p in 0..ctx {
-            let mut theta = p as f32;
-            for i in 0..half {
-                let ff = freq_factors.map_or(1.0, |f| f[i]);
-                angles.push(freq_scale * (theta / ff));
-                theta *= theta_scale;
-            }
-        }
+        let angles = crate::rotary::angles(
+            hp.head_dim,
+            base,
+            1.0 / hp.rope_linear_factor,
+            freq_factors.map(|f| f.as_slice()),
+            ctx,
+        );
         let cos_table: Vec<f32> = angles.iter().map(|a| a.cos()).collect();
         let sin_table: Vec<f32> = angles.iter().map(|a| a.sin()).collect();
         let angles = Tensor::from_vec(angles, (ctx, half), device)?;
@@ -289,13 +286,7 @@ impl Model {
             sin: &tables.sin_table,
             interleaved: matches!(self.hp.rope_style, RopeStyle::Interleaved),
         };
-        #[cfg(target_arch = "x86_64")]
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            // SAFETY: AVX2 and FMA were detected.
-            unsafe { rotate_fma(&r, &mut v, heads, n, hd, positions) };
-            return Ok(Tensor::from_vec(v, (1, heads, n, hd), &self.device)?);
-        }
-        rotate(&r, &mut v, heads, n, hd, positions);
+        r.rotate(&mut v, heads, n, hd, positions);
         Ok(Tensor::from_vec(v, (1, heads, n, hd), &self.device)?)
     }
 
@@ -676,51 +667,6 @@ fn causal_mask(
         }
     }
     Ok(Some(Tensor::from_vec(m, (g * t, total), device)?))
-}
-
-/// The rotary tables and pairing of a model.
-struct Rotary<'a> {
-    cos: &'a [f32],
-    sin: &'a [f32],
-    interleaved: bool,
-}
-
-/// Rotates `[heads, n, hd]` in place: `x0·c − x1·s` with the first product fused and
-/// `x0·s + x1·c` with the second fused — the contraction GCC gives ggml's `rotate_pairs`.
-#[inline(always)]
-fn rotate(r: &Rotary<'_>, v: &mut [f32], heads: usize, n: usize, hd: usize, positions: &[u32]) {
-    let half = hd / 2;
-    for h in 0..heads {
-        for (t, &p) in positions.iter().enumerate() {
-            let row = &mut v[(h * n + t) * hd..(h * n + t + 1) * hd];
-            let p = p as usize;
-            let cs = &r.cos[p * half..(p + 1) * half];
-            let sn = &r.sin[p * half..(p + 1) * half];
-            for i in 0..half {
-                let (a, b) = if r.interleaved {
-                    (2 * i, 2 * i + 1)
-                } else {
-                    (i, i + half)
-                };
-                let (x0, x1, c, s) = (row[a], row[b], cs[i], sn[i]);
-                row[a] = x0.mul_add(c, -(x1 * s));
-                row[b] = x1.mul_add(c, x0 * s);
-            }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn rotate_fma(
-    r: &Rotary<'_>,
-    v: &mut [f32],
-    heads: usize,
-    n: usize,
-    hd: usize,
-    positions: &[u32],
-) {
-    rotate(r, v, heads, n, hd, positions)
 }
 
 /// Runs `f` on the f32 contents of a CPU tensor (from its first element).

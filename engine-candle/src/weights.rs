@@ -228,12 +228,18 @@ impl GgufFile {
         format: WeightFormat,
     ) -> Result<Linear> {
         let q = self.qtensor(name, device)?;
-        if device.is_cpu() && format != WeightFormat::Q8_0 {
-            if let Some(d) = DenseRows::from_qtensor(&q)? {
-                return Ok(Linear::Float(d));
-            }
-        }
-        linear(q, device, format)
+        encoder_linear(q, device, format)
+    }
+
+    /// [`Self::split`] for an encoder (its kernels as [`Self::encoder_matmul`] picks them).
+    pub(crate) fn encoder_split(
+        &mut self,
+        name: &str,
+        rows: &[usize],
+        device: &Device,
+        format: WeightFormat,
+    ) -> Result<Vec<Linear>> {
+        self.split_with(name, rows, device, format, encoder_linear)
     }
 
     /// A fused weight (`attn_qkv`, Phi-3's `ffn_up` holding gate and up) cut into its parts of
@@ -244,6 +250,17 @@ impl GgufFile {
         rows: &[usize],
         device: &Device,
         format: WeightFormat,
+    ) -> Result<Vec<Linear>> {
+        self.split_with(name, rows, device, format, linear)
+    }
+
+    fn split_with(
+        &mut self,
+        name: &str,
+        rows: &[usize],
+        device: &Device,
+        format: WeightFormat,
+        kernel: fn(QTensor, &Device, WeightFormat) -> Result<Linear>,
     ) -> Result<Vec<Linear>> {
         let q = self.qtensor(name, &Device::Cpu)?;
         let (n, k) = q.shape().dims2()?;
@@ -265,11 +282,21 @@ impl GgufFile {
                 vec![r, k],
                 device,
             )?;
-            out.push(linear(part, device, format)?);
+            out.push(kernel(part, device, format)?);
             at += r;
         }
         Ok(out)
     }
+}
+
+/// [`linear`] for an encoder: float weights on the CPU through [`DenseRows`].
+fn encoder_linear(q: QTensor, device: &Device, format: WeightFormat) -> Result<Linear> {
+    if device.is_cpu() && format != WeightFormat::Q8_0 {
+        if let Some(d) = DenseRows::from_qtensor(&q)? {
+            return Ok(Linear::Float(d));
+        }
+    }
+    linear(q, device, format)
 }
 
 /// A matmul weight with the kernel `format` picks for it on `device`.

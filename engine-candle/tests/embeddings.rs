@@ -1,9 +1,10 @@
-//! ENG-EMB-1..4 (issue 51): embeddings against llama.cpp on the same GGUF files
+//! ENG-EMB-1..5 (issue 51): embeddings against llama.cpp on the same GGUF files
 //! (`fixtures/llama_cpp_embeddings.json`, recorded with llama-cpp-python 0.3.36 by
 //! `ci/embed_reference.py`): all-MiniLM-L6-v2 converted by `ci/minilm_gguf.py` in F32, F16,
-//! Q8_0 and Q4_0, pooling mean, cls and none — the same token ids, cosine ≥ 0.999 — and a
-//! reranker's scores (the tiny random-weight one) in llama.cpp's order and within 1e-3; a
-//! vector never depends on what else shared its pass (32 inputs of mixed lengths).
+//! Q8_0 and Q4_0, pooling mean, cls and none, and a tiny random-weight nomic-bert — the same
+//! token ids, cosine ≥ 0.999 — and a reranker's scores (the tiny random-weight one) in
+//! llama.cpp's order and within 1e-3; a vector never depends on what else shared its pass (32
+//! inputs of mixed lengths).
 
 use std::path::PathBuf;
 
@@ -283,4 +284,37 @@ fn decoder_vectors_match_llama_cpp_and_do_not_depend_on_the_batch() {
     }
     // every slot free again: the borrowed ones were given back
     assert_eq!(e.slots().in_use(), 0);
+}
+
+/// ENG-EMB-1, ENG-EMB-4: a `nomic-bert` encoder (the tiny random-weight one of
+/// `ci/minilm_gguf.py`: rotary positions, fused attn_qkv, SwiGLU) gives llama.cpp's vectors —
+/// the long text's 240-odd positions turn by their angles as llama.cpp's NeoX rotation does —
+/// and each vector is the same alone and in the batch.
+#[test]
+fn nomic_bert_vectors_match_llama_cpp_and_do_not_depend_on_the_batch() {
+    let f = fixture();
+    let case = f
+        .texts
+        .iter()
+        .find(|c| c.model == "tiny-nomic-bert.gguf")
+        .expect("the nomic-bert case");
+    let e = encoder(model(&case.model, Some(&case.sha256)), 2);
+    let rows = &case.poolings["mean"];
+    let inputs: Vec<Vec<u32>> = rows
+        .iter()
+        .map(|r| {
+            let ids = e.encode_text(&r.text, false).unwrap();
+            assert_eq!(ids, r.ids, "tokens of {:?}", r.text);
+            ids
+        })
+        .collect();
+    assert!(inputs.iter().any(|i| i.len() > 200), "a long input");
+    let together = embed(&e, inputs.clone(), Pooling::Mean, false);
+    for ((r, g), ids) in rows.iter().zip(&together).zip(inputs) {
+        let c = cosine(&g[0], &r.vectors[0]);
+        assert!(c >= 0.999, "{:?}: cosine {c}", r.text);
+        let alone = embed(&e, vec![ids], Pooling::Mean, false);
+        let same = cosine(&alone[0][0], &g[0]);
+        assert!(same >= 0.9999, "{:?}: alone vs together {same}", r.text);
+    }
 }

@@ -298,7 +298,7 @@ fn of_file(e: &crate::models_folder::Entry) -> Result<ShowResponse, ApiError> {
         details: file_details(facts),
         model_info,
         capabilities: match facts.architecture.as_str() {
-            "bert" => vec!["embedding"],
+            a if pool_manager::candle::ENCODER_ARCHITECTURES.contains(&a) => vec!["embedding"],
             _ => vec!["completion", "tools"],
         },
         modified_at: e
