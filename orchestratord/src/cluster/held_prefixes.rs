@@ -4,7 +4,11 @@
 //! every [`PUBLISH_EVERY`] while it changes, and the whole set every [`FULL_EVERY`] — and
 //! follows the others'. Fire and forget: no message is on a request's path, and one lost is
 //! found by the next message's sequence number (the pool counts for nothing until its next
-//! whole set). The index is bounded: [`MAX_REPLICAS`] replicas, [`MAX_POOLS`] pools each,
+//! whole set). A reader that finds such a gap, or hears a pool first by its changes (it joined
+//! after that pool's whole set went out), asks that replica for its whole set on
+//! `orchd.held-want` (at most every [`ASK_EVERY`] a pool), and a replica that starts following
+//! asks every replica; a replica answers at its next look, at most every [`ANSWER_EVERY`], so
+//! nobody waits out [`FULL_EVERY`] for what the others hold. The index is bounded: [`MAX_REPLICAS`] replicas, [`MAX_POOLS`] pools each,
 //! [`MAX_INDEX_BLOCKS`] blocks in all; a pool silent for [`STALE_AFTER`] counts for nothing.
 //!
 //! Admission reads it to give the replica holding a task's prefix a head start on taking it
@@ -27,6 +31,12 @@ use crate::lifecycle::state::Lifecycle;
 pub const PUBLISH_EVERY: Duration = Duration::from_millis(50);
 /// How often each pool's whole set goes out (a reader that missed a message recovers).
 pub const FULL_EVERY: Duration = Duration::from_secs(5);
+/// A reader asks a replica for one pool's whole set at most this often.
+pub const ASK_EVERY: Duration = Duration::from_millis(500);
+/// A replica sends whole sets on request at most this often.
+pub const ANSWER_EVERY: Duration = Duration::from_millis(200);
+/// Where readers ask for whole sets: the payload names the replica asked, or is empty for all.
+const WANT_SUBJECT: &str = "orchd.held-want";
 /// A pool not heard from for this long counts for nothing.
 pub const STALE_AFTER: Duration = Duration::from_secs(15);
 /// Other replicas indexed at most.
@@ -87,6 +97,8 @@ struct PeerPool {
     /// Every message since its last whole set arrived (else it counts for nothing).
     complete: bool,
     heard: Instant,
+    /// When this reader last asked for the pool's whole set.
+    asked: Option<Instant>,
 }
 
 /// The other replicas' pools and what they hold.
@@ -136,10 +148,11 @@ impl HeldIndex {
             .sum()
     }
 
-    /// Takes one message in.
-    fn take(&self, u: HeldUpdate) {
+    /// Takes one message in; says the replica to ask for its whole set when the message left
+    /// its pool incomplete (and it was not asked lately).
+    fn take(&self, u: HeldUpdate) -> Option<String> {
         if u.replica == self.replica {
-            return;
+            return None;
         }
         let mut peers = self.peers.lock().unwrap_or_else(|p| p.into_inner());
         if u.gone {
@@ -149,11 +162,11 @@ impl HeldIndex {
                     peers.remove(&u.replica);
                 }
             }
-            return;
+            return None;
         }
         let (Some(added), Some(evicted)) = (decode(&u.added), decode(&u.evicted)) else {
             tracing::debug!(replica = %u.replica, pool = %u.pool, "cluster: unreadable held prefixes");
-            return;
+            return None;
         };
         // room left in the index for this pool: the bound counts every other pool's blocks
         let others: usize = peers
@@ -164,11 +177,11 @@ impl HeldIndex {
             .sum();
         let room = MAX_INDEX_BLOCKS.saturating_sub(others);
         if !peers.contains_key(&u.replica) && peers.len() >= MAX_REPLICAS {
-            return;
+            return None;
         }
         let pools = peers.entry(u.replica.clone()).or_default();
         if !pools.contains_key(&u.pool) && pools.len() >= MAX_POOLS {
-            return;
+            return None;
         }
         let now = Instant::now();
         let pool = pools.entry(u.pool.clone()).or_insert_with(|| PeerPool {
@@ -177,6 +190,7 @@ impl HeldIndex {
             blocks: CachedPrefixes::default(),
             complete: false,
             heard: now,
+            asked: None,
         });
         if u.full {
             pool.blocks = CachedPrefixes::from_blocks(added.into_iter().take(room));
@@ -191,6 +205,11 @@ impl HeldIndex {
         pool.model = u.model;
         pool.seq = u.seq;
         pool.heard = now;
+        if pool.complete || pool.asked.is_some_and(|at| at.elapsed() < ASK_EVERY) {
+            return None;
+        }
+        pool.asked = Some(now);
+        Some(u.replica)
     }
 }
 
@@ -203,10 +222,12 @@ struct Published {
 
 /// This replica's side: the messages that say what its pools hold now, given what it said
 /// before (`last`, updated).
+/// `whole`: every pool's whole set now (a reader asked).
 fn updates(
     replica: &str,
     state: &Lifecycle,
     last: &mut HashMap<String, Published>,
+    whole: bool,
 ) -> Vec<HeldUpdate> {
     let mut out = Vec::new();
     let mut seen = Vec::new();
@@ -228,7 +249,7 @@ fn updates(
             evicted: encode(evicted),
         };
         let (seq, whole) = match last.get(&id) {
-            Some(p) if p.full_at.elapsed() < FULL_EVERY => {
+            Some(p) if !whole && p.full_at.elapsed() < FULL_EVERY => {
                 if Arc::ptr_eq(&p.held, &held) || *p.held == *held {
                     continue;
                 }
@@ -302,12 +323,32 @@ impl super::Cluster {
         let mut tick = tokio::time::interval(PUBLISH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let subject = subject(self.replica());
+        // readers asking for whole sets; without it, whole sets go out every FULL_EVERY only
+        let mut asks = match self.client.subscribe(WANT_SUBJECT).await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster: asks for held prefixes not followed");
+                None
+            }
+        };
+        let (mut wanted, mut answered) = (false, None::<Instant>);
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
+                ask = async { asks.as_mut()?.next().await }, if asks.is_some() => {
+                    match ask {
+                        Some(m) => wanted |= m.payload.is_empty() || m.payload == self.replica().as_bytes(),
+                        None => asks = None,
+                    }
+                    continue;
+                }
             }
-            for u in updates(self.replica(), &state, &mut last) {
+            let whole = wanted && answered.is_none_or(|at| at.elapsed() >= ANSWER_EVERY);
+            if whole {
+                (wanted, answered) = (false, Some(Instant::now()));
+            }
+            for u in updates(self.replica(), &state, &mut last, whole) {
                 let Ok(payload) = serde_json::to_vec(&u) else {
                     continue;
                 };
@@ -315,6 +356,14 @@ impl super::Cluster {
                     tracing::debug!(error = %e, "cluster: held prefixes not sent");
                 }
             }
+        }
+    }
+
+    /// Asks `replica` (every replica: `None`) for its pools' whole sets.
+    async fn ask_whole(&self, replica: Option<&str>) {
+        let payload = replica.unwrap_or_default().as_bytes().to_vec();
+        if let Err(e) = self.client.publish(WANT_SUBJECT, payload.into()).await {
+            tracing::debug!(error = %e, "cluster: ask for held prefixes not sent");
         }
     }
 
@@ -328,6 +377,8 @@ impl super::Cluster {
             .subscribe("orchd.held.*")
             .await
             .map_err(ClusterError::jetstream)?;
+        // the whole sets that went out before this replica listened
+        self.ask_whole(None).await;
         loop {
             let msg = tokio::select! {
                 _ = stop.cancelled() => return Ok(()),
@@ -337,7 +388,11 @@ impl super::Cluster {
                 return Ok(());
             };
             match serde_json::from_slice::<HeldUpdate>(&msg.payload) {
-                Ok(u) => self.held().take(u),
+                Ok(u) => {
+                    if let Some(replica) = self.held().take(u) {
+                        self.ask_whole(Some(&replica)).await;
+                    }
+                }
                 Err(e) => tracing::debug!(error = %e, "cluster: unreadable held prefixes"),
             }
         }
@@ -364,8 +419,9 @@ mod tests {
     const B: usize = pool_manager::PREFIX_BLOCK_TOKENS;
 
     /// PLACE-8: a peer's whole set, then its changes, count; a missed message makes the pool
-    /// count for nothing until its next whole set; a pool's end removes it; the replica's own
-    /// messages are not indexed.
+    /// count for nothing until its next whole set, which the reader asks for (not again
+    /// within `ASK_EVERY`); a pool's end removes it; the replica's own messages are not
+    /// indexed.
     #[test]
     fn changes_apply_in_order_and_a_gap_waits_for_the_next_whole_set() {
         let ix = HeldIndex::new("r1");
@@ -378,12 +434,19 @@ mod tests {
         ix.take(update(2, false, &[3], &[2]));
         assert_eq!(ix.holders("m", &[1, 2, 3])[0].2, B);
         assert_eq!(ix.holders("m", &[1, 3])[0].2, 2 * B);
-        // seq 3 lost: 4 does not count, nor anything until a whole set
-        ix.take(update(4, false, &[5], &[]));
+        // seq 3 lost: 4 does not count, nor anything until a whole set, which it asks for
+        assert_eq!(ix.take(update(4, false, &[5], &[])), Some("r2".into()));
         assert!(ix.holders("m", &[1, 3]).is_empty());
-        ix.take(update(5, true, &[7], &[]));
+        // asked lately: not again for the next change
+        assert_eq!(ix.take(update(5, false, &[6], &[])), None);
+        assert_eq!(ix.take(update(5, true, &[7], &[])), None);
         assert_eq!(ix.holders("m", &[7])[0].2, B);
         assert!(ix.holders("m", &[1]).is_empty());
+        // a pool first heard by its changes (its whole set went out before this reader
+        // listened): asked for at once
+        let mut joined = update(8, false, &[11], &[]);
+        joined.pool = "q".into();
+        assert_eq!(ix.take(joined), Some("r2".into()));
         let mut own = update(1, true, &[9], &[]);
         own.replica = "r1".into();
         ix.take(own);
