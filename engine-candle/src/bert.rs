@@ -204,7 +204,14 @@ impl Norm {
     }
 
     fn forward(&self, x: &Tensor, eps: f32) -> Result<Tensor> {
-        Ok(candle_nn::ops::layer_norm(x, &self.w, &self.b, eps)?)
+        Ok(crate::layer_norm::layer_norm(x, &self.w, &self.b, eps)?)
+    }
+
+    /// The norm of the residual sum `x + y`.
+    fn forward_sum(&self, x: &Tensor, y: &Tensor, eps: f32) -> Result<Tensor> {
+        Ok(crate::layer_norm::add_layer_norm(
+            x, y, &self.w, &self.b, eps,
+        )?)
     }
 }
 
@@ -438,7 +445,7 @@ impl Bert {
             };
             let h = b
                 .attn_norm
-                .forward(&(&x + b.out.forward(&attn)?)?, hp.eps)?;
+                .forward_sum(&x, &b.out.forward(&attn)?, hp.eps)?;
             let ff = match &b.gate {
                 Some(gate) => {
                     let [g, u] = Linear::forward_all([gate, &b.up.w], &h)?;
@@ -446,7 +453,7 @@ impl Bert {
                 }
                 None => b.down.forward(&crate::geglu::gelu(&b.up.forward(&h)?)?)?,
             };
-            x = b.out_norm.forward(&(&h + ff)?, hp.eps)?;
+            x = b.out_norm.forward_sum(&h, &ff, hp.eps)?;
         }
         let all = x
             .to_dtype(candle_core::DType::F32)?

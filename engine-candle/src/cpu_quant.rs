@@ -116,6 +116,11 @@ pub(crate) trait QuantRows: Sync {
     /// A result depends only on its weight row and its activation row, never on `j0`,
     /// `count` or `m`.
     fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]);
+    /// The weight as float rows, when it is stored as floats (`quantized_matmuls` then writes
+    /// each result in place, with no transposed copy).
+    fn dense(&self) -> Option<&crate::dense_cpu::DenseRows> {
+        None
+    }
 }
 
 /// `out_i[r, j] = Σ_c x[r, c] · W_i[j, c]` for `m` rows of `x` (`m × k`) and weights `W_i`
@@ -127,6 +132,10 @@ pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> V
         return Vec::new();
     };
     assert!(ws.iter().all(|w| w.k() == k) && x.len() == m * k);
+    let dense: Option<Vec<&crate::dense_cpu::DenseRows>> = ws.iter().map(|w| w.dense()).collect();
+    if let Some(dense) = dense {
+        return crate::dense_cpu::matmuls(&dense, x, m);
+    }
     let takes = |b: ActBlocks| ws.iter().any(|w| w.act_blocks() == b);
     let xq: Vec<BlockQ81> = match takes(ActBlocks::Q8_1) {
         true => quantize_rows(x),

@@ -90,10 +90,7 @@ pub(crate) fn gelu(x: &Tensor) -> Result<Tensor> {
         let mut y = vec![0f32; xs.len()];
         par_chunks_mut(&mut y, PER_JOB, |c, dst| {
             let o = c * PER_JOB;
-            let n = dst.len();
-            for (d, v) in dst.iter_mut().zip(&xs[o..o + n]) {
-                *d = geglu_one(t, *v, 1.0);
-            }
+            gelu_slice(t, &xs[o..o + dst.len()], dst);
         });
         y
     });
@@ -108,7 +105,7 @@ fn geglu_slice(t: &[f32], x: &[f32], g: &[f32], y: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
         // SAFETY: AVX2 and F16C were detected.
-        unsafe { geglu_avx2(t, x, g, y) };
+        unsafe { geglu_avx2(t, x, Some(g), y) };
         return;
     }
     for ((y, &x), &g) in y.iter_mut().zip(x).zip(g) {
@@ -116,18 +113,35 @@ fn geglu_slice(t: &[f32], x: &[f32], g: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `y[i] = geglu_one(x[i], 1)`: the table's GELU, eight at a time as `geglu_slice`.
+fn gelu_slice(t: &[f32], x: &[f32], y: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c") {
+        // SAFETY: AVX2 and F16C were detected.
+        unsafe { geglu_avx2(t, x, None, y) };
+        return;
+    }
+    for (y, &x) in y.iter_mut().zip(x) {
+        *y = geglu_one(t, x, 1.0);
+    }
+}
+
 /// `geglu_slice` with F16C's conversion (round to nearest even, as `f16::from_f32`) and a
 /// gather from the table: the same value per element.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn geglu_avx2(t: &[f32], x: &[f32], g: &[f32], y: &mut [f32]) {
+unsafe fn geglu_avx2(t: &[f32], x: &[f32], g: Option<&[f32]>, y: &mut [f32]) {
     use std::arch::x86_64::*;
-    assert!(t.len() == 1 << 16 && x.len() == y.len() && g.len() == y.len());
+    assert!(t.len() == 1 << 16 && x.len() == y.len() && g.is_none_or(|g| g.len() == y.len()));
     let whole = y.len() - y.len() % 8;
     let (low, high) = (_mm256_set1_ps(-10.0), _mm256_set1_ps(10.0));
+    let one = _mm256_set1_ps(1.0);
     for i in (0..whole).step_by(8) {
         let xv = _mm256_loadu_ps(x.as_ptr().add(i));
-        let gv = _mm256_loadu_ps(g.as_ptr().add(i));
+        let gv = match g {
+            Some(g) => _mm256_loadu_ps(g.as_ptr().add(i)),
+            None => one,
+        };
         let bits = _mm256_cvtepu16_epi32(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(xv));
         // SAFETY (of the gather): every 16-bit index is inside the 65,536-entry table
         let tabled = _mm256_mul_ps(_mm256_i32gather_ps::<4>(t.as_ptr(), bits), gv);
@@ -137,7 +151,7 @@ unsafe fn geglu_avx2(t: &[f32], x: &[f32], g: &[f32], y: &mut [f32]) {
         _mm256_storeu_ps(y.as_mut_ptr().add(i), _mm256_andnot_ps(below, v));
     }
     for i in whole..y.len() {
-        y[i] = geglu_one(t, x[i], g[i]);
+        y[i] = geglu_one(t, x[i], g.map_or(1.0, |g| g[i]));
     }
 }
 
@@ -197,6 +211,15 @@ mod tests {
             assert_eq!(
                 y[i].to_bits(),
                 geglu_one(t, x[i], g[i]).to_bits(),
+                "{}",
+                x[i]
+            );
+        }
+        gelu_slice(t, &x, &mut y);
+        for i in 0..x.len() {
+            assert_eq!(
+                y[i].to_bits(),
+                geglu_one(t, x[i], 1.0).to_bits(),
                 "{}",
                 x[i]
             );

@@ -30,6 +30,7 @@ mod hparams;
 mod kquant_parity;
 mod kquant_rows;
 mod kv_type;
+mod layer_norm;
 mod model;
 pub mod model_facts;
 mod ngram_draft;
