@@ -9,8 +9,9 @@ alternating pairs; medians of the pairs' ratios.
 Per server and pair: inputs/s of 32 inputs in one `/v1/embeddings` request, and of 32
 concurrent single-input requests, on 32 texts of 6 to 120 words (RAG-sized chunks); and on 32
 short queries (3 to 10 words) in one request against the same 32 sent one after another (what
-batching buys where a pass of one input is short). CPU seconds of each server's process over
-each measurement too.
+batching buys where a pass of one input is short), and the 32 chunks sent one after another
+(where a pass is long already). CPU seconds of each server's process over each measurement
+too.
 """
 import argparse
 import json
@@ -88,6 +89,7 @@ def measure(name, proc, base, inputs):
     out = {}
     short = queries()
     for what, f, xs in [("one_request", one_request, inputs), ("concurrent", concurrent, inputs),
+                        ("sequential", sequential, inputs),
                         ("short_one_request", one_request, short),
                         ("short_sequential", sequential, short)]:
         c0 = cpu_of(proc.pid)
@@ -127,6 +129,11 @@ def main():
     print(json.dumps({
         "one_request_ratio": round(med(lambda p: p["orchd"]["one_request"] / p["llama"]["one_request"]), 2),
         "concurrent_ratio": round(med(lambda p: p["orchd"]["concurrent"] / p["llama"]["concurrent"]), 2),
+        # one query at a time: a search's latency
+        "short_sequential_ratio": round(med(lambda p: p["orchd"]["short_sequential"] / p["llama"]["short_sequential"]), 2),
+        "batched_over_sequential": {
+            who: round(med(lambda p: p[who]["one_request"] / p[who]["sequential"]), 2)
+            for who in ["orchd", "llama"]},
         "short_batched_over_sequential": {
             who: round(med(lambda p: p[who]["short_one_request"] / p[who]["short_sequential"]), 2)
             for who in ["orchd", "llama"]},

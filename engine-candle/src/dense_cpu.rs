@@ -6,15 +6,21 @@
 //! spinning worker held the core the second rayon thread needed (measured on 2 cores:
 //! all-MiniLM-L6-v2 F16 at 28 inputs/s, the pool's worker 37 % of the samples spinning).
 //! One pool for both keeps every core on the work.
+//!
+//! The weight is kept column by column (`W[j, c]` at `c · n + j`) and is gemm's left operand:
+//! its rows run down gemm's long register tile (64 rows with AVX-512) and the activations'
+//! rows across its short one (6), so a pass of a few tokens (one short query) fills its tiles,
+//! and gemm reads the weight where it lies, with no packed copy. With the activations on the
+//! long side, a 10-token pass used a sixth of each tile (a short query's pass took 3.5 ms).
 
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
 
 use crate::cpu_quant::{ActBlocks, Acts, QuantRows, Simd};
 
-/// A float `[n, k]` weight, row-major f32.
+/// A float `[n, k]` weight, f32, column-major: `W[j, c]` at `cols[c · n + j]`.
 pub(crate) struct DenseRows {
-    w: Vec<f32>,
+    cols: Vec<f32>,
     n: usize,
     k: usize,
 }
@@ -26,11 +32,63 @@ impl DenseRows {
             return Ok(None);
         }
         let (n, k) = q.shape().dims2()?;
-        let w = q
+        let cols = q
             .dequantize(&Device::Cpu)?
+            .t()?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        Ok(Some(Self { w, n, k }))
+        Ok(Some(Self { cols, n, k }))
+    }
+
+    /// `dst[jj, r] = Σ_c W[j0 + jj, c] · x[r, c]` for the weight rows `j0..j0 + count` and
+    /// the `m` activation rows of `x` (`m × k`); `dst[jj, r]` at `dst + jj · dst_rs + r ·
+    /// dst_cs`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes at every such offset, and no other thread may touch
+    /// them meanwhile; `j0 + count ≤ n` and `x.len() == m · k` are checked.
+    unsafe fn rows_times(
+        &self,
+        rows: std::ops::Range<usize>,
+        x: &[f32],
+        m: usize,
+        dst: *mut f32,
+        dst_rs: isize,
+        dst_cs: isize,
+    ) {
+        let (n, k) = (self.n, self.k);
+        let (j0, count) = (rows.start, rows.len());
+        assert!(
+            j0 + count <= n && x.len() == m * k,
+            "dense rows {j0}+{count} of {n}, {m} activation rows"
+        );
+        // lhs: W's rows j0.. (row stride 1, column stride n, as stored); rhs: xᵀ (x[r, c]
+        // at r · k + c: row stride 1, column stride k)
+        // SAFETY: lhs covers cols[j0 + jj + c · n] for jj < count, c < k (in bounds: j0 +
+        // count ≤ n); rhs covers x; dst as the caller promised.
+        unsafe {
+            gemm::gemm(
+                count,
+                m,
+                k,
+                dst,
+                dst_cs,
+                dst_rs,
+                false,
+                self.cols.as_ptr().add(j0),
+                n as isize,
+                1,
+                x.as_ptr(),
+                k as isize,
+                1,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::None,
+            );
+        }
     }
 }
 
@@ -52,40 +110,15 @@ impl QuantRows for DenseRows {
     }
 
     fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, _simd: Simd, out: &mut [f32]) {
-        let (k, m) = (self.k, a.m);
+        let m = a.m;
         assert!(
-            j0 + count <= self.n && out.len() == count * m && a.xf.len() == m * k,
-            "dense rows {j0}+{count} of {}, {m} activation rows",
-            self.n
+            out.len() == count * m,
+            "dense rows {j0}+{count}: {} results for {m} rows",
+            out.len()
         );
-        let w = &self.w[j0 * k..(j0 + count) * k];
-        // out[jj · m + r] = Σ_c w[jj, c] · x[r, c]: the weight rows (row stride k) times the
-        // activations' transpose (x[r, c] at r · k + c: row stride 1, column stride k)
-        // SAFETY: the pointers cover count × k, m × k and count × m elements with the strides
-        // given, checked above; gemm reads and writes nothing else.
-        unsafe {
-            gemm::gemm(
-                count,
-                m,
-                k,
-                out.as_mut_ptr(),
-                1,
-                m as isize,
-                false,
-                w.as_ptr(),
-                1,
-                k as isize,
-                a.xf.as_ptr(),
-                k as isize,
-                1,
-                0.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::None,
-            );
-        }
+        // out[jj · m + r]: row stride m, column stride 1
+        // SAFETY: out holds count × m elements, all ours (a unique borrow).
+        unsafe { self.rows_times(j0..j0 + count, a.xf, m, out.as_mut_ptr(), m as isize, 1) };
     }
 }
 
@@ -96,8 +129,8 @@ unsafe impl Sync for Out {}
 
 /// `out_i[r, j] = Σ_c x[r, c] · W_i[j, c]` for `m` rows of `x` (`m × k`) and float weights
 /// `W_i` that share `k`: one parallel job over the weights' rows together, two chunks a worker
-/// (gemm packs the activations again for each), each chunk's gemm writing its columns of the
-/// `m × n_i` result in place.
+/// (gemm packs the activations again for each), whole register tiles of weight rows, each
+/// chunk's gemm writing its columns of the `m × n_i` result in place.
 pub(crate) fn matmuls(ws: &[&DenseRows], x: &[f32], m: usize) -> Vec<Vec<f32>> {
     let Some(k) = ws.first().map(|w| w.k) else {
         return Vec::new();
@@ -114,7 +147,7 @@ pub(crate) fn matmuls(ws: &[&DenseRows], x: &[f32], m: usize) -> Vec<Vec<f32>> {
     let rows = total
         .div_ceil(2 * crate::cpu_parallel::current_workers())
         .max((64 << 10) / (m * k).max(1))
-        .next_multiple_of(8);
+        .next_multiple_of(64);
     let mut chunks = vec![(); total.div_ceil(rows)];
     crate::cpu_parallel::par_chunks_mut(&mut chunks, 1, |c, _| {
         let (mut g, end) = (c * rows, ((c + 1) * rows).min(total));
@@ -122,34 +155,10 @@ pub(crate) fn matmuls(ws: &[&DenseRows], x: &[f32], m: usize) -> Vec<Vec<f32>> {
             let i = starts.partition_point(|&s| s <= g) - 1;
             let (w, j0) = (ws[i], g - starts[i]);
             let count = end.min(starts[i + 1]) - g;
-            // dst[r, jj] = out_i[r · n + j0 + jj] = Σ_c x[r, c] · w[j0 + jj, c]: the
-            // activations (row stride k) times the weight rows' transpose (column stride k)
+            // out_i[r · n + j0 + jj]: row stride (of jj) 1, column stride (of r) n
             // SAFETY: columns j0..j0 + count of out_i's m rows of n are this chunk's alone
-            // (chunks cover disjoint global rows); the weight rows and activations read are
-            // in bounds (j0 + count ≤ n, x is m × k); `outs` outlives the job.
-            unsafe {
-                gemm::gemm(
-                    m,
-                    count,
-                    k,
-                    ptrs[i].0.add(j0),
-                    1,
-                    w.n as isize,
-                    false,
-                    x.as_ptr(),
-                    1,
-                    k as isize,
-                    w.w.as_ptr().add(j0 * k),
-                    k as isize,
-                    1,
-                    0.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
+            // (chunks cover disjoint global rows); `outs` outlives the job.
+            unsafe { w.rows_times(j0..j0 + count, x, m, ptrs[i].0.add(j0), 1, w.n as isize) };
             g += count;
         }
     });
@@ -197,6 +206,24 @@ mod tests {
                         let got = out[r * n + j];
                         assert!((got - want).abs() < 1e-4, "[{r}, {j}]: {got} vs {want}");
                     }
+                }
+            }
+            // one weight's rows 3..20 alone, as the mixed (float and quantized) path asks:
+            // out[jj · m + r], the same values
+            let (w, d) = &ws[0];
+            let mut part = vec![0f32; 17 * m];
+            let acts = Acts {
+                xq: &[],
+                xk: &[],
+                xf: &x,
+                m,
+            };
+            d.rows_into(3, 17, acts, Simd::current(), &mut part);
+            for jj in 0..17 {
+                for r in 0..m {
+                    let want: f32 = (0..k).map(|c| w[(3 + jj) * k + c] * x[r * k + c]).sum();
+                    let got = part[jj * m + r];
+                    assert!((got - want).abs() < 1e-4, "rows_into [{jj}, {r}]: {got} vs {want}");
                 }
             }
         }

@@ -378,6 +378,7 @@ impl Worker {
                 .iter()
                 .map(|&(j, i)| held[j].req.inputs[i].as_slice())
                 .collect();
+            let started = Instant::now();
             let hidden = match self.model.forward(&seqs) {
                 Ok(h) => h,
                 Err(e) => {
@@ -388,6 +389,12 @@ impl Worker {
                     continue;
                 }
             };
+            tracing::debug!(
+                inputs = pass.len(),
+                tokens,
+                ms = started.elapsed().as_secs_f64() * 1e3,
+                "encoder pass"
+            );
             self.passes.fetch_add(1, Ordering::Relaxed);
             self.inputs_done
                 .fetch_add(pass.len() as u64, Ordering::Relaxed);

@@ -195,7 +195,15 @@ fn reranker_scores_match_llama_cpp() {
 /// gives the same vector, cosine ≥ 0.9999, and together they share passes.
 #[test]
 fn a_vector_does_not_depend_on_its_batch() {
-    let e = encoder(model("all-MiniLM-L6-v2.Q8_0.gguf", None), 2);
+    // the quantized kernels, and the float weights' gemm (a pass of a few tokens and one of a
+    // thousand run down the same kernel)
+    for file in ["all-MiniLM-L6-v2.Q8_0.gguf", "all-MiniLM-L6-v2.F16.gguf"] {
+        batch_invariance(file);
+    }
+}
+
+fn batch_invariance(file: &str) {
+    let e = encoder(model(file, None), 2);
     let texts: Vec<String> = (0..32)
         .map(|i| {
             let words = 1 + (i * 37) % 180;
@@ -218,7 +226,11 @@ fn a_vector_does_not_depend_on_its_batch() {
     for (i, one) in ids.into_iter().enumerate() {
         let alone = embed(&e, vec![one], Pooling::Mean, true);
         let c = cosine(&alone[0][0], &together[i][0]);
-        assert!(c >= 0.9999, "input {i} ({} tokens): cosine {c}", lens[i]);
+        assert!(
+            c >= 0.9999,
+            "{file}: input {i} ({} tokens): cosine {c}",
+            lens[i]
+        );
     }
     // The 32 inputs alone took 32 passes; together they fill passes of up to PASS_TOKENS
     // tokens in order, so two passes in a row always hold more than PASS_TOKENS tokens.
@@ -227,7 +239,7 @@ fn a_vector_does_not_depend_on_its_batch() {
     let together = passes.saturating_sub(32);
     assert!(
         inputs >= 64 && together >= 1 && together <= (2 * total).div_ceil(PASS_TOKENS) as u64,
-        "{inputs} inputs in {passes} passes ({total} tokens together)"
+        "{file}: {inputs} inputs in {passes} passes ({total} tokens together)"
     );
 }
 
