@@ -117,6 +117,25 @@ pub enum WorkerToServer {
         code: String,
         message: String,
     },
+    /// Not in the seed, sent only to a server whose `register_ack` asked for it: what the
+    /// worker's engines hold of the prompts they saw for one of its models (chained block
+    /// hashes, `engine_port::prefix`), as changes since the model's previous such message
+    /// (`seq` one more) or (`full`) the first part of its whole set. Block hashes are base64
+    /// of little-endian `u64`s.
+    HeldPrefixes {
+        model: String,
+        seq: u64,
+        #[serde(default, skip_serializing_if = "is_false")]
+        full: bool,
+        #[serde(default)]
+        added: String,
+        #[serde(default)]
+        evicted: String,
+    },
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// Messages the server sends.
@@ -130,6 +149,10 @@ pub enum ServerToWorker {
         warnings: Vec<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         protocol_version: Option<String>,
+        /// Not in the seed: the server reads `held_prefixes` (a worker that can say what its
+        /// engines hold sends them; one that cannot, or does not know the field, sends none).
+        #[serde(default, skip_serializing_if = "is_false")]
+        held_prefixes: bool,
     },
     Request {
         request_id: String,
@@ -222,6 +245,7 @@ mod tests {
             json!({"type":"response_complete","request_id":"r-001","status_code":200,"headers":{"content-type":"application/json"},"body":"{}","token_counts":{"prompt_tokens":42,"completion_tokens":128,"total_tokens":170}}),
             json!({"type":"pong","current_load":1,"timestamp_unix_ms":5}),
             json!({"type":"error","request_id":"r-1","code":"backend","message":"down"}),
+            json!({"type":"held_prefixes","model":"llama3-8b","seq":1,"full":true,"added":"AQAAAAAAAAA=","evicted":""}),
         ];
         for v in worker {
             let m: WorkerToServer = serde_json::from_value(v.clone()).unwrap();
@@ -229,6 +253,7 @@ mod tests {
         }
         let server = [
             json!({"type":"register_ack","worker_id":"w-a1b2c3","models":["llama3-8b"],"protocol_version":"1"}),
+            json!({"type":"register_ack","worker_id":"w-a1b2c3","models":["llama3-8b"],"protocol_version":"1","held_prefixes":true}),
             json!({"type":"request","request_id":"r-001","model":"llama3-8b","endpoint_path":"/v1/chat/completions","is_streaming":false,"body":"{}","headers":{}}),
             json!({"type":"cancel","request_id":"r-002","reason":"client_disconnect"}),
             json!({"type":"ping","timestamp_unix_ms":7}),

@@ -223,7 +223,10 @@ mod tests {
                 for r in 0..m {
                     let want: f32 = (0..k).map(|c| w[(3 + jj) * k + c] * x[r * k + c]).sum();
                     let got = part[jj * m + r];
-                    assert!((got - want).abs() < 1e-4, "rows_into [{jj}, {r}]: {got} vs {want}");
+                    assert!(
+                        (got - want).abs() < 1e-4,
+                        "rows_into [{jj}, {r}]: {got} vs {want}"
+                    );
                 }
             }
         }

@@ -15,6 +15,7 @@ pub mod console_history;
 pub mod correlation;
 pub mod error;
 pub mod examples;
+pub mod held_changes;
 pub mod json_body;
 pub mod lifecycle;
 pub mod listener;

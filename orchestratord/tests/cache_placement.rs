@@ -4,7 +4,7 @@
 //! for the conversations that send a `prompt_cache_key`), that pool's engine reuses it (the
 //! `end` event's `cached_tokens`), the record says why, and `/metrics` counts the reasons.
 //! Then over a local pool and a remote worker (a real `orchestratord worker` process with the
-//! model): the worker's turns stay on it by what placement sent it (PLACE-6).
+//! model): the worker's turns stay on it by what its engine says it holds (PLACE-6).
 
 mod support;
 
@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use support::procs::{eventually, worker, worker_config};
+use support::procs::{eventually, get_json, worker, worker_config};
 use support::*;
 
 const TURNS: usize = 3;
@@ -41,6 +41,30 @@ struct Turn {
     cached: u64,
 }
 
+/// One turn: `body` submitted, streamed to its end; where it ran and why, and the answer.
+async fn turn(s: &TestServer, body: serde_json::Value, what: &str) -> (Turn, String) {
+    let id = s.submit_ok(body).await;
+    let events = s.stream_all(&id).await;
+    let answer: String = events
+        .iter()
+        .filter(|e| e.event == "token")
+        .filter_map(|e| e.data["t"].as_str())
+        .collect();
+    let end = events
+        .iter()
+        .find(|e| e.event == "end")
+        .unwrap_or_else(|| panic!("{what}: {events:?}"));
+    let record = s.record(&id).await;
+    let placement = &record["placement"];
+    let turn = Turn {
+        pool: record["pool_id"].as_str().unwrap_or_default().to_string(),
+        reason: placement["reason"].as_str().unwrap_or_default().to_string(),
+        held: placement["held_tokens"].as_u64().unwrap_or(0),
+        cached: end.data["cached_tokens"].as_u64().unwrap_or(0),
+    };
+    (turn, answer)
+}
+
 async fn converse(
     s: Arc<TestServer>,
     k: usize,
@@ -58,25 +82,8 @@ async fn converse(
         if let Some(model) = model {
             body["model"] = json!(model);
         }
-        let id = s.submit_ok(body).await;
-        let events = s.stream_all(&id).await;
-        let answer: String = events
-            .iter()
-            .filter(|e| e.event == "token")
-            .filter_map(|e| e.data["t"].as_str())
-            .collect();
-        let end = events
-            .iter()
-            .find(|e| e.event == "end")
-            .unwrap_or_else(|| panic!("conversation {k} turn {t}: {events:?}"));
-        let record = s.record(&id).await;
-        let placement = &record["placement"];
-        turns.push(Turn {
-            pool: record["pool_id"].as_str().unwrap_or_default().to_string(),
-            reason: placement["reason"].as_str().unwrap_or_default().to_string(),
-            held: placement["held_tokens"].as_u64().unwrap_or(0),
-            cached: end.data["cached_tokens"].as_u64().unwrap_or(0),
-        });
+        let (done, answer) = turn(&s, body, &format!("conversation {k} turn {t}")).await;
+        turns.push(done);
         messages.push(json!({"role": "assistant", "content": answer}));
         messages.push(json!({"role": "user", "content": format!("And question {}?", t + 2)}));
         tokio::time::sleep(pause).await;
@@ -156,10 +163,9 @@ async fn each_turn_lands_where_its_conversation_is_cached() {
     }
 }
 
-/// PLACE-6: a local pool and a remote worker (its own engine, which says nothing of what it
-/// holds): four conversations at once spread over both by load, and each later turn goes back
-/// to the pool that has its history — the worker's by what placement sent it — where the
-/// engine reuses it.
+/// PLACE-6: a local pool and a remote worker (its own engine, which says what it holds over
+/// the worker protocol): four conversations at once spread over both by load, and each later
+/// turn goes back to the pool that has its history, where the engine reuses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn turns_follow_their_conversation_to_a_remote_worker() {
     const SECRET: &str = "placement-secret";
@@ -223,6 +229,114 @@ async fn turns_follow_their_conversation_to_a_remote_worker() {
         firsts.iter().any(|p| p == "local") && firsts.iter().any(|p| p != "local"),
         "the first turns spread over the local pool and the worker: {firsts:?}"
     );
+}
+
+/// PLACE-6: a worker running this server's engine says what its engine holds
+/// (`held_prefixes` frames), and placement believes that over what it sent there. A
+/// conversation sent to the worker, then pushed out of the worker's only row by another (no
+/// prompt cache there), no longer counts as held there: its next turn is placed by load, its
+/// own tokens held nowhere — where "what was sent" would still have claimed them — while the
+/// conversation the worker does hold goes back to it and is reused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_says_what_its_engine_holds() {
+    const SECRET: &str = "held-secret";
+    let mut local = real_pool("held-local", 1, 1024);
+    local.alias = Some("smol".into());
+    let mut cfg = config(vec![local]);
+    cfg.timeouts.idle_ms = 60_000;
+    cfg.workers.secret = Some(SECRET.into());
+    cfg.workers.heartbeat_interval_ms = 200;
+    cfg.workers.join_local_models = true;
+    let s = Arc::new(start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await);
+    // one slot, no prompt cache: the worker's engine holds the last prompt it ran, nothing else
+    let wcfg = worker_config(&default_model_path(), 1) + "prompt_cache_mib = 0\n";
+    let _w = worker(&s.base, SECRET, "holder", &wcfg, &[]);
+    let remote = || {
+        s.state
+            .pools
+            .all()
+            .iter()
+            .map(|p| p.snapshot())
+            .find(|p| p.id != "held-local")
+    };
+    let ready = eventually(Duration::from_secs(90), || {
+        let r = remote();
+        async move { r.is_some_and(|p| p.slots_free() == 1 && p.accepts_work) }
+    })
+    .await;
+    assert!(ready, "the worker's pool never came");
+    let wpool = remote().map(|p| p.id).unwrap_or_default();
+    // the worker measures its pool's pace once loaded: until it reports nothing running, its
+    // pool is busy to placement
+    let idle = eventually(Duration::from_secs(60), || {
+        let url = s.url("/v1/workers");
+        async move {
+            let v = get_json(&url).await;
+            v["workers"][0]["current_load"].as_u64() == Some(0)
+        }
+    })
+    .await;
+    assert!(idle, "the worker never reported itself idle");
+    let chat = |k: usize, history: &[serde_json::Value]| {
+        let mut messages = vec![json!({"role": "user", "content": opening(k)})];
+        messages.extend_from_slice(history);
+        json!({"messages": messages, "max_tokens": 8, "temperature": 0, "model": "smol"})
+    };
+    let next = |answer: &str| {
+        [
+            json!({"role": "assistant", "content": answer}),
+            json!({"role": "user", "content": "And the next question?"}),
+        ]
+    };
+    // the local pool busy: conversation 0's first turn goes to the worker by load
+    let busy = s
+        .submit_ok(json!({"prompt": "Count from one to five hundred:", "max_tokens": 400, "pool_id": "held-local"}))
+        .await;
+    let local_full = eventually(Duration::from_secs(30), || {
+        let full = s
+            .state
+            .pools
+            .get("held-local")
+            .map(|p| p.snapshot().slots_free() == 0);
+        async move { full == Some(true) }
+    })
+    .await;
+    assert!(local_full, "the local pool never took the long task");
+    let (a1, a1_answer) = turn(&s, chat(0, &[]), "conversation 0 turn 0").await;
+    assert_eq!(
+        (a1.pool.as_str(), a1.reason.as_str()),
+        (wpool.as_str(), "load")
+    );
+    s.cancel(&busy).await;
+    // conversation 1 pinned to the worker: its prompt takes the worker's only row
+    let mut pinned = chat(1, &[]);
+    pinned["pool_id"] = json!(wpool);
+    let (b1, b1_answer) = turn(&s, pinned, "conversation 1 turn 0").await;
+    assert_eq!(b1.pool, wpool);
+    // a user's pause: the worker's load report and what it holds reach the server
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let (b2, b2_answer) = turn(&s, chat(1, &next(&b1_answer)), "conversation 1 turn 1").await;
+    let line = format!(
+        "conversation 1 turn 1: pool {} ({}, held {}, cached {})",
+        b2.pool, b2.reason, b2.held, b2.cached
+    );
+    assert_eq!(
+        (b2.pool.as_str(), b2.reason.as_str()),
+        (wpool.as_str(), "cache"),
+        "{line}"
+    );
+    assert!(b2.held >= 128 && b2.cached >= 128, "{line}");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // conversation 0 was sent to the worker, but the worker no longer holds it
+    let (a2, _) = turn(&s, chat(0, &next(&a1_answer)), "conversation 0 turn 1").await;
+    let line = format!(
+        "conversation 0 turn 1: pool {} ({}, held {}, cached {}); the worker holds conversation 1 ({} chars answered)",
+        a2.pool, a2.reason, a2.held, a2.cached, b2_answer.len()
+    );
+    // (the chat template's opening, shared by every conversation, may still be held there:
+    // under the minimum match)
+    assert_eq!(a2.reason, "load", "{line}");
+    assert!(a2.held < 64, "{line}");
 }
 
 /// PLACE-8: over two replicas (real processes on a 3-node JetStream cluster, a 2-slot pool

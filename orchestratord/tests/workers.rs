@@ -689,6 +689,8 @@ async fn worker_falls_back_to_the_bridge_protocol_version() {
                             models,
                             warnings: vec![],
                             protocol_version: protocol_version.clone(),
+                            // modelrelay's server: no `held_prefixes` frames
+                            held_prefixes: false,
                         },
                         ServerToWorker::GracefulShutdown {
                             reason: Some("maintenance".into()),

@@ -8,7 +8,8 @@ pub use engine_port::{
     EmbedReply, Embeddings, Engine, EngineDescriptor, EngineJob, FailureNote, Finish, FinishReason,
     ModelFacts, OnLoss, OutputConstraint, Pooling, PortError, PromptInput, PromptPart,
     SamplingParams, SeqEvent, SlotPermit, Slots, StepLogprobs, StopCause, TokenLogprob,
-    EVENT_CHANNEL_CAPACITY, MAX_DRAFT_TOKENS, MAX_TOP_LOGPROBS, PREFIX_BLOCK_TOKENS,
+    EVENT_CHANNEL_CAPACITY, MAX_DRAFT_TOKENS, MAX_PUBLISHED_BLOCKS, MAX_TOP_LOGPROBS,
+    PREFIX_BLOCK_TOKENS,
 };
 
 use crate::spec::PoolSpec;

@@ -18,13 +18,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use base64::Engine as _;
 use futures::StreamExt;
-use pool_manager::CachedPrefixes;
 use serde::{Deserialize, Serialize};
 
 use super::subject_token::subject_token;
 use super::ClusterError;
+use crate::held_changes::{decode, encode, Followed, Publisher};
 use crate::lifecycle::state::Lifecycle;
 
 /// How often a replica looks whether its pools' prefixes changed.
@@ -45,9 +44,6 @@ const MAX_REPLICAS: usize = 256;
 const MAX_POOLS: usize = 64;
 /// Block hashes indexed at most, every replica's together (8 bytes and a set's overhead each).
 pub const MAX_INDEX_BLOCKS: usize = 1 << 20;
-/// Block hashes in one message at most (a whole set goes in several: 64 KiB of hashes each).
-const HASHES_PER_MESSAGE: usize = 8192;
-
 /// One message: a pool's changes since its previous message, or (`full`) its whole set, or
 /// (`gone`) the pool's end.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -69,33 +65,10 @@ struct HeldUpdate {
     evicted: String,
 }
 
-fn encode(hashes: &[u64]) -> String {
-    let bytes: Vec<u8> = hashes.iter().flat_map(|h| h.to_le_bytes()).collect();
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-fn decode(text: &str) -> Option<Vec<u64>> {
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(text)
-        .ok()?;
-    if bytes.len() % 8 != 0 {
-        return None;
-    }
-    Some(
-        bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-            .collect(),
-    )
-}
-
 /// Another replica's pool, as its messages say.
 struct PeerPool {
     model: String,
-    seq: u64,
-    blocks: CachedPrefixes,
-    /// Every message since its last whole set arrived (else it counts for nothing).
-    complete: bool,
+    followed: Followed,
     heard: Instant,
     /// When this reader last asked for the pool's whole set.
     asked: Option<Instant>,
@@ -127,8 +100,8 @@ impl HeldIndex {
         for (replica, pools) in peers.iter() {
             let best = pools
                 .iter()
-                .filter(|(_, p)| p.complete && p.model == model && p.heard.elapsed() < STALE_AFTER)
-                .map(|(id, p)| (id, p.blocks.held_tokens(chain)))
+                .filter(|(_, p)| p.model == model && p.heard.elapsed() < STALE_AFTER)
+                .filter_map(|(id, p)| Some((id, p.followed.held()?.held_tokens(chain))))
                 .filter(|&(_, held)| held > 0)
                 .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(a.0)));
             if let Some((pool, held)) = best {
@@ -144,7 +117,7 @@ impl HeldIndex {
         peers
             .values()
             .flat_map(|pools| pools.values())
-            .map(|p| p.blocks.blocks())
+            .map(|p| p.followed.blocks())
             .sum()
     }
 
@@ -173,7 +146,7 @@ impl HeldIndex {
             .iter()
             .flat_map(|(r, pools)| pools.iter().map(move |(id, p)| (r, id, p)))
             .filter(|(r, id, _)| **r != u.replica || **id != u.pool)
-            .map(|(_, _, p)| p.blocks.blocks())
+            .map(|(_, _, p)| p.followed.blocks())
             .sum();
         let room = MAX_INDEX_BLOCKS.saturating_sub(others);
         if !peers.contains_key(&u.replica) && peers.len() >= MAX_REPLICAS {
@@ -186,26 +159,14 @@ impl HeldIndex {
         let now = Instant::now();
         let pool = pools.entry(u.pool.clone()).or_insert_with(|| PeerPool {
             model: u.model.clone(),
-            seq: 0,
-            blocks: CachedPrefixes::default(),
-            complete: false,
+            followed: Followed::default(),
             heard: now,
             asked: None,
         });
-        if u.full {
-            pool.blocks = CachedPrefixes::from_blocks(added.into_iter().take(room));
-            pool.complete = true;
-        } else if pool.complete && u.seq == pool.seq + 1 {
-            let fits = room.saturating_sub(pool.blocks.blocks());
-            pool.blocks.apply(&added[..added.len().min(fits)], &evicted);
-        } else {
-            // a message missed: nothing counts until the next whole set
-            pool.complete = false;
-        }
+        let complete = pool.followed.take(u.seq, u.full, &added, &evicted, room);
         pool.model = u.model;
-        pool.seq = u.seq;
         pool.heard = now;
-        if pool.complete || pool.asked.is_some_and(|at| at.elapsed() < ASK_EVERY) {
+        if complete || pool.asked.is_some_and(|at| at.elapsed() < ASK_EVERY) {
             return None;
         }
         pool.asked = Some(now);
@@ -213,99 +174,38 @@ impl HeldIndex {
     }
 }
 
-/// What this replica last published of one pool.
-struct Published {
-    held: Arc<CachedPrefixes>,
-    seq: u64,
-    full_at: Instant,
-}
-
-/// This replica's side: the messages that say what its pools hold now, given what it said
-/// before (`last`, updated).
-/// `whole`: every pool's whole set now (a reader asked).
+/// This replica's side: the messages that say what its pools hold now, given what
+/// `publisher` said before; `whole`: every pool's whole set now (a reader asked).
 fn updates(
     replica: &str,
     state: &Lifecycle,
-    last: &mut HashMap<String, Published>,
+    publisher: &mut Publisher,
     whole: bool,
 ) -> Vec<HeldUpdate> {
-    let mut out = Vec::new();
-    let mut seen = Vec::new();
+    let mut now = Vec::new();
+    let mut models = HashMap::new();
     for pool in state.pools.all() {
         let Some(held) = pool.engine().and_then(|e| e.cached_prefixes()) else {
             continue;
         };
         let id = pool.id().to_string();
-        seen.push(id.clone());
-        let model = pool.spec().model_alias.clone();
-        let msg = |seq: u64, full: bool, added: &[u64], evicted: &[u64]| HeldUpdate {
+        models.insert(id.clone(), pool.spec().model_alias.clone());
+        now.push((id, held));
+    }
+    publisher
+        .changes(now, whole, FULL_EVERY)
+        .into_iter()
+        .map(|c| HeldUpdate {
             replica: replica.to_string(),
-            pool: id.clone(),
-            model: model.clone(),
-            seq,
-            full,
-            gone: false,
-            added: encode(added),
-            evicted: encode(evicted),
-        };
-        let (seq, whole) = match last.get(&id) {
-            Some(p) if !whole && p.full_at.elapsed() < FULL_EVERY => {
-                if Arc::ptr_eq(&p.held, &held) || *p.held == *held {
-                    continue;
-                }
-                let (added, evicted) = held.changes_from(&p.held);
-                let mut seq = p.seq;
-                let mut evicted = Some(evicted);
-                for chunk in added.chunks(HASHES_PER_MESSAGE).chain(
-                    // only evictions: one message
-                    added.is_empty().then_some(&[][..]),
-                ) {
-                    seq += 1;
-                    out.push(msg(seq, false, chunk, &evicted.take().unwrap_or_default()));
-                }
-                (seq, false)
-            }
-            prev => {
-                let hashes: Vec<u64> = held.hashes().collect();
-                let mut seq = prev.map_or(0, |p| p.seq);
-                for (i, chunk) in hashes
-                    .chunks(HASHES_PER_MESSAGE)
-                    .chain(hashes.is_empty().then_some(&[][..]))
-                    .enumerate()
-                {
-                    seq += 1;
-                    out.push(msg(seq, i == 0, chunk, &[]));
-                }
-                (seq, true)
-            }
-        };
-        let full_at = match (whole, last.get(&id)) {
-            (false, Some(p)) => p.full_at,
-            _ => Instant::now(),
-        };
-        last.insert(id, Published { held, seq, full_at });
-    }
-    // pools gone (removed, or an engine that no longer says): their end
-    let gone: Vec<String> = last
-        .keys()
-        .filter(|id| !seen.contains(id))
-        .cloned()
-        .collect();
-    for id in gone {
-        if let Some(p) = last.remove(&id) {
-            out.push(HeldUpdate {
-                replica: replica.to_string(),
-                pool: id,
-                model: String::new(),
-                seq: p.seq + 1,
-                full: false,
-                gone: true,
-                added: String::new(),
-                evicted: String::new(),
-            });
-        }
-    }
-    out
+            model: models.get(&c.key).cloned().unwrap_or_default(),
+            pool: c.key,
+            seq: c.seq,
+            full: c.full,
+            gone: c.gone,
+            added: encode(&c.added),
+            evicted: encode(&c.evicted),
+        })
+        .collect()
 }
 
 fn subject(replica: &str) -> String {
@@ -319,7 +219,7 @@ impl super::Cluster {
         state: Arc<Lifecycle>,
         stop: tokio_util::sync::CancellationToken,
     ) {
-        let mut last = HashMap::new();
+        let mut publisher = Publisher::default();
         let mut tick = tokio::time::interval(PUBLISH_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let subject = subject(self.replica());
@@ -348,7 +248,7 @@ impl super::Cluster {
             if whole {
                 (wanted, answered) = (false, Some(Instant::now()));
             }
-            for u in updates(self.replica(), &state, &mut last, whole) {
+            for u in updates(self.replica(), &state, &mut publisher, whole) {
                 let Ok(payload) = serde_json::to_vec(&u) else {
                     continue;
                 };
@@ -457,21 +357,15 @@ mod tests {
         assert_eq!(ix.blocks(), 0);
     }
 
-    /// The wire form round-trips, and a payload that is not whole hashes is refused.
-    #[test]
-    fn hashes_round_trip() {
-        let h = [0u64, 1, u64::MAX, 0x0123_4567_89ab_cdef];
-        assert_eq!(decode(&encode(&h)).as_deref(), Some(&h[..]));
-        assert_eq!(decode("AAAA"), None);
-        assert_eq!(decode("not base64!"), None);
-    }
-
     /// PLACE-8: the index never holds more than its bound, however much peers send.
     #[test]
     fn the_index_is_bounded() {
         let ix = HeldIndex::new("r1");
         let many: Vec<u64> = (0..(MAX_INDEX_BLOCKS as u64 + 10)).collect();
-        for (i, chunk) in many.chunks(HASHES_PER_MESSAGE * 4).enumerate() {
+        for (i, chunk) in many
+            .chunks(crate::held_changes::HASHES_PER_MESSAGE * 4)
+            .enumerate()
+        {
             let mut u = update(1, true, chunk, &[]);
             u.pool = format!("p{i}");
             ix.take(u);

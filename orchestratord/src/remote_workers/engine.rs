@@ -222,6 +222,10 @@ impl Engine for RemoteEngine {
     fn current_load(&self) -> Option<usize> {
         Some(self.link.load())
     }
+
+    fn cached_prefixes(&self) -> Option<Arc<pool_manager::CachedPrefixes>> {
+        self.link.held(&self.model)
+    }
 }
 
 /// What a relay has seen of its request so far.

@@ -8,9 +8,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use contracts::worker::{ServerToWorker, TokenCounts};
-use pool_manager::{SlotPermit, Slots};
+use pool_manager::{CachedPrefixes, SlotPermit, Slots, MAX_PUBLISHED_BLOCKS};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+use crate::held_changes::Followed;
 
 /// Frames waiting for the socket writer, per worker.
 pub const OUTBOUND_CAPACITY: usize = 1024;
@@ -58,6 +60,8 @@ pub struct WorkerLink {
     /// Fired when a drained worker has nothing left in flight: the socket loop closes it.
     pub drained: CancellationToken,
     models: Mutex<Vec<String>>,
+    /// What its engines hold, per model it serves, as its `held_prefixes` frames say (PLACE-6).
+    held: Mutex<HashMap<String, Followed>>,
 }
 
 impl WorkerLink {
@@ -86,6 +90,7 @@ impl WorkerLink {
                 closed: CancellationToken::new(),
                 drained: CancellationToken::new(),
                 models: Mutex::new(Vec::new()),
+                held: Mutex::new(HashMap::new()),
             },
             rx,
         )
@@ -228,6 +233,30 @@ impl WorkerLink {
     }
 
     pub fn set_models(&self, models: Vec<String>) {
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|m, _| models.contains(m));
         *self.models.lock().unwrap_or_else(|p| p.into_inner()) = models;
+    }
+
+    /// Takes a `held_prefixes` frame in (at most [`MAX_PUBLISHED_BLOCKS`] blocks a model); one
+    /// for a model the worker does not serve is dropped.
+    pub fn take_held(&self, model: &str, seq: u64, full: bool, added: &[u64], evicted: &[u64]) {
+        if !self.models().iter().any(|m| m == model) {
+            return;
+        }
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let followed = held.entry(model.to_string()).or_default();
+        if !followed.take(seq, full, added, evicted, MAX_PUBLISHED_BLOCKS) {
+            tracing::debug!(worker_id = %self.id, model, seq, "held prefixes: a frame missed; waiting for a whole set");
+        }
+    }
+
+    /// What the worker's engines hold for `model`, once it said so (a worker that does not
+    /// say: `None`, and placement counts what it sent there instead).
+    pub fn held(&self, model: &str) -> Option<Arc<CachedPrefixes>> {
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.get(model).and_then(|f| f.held()).cloned()
     }
 }

@@ -24,6 +24,7 @@ use super::WorkerHost;
 use super::{drain, names, remove_pools, sync_pools};
 use crate::auth::limiter as auth;
 use crate::error::ApiError;
+use crate::held_changes::decode;
 
 /// Close code for a protocol violation (RFC 6455 1002) and for going away (1001).
 const CLOSE_PROTOCOL: u16 = 1002;
@@ -276,6 +277,7 @@ async fn serve_worker(
                 .clone()
                 .unwrap_or_else(|| PROTOCOL_V1.into()),
         ),
+        held_prefixes: true,
     };
     tracing::info!(
         worker_id = %id, worker_name = %reg.name, peer = %peer, provider = ?provider,
@@ -408,6 +410,24 @@ async fn handle_frame(
             }
             tracing::info!(worker_id = %link.id, models = ?clean, "worker models updated");
             sync_pools(state, link, &clean);
+            return None;
+        }
+        WorkerToServer::HeldPrefixes {
+            model,
+            seq,
+            full,
+            added,
+            evicted,
+        } => {
+            let (Some(added), Some(evicted)) = (decode(&added), decode(&evicted)) else {
+                return Some(ServerToWorker::Error {
+                    request_id: None,
+                    code: "bad_message".into(),
+                    message: "held_prefixes: added and evicted are base64 of little-endian u64s"
+                        .into(),
+                });
+            };
+            link.take_held(&model, seq, full, &added, &evicted);
             return None;
         }
         WorkerToServer::Register { .. } => {

@@ -5,9 +5,11 @@
 
 use std::collections::BTreeMap;
 use std::pin::Pin;
+use std::sync::Arc;
 
 use axum::body::{Body, Bytes};
 use futures::{Stream, TryStreamExt};
+use pool_manager::CachedPrefixes;
 use tower::ServiceExt;
 
 use crate::app_state::SharedState;
@@ -91,6 +93,40 @@ impl Backend {
                 .max(1),
             Self::Http { .. } => 4,
         }
+    }
+
+    /// What the backend's engines hold, per model (the union of the pools serving it), when
+    /// they say: its own pools do; a URL backend's cache is out of sight (`None`).
+    pub fn held_by_model(&self) -> Option<Vec<(String, Arc<CachedPrefixes>)>> {
+        let Self::Local { state, .. } = self else {
+            return None;
+        };
+        let mut by_model: BTreeMap<String, Vec<Arc<CachedPrefixes>>> = BTreeMap::new();
+        for pool in state.pools.all() {
+            if !pool.accepts_work() {
+                continue;
+            }
+            if let Some(held) = pool.engine().and_then(|e| e.cached_prefixes()) {
+                by_model
+                    .entry(pool.spec().model_alias.clone())
+                    .or_default()
+                    .push(held);
+            }
+        }
+        Some(
+            by_model
+                .into_iter()
+                .map(|(model, mut sets)| {
+                    let held = match sets.len() {
+                        1 => sets.remove(0),
+                        _ => Arc::new(CachedPrefixes::from_blocks(
+                            sets.iter().flat_map(|s| s.hashes()),
+                        )),
+                    };
+                    (model, held)
+                })
+                .collect(),
+        )
     }
 
     /// Sends one request to the backend.

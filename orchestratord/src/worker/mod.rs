@@ -4,6 +4,7 @@
 //! requests and exits.
 
 mod backend;
+mod held;
 mod session;
 
 use std::sync::Arc;

@@ -14,6 +14,7 @@ use tokio_tungstenite::tungstenite::Message;
 use tokio_util::sync::CancellationToken;
 
 use super::backend::{Backend, Utf8Chunks};
+use super::held::{HeldReport, HELD_EVERY};
 use super::WorkerOptions;
 use crate::remote_workers::openai_wire::{read_object, StreamItem, StreamReader};
 
@@ -126,18 +127,20 @@ pub async fn run_once(
     let ack = tokio::time::timeout(ACK_TIMEOUT, stream.next())
         .await
         .map_err(|_| "no register_ack in time".to_string())?;
-    match ack {
+    let says_held = match ack {
         Some(Ok(Message::Text(t))) => match serde_json::from_str::<ServerToWorker>(&t) {
             Ok(ServerToWorker::RegisterAck {
                 worker_id,
                 models,
                 warnings,
+                held_prefixes,
                 ..
             }) => {
                 tracing::info!(%worker_id, ?models, "registered with the server");
                 for w in warnings {
                     tracing::warn!(warning = %w, "server warning");
                 }
+                held_prefixes
             }
             other => return Err(format!("expected register_ack, got {other:?}").into()),
         },
@@ -147,7 +150,11 @@ pub async fn run_once(
             ))
         }
         other => return Err(format!("expected register_ack, got {other:?}").into()),
-    }
+    };
+    // what the engines hold, to a server that reads it
+    let mut held = HeldReport::default();
+    let mut held_tick = tokio::time::interval(HELD_EVERY);
+    held_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (out_tx, mut out_rx) = mpsc::channel::<WorkerToServer>(256);
     let (done_tx, mut done_rx) = mpsc::channel::<String>(1024);
     let mut running: HashMap<String, CancellationToken> = HashMap::new();
@@ -228,6 +235,11 @@ pub async fn run_once(
                 if draining && running.is_empty() {
                     // the server closes once it saw the last response; wait for that
                     continue;
+                }
+            }
+            _ = held_tick.tick(), if says_held => {
+                for frame in held.frames(backend) {
+                    send(&mut sink, &frame).await?;
                 }
             }
             _ = check.tick() => {

@@ -120,7 +120,7 @@ pub fn place(state: &Lifecycle, task: &Task) -> Placement {
             used: s.slots_total - s.slots_free(),
             engine_load: s.engine_load.unwrap_or(0),
             service_ms: s.service_ms_ewma,
-            held_tokens: match &s.cached_prefixes {
+            held_tokens: match said_held(s, task) {
                 Some(held) => held.held_tokens(&task.prefix_chain),
                 None => state.placement_sent.held_tokens(&s.id, &task.prefix_chain),
             },
@@ -150,7 +150,7 @@ pub fn place(state: &Lifecycle, task: &Task) -> Placement {
         };
         if let Some(lease) = pool.try_lease() {
             placed(state, task, id, reason, held);
-            if snapshot.cached_prefixes.is_none() {
+            if said_held(snapshot, task).is_none() {
                 let pools = &state.pools;
                 state
                     .placement_sent
@@ -160,6 +160,18 @@ pub fn place(state: &Lifecycle, task: &Task) -> Placement {
         }
     }
     Placement::Wait
+}
+
+/// What `pool` says it holds, in the terms of `task`'s chain: engines say it in token blocks,
+/// so a chain of the prompt's bytes (a model nothing here tokenizes) is compared with what
+/// placement sent the pool instead (PLACE-6).
+fn said_held<'a>(
+    pool: &'a pool_manager::PoolSnapshot,
+    task: &Task,
+) -> Option<&'a std::sync::Arc<pool_manager::CachedPrefixes>> {
+    pool.cached_prefixes
+        .as_ref()
+        .filter(|_| task.prompt_ids.is_some())
 }
 
 /// Notes why pool `pool_id` of this replica took `task` from the cluster's queue (PLACE-8):
