@@ -15,6 +15,11 @@
 //! on the same replay: what each serves from its cache (its `cached_tokens`, llama-server's
 //! `timings.cache_n`). `PROMPT_CACHE_MIB`: our pools' host-memory prompt cache.
 //!
+//! Each side's busiest pool: the turns it was given over the mean per pool (its servers'
+//! `orchd_placement_total`). `SHARED_PROMPT=1`: every conversation opens with the same
+//! ~600-token system prompt and asks one question of its own (32 conversations, one turn):
+//! the shared prefix must not send them all to one pool.
+//!
 //! `cargo bench -p orchestratord --bench prefix_replay` (env `PAIRS`, `CONVERSATIONS`,
 //! `TURNS`, `AT_ONCE`, `MAX_TOKENS`, `THINK_MS`); under `cargo test` one conversation of two turns
 //! through the cache-aware server as a smoke test.
@@ -122,6 +127,9 @@ struct Replay {
     /// turn's prompt and answer).
     history_hit: f64,
     wall_s: f64,
+    /// Turns placed on the busiest pool over the mean per pool (the two pools of the
+    /// topology); `None` where the server does not count placements (llama-server).
+    busiest: Option<f64>,
 }
 
 #[derive(Clone, Copy)]
@@ -133,6 +141,71 @@ struct Shape {
     /// A user's pause between an answer and the next turn, at most (each one drawn from
     /// 0..think_ms by the conversation and turn): other conversations' turns come meanwhile.
     think_ms: u64,
+    /// Every conversation opens with the same long system prompt and asks its own question
+    /// (no history of its own to reuse): placement must not send them all to the pool
+    /// holding the shared prefix.
+    shared_prompt: bool,
+}
+
+/// The system prompt every conversation shares in the `shared_prompt` shape (~600 tokens).
+fn shared_system() -> String {
+    let mut s = String::from("You are the travel desk of a small agency. House rules follow. ");
+    for i in 0..40 {
+        s.push_str(&format!(
+            "Rule {i}: answer politely, mention office number {} and keep it under {} words. ",
+            i * 3 + 1,
+            20 + i % 5
+        ));
+    }
+    s
+}
+
+/// Turns placed so far per pool, over every server of a side (`orchd_placement_total`,
+/// summed over reasons; keyed by server and pool).
+async fn placements(client: &reqwest::Client, bases: &[String]) -> Option<Vec<(String, f64)>> {
+    let mut out: Vec<(String, f64)> = Vec::new();
+    for base in bases {
+        let text = client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        for line in text
+            .lines()
+            .filter(|l| l.starts_with("orchd_placement_total{"))
+        {
+            let pool = line
+                .split("pool=\"")
+                .nth(1)
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_default();
+            let n: f64 = line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0);
+            let key = format!("{base} {pool}");
+            match out.iter_mut().find(|(k, _)| *k == key) {
+                Some(e) => e.1 += n,
+                None => out.push((key, n)),
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The busiest pool's turns over the mean of `pools` pools, between two readings.
+fn busiest(before: &[(String, f64)], after: &[(String, f64)], pools: usize) -> Option<f64> {
+    let placed: Vec<f64> = after
+        .iter()
+        .map(|(k, n)| n - before.iter().find(|(b, _)| b == k).map_or(0.0, |b| b.1))
+        .collect();
+    let total: f64 = placed.iter().sum();
+    let max = placed.iter().copied().fold(0.0, f64::max);
+    (total > 0.0).then(|| max / (total / pools as f64))
 }
 
 /// Where a replay's turns go: the servers (a conversation's turns each to the next, as a
@@ -146,6 +219,7 @@ struct Side {
 
 async fn replay(client: &reqwest::Client, side: &Side, s: Shape, run: usize) -> Replay {
     let gate = Arc::new(Semaphore::new(s.at_once));
+    let placed_before = placements(client, &side.bases).await;
     let began = Instant::now();
     let keys = side.keys;
     let handles: Vec<_> = (0..s.conversations)
@@ -155,8 +229,15 @@ async fn replay(client: &reqwest::Client, side: &Side, s: Shape, run: usize) -> 
                 let _one = gate.acquire_owned().await.expect("gate");
                 // a fresh conversation each run: nothing of it cached before
                 let key = keys.then(|| format!("run{run}-conv{k}"));
-                let mut messages =
-                    vec![json!({"role": "user", "content": format!("Run {run}. {}", opening(k))})];
+                let mut messages = match s.shared_prompt {
+                    true => vec![
+                        json!({"role": "system", "content": shared_system()}),
+                        json!({"role": "user", "content": format!("Run {run}, traveller {k}: which day trip do you suggest?")}),
+                    ],
+                    false => vec![
+                        json!({"role": "user", "content": format!("Run {run}. {}", opening(k))}),
+                    ],
+                };
                 let mut out = Vec::new();
                 for t in 0..s.turns {
                     let base = &side.bases[(k + t) % side.bases.len()];
@@ -180,7 +261,7 @@ async fn replay(client: &reqwest::Client, side: &Side, s: Shape, run: usize) -> 
     for h in handles {
         let mut before = 0;
         for (t, ttft, p, c, answer) in h.await.expect("conversation") {
-            if t > 0 {
+            if t > 0 || s.shared_prompt {
                 ttfts.push(ttft);
                 resent += before;
                 resent_cached += c.min(before);
@@ -190,12 +271,17 @@ async fn replay(client: &reqwest::Client, side: &Side, s: Shape, run: usize) -> 
             cached += c;
         }
     }
+    let wall_s = began.elapsed().as_secs_f64();
+    let placed_after = placements(client, &side.bases).await;
     Replay {
+        busiest: placed_before
+            .zip(placed_after)
+            .and_then(|(b, a)| busiest(&b, &a, 2)),
         ttft_p50: percentile(&mut ttfts, 0.5),
         ttft_p90: percentile(&mut ttfts, 0.9),
         hit: cached as f64 / prompt.max(1) as f64,
         history_hit: resent_cached as f64 / resent.max(1) as f64,
-        wall_s: began.elapsed().as_secs_f64(),
+        wall_s,
     }
 }
 
@@ -220,6 +306,7 @@ async fn main() {
                 at_once: env_or("AT_ONCE", 8),
                 max_tokens: env_or("MAX_TOKENS", 16),
                 think_ms: env_or("THINK_MS", 2000) as u64,
+                shared_prompt: false,
             },
         )
     } else {
@@ -231,9 +318,17 @@ async fn main() {
                 at_once: 1,
                 max_tokens: 4,
                 think_ms: 0,
+                shared_prompt: false,
             },
         )
     };
+    // SHARED_PROMPT=1: one long system prompt shared by every conversation, one turn each
+    let mut shape = shape;
+    if full && std::env::var("SHARED_PROMPT").is_ok_and(|v| v == "1") {
+        shape.shared_prompt = true;
+        shape.turns = 1;
+        shape.conversations = env_or("CONVERSATIONS", 32);
+    }
     // the chain of a 4,096-token prompt, as placement computes it once per task
     let tokens: Vec<u32> = (0..4096u32)
         .map(|i| i.wrapping_mul(2654435761) % 49152)
@@ -323,6 +418,10 @@ async fn main() {
         // the smoke test: one conversation through the cache-aware server, its turns placed
         let r = replay(&client, &cache, shape, 0).await;
         assert!(r.hit > 0.0, "a later turn reused its conversation's prefix");
+        assert!(
+            r.busiest.is_some(),
+            "the server counts where it placed the turns"
+        );
         println!(
             "prefix replay smoke: {:.0} % of prompt tokens from cache",
             r.hit * 100.0
@@ -377,10 +476,13 @@ async fn main() {
     } else {
         ["cache + sessions", "load only"]
     };
+    if shape.shared_prompt {
+        println!("every conversation opens with the same ~600-token system prompt, one turn each (TTFT over every turn)");
+    }
     println!(
-        "| placement | TTFT p50 ms (turns 2+) | TTFT p90 ms | prompt tokens from cache | resent history from cache | wall s |"
+        "| placement | TTFT p50 ms (turns 2+) | TTFT p90 ms | prompt tokens from cache | resent history from cache | wall s | busiest pool / mean (turns) |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     let mut meds = Vec::new();
     for (side, name) in names.into_iter().enumerate() {
         let r = &rows[side];
@@ -391,8 +493,17 @@ async fn main() {
             median(&mut r.iter().map(|x| x.history_hit).collect::<Vec<_>>()),
             median(&mut r.iter().map(|x| x.wall_s).collect::<Vec<_>>()),
         ];
+        let mut busiest: Vec<f64> = r.iter().filter_map(|x| x.busiest).collect();
+        let busiest = match busiest.is_empty() {
+            true => "—".to_string(),
+            false => format!(
+                "{:.2}x (max {:.2}x)",
+                median(&mut busiest),
+                busiest.iter().copied().fold(0.0, f64::max)
+            ),
+        };
         println!(
-            "| {name} | {:.0} | {:.0} | {:.1} % | {:.1} % | {:.1} |",
+            "| {name} | {:.0} | {:.0} | {:.1} % | {:.1} % | {:.1} | {busiest} |",
             m[0],
             m[1],
             m[2] * 100.0,

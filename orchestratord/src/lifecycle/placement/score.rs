@@ -1,6 +1,7 @@
 //! The order in which placement tries the pools that can take a task now (PLACE-1..3): the
 //! conversation's own pool first while it has room (session affinity), then the pools holding
-//! the longest cached prefix of the prompt, then the least loaded. A pool is preferred for its
+//! the longest cached prefix of the prompt (less `min_cached_tokens` for every sequence the
+//! pool runs), then the least loaded. A pool is preferred for its
 //! cache or its session only within the load bound — the sequences it runs once it takes the
 //! task at most `load_bound` times its fair share (the mean load of the pools serving the
 //! model, by slots), or one above that share where that is more (a light load) — so one shared
@@ -76,11 +77,13 @@ pub fn order<'a>(
         .copied()
         .filter(|c| c.held_tokens > 0 && c.held_tokens >= w.min_cached_tokens && within(c))
         .collect();
-    cached.sort_by(|a, b| {
-        b.held_tokens
-            .cmp(&a.held_tokens)
-            .then_with(|| by_load(a, b))
-    });
+    // a cached prefix counts for its tokens less `min_cached_tokens` per sequence the pool
+    // runs: a pool holding a block or two more of the prompt (every pool holds a shared
+    // system prompt) does not win over a less loaded one, its whole history does
+    let worth = |c: &Candidate<'_>| {
+        c.held_tokens as i64 - (w.min_cached_tokens.min(1 << 20) * c.used) as i64
+    };
+    cached.sort_by(|a, b| worth(b).cmp(&worth(a)).then_with(|| by_load(a, b)));
     for c in &cached {
         out.push((c.id, Reason::Cache));
     }
@@ -152,6 +155,17 @@ mod tests {
             used[usize::from(id == "b")] += 1;
         }
         assert_eq!(used, [4, 2]);
+    }
+
+    /// PLACE-2: where every pool holds the shared system prompt, a block or two more held by
+    /// the busier pool does not outweigh a sequence more running there: the less loaded pool
+    /// holding the prompt comes first; a whole conversation's history still does.
+    #[test]
+    fn a_few_more_blocks_do_not_outweigh_the_load() {
+        let c = [pool("a", 2, 608), pool("b", 1, 592)];
+        assert_eq!(first(&c, None), ("b", Reason::Cache));
+        let c = [pool("a", 2, 900), pool("b", 1, 592)];
+        assert_eq!(first(&c, None), ("a", Reason::Cache));
     }
 
     /// PLACE-3: the conversation's pool first while within the bound, the score after.
