@@ -20,8 +20,11 @@
 //! ~600-token system prompt and asks one question of its own (32 conversations, one turn):
 //! the shared prefix must not send them all to one pool.
 //!
+//! In the topologies of two processes (`remote`, `replicas`) each process's pools get one
+//! thread (`PROCESS_THREADS`): one core each of the two, as on machines of their own.
+//!
 //! `cargo bench -p orchestratord --bench prefix_replay` (env `PAIRS`, `CONVERSATIONS`,
-//! `TURNS`, `AT_ONCE`, `MAX_TOKENS`, `THINK_MS`); under `cargo test` one conversation of two turns
+//! `TURNS`, `AT_ONCE`, `MAX_TOKENS`, `THINK_MS`, `POOL_EXTRA`: TOML lines for each of our pools); under `cargo test` one conversation of two turns
 //! through the cache-aware server as a smoke test.
 
 mod support;
@@ -215,6 +218,8 @@ struct Side {
     bases: Vec<String>,
     model: &'static str,
     keys: bool,
+    /// Pools serving the replay (the mean load is over these).
+    pools: usize,
 }
 
 async fn replay(client: &reqwest::Client, side: &Side, s: Shape, run: usize) -> Replay {
@@ -276,7 +281,7 @@ async fn replay(client: &reqwest::Client, side: &Side, s: Shape, run: usize) -> 
     Replay {
         busiest: placed_before
             .zip(placed_after)
-            .and_then(|(b, a)| busiest(&b, &a, 2)),
+            .and_then(|(b, a)| busiest(&b, &a, side.pools)),
         ttft_p50: percentile(&mut ttfts, 0.5),
         ttft_p90: percentile(&mut ttfts, 0.9),
         hit: cached as f64 / prompt.max(1) as f64,
@@ -350,12 +355,25 @@ async fn main() {
     const SECRET: &str = "prefix-replay";
     // a server's pools: two local ones, or one and a remote worker, or (a replica) one
     // env PROMPT_CACHE_MIB: each pool's host-memory prompt cache (else the default)
-    let cache_mib = std::env::var("PROMPT_CACHE_MIB")
+    let mut cache_mib = std::env::var("PROMPT_CACHE_MIB")
         .map(|m| format!("prompt_cache_mib = {m}\n"))
         .unwrap_or_default();
+    // env POOL_EXTRA: more TOML for each of our pools (`step_prompt_tokens = 64`, ...)
+    if let Ok(extra) = std::env::var("POOL_EXTRA") {
+        cache_mib.push_str(&extra.replace("\\n", "\n"));
+        cache_mib.push('\n');
+    }
+    // where each side runs in two processes (a worker, replicas), each gets one of the two
+    // cores, as on machines of their own (`PROCESS_THREADS`), not both: two processes each
+    // spinning two compute threads on two cores take the cores from each other; the two
+    // local pools of one process share its compute threads
+    let threads = match remote || replicas {
+        true => format!("threads = {}\n", env_or("PROCESS_THREADS", 1)),
+        false => String::new(),
+    };
     let pools = |extra: &str, alias: &str| {
         let local = format!(
-            "[[pools]]\nid = \"a\"\nmodel = \"{m}\"\nalias = \"{alias}\"\nslots = 4\nctx = 2048\n{cache_mib}",
+            "[[pools]]\nid = \"a\"\nmodel = \"{m}\"\nalias = \"{alias}\"\nslots = 4\nctx = 2048\n{cache_mib}{threads}",
             m = model.display()
         );
         if remote {
@@ -371,12 +389,14 @@ async fn main() {
             )
         }
     };
-    // the worker of a server, in the remote topology
-    let worker_of = |base: &str| {
+    // the worker of a server, in the remote topology, serving the side's model name (else the
+    // server ignores the worker's model: the load-only side ran on its local pool alone)
+    let worker_of = |base: &str, alias: &str| {
         remote.then(|| {
             let cfg = procs::worker_config(&model.display().to_string(), 4)
                 .replace("1024", "2048")
-                .replace("threads = 1\n", "");
+                .replace("alias = \"smol\"", &format!("alias = \"{alias}\""))
+                .replace("threads = 1\n", &threads);
             procs::worker(base, SECRET, "w", &cfg, &[])
         })
     };
@@ -403,13 +423,22 @@ async fn main() {
                     env.push(("ORCHD_REPLICA_ID", id.as_str()));
                 }
                 let (p, base) = procs::server_env_answering(&config, &env).await;
-                kept.push((p, worker_of(&base)));
+                kept.push((p, worker_of(&base, model)));
                 bases.push(base);
             }
             for base in &bases {
                 wait_ready(&client, base, if llama { 1 } else { 2 }).await;
             }
-            (Side { bases, model, keys }, kept)
+            let pools = if llama { 1 } else { 2 };
+            (
+                Side {
+                    bases,
+                    model,
+                    keys,
+                    pools,
+                },
+                kept,
+            )
         }
     };
     let (cache, kept) = side("c", pools("", "smol"), "smol", true).await;
@@ -435,6 +464,7 @@ async fn main() {
             bases: vec![base],
             model: "smol",
             keys: false,
+            pools: 1,
         };
         (side, Some(p))
     } else {
