@@ -14,6 +14,8 @@ import urllib.request
 
 import ollama
 
+from task_records import with_prompt
+
 QUESTION = [{"role": "user", "content": "Name a colour."}]
 # longer than the default system prompt SmolLM2's template puts in a chat without one
 PIRATE = ("You are a pirate captain sailing the seven seas. Answer every question as a pirate "
@@ -53,9 +55,13 @@ def main():
     base = args.base
 
     greedy = {"temperature": 0, "num_predict": 4}
-    plain = c.chat(model=base, messages=QUESTION, options=greedy)
+    # the whole prompt each request was given, from its task record: prompt_eval_count
+    # counts only what the engine's cache did not hold
+    plain, plain_p = with_prompt(args.host, lambda c: c.chat(model=base, messages=QUESTION,
+                                                           options=greedy))
     own_system = [{"role": "system", "content": "Be brief."}] + QUESTION
-    plain_own = c.chat(model=base, messages=own_system, options=greedy)
+    plain_own, plain_own_p = with_prompt(args.host, lambda c: c.chat(
+        model=base, messages=own_system, options=greedy))
 
     # a system prompt and sampling defaults over the base model
     r = c.create(model="pirate", from_=base, system=PIRATE,
@@ -70,33 +76,31 @@ def main():
           f"show: its parameters ({shown.parameters!r})")
     check(shown.details.parent_model == base, f"show: made from {base} ({shown.details})")
 
-    a = c.chat(model="pirate", messages=QUESTION)
+    a, a_p = with_prompt(args.host, lambda c: c.chat(model="pirate", messages=QUESTION))
     check(a.eval_count <= 3, f"its num_predict when the request says none ({a.eval_count} tokens)")
-    check(a.prompt_eval_count > plain.prompt_eval_count,
-          f"its system prompt is in the prompt ({a.prompt_eval_count} > {plain.prompt_eval_count} tokens)")
+    check(a_p > plain_p, f"its system prompt is in the prompt ({a_p} > {plain_p} tokens)")
     b = c.chat(model="pirate", messages=QUESTION)
     check(a.message.content == b.message.content,
           f"its temperature 0: the same answer twice ({a.message.content!r})")
     one = c.chat(model="pirate", messages=QUESTION, options={"num_predict": 1})
     check(one.eval_count == 1, f"the request's own num_predict wins ({one.eval_count})")
-    own = c.chat(model="pirate", messages=own_system, options=greedy)
-    check(own.prompt_eval_count == plain_own.prompt_eval_count,
-          f"a chat's own system prompt replaces the model's ({own.prompt_eval_count} = "
-          f"{plain_own.prompt_eval_count} tokens)")
-    gen = c.generate(model="pirate", prompt="Name a colour.")
-    check(gen.prompt_eval_count == a.prompt_eval_count,
-          f"generate gets the system prompt too ({gen.prompt_eval_count} tokens)")
+    own, own_p = with_prompt(args.host, lambda c: c.chat(model="pirate", messages=own_system,
+                                                       options=greedy))
+    check(own_p == plain_own_p,
+          f"a chat's own system prompt replaces the model's ({own_p} = {plain_own_p} tokens)")
+    gen, gen_p = with_prompt(args.host, lambda c: c.generate(model="pirate", prompt="Name a colour."))
+    check(gen_p == a_p, f"generate gets the system prompt too ({gen_p} tokens)")
 
     # a template by built-in name and as Jinja text change what the model is sent
     c.create(model="smol-llama3", from_=base, template="llama3")
-    l3 = c.chat(model="smol-llama3", messages=QUESTION, options=greedy)
-    check(l3.prompt_eval_count != plain.prompt_eval_count,
-          f"template llama3: another prompt ({l3.prompt_eval_count} vs {plain.prompt_eval_count} tokens)")
+    l3, l3_p = with_prompt(args.host, lambda c: c.chat(model="smol-llama3", messages=QUESTION,
+                                                     options=greedy))
+    check(l3_p != plain_p, f"template llama3: another prompt ({l3_p} vs {plain_p} tokens)")
     c.create(model="smol-plain", from_=base, template=PLAIN_TEMPLATE)
-    bare = c.chat(model="smol-plain", messages=QUESTION, options=greedy)
-    check(bare.prompt_eval_count < plain.prompt_eval_count,
-          f"a Jinja template without role markers: a shorter prompt ({bare.prompt_eval_count} < "
-          f"{plain.prompt_eval_count} tokens)")
+    bare, bare_p = with_prompt(args.host, lambda c: c.chat(model="smol-plain", messages=QUESTION,
+                                                         options=greedy))
+    check(bare_p < plain_p,
+          f"a Jinja template without role markers: a shorter prompt ({bare_p} < {plain_p} tokens)")
     check(c.show("smol-plain").template == PLAIN_TEMPLATE, "show: the Jinja template")
 
     # made again under its own name: the new system prompt, the parameters kept

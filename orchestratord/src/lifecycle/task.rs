@@ -710,7 +710,8 @@ impl Task {
             params: self.params.clone(),
             seed: self.spec.sampling.seed,
             max_tokens: self.spec.max_tokens as u32,
-            prompt_tokens: self.prompt_tokens as u32,
+            // what the engine ran once it said (admission's count before)
+            prompt_tokens: g.counted_prompt_tokens.unwrap_or(self.prompt_tokens as u32),
             tokens_out: g.tokens_out,
             pool_id: g
                 .pool_id

@@ -50,7 +50,10 @@ fn stats(task: &Task, tokens_out: u32) -> Stats {
     Stats {
         total_duration: nanos(spans.total),
         load_duration: nanos(spans.waited),
-        prompt_eval_count: task.prompt_tokens_used(),
+        // Ollama counts the prompt tokens it evaluated: those its cache held are not
+        prompt_eval_count: task
+            .prompt_tokens_used()
+            .saturating_sub(task.prompt_tokens_cached()),
         prompt_eval_duration: nanos(spans.prefill),
         eval_count: tokens_out,
         eval_duration: nanos(spans.decode),
