@@ -163,6 +163,19 @@ async fn each_turn_lands_where_its_conversation_is_cached() {
     }
 }
 
+/// A server with one local pool of the real model (alias `smol`, `slots` slots) that workers
+/// with `secret` join, their models beside its own, their load reported every 200 ms.
+async fn server_for_workers(pool_id: &str, slots: usize, secret: &str) -> Arc<TestServer> {
+    let mut local = real_pool(pool_id, slots, 1024);
+    local.alias = Some("smol".into());
+    let mut cfg = config(vec![local]);
+    cfg.timeouts.idle_ms = 60_000;
+    cfg.workers.secret = Some(secret.into());
+    cfg.workers.heartbeat_interval_ms = 200;
+    cfg.workers.join_local_models = true;
+    Arc::new(start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await)
+}
+
 /// PLACE-6: a local pool and a remote worker (its own engine, which says what it holds over
 /// the worker protocol): four conversations at once spread over both by load, and each later
 /// turn goes back to the pool that has its history, where the engine reuses it.
@@ -170,14 +183,7 @@ async fn each_turn_lands_where_its_conversation_is_cached() {
 async fn turns_follow_their_conversation_to_a_remote_worker() {
     const SECRET: &str = "placement-secret";
     // its own pool id: /metrics is one per process, the other test counts pools a and b
-    let mut local = real_pool("local", 4, 1024);
-    local.alias = Some("smol".into());
-    let mut cfg = config(vec![local]);
-    cfg.timeouts.idle_ms = 60_000;
-    cfg.workers.secret = Some(SECRET.into());
-    cfg.workers.heartbeat_interval_ms = 200;
-    cfg.workers.join_local_models = true;
-    let s = Arc::new(start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await);
+    let s = server_for_workers("local", 4, SECRET).await;
     let _w = worker(
         &s.base,
         SECRET,
@@ -240,14 +246,7 @@ async fn turns_follow_their_conversation_to_a_remote_worker() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_says_what_its_engine_holds() {
     const SECRET: &str = "held-secret";
-    let mut local = real_pool("held-local", 1, 1024);
-    local.alias = Some("smol".into());
-    let mut cfg = config(vec![local]);
-    cfg.timeouts.idle_ms = 60_000;
-    cfg.workers.secret = Some(SECRET.into());
-    cfg.workers.heartbeat_interval_ms = 200;
-    cfg.workers.join_local_models = true;
-    let s = Arc::new(start_with(cfg, Arc::new(pool_manager::candle::CandleFactory)).await);
+    let s = server_for_workers("held-local", 1, SECRET).await;
     // one slot, no prompt cache: the worker's engine holds the last prompt it ran, nothing else
     let wcfg = worker_config(&default_model_path(), 1) + "prompt_cache_mib = 0\n";
     let _w = worker(&s.base, SECRET, "holder", &wcfg, &[]);
