@@ -26,7 +26,7 @@ mod nats;
 use std::time::{Duration, Instant};
 
 use orchd_tools::loadgen::{run_level, LevelReport, LoadSpec};
-use support::{env_or, median};
+use support::{cpu_ms_of, env_or, median};
 
 const SLOTS: usize = 2;
 const CAPACITY: usize = 4;
@@ -67,9 +67,28 @@ async fn chats(
     out
 }
 
+/// What the admission run measured.
+struct Answered {
+    per_s: f64,
+    /// The share that were 429.
+    refused: f64,
+    /// CPU time of the servers' processes (`servers`) and of the others (`brokers`) per
+    /// 1,000 answers, ms.
+    servers_cpu_per_k: f64,
+    brokers_cpu_per_k: f64,
+}
+
 /// Answers per second to one-token task submissions from 16 clients for `secs`, spread over
-/// `bases`; and the share of them that were 429.
-async fn admissions(client: &reqwest::Client, bases: &[String], secs: f64) -> (f64, f64) {
+/// `bases`; the share of them that were 429; the CPU time the processes `servers` and
+/// `brokers` spent on them.
+async fn admissions(
+    client: &reqwest::Client,
+    bases: &[String],
+    secs: f64,
+    servers: &[u32],
+    brokers: &[u32],
+) -> Answered {
+    let cpu_before = (cpu_ms_of(servers), cpu_ms_of(brokers));
     let until = Instant::now() + Duration::from_secs_f64(secs);
     let mut lanes = tokio::task::JoinSet::new();
     for lane in 0..16 {
@@ -101,10 +120,14 @@ async fn admissions(client: &reqwest::Client, bases: &[String], secs: f64) -> (f
         answered += a;
         refused += f;
     }
-    (
-        answered as f64 / secs,
-        refused as f64 / answered.max(1) as f64,
-    )
+    let per_k =
+        |before: f64, pids: &[u32]| (cpu_ms_of(pids) - before) * 1000.0 / answered.max(1) as f64;
+    Answered {
+        per_s: answered as f64 / secs,
+        refused: refused as f64 / answered.max(1) as f64,
+        servers_cpu_per_k: per_k(cpu_before.0, servers),
+        brokers_cpu_per_k: per_k(cpu_before.1, brokers),
+    }
 }
 
 /// Waits until nothing is queued or running on `bases` (the admission runs leave tasks).
@@ -229,26 +252,36 @@ async fn main() {
         median(&mut cl_itl),
         median(&mut itl_r)
     );
-    // admission throughput
+    // admission throughput, and the CPU it took
+    let one_pid = [one_proc.child.id()];
+    let replica_pids: Vec<u32> = procs.iter().map(|p| p.child.id()).collect();
+    let nats_pids = cluster.pids();
     let (mut ob_a, mut cl_a, mut ratio_a, mut ob_r, mut cl_r) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let (mut ob_cpu, mut cl_cpu, mut cpu_ratio, mut nats_cpu) = (vec![], vec![], vec![], vec![]);
     for pair in 0..pairs {
         settle(&client, &one_box).await;
         settle(&client, &replicas).await;
+        let one = || admissions(&client, &one_box, secs, &one_pid, &[]);
+        let three = || admissions(&client, &replicas, secs, &replica_pids, &nats_pids);
         let (o, c) = if pair % 2 == 0 {
-            let o = admissions(&client, &one_box, secs).await;
+            let o = one().await;
             settle(&client, &one_box).await;
-            (o, admissions(&client, &replicas, secs).await)
+            (o, three().await)
         } else {
-            let c = admissions(&client, &replicas, secs).await;
+            let c = three().await;
             settle(&client, &replicas).await;
-            (admissions(&client, &one_box, secs).await, c)
+            (one().await, c)
         };
-        ob_a.push(o.0);
-        cl_a.push(c.0);
-        ratio_a.push(c.0 / o.0.max(1e-9));
-        ob_r.push(o.1 * 100.0);
-        cl_r.push(c.1 * 100.0);
+        ob_a.push(o.per_s);
+        cl_a.push(c.per_s);
+        ratio_a.push(c.per_s / o.per_s.max(1e-9));
+        ob_r.push(o.refused * 100.0);
+        cl_r.push(c.refused * 100.0);
+        ob_cpu.push(o.servers_cpu_per_k);
+        cl_cpu.push(c.servers_cpu_per_k);
+        cpu_ratio.push(c.servers_cpu_per_k / o.servers_cpu_per_k.max(1e-9));
+        nats_cpu.push(c.brokers_cpu_per_k);
     }
     println!(
         "| admissions answered/s (16 clients; 429 share one box {:.0}%, cluster {:.0}%) | {:.0} | {:.0} | {:.2} |",
@@ -257,6 +290,13 @@ async fn main() {
         median(&mut ob_a),
         median(&mut cl_a),
         median(&mut ratio_a)
+    );
+    println!(
+        "| CPU ms per 1,000 answers: the server(s), summed (the 3 NATS nodes: {:.0}) | {:.0} | {:.0} | {:.2} |",
+        median(&mut nats_cpu),
+        median(&mut ob_cpu),
+        median(&mut cl_cpu),
+        median(&mut cpu_ratio)
     );
     // the overload burst: three times the bound at once
     settle(&client, &one_box).await;

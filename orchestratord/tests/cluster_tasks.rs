@@ -367,6 +367,58 @@ async fn tasks_run_on_any_replica_and_stream_from_any() {
     );
 }
 
+/// CLU-PATH-1: a replica with a free slot runs what it admits itself, at once: tasks admitted
+/// one at a time on r1 each run on r1 (taken from the queue by r1, no other replica's look
+/// in between), and its clients read the same events with the same ids as another replica's;
+/// a cancel on r1 of one running there ends it with one terminal everywhere, and its slot
+/// takes the next task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_with_a_free_slot_runs_what_it_admits() {
+    let r = Replicas::start(3, "").await;
+    let b = &r.bases;
+    for i in 0..4 {
+        let id = submit_ok(
+            &b[1],
+            json!({"prompt": format!("{COUNT} (run {i})"), "max_tokens": 8, "temperature": 0}),
+        )
+        .await;
+        let here = read_stream(&b[1], &id, None, |_| false).await;
+        assert_whole(&here, "admitted and run on r1");
+        assert_eq!(here.last().unwrap().event, "end", "{here:?}");
+        assert_eq!(r.runner_of(&id), Some(1), "task {i}\n{}", r.logs());
+        let elsewhere = read_stream(&b[2], &id, None, |_| false).await;
+        assert_eq!(elsewhere, here, "the same events and ids on r2");
+    }
+    let id = submit_ok(
+        &b[1],
+        json!({"prompt": COUNT, "max_tokens": 300, "temperature": 0}),
+    )
+    .await;
+    read_stream(&b[1], &id, None, |e| {
+        e.iter().filter(|e| e.event == "token").count() >= 3
+    })
+    .await;
+    assert_eq!(r.runner_of(&id), Some(1), "{}", r.logs());
+    let c = reqwest::Client::new()
+        .post(format!("{}/v1/tasks/{id}/cancel", b[1]))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(c.status(), 204);
+    let here = read_stream(&b[1], &id, None, |_| false).await;
+    assert_whole(&here, "cancelled where it ran");
+    assert_eq!(here.last().unwrap().data["finish_reason"], "cancelled");
+    assert!(
+        here.iter().filter(|e| e.event == "token").count() < 300,
+        "{here:?}"
+    );
+    assert_eq!(read_stream(&b[0], &id, None, |_| false).await, here);
+    let next = submit_ok(&b[1], json!({"prompt": COUNT, "max_tokens": 4})).await;
+    let events = read_stream(&b[1], &next, None, |_| false).await;
+    assert_eq!(events.last().unwrap().event, "end", "{events:?}");
+    assert_eq!(r.runner_of(&next), Some(1), "{}", r.logs());
+}
+
 /// CLU-TASK-2: `kill -9` of the replica a client streams from: the client resumes on another
 /// with `Last-Event-ID` and gets every later event once; `kill -9` of the replica running the
 /// task: another takes it after `ack_wait` and goes on after the tokens already sent.

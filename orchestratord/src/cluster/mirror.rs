@@ -72,8 +72,51 @@ impl TaskPath {
         }
     }
 
+    /// Follows `task` on the relay after event `after` (every event before came from this
+    /// replica's run of it, `run_here.rs`); a relay that does not answer for
+    /// [`super::task_path::ANNOUNCE_FOR`] fails it.
+    pub(super) async fn follow_from(
+        self: &Arc<Self>,
+        state: &Arc<Lifecycle>,
+        task: Arc<Task>,
+        after: u64,
+    ) {
+        let until = tokio::time::Instant::now() + super::task_path::ANNOUNCE_FOR;
+        loop {
+            match self.relay.follow(&task.id, after).await {
+                Ok(events) => return self.spawn_feeder(state.clone(), task, Box::pin(events)),
+                Err(_) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => {
+                    state.fail_task(
+                        &task,
+                        ErrorCode::ClusterUnavailable,
+                        format!("the cluster's event relay did not answer: {e}"),
+                        true,
+                        Some(1000),
+                    );
+                    return;
+                }
+            }
+        }
+    }
+
     /// Puts the `end` it had here on the relay and asks the replica running `task` to stop it.
     async fn stop_elsewhere(&self, task: &Task) {
+        self.relay_end_here(task).await;
+        let ask = CancelAsk {
+            tenant: task.owner.clone(),
+            sees_all: false,
+        };
+        if let Err(e) = self.cluster.cancel_elsewhere(&task.id, &ask).await {
+            tracing::warn!(task_id = %task.id, error = %e, "cluster: cancel not sent to the other replicas");
+        }
+    }
+
+    /// Puts the `end` `task` had here (not from its run) on the relay: the task's terminal
+    /// there, before whatever its run appends after.
+    pub(super) async fn relay_end_here(&self, task: &Task) {
         let end = task.lock().events.last().cloned();
         if let Some(end @ TaskEvent::End(_)) = end {
             if let Err(e) = self
@@ -83,13 +126,6 @@ impl TaskPath {
             {
                 tracing::warn!(task_id = %task.id, error = %e, "cluster: cancel not put on the relay");
             }
-        }
-        let ask = CancelAsk {
-            tenant: task.owner.clone(),
-            sees_all: false,
-        };
-        if let Err(e) = self.cluster.cancel_elsewhere(&task.id, &ask).await {
-            tracing::warn!(task_id = %task.id, error = %e, "cluster: cancel not sent to the other replicas");
         }
     }
 
@@ -171,7 +207,7 @@ impl TaskPath {
 
 /// Applies one relayed event to `task`, timed when the relay stored it; true once the task
 /// has ended.
-fn apply(state: &Lifecycle, task: &Task, relayed: &Relayed) -> bool {
+pub(super) fn apply(state: &Lifecycle, task: &Task, relayed: &Relayed) -> bool {
     let at = relayed.at;
     let Some(wire) = WireEvent::decode(&relayed.payload) else {
         return false;

@@ -11,7 +11,7 @@ use contracts::{ErrorCode, Priority, SseError};
 use futures::{FutureExt, StreamExt};
 use tracing::Instrument;
 
-use super::event_relay::Appended;
+use super::event_relay::{Appended, Relayed};
 use super::task_path::{QueueKey, TaskPath};
 use super::task_queue::{Take, Taken};
 use crate::lifecycle::handoff::{Handoff, WireEvent};
@@ -36,6 +36,18 @@ const MEASUREMENT_GIVES_WAY: Duration = Duration::from_secs(2);
 impl TaskPath {
     /// Starts taking tasks for each pool of this replica (and for pools added later).
     pub fn spawn_takers(self: &Arc<Self>, state: &Arc<Lifecycle>) {
+        // which queues have room again (`known_full.rs`)
+        let (path, stop) = (self.clone(), state.shutdown.clone());
+        tokio::spawn(async move {
+            while let Err(e) = path
+                .cluster
+                .hear_freed(&path.known_full, stop.clone())
+                .await
+            {
+                tracing::warn!(error = %e, "cluster: cannot listen for tasks leaving the queues");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
         let (path, state) = (self.clone(), state.clone());
         tokio::spawn(async move {
             let mut taking = std::collections::HashSet::new();
@@ -120,10 +132,12 @@ impl TaskPath {
             }
             // what is there now, interactive first
             let mut took = Ok(Take::Empty);
+            let mut from = None;
             for class in [Priority::Interactive, Priority::Batch] {
                 for q in &queues {
                     took = q.take(class, Duration::ZERO).await;
                     if !matches!(took, Ok(Take::Empty)) {
+                        from = Some((q.name().to_string(), class));
                         break;
                     }
                 }
@@ -147,19 +161,10 @@ impl TaskPath {
             match took {
                 Ok(Take::Task(t)) => self.start(&state, &pool_id, *t).await,
                 Ok(Take::Exhausted { task_id, delivered }) => {
-                    tracing::warn!(%task_id, delivered, "cluster: task taken too often");
-                    let error = TaskEvent::Error(SseError {
-                        code: ErrorCode::ReplicaExhausted,
-                        message: format!(
-                            "requeue attempts exhausted: the task was taken {} times and each replica running it stopped (requeue_exhausted)",
-                            delivered - 1
-                        ),
-                        retriable: true,
-                        retry_after_ms: Some(1000),
-                        field: None,
-                    });
-                    let n = self.history(&task_id).await.0.len() as u64;
-                    self.publish(&task_id, n, &error).await;
+                    if let Some((queue, class)) = &from {
+                        self.cluster.say_freed(queue, *class).await;
+                    }
+                    self.exhausted(&task_id, delivered).await;
                 }
                 Ok(Take::Empty) => {}
                 Err(e) => {
@@ -191,6 +196,33 @@ impl TaskPath {
             }
             super::head_start::Heed::Nothing => {}
         }
+    }
+
+    /// Ends task `task_id`, taken out of its queue after `delivered` deliveries, on the relay
+    /// with `REPLICA_EXHAUSTED`.
+    pub(super) async fn exhausted(&self, task_id: &str, delivered: i64) {
+        tracing::warn!(%task_id, delivered, "cluster: task taken too often");
+        let error = TaskEvent::Error(SseError {
+            code: ErrorCode::ReplicaExhausted,
+            message: format!(
+                "requeue attempts exhausted: the task was taken {} times and each replica running it stopped (requeue_exhausted)",
+                delivered - 1
+            ),
+            retriable: true,
+            retry_after_ms: Some(1000),
+            field: None,
+        });
+        let n = self.history(task_id).await.0.len() as u64;
+        self.publish(task_id, n, &error).await;
+    }
+
+    /// Lets `taken` go from its queue (it ended, or is nobody's to run), and tells every
+    /// replica that its place is free (`known_full.rs`).
+    pub(super) async fn let_go(&self, taken: Taken) -> Result<(), super::ClusterError> {
+        let (queue, class) = (taken.queue.clone(), taken.class);
+        taken.done().await?;
+        self.cluster.say_freed(&queue, class).await;
+        Ok(())
     }
 
     /// The events of `task_id` on the relay so far and the last one's id, waiting a moment
@@ -248,21 +280,26 @@ impl TaskPath {
     }
 
     /// Runs a taken task on a slot of `pool_id` (or hands it back).
-    async fn start(self: &Arc<Self>, state: &Arc<Lifecycle>, pool_id: &str, taken: Taken) {
+    pub(super) async fn start(
+        self: &Arc<Self>,
+        state: &Arc<Lifecycle>,
+        pool_id: &str,
+        taken: Taken,
+    ) {
         let Ok(h) = serde_json::from_slice::<Handoff>(&taken.payload) else {
             tracing::warn!(task_id = %taken.task_id, "cluster: a queued task that is no handoff, dropped");
-            let _ = taken.done().await;
+            let _ = self.let_go(taken).await;
             return;
         };
         let (history, last) = self.history(&h.task_id).await;
         if history.is_empty() {
             // its admitting replica could not put its `started` on the relay, and refused it
-            let _ = taken.done().await;
+            let _ = self.let_go(taken).await;
             return;
         }
         if history.iter().any(WireEvent::is_terminal) {
             // cancelled (or ended) while it waited
-            let _ = taken.done().await;
+            let _ = self.let_go(taken).await;
             return;
         }
         let n = history.len() as u64;
@@ -278,7 +315,7 @@ impl TaskPath {
                     field: e.field,
                 });
                 self.publish(&h.task_id, n, &error).await;
-                let _ = taken.done().await;
+                let _ = self.let_go(taken).await;
                 return;
             }
         };
@@ -305,10 +342,30 @@ impl TaskPath {
                     field: None,
                 });
                 self.publish(&h.task_id, n, &error).await;
-                let _ = taken.done().await;
+                let _ = self.let_go(taken).await;
                 return;
             }
         };
+        let run = self.launch(state, pool_id, &h, task, lease, taken);
+        let (path, state) = (self.clone(), state.clone());
+        tokio::spawn(async move {
+            let run = Run { n, last, ..run };
+            path.relay_run(state, run).await
+        });
+    }
+
+    /// Starts the run of `task` (taken from the queue as `taken`) on `lease`, a slot of
+    /// `pool_id`: what is left is to put its events on the relay (`relay_run`) once they may
+    /// follow the task's last event there (`n` and `last` of the run it returns).
+    pub(super) fn launch(
+        self: &Arc<Self>,
+        state: &Arc<Lifecycle>,
+        pool_id: &str,
+        h: &Handoff,
+        task: Arc<Task>,
+        lease: pool_manager::SlotLease,
+        taken: Taken,
+    ) -> Run {
         crate::lifecycle::placement::taken_from_cluster(
             state,
             &task,
@@ -318,21 +375,19 @@ impl TaskPath {
         let waited_ms = crate::lifecycle::handoff::unix_ms().saturating_sub(h.admitted_unix_ms);
         tracing::info!(task_id = %task.id, pool = %pool_id, waited_ms, delivered = taken.delivered, "cluster: task taken");
         self.running().insert(task.id.clone(), task.clone());
+        // what it had before it runs (tokens of an earlier run) is on the relay already
+        let from = task.lock().events.len();
         let span = tracing::info_span!("task", task_id = %task.id, correlation_id = %task.correlation_id, pool = %pool_id);
         tokio::spawn(runner::run(state.clone(), task.clone(), lease).instrument(span));
-        let from = task.lock().events.len();
-        let (path, state) = (self.clone(), state.clone());
-        tokio::spawn(async move {
-            let run = Run {
-                task,
-                taken,
-                from,
-                n,
-                last,
-                placed_said: false,
-            };
-            path.relay_run(state, run).await
-        });
+        Run {
+            task,
+            taken,
+            from,
+            n: 0,
+            last: 0,
+            placed_said: false,
+            follower: None,
+        }
     }
 
     /// Puts the running task's events on the relay in order, each only while the task's last
@@ -340,22 +395,30 @@ impl TaskPath {
     /// Another replica that took the task meanwhile (this one was stopped past `ack_wait`)
     /// makes this one stop it here; a shutdown hands it back to the queue at once, for another
     /// replica to go on with.
-    async fn relay_run(self: Arc<Self>, state: Arc<Lifecycle>, mut run: Run) {
+    pub(super) async fn relay_run(self: Arc<Self>, state: Arc<Lifecycle>, mut run: Run) {
         let task = run.task.clone();
         let mut changes = task.subscribe();
         let mut progress = tokio::time::interval(self.ack_wait / 4);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // the admitted task, while it has not ended by itself (its client's cancel)
+        let mut watched = run.follower.clone();
         let outcome = loop {
             let pending = {
                 let g = task.lock();
                 g.events[run.from.min(g.events.len())..].to_vec()
             };
             run.from += pending.len();
-            match self.append_all(&task.id, &mut run, &pending).await {
+            match self.append_all(&state, &mut run, &pending).await {
                 Appending::Ended => break Outcome::Ended,
                 Appending::Lost => break Outcome::Lost,
                 Appending::More => {}
             }
+            let follower_ended = async {
+                match &watched {
+                    Some(f) => f.cancel.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 _ = changes.changed() => {}
                 _ = state.shutdown.cancelled() => break Outcome::HandBack,
@@ -364,12 +427,26 @@ impl TaskPath {
                         tracing::warn!(task_id = %task.id, error = %e, "cluster: progress not acknowledged");
                     }
                 }
+                _ = follower_ended => {
+                    // ended here (its client's cancel or disconnect): that `end` goes on the
+                    // relay as the task's terminal, as a follower elsewhere puts it, and the
+                    // run stops (what it appends after is superseded)
+                    if let Some(f) = watched.take().filter(|f| f.is_terminal()) {
+                        self.relay_end_here(&f).await;
+                        state.cancel_task(&task, crate::metrics::CancelReason::Client);
+                    }
+                }
             }
         };
         self.running().remove(&task.id);
+        if let Some(f) = run.follower.take().filter(|f| !f.is_terminal()) {
+            // another replica appends to it now, or this one stops: the admitted task
+            // follows it on the relay from the last event it had from here
+            self.follow_from(&state, f, run.last).await;
+        }
         match outcome {
             Outcome::Ended => {
-                if let Err(e) = run.taken.done().await {
+                if let Err(e) = self.let_go(run.taken).await {
                     tracing::warn!(task_id = %task.id, error = %e, "cluster: an ended task stays in the queue");
                 }
             }
@@ -388,7 +465,7 @@ impl TaskPath {
                     });
                 tracing::info!(task_id = %task.id, ended, "cluster: another replica appended to the task; stopped here");
                 if ended {
-                    let _ = run.taken.done().await;
+                    let _ = self.let_go(run.taken).await;
                 }
             }
             Outcome::HandBack => {
@@ -399,8 +476,15 @@ impl TaskPath {
         }
     }
 
-    /// Appends `events` after `run.last`.
-    async fn append_all(&self, task_id: &str, run: &mut Run, events: &[TaskEvent]) -> Appending {
+    /// Appends `events` after `run.last` (each given to the run's follower once appended).
+    async fn append_all(
+        &self,
+        state: &Lifecycle,
+        run: &mut Run,
+        events: &[TaskEvent],
+    ) -> Appending {
+        let task_id = run.task.id.clone();
+        let task_id = task_id.as_str();
         for ev in events {
             let mut wire = WireEvent::of(ev);
             if !run.placed_said {
@@ -436,6 +520,14 @@ impl TaskPath {
                 Appended::At(id) | Appended::Duplicate(id) => {
                     run.last = id;
                     run.n += 1;
+                    if let Some(f) = &run.follower {
+                        let relayed = Relayed {
+                            id,
+                            payload,
+                            at: std::time::Instant::now(),
+                        };
+                        super::mirror::apply(state, f, &relayed);
+                    }
                 }
                 Appended::Superseded => return Appending::Lost,
             }
@@ -448,17 +540,20 @@ impl TaskPath {
 }
 
 /// A task this replica runs, and where its events stand on the relay.
-struct Run {
-    task: Arc<Task>,
-    taken: Taken,
+pub(super) struct Run {
+    pub(super) task: Arc<Task>,
+    pub(super) taken: Taken,
     /// The next of the task's own events to append.
-    from: usize,
+    pub(super) from: usize,
     /// The next event number.
-    n: u64,
+    pub(super) n: u64,
     /// The id of the task's last event on the relay (this replica's, or the history's).
-    last: u64,
+    pub(super) last: u64,
     /// Whether where it runs went on the relay (with the first event appended once placed).
-    placed_said: bool,
+    pub(super) placed_said: bool,
+    /// The task as this replica admitted it, when it runs here too (`run_here.rs`): each
+    /// event goes to it once the relay has it, read from here rather than from the relay.
+    pub(super) follower: Option<Arc<Task>>,
 }
 
 enum Appending {
@@ -478,7 +573,7 @@ enum Outcome {
 /// busy counts those slots free, and a lease cancels the measurement: its sequences end
 /// within a step or two, and the task waits for them rather than going back to the queue
 /// (where it would count as taken by a replica that stopped).
-async fn place_giving_way(state: &Lifecycle, pool_id: &str, task: &Task) -> Placement {
+pub(super) async fn place_giving_way(state: &Lifecycle, pool_id: &str, task: &Task) -> Placement {
     let until = tokio::time::Instant::now() + MEASUREMENT_GIVES_WAY;
     let mut last_try = false;
     loop {

@@ -12,9 +12,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::event_relay::{EventRelay, RelayLimits};
 use super::head_start::Preference;
+use super::known_full::{Known, KnownFull};
 use super::record_stream::RecordStream;
+use super::run_here::Here;
 use super::task_queue::{AdmitError, ClusterQueue, PoolQueue};
 use super::{Cluster, ClusterError};
 use crate::lifecycle::handoff::{Handoff, WireEvent};
@@ -50,6 +54,11 @@ pub struct TaskPath {
     /// The head start of each task admitted and not yet announced (PLACE-8), named again in
     /// its announcement's nudge; at most [`MAX_PENDING_HEAD_STARTS`].
     head_starts: Mutex<HashMap<String, Preference>>,
+    /// The queues the stream refused an admission into a moment ago (`known_full.rs`).
+    pub(super) known_full: KnownFull,
+    /// Admitted tasks this replica took to run itself, until announced (`run_here.rs`; each
+    /// holds a slot).
+    here: Mutex<HashMap<String, Here>>,
 }
 
 /// Admitted tasks whose head start waits for their announcement, at most (past it the map is
@@ -84,6 +93,8 @@ impl TaskPath {
             opened: Mutex::new(HashMap::new()),
             running: Mutex::new(HashMap::new()),
             head_starts: Mutex::new(HashMap::new()),
+            known_full: KnownFull::default(),
+            here: Mutex::new(HashMap::new()),
         })
     }
 
@@ -209,7 +220,7 @@ impl TaskPath {
     /// model's — with its place and predicted start there; taken out again when that start
     /// comes after `wait_allowed`.
     async fn admit_task(
-        &self,
+        self: &Arc<Self>,
         state: &Arc<Lifecycle>,
         task: &Arc<Task>,
         handoff: Handoff,
@@ -219,6 +230,17 @@ impl TaskPath {
         let key = QueueKey::of(task);
         let bound = self.bound_for(state, &key);
         let q = self.queue(&key, bound).await.map_err(unavailable)?;
+        // a place frees when the first of the cluster's slots does
+        let full = || ClusterRefusal::Full {
+            retry_after_ms: start_over(&self.lines_of(state, &key), 0).map(|ms| ms.max(1)),
+        };
+        let seen = match self
+            .known_full
+            .check(q.name(), task.priority, bound, Instant::now())
+        {
+            Known::Full => return Err(full()),
+            Known::Ask { seen } => seen,
+        };
         let payload =
             serde_json::to_vec(&handoff).map_err(|e| unavailable(ClusterError::jetstream(e)))?;
         // the pool holding its prefix is named before the task is in the queue: no other
@@ -230,12 +252,28 @@ impl TaskPath {
         let admitted = match q.admit(task.priority, &task.id, payload.into()).await {
             Ok(a) => a,
             Err(AdmitError::Full { .. }) => {
-                // a place frees when the first of the cluster's slots does
-                let retry_after_ms = start_over(&self.lines_of(state, &key), 0).map(|ms| ms.max(1));
-                return Err(ClusterRefusal::Full { retry_after_ms });
+                self.known_full
+                    .refused(q.name(), task.priority, bound, seen, Instant::now());
+                return Err(full());
             }
             Err(AdmitError::Cluster(e)) => return Err(unavailable(e)),
         };
+        // with a slot free here, the queue's next task is taken at once: it runs here when it
+        // is this one (`run_here.rs`)
+        let own = match self.free_pool_here(state, &key, prefer.as_ref()) {
+            Some(pool) if !admitted.duplicate => {
+                let pulled = q.take(task.priority, Duration::ZERO).await;
+                self.run_pulled(state, task, &handoff, &pool, &q, pulled)
+                    .await
+            }
+            _ => false,
+        };
+        if own {
+            return Ok(ClusterPlace {
+                position: 0,
+                predicted_start_ms: Some(0),
+            });
+        }
         let depth = q.depth(task.priority).await.unwrap_or(0);
         let slots = (bound - state.cfg.queue.capacity as i64).max(0) as u64;
         // the tasks ahead of it in the queue, as one box counts them (the stream counts the
@@ -255,9 +293,12 @@ impl TaskPath {
             let allowed_ms = allowed.as_millis() as u64;
             // a retry of an admitted task (the same id) is the task already there: kept
             if predicted > allowed_ms && !admitted.duplicate {
-                if let Err(e) = q.withdraw(admitted.sequence).await {
+                match q.withdraw(admitted.sequence).await {
+                    Ok(()) => self.cluster.say_freed(q.name(), task.priority).await,
                     // it stays queued without its `started`: the taker drops it
-                    tracing::warn!(task_id = %task.id, error = %e, "cluster: a late task not taken out of its queue");
+                    Err(e) => {
+                        tracing::warn!(task_id = %task.id, error = %e, "cluster: a late task not taken out of its queue")
+                    }
                 }
                 return Err(ClusterRefusal::Late {
                     predicted_start_ms: predicted,
@@ -278,6 +319,30 @@ impl TaskPath {
         })
     }
 
+    /// Puts a task's `started` (`payload`) on the relay as its first event, trying again
+    /// while the relay is between leaders (the same event id makes a resend safe): its id.
+    pub(super) async fn publish_started(
+        &self,
+        task_id: &str,
+        payload: bytes::Bytes,
+    ) -> Result<u64, ClusterError> {
+        let until = tokio::time::Instant::now() + ANNOUNCE_FOR;
+        loop {
+            match self.relay.publish(task_id, 0, payload.clone()).await {
+                Ok(id) => return Ok(id),
+                Err(_) if tokio::time::Instant::now() < until => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// The admitted tasks taken to run here, waiting for their announcement.
+    pub(super) fn here(&self) -> MutexGuard<'_, HashMap<String, Here>> {
+        self.here.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Puts `task`'s `started` (its first event) on the relay with `handoff`, and follows the
     /// task's later events from there.
     async fn announce_task(
@@ -296,6 +361,9 @@ impl TaskPath {
         let mut wire = WireEvent::of(&started);
         wire.handoff = Some(Box::new(handoff));
         let payload = wire.encode();
+        if let Some(here) = self.start_here(state, task, payload.clone()).await {
+            return here;
+        }
         // the task is in its queue already: the relay between leaders (a NATS node lost) is
         // waited for, the same event id making a resend safe
         let until = tokio::time::Instant::now() + ANNOUNCE_FOR;
@@ -377,6 +445,25 @@ impl ClusterPort for Arc<TaskPath> {
             None => QueueKey::Model(model.to_string()),
         };
         self.taken_elsewhere(&key)
+    }
+
+    fn known_full(
+        &self,
+        pin: Option<&str>,
+        model: &str,
+        class: contracts::Priority,
+    ) -> Option<Option<u64>> {
+        let state = self.state.upgrade()?;
+        let key = match pin {
+            Some(p) => QueueKey::Pool(p.to_string()),
+            None => QueueKey::Model(model.to_string()),
+        };
+        let bound = self.bound_for(&state, &key);
+        let known = self
+            .known_full
+            .check(&key.name(), class, bound, Instant::now());
+        (known == Known::Full)
+            .then(|| start_over(&self.lines_of(&state, &key), 0).map(|ms| ms.max(1)))
     }
 
     fn pace_confirmed_elsewhere(&self, pin: Option<&str>, model: &str) -> bool {

@@ -77,6 +77,9 @@ pub enum AdmitError {
 /// A task taken from a queue by this replica.
 pub struct Taken {
     pub task_id: String,
+    /// The queue it was taken from and its class there.
+    pub queue: String,
+    pub class: Class,
     pub payload: Bytes,
     /// 1 the first time; more after takers that stopped.
     pub delivered: i64,
@@ -222,6 +225,11 @@ impl ClusterQueue {
 }
 
 impl PoolQueue {
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.pool
+    }
+
     /// Admits task `task_id` (its `payload`) into `class`'s queue, unless the queue is full.
     pub async fn admit(
         &self,
@@ -345,6 +353,8 @@ impl PoolQueue {
         }
         Ok(Take::Task(Box::new(Taken {
             task_id,
+            queue: self.pool.clone(),
+            class,
             payload: msg.payload.clone(),
             delivered,
             msg,

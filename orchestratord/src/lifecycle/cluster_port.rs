@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use contracts::TaskRecord;
+use contracts::{Priority, TaskRecord};
 use futures::future::BoxFuture;
 
 use crate::error::ApiError;
@@ -45,6 +45,11 @@ pub trait ClusterPort: Send + Sync {
     /// Whether a pool of another replica that takes tasks pinned to `pin`, or else of
     /// `model`, confirmed its pace on a real task.
     fn pace_confirmed_elsewhere(&self, pin: Option<&str>, model: &str) -> bool;
+
+    /// Whether the queue of tasks pinned to `pin`, or else of `model`, is known full for
+    /// `class` (its stream refused an admission there a moment ago and no task left since):
+    /// then when a place is predicted to free up (ms; `None`: no pool's pace measured yet).
+    fn known_full(&self, pin: Option<&str>, model: &str, class: Priority) -> Option<Option<u64>>;
 
     /// Puts `task` (built from `handoff`) in its queue: its place among the tasks waiting and
     /// its predicted start over every replica's pools — unless that start comes after

@@ -124,6 +124,11 @@ impl NatsCluster {
             .join(",")
     }
 
+    /// The running nodes' process ids.
+    pub fn pids(&self) -> Vec<u32> {
+        self.nodes.iter().flatten().map(Child::id).collect()
+    }
+
     /// `kill -9` of node `i`.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut n) = self.nodes[i].take() {

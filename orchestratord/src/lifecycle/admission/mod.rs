@@ -243,13 +243,44 @@ fn plan_place<'a>(
         delivery,
     )?;
     // in a cluster the bound is the pool's queue on JetStream, checked when admitting there
+    // (refused here only when the stream refused a moment ago and no task left since)
     let free_slots: usize = snapshots.iter().map(|s| s.slots_free()).sum();
-    if state.cluster_tasks.get().is_none() && !state.queue.has_room(free_slots, caller.tenant()) {
-        let typical = state.cfg.admission.default_max_tokens as usize;
-        let retry = eta::estimate(state.queue.len(), &snapshots, typical).retry_after_ms;
-        return Err(rejected(place::queue_full(state, plan.rank, retry, caller)));
+    let typical = state.cfg.admission.default_max_tokens as usize;
+    let retry = || eta::estimate(state.queue.len(), &snapshots, typical).retry_after_ms;
+    match state.cluster_tasks.get() {
+        None if !state.queue.has_room(free_slots, caller.tenant()) => Err(rejected(
+            place::queue_full(state, plan.rank, retry(), caller),
+        )),
+        Some(path) => {
+            let model = task_model(req, resolved).unwrap_or_default();
+            let class = req.priority.unwrap_or(Priority::Interactive);
+            match path.known_full(req.pool_id.as_deref(), &model, class) {
+                Some(advised) => Err(rejected(place::queue_full(
+                    state,
+                    plan.rank,
+                    advised.unwrap_or_else(retry),
+                    caller,
+                ))),
+                None => Ok(plan),
+            }
+        }
+        None => Ok(plan),
     }
-    Ok(plan)
+}
+
+/// The model a task names: the request's, else the one its pools resolved to (none for a
+/// task pinned to a pool without one); a cluster's queue of the task is its model's.
+fn task_model(req: &TaskRequest, resolved: &pools::Resolved) -> Option<String> {
+    if req.pool_id.is_some() {
+        return req.model.clone();
+    }
+    Some(
+        req.model
+            .clone()
+            .or(resolved.model.clone())
+            .or_else(|| resolved.pools.first().map(|p| p.spec().model_alias.clone()))
+            .unwrap_or_default(),
+    )
 }
 
 /// The task as admitted.
@@ -264,17 +295,7 @@ fn new_task(
     held: &Reservation,
 ) -> Arc<Task> {
     let pin = req.pool_id.clone();
-    let model = if pin.is_none() {
-        Some(
-            req.model
-                .clone()
-                .or(resolved.model.clone())
-                .or_else(|| resolved.pools.first().map(|p| p.spec().model_alias.clone()))
-                .unwrap_or_default(),
-        )
-    } else {
-        req.model.clone()
-    };
+    let model = task_model(req, resolved);
     Arc::new(Task::new(NewTask {
         id: req
             .task_id
