@@ -27,6 +27,10 @@ use crate::lifecycle::relayed_task::{self, Purpose};
 use crate::lifecycle::state::Lifecycle;
 use crate::lifecycle::task::Task;
 
+/// How long a task kept to run here waits for its announcement (which follows its admission
+/// at once) before it is given up: its admission was dropped.
+const UNCLAIMED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// An admitted task taken from its queue by this replica, on a slot here, waiting for its
 /// announcement to start.
 pub(super) struct Here {
@@ -104,8 +108,18 @@ impl TaskPath {
             lease,
             taken,
         };
-        // each entry holds a slot: never more than this replica's slots
+        // each entry holds a slot: never more than this replica's slots, and never for long —
+        // an admission dropped before its announcement (its client gone) gives both back
         self.here().insert(task.id.clone(), here);
+        let (path, id) = (self.clone(), task.id.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(UNCLAIMED_FOR).await;
+            let left = path.here().remove(&id);
+            if let Some(h) = left {
+                tracing::info!(task_id = %id, "cluster: an admission dropped before its start; its slot and place freed");
+                let _ = path.let_go(h.taken).await;
+            }
+        });
         true
     }
 
@@ -144,6 +158,25 @@ impl TaskPath {
         started: bytes::Bytes,
     ) -> Option<Result<(), super::ClusterError>> {
         let here = self.here().remove(&task.id)?;
+        // in its own task: an admission dropped half way (its client gone) cannot leave the
+        // run started and its events nowhere
+        let (path, state, task) = (self.clone(), state.clone(), task.clone());
+        let started =
+            tokio::spawn(async move { path.announce_here(&state, &task, started, here).await });
+        Some(started.await.unwrap_or_else(|e| {
+            Err(super::ClusterError::JetStream(format!(
+                "the task's start stopped: {e}"
+            )))
+        }))
+    }
+
+    async fn announce_here(
+        self: &Arc<Self>,
+        state: &Arc<Lifecycle>,
+        task: &Arc<Task>,
+        started: bytes::Bytes,
+        here: Here,
+    ) -> Result<(), super::ClusterError> {
         let Here {
             pool,
             handoff,
@@ -160,7 +193,7 @@ impl TaskPath {
                 self.running().remove(&run.id);
                 state.cancel_task(&run, crate::metrics::CancelReason::Client);
                 let _ = self.let_go(started_run.taken).await;
-                return Some(Err(e));
+                return Err(e);
             }
         };
         tracing::debug!(task_id = %task.id, started_id = id, "task announced, runs here");
@@ -172,6 +205,6 @@ impl TaskPath {
         };
         let (path, state) = (self.clone(), state.clone());
         tokio::spawn(async move { path.relay_run(state, run).await });
-        Some(Ok(()))
+        Ok(())
     }
 }
