@@ -47,6 +47,7 @@ impl TaskPath {
     }
 
     async fn feed(self: Arc<Self>, state: Arc<Lifecycle>, task: Arc<Task>, mut events: Events) {
+        tracing::debug!(task_id = %task.id, "cluster: following a task");
         loop {
             tokio::select! {
                 _ = task.cancel.cancelled() => break,
@@ -54,6 +55,7 @@ impl TaskPath {
                 next = events.next() => match next {
                     Some(Ok(r)) => {
                         if apply(&state, &task, &r) {
+                            tracing::debug!(task_id = %task.id, id = r.id, "cluster: a followed task ended on the relay");
                             return;
                         }
                     }
@@ -67,6 +69,7 @@ impl TaskPath {
         }
         // it ended here, not by the relay (a cancel, or a tool answer that began repeating a
         // call): it stops where it runs
+        tracing::debug!(task_id = %task.id, ended = task.is_terminal(), "cluster: following a task ended here");
         if task.is_terminal() {
             self.stop_elsewhere(&task).await;
         }
@@ -177,7 +180,10 @@ impl TaskPath {
         match state.tasks.insert(task.clone()) {
             Inserted::New => {}
             // adopted meanwhile by another request
-            Inserted::Existing(t) => return Ok(Some(t)),
+            Inserted::Existing(t) => {
+                tracing::debug!(task_id = %id, "cluster: adopted meanwhile");
+                return Ok(Some(t));
+            }
             Inserted::Full => {
                 return Err(ApiError::new(
                     ErrorCode::AdmissionReject,
@@ -194,6 +200,7 @@ impl TaskPath {
                 Ok(Some(Ok(r))) => {
                     seen = r.id;
                     if apply(state, &task, &r) {
+                        tracing::debug!(task_id = %id, "cluster: adopted after its end");
                         return Ok(Some(task));
                     }
                 }

@@ -400,21 +400,28 @@ impl TaskPath {
         let mut changes = task.subscribe();
         let mut progress = tokio::time::interval(self.ack_wait / 4);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        // the admitted task, while it has not ended by itself (its client's cancel)
-        let mut watched = run.follower.clone();
         let outcome = loop {
+            // the admitted task ended here (its client's cancel or disconnect): that `end`
+            // goes on the relay right after the last event it had, as the task's terminal
+            // (as a follower elsewhere puts it), and the run stops (what it would append
+            // after is superseded)
+            if let Some(f) = run.follower.clone().filter(|f| f.is_terminal()) {
+                self.relay_end_here(&f).await;
+                state.cancel_task(&task, crate::metrics::CancelReason::Client);
+                run.follower = None;
+            }
             let pending = {
                 let g = task.lock();
                 g.events[run.from.min(g.events.len())..].to_vec()
             };
-            run.from += pending.len();
             match self.append_all(&state, &mut run, &pending).await {
                 Appending::Ended => break Outcome::Ended,
                 Appending::Lost => break Outcome::Lost,
                 Appending::More => {}
             }
             let follower_ended = async {
-                match &watched {
+                match &run.follower {
+                    // cancelled once it has ended
                     Some(f) => f.cancel.cancelled().await,
                     None => std::future::pending().await,
                 }
@@ -427,15 +434,7 @@ impl TaskPath {
                         tracing::warn!(task_id = %task.id, error = %e, "cluster: progress not acknowledged");
                     }
                 }
-                _ = follower_ended => {
-                    // ended here (its client's cancel or disconnect): that `end` goes on the
-                    // relay as the task's terminal, as a follower elsewhere puts it, and the
-                    // run stops (what it appends after is superseded)
-                    if let Some(f) = watched.take().filter(|f| f.is_terminal()) {
-                        self.relay_end_here(&f).await;
-                        state.cancel_task(&task, crate::metrics::CancelReason::Client);
-                    }
-                }
+                _ = follower_ended => {}
             }
         };
         self.running().remove(&task.id);
@@ -476,7 +475,8 @@ impl TaskPath {
         }
     }
 
-    /// Appends `events` after `run.last` (each given to the run's follower once appended).
+    /// Appends `events` after `run.last` (each given to the run's follower once appended),
+    /// moving `run.from` past each; stops before the next while the follower has ended here.
     async fn append_all(
         &self,
         state: &Lifecycle,
@@ -486,6 +486,10 @@ impl TaskPath {
         let task_id = run.task.id.clone();
         let task_id = task_id.as_str();
         for ev in events {
+            if run.follower.as_ref().is_some_and(|f| f.is_terminal()) {
+                return Appending::More;
+            }
+            run.from += 1;
             let mut wire = WireEvent::of(ev);
             if !run.placed_said {
                 wire.placed = run.task.placement(self.cluster.replica());
