@@ -75,6 +75,12 @@ impl TaskPath {
         }
     }
 
+    /// Gives `task` (admitted here, run here) one event of its run as the relay holds it
+    /// (`run_here.rs`), as a follower reading the relay applies it; true once it has ended.
+    pub(super) fn hand_over(&self, state: &Lifecycle, task: &Task, relayed: &Relayed) -> bool {
+        apply(state, task, relayed)
+    }
+
     /// Follows `task` on the relay after event `after` (every event before came from this
     /// replica's run of it, `run_here.rs`); a relay that does not answer for
     /// [`super::task_path::ANNOUNCE_FOR`] fails it.
@@ -214,7 +220,7 @@ impl TaskPath {
 
 /// Applies one relayed event to `task`, timed when the relay stored it; true once the task
 /// has ended.
-pub(super) fn apply(state: &Lifecycle, task: &Task, relayed: &Relayed) -> bool {
+fn apply(state: &Lifecycle, task: &Task, relayed: &Relayed) -> bool {
     let at = relayed.at;
     let Some(wire) = WireEvent::decode(&relayed.payload) else {
         return false;

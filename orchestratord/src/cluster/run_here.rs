@@ -13,13 +13,11 @@
 
 use std::sync::Arc;
 
-use pool_manager::SlotLease;
-
 use super::head_start::Preference;
 use super::taker::place_giving_way;
 use super::taker::Run;
-use super::task_path::{QueueKey, TaskPath};
-use super::task_queue::{PoolQueue, Take, Taken};
+use super::task_path::{Here, QueueKey, TaskPath};
+use super::task_queue::{PoolQueue, Take};
 use super::ClusterError;
 use crate::lifecycle::handoff::Handoff;
 use crate::lifecycle::placement::Placement;
@@ -30,16 +28,6 @@ use crate::lifecycle::task::Task;
 /// How long a task kept to run here waits for its announcement (which follows its admission
 /// at once) before it is given up: its admission was dropped.
 const UNCLAIMED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// An admitted task taken from its queue by this replica, on a slot here, waiting for its
-/// announcement to start.
-pub(super) struct Here {
-    pool: String,
-    handoff: Handoff,
-    run: Arc<Task>,
-    lease: SlotLease,
-    taken: Taken,
-}
 
 impl TaskPath {
     /// The pool of this replica that takes from `key`'s queue with the most free slots, when

@@ -530,7 +530,7 @@ impl TaskPath {
                             payload,
                             at: std::time::Instant::now(),
                         };
-                        super::mirror::apply(state, f, &relayed);
+                        self.hand_over(state, f, &relayed);
                     }
                 }
                 Appended::Superseded => return Appending::Lost,

@@ -18,7 +18,6 @@ use super::event_relay::{EventRelay, RelayLimits};
 use super::head_start::Preference;
 use super::known_full::{Known, KnownFull};
 use super::record_stream::RecordStream;
-use super::run_here::Here;
 use super::task_queue::{AdmitError, ClusterQueue, PoolQueue};
 use super::{Cluster, ClusterError};
 use crate::lifecycle::handoff::{Handoff, WireEvent};
@@ -59,6 +58,16 @@ pub struct TaskPath {
     /// Admitted tasks this replica took to run itself, until announced (`run_here.rs`; each
     /// holds a slot).
     here: Mutex<HashMap<String, Here>>,
+}
+
+/// An admitted task taken from its queue by this replica to run here (`run_here.rs`), on a
+/// slot here, waiting for its announcement to start.
+pub(super) struct Here {
+    pub(super) pool: String,
+    pub(super) handoff: Handoff,
+    pub(super) run: Arc<Task>,
+    pub(super) lease: pool_manager::SlotLease,
+    pub(super) taken: super::task_queue::Taken,
 }
 
 /// Admitted tasks whose head start waits for their announcement, at most (past it the map is
