@@ -135,7 +135,7 @@ impl TaskPath {
         }
     }
 
-    /// Starts `task`, taken by [`Self::take_here`], on its slot while its `started` (the
+    /// Starts `task`, kept by [`Self::run_pulled`], on its slot while its `started` (the
     /// wire event `started`, with the handoff) goes on the relay; its events go to `task`
     /// from the run here. An error when the relay did not take the `started`: the run is
     /// stopped and the task out of its queue (the admission is refused).
