@@ -427,6 +427,25 @@ async fn a_replica_with_a_free_slot_runs_what_it_admits() {
             && (here.len()..=here.len() + 1).contains(&elsewhere.len()),
         "r0: {elsewhere:?}\nr1: {here:?}"
     );
+    // the end reaches clients before the engine has let the slot go; once r1 says it is
+    // free, the next task admitted there runs there
+    let b1 = b[1].clone();
+    let freed = eventually(Duration::from_secs(3), || async {
+        let v: Value = match reqwest::get(format!("{b1}/v1/pools")).await {
+            Ok(r) => r.json().await.unwrap_or_default(),
+            Err(_) => return false,
+        };
+        v["pools"].as_array().is_some_and(|a| {
+            a.iter()
+                .any(|p| p["replica"] == "r1" && p["slots_free"] == 1)
+        })
+    })
+    .await;
+    assert!(
+        freed,
+        "r1's slot stays taken after the cancel\n{}",
+        r.logs()
+    );
     let next = submit_ok(&b[1], json!({"prompt": COUNT, "max_tokens": 4})).await;
     let events = read_stream(&b[1], &next, None, |_| false).await;
     assert_eq!(events.last().unwrap().event, "end", "{events:?}");

@@ -66,6 +66,7 @@ impl TaskPath {
         let taken = match pulled {
             Ok(Take::Task(t)) if t.task_id == task.id => *t,
             other => {
+                tracing::debug!(task_id = %task.id, pulled = ?other.as_ref().map(Take::what), "cluster: the take brought another task than the one admitted");
                 self.start_pulled(state, pool, q, task.priority, other)
                     .await;
                 return false;
@@ -85,6 +86,7 @@ impl TaskPath {
             Placement::Leased(lease) => lease,
             // the slot went to another task meanwhile: it waits in the queue
             Placement::Wait | Placement::Unavailable(..) => {
+                tracing::debug!(task_id = %task.id, "cluster: the free slot went to another task; the admitted one waits in the queue");
                 let _ = taken.give_back().await;
                 return false;
             }

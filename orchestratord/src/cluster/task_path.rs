@@ -73,6 +73,11 @@ pub(super) struct Here {
 /// Admitted tasks whose head start waits for their announcement, at most (past it the map is
 /// emptied: a task that loses its entry is announced with a plain nudge).
 const MAX_PENDING_HEAD_STARTS: usize = 4096;
+/// How long the admitting replica's take waits for the task it just put in the queue: the
+/// queue's consumer may live on another NATS node than the stream's leader and see the task
+/// a moment after the stream took it (a take that only looks would find the queue empty and
+/// leave the task to another replica's next look). Ends as soon as a task comes.
+const TAKE_ADMITTED_WITHIN: Duration = Duration::from_millis(50);
 
 impl TaskPath {
     /// Opens the relay (its stream created by the first replica) for `cluster`.
@@ -271,11 +276,15 @@ impl TaskPath {
         // is this one (`run_here.rs`)
         let own = match self.free_pool_here(state, &key, prefer.as_ref()) {
             Some(pool) if !admitted.duplicate => {
-                let pulled = q.take(task.priority, Duration::ZERO).await;
+                let pulled = q.take(task.priority, TAKE_ADMITTED_WITHIN).await;
                 self.run_pulled(state, task, &handoff, &pool, &q, pulled)
                     .await
             }
-            _ => false,
+            Some(_) => false,
+            None => {
+                tracing::debug!(task_id = %task.id, queue = %q.name(), "cluster: no free slot here for the task admitted; it waits in the queue");
+                false
+            }
         };
         if own {
             return Ok(ClusterPlace {

@@ -97,6 +97,17 @@ pub enum Take {
     Empty,
 }
 
+impl Take {
+    /// What it brought, for a log line: a task's id, or nothing.
+    pub fn what(&self) -> Option<&str> {
+        match self {
+            Take::Task(t) => Some(&t.task_id),
+            Take::Exhausted { task_id, .. } => Some(task_id),
+            Take::Empty => None,
+        }
+    }
+}
+
 fn class_name(class: Class) -> &'static str {
     match class {
         Class::Interactive => "interactive",
