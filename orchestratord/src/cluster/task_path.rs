@@ -248,12 +248,11 @@ impl TaskPath {
         let full = || ClusterRefusal::Full {
             retry_after_ms: start_over(&self.lines_of(state, &key), 0).map(|ms| ms.max(1)),
         };
-        let seen = match self
+        let Some(claim) = self
             .known_full
-            .check(q.name(), task.priority, bound, Instant::now())
-        {
-            Known::Full => return Err(full()),
-            Known::Ask { seen } => seen,
+            .claim(q.name(), task.priority, bound, Instant::now())
+        else {
+            return Err(full());
         };
         let payload =
             serde_json::to_vec(&handoff).map_err(|e| unavailable(ClusterError::jetstream(e)))?;
@@ -264,12 +263,18 @@ impl TaskPath {
             self.cluster.nudge(&key.name(), Some(p)).await;
         }
         let admitted = match q.admit(task.priority, &task.id, payload.into()).await {
-            Ok(a) => a,
+            Ok(a) => {
+                claim.answered();
+                a
+            }
             Err(AdmitError::Full { .. }) => {
+                let seen = claim.seen;
+                claim.answered();
                 self.known_full
                     .refused(q.name(), task.priority, bound, seen, Instant::now());
                 return Err(full());
             }
+            // no answer: a freed place it held is given back
             Err(AdmitError::Cluster(e)) => return Err(unavailable(e)),
         };
         // with a slot free here, the queue's next task is taken at once: it runs here when it
