@@ -55,8 +55,13 @@ impl TaskPath {
                 next = events.next() => match next {
                     Some(Ok(r)) => {
                         if apply(&state, &task, &r) {
-                            tracing::debug!(task_id = %task.id, id = r.id, "cluster: a followed task ended on the relay");
-                            return;
+                            // ended by this event, or here meanwhile (a cancel that came
+                            // beside it: `select!` may take either first)
+                            if WireEvent::decode(&r.payload).is_some_and(|w| w.is_terminal()) {
+                                tracing::debug!(task_id = %task.id, id = r.id, "cluster: a followed task ended on the relay");
+                                return;
+                            }
+                            break;
                         }
                     }
                     Some(Err(e)) => {
