@@ -154,6 +154,15 @@ impl Replicas {
 
 /// Task `id`'s record on the replica at `base` once it has ended there (within 5 s), or what
 /// it shows then.
+/// The pools `base` lists (its own and the cluster's); none when it does not answer.
+async fn pools_of(base: &str) -> Vec<Value> {
+    let v: Value = match reqwest::get(format!("{base}/v1/pools")).await {
+        Ok(r) => r.json().await.unwrap_or_default(),
+        Err(_) => return Vec::new(),
+    };
+    v["pools"].as_array().cloned().unwrap_or_default()
+}
+
 async fn ended_record(base: &str, id: &str) -> Value {
     let read = || async {
         reqwest::get(format!("{base}/v1/artifacts/{id}"))
@@ -431,14 +440,10 @@ async fn a_replica_with_a_free_slot_runs_what_it_admits() {
     // free, the next task admitted there runs there
     let b1 = b[1].clone();
     let freed = eventually(Duration::from_secs(3), || async {
-        let v: Value = match reqwest::get(format!("{b1}/v1/pools")).await {
-            Ok(r) => r.json().await.unwrap_or_default(),
-            Err(_) => return false,
-        };
-        v["pools"].as_array().is_some_and(|a| {
-            a.iter()
-                .any(|p| p["replica"] == "r1" && p["slots_free"] == 1)
-        })
+        pools_of(&b1)
+            .await
+            .iter()
+            .any(|p| p["replica"] == "r1" && p["slots_free"] == 1)
     })
     .await;
     assert!(
@@ -575,14 +580,10 @@ async fn a_worker_on_one_replica_serves_tasks_admitted_on_another() {
     // r1 learns of the worker's pool on r0 from the directory
     let b1 = r.bases[1].clone();
     let seen = eventually(Duration::from_secs(60), || async {
-        let v: Value = match reqwest::get(format!("{b1}/v1/pools")).await {
-            Ok(r) => r.json().await.unwrap_or_default(),
-            Err(_) => return false,
-        };
-        v["pools"].as_array().is_some_and(|a| {
-            a.iter()
-                .any(|p| p["replica"] == "r0" && p["model_alias"] == "smol" && p["ready"] == true)
-        })
+        pools_of(&b1)
+            .await
+            .iter()
+            .any(|p| p["replica"] == "r0" && p["model_alias"] == "smol" && p["ready"] == true)
     })
     .await;
     assert!(seen, "r1 never listed the worker's pool:\n{}", r.logs());
@@ -618,14 +619,8 @@ async fn a_worker_on_one_replica_serves_tasks_admitted_on_another() {
     assert_eq!(c.status(), 204);
     let b0 = r.bases[0].clone();
     let freed = eventually(Duration::from_secs(3), || async {
-        let v: Value = match reqwest::get(format!("{b0}/v1/pools")).await {
-            Ok(r) => r.json().await.unwrap_or_default(),
-            Err(_) => return false,
-        };
-        v["pools"].as_array().is_some_and(|a| {
-            a.iter().any(|p| {
-                p["replica"] == "r0" && p["slots_free"] == 1 && p["metrics"]["tasks_finished"] == 2
-            })
+        pools_of(&b0).await.iter().any(|p| {
+            p["replica"] == "r0" && p["slots_free"] == 1 && p["metrics"]["tasks_finished"] == 2
         })
     })
     .await;
