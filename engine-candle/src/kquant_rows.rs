@@ -24,6 +24,50 @@ pub(crate) trait SuperBlock: Copy + Send + Sync + 'static {
     /// The CPU has AVX2 and FMA; every activation row has as many blocks as `w`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn dots_avx2<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R];
+    /// [`Self::dots_avx2`] with AVX-512 VNNI's `vpdpwssd` for the scaled sums (the same bits).
+    ///
+    /// # Safety
+    /// As `dots_avx2`, and the CPU has AVX-512 VNNI and VL.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dots_vnni<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R];
+}
+
+/// `Σ_c sc_c · (qw_c · qy_c)` over a super-block's eight 32-byte chunks, eight i32 lanes:
+/// `part(c)` gives chunk `c`'s weight bytes (unsigned) and its scales (i16 pairs), `qy` the
+/// activation's 256 bytes. The bytes multiply in `maddubs` pairs; with `VNNI` one `vpdpwssd`
+/// scales and adds each chunk (two chains, as one waits for its accumulator), else `madd`
+/// and an add. Every sum is exact in i32, so both give the same lanes.
+///
+/// # Safety
+/// AVX2 (and AVX-512 VNNI and VL with `VNNI`) in the caller's features; `qy` is 32-byte
+/// aligned.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) unsafe fn scaled_sum<const VNNI: bool>(
+    part: impl Fn(usize) -> (std::arch::x86_64::__m256i, std::arch::x86_64::__m256i),
+    qy: *const i8,
+) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let product = |c: usize| {
+        let (qw, sc) = part(c);
+        let y = _mm256_load_si256(qy.add(32 * c) as *const __m256i);
+        (_mm256_maddubs_epi16(qw, y), sc)
+    };
+    if VNNI {
+        let mut s = [_mm256_setzero_si256(); 2];
+        for c in 0..8 {
+            let (p, sc) = product(c);
+            s[c % 2] = _mm256_dpwssd_epi32(s[c % 2], sc, p);
+        }
+        _mm256_add_epi32(s[0], s[1])
+    } else {
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..8 {
+            let (p, sc) = product(c);
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(sc, p));
+        }
+        sumi
+    }
 }
 
 /// One weight row times `R` activation rows at `simd`'s level: bit-identical at every level.
@@ -36,7 +80,10 @@ pub(crate) fn dots<S: SuperBlock, const R: usize>(
         // SAFETY: AVX2 and FMA were detected (every level above portable has them); each
         // activation row has as many blocks as the weight row (`Acts::row_k` of this k).
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 | Simd::Vnni => unsafe { S::dots_avx2(w, a) },
+        Simd::Avx2 => unsafe { S::dots_avx2(w, a) },
+        // SAFETY: as above, and AVX-512 VNNI and VL were detected.
+        #[cfg(target_arch = "x86_64")]
+        Simd::Vnni => unsafe { S::dots_vnni(w, a) },
         _ => a.map(|r| S::dot_portable(w, r)),
     }
 }
@@ -176,7 +223,7 @@ pub(crate) mod checks {
         for j in 0..n {
             for r in 0..6 {
                 let p = S::dot_portable(mat.row(j), row(r)).to_bits();
-                for level in [Simd::detect(), Simd::Portable] {
+                for &level in checks_levels() {
                     assert_eq!(dots(mat.row(j), [row(r)], level)[0].to_bits(), p);
                     let four = dots(mat.row(j), [row(r), row(0), row(5), row(r)], level);
                     assert_eq!((four[0].to_bits(), four[3].to_bits()), (p, p));
@@ -189,6 +236,15 @@ pub(crate) mod checks {
             let mut one = vec![0f32; n];
             matmul_into(&mat, &x[r * k..(r + 1) * k], 1, &mut one);
             assert_eq!(one, all[r * n..(r + 1) * n]);
+        }
+    }
+
+    /// Every level this CPU can run, the portable one included.
+    fn checks_levels() -> &'static [Simd] {
+        match Simd::detect() {
+            Simd::Vnni => &[Simd::Vnni, Simd::Avx2, Simd::Portable],
+            Simd::Avx2 => &[Simd::Avx2, Simd::Portable],
+            Simd::Portable => &[Simd::Portable],
         }
     }
 

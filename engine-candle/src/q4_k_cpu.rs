@@ -15,6 +15,8 @@ use half::f16;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::hsum8;
 use crate::cpu_quant::{hsum8_portable, BlockQ8K};
+#[cfg(target_arch = "x86_64")]
+use crate::kquant_rows::scaled_sum;
 use crate::kquant_rows::{KMatrix, SuperBlock};
 
 /// A `[n, k]` Q4_K weight matrix.
@@ -74,6 +76,11 @@ impl SuperBlock for Q4KBlock {
     unsafe fn dots_avx2<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
         dots_avx2(w, a)
     }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dots_vnni<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
+        dots_vnni(w, a)
+    }
 }
 
 /// The arithmetic of the AVX2 path, lane by lane.
@@ -112,6 +119,23 @@ fn dot_portable(w: &[Q4KBlock], a: &[BlockQ8K]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dots_avx2<const R: usize>(w: &[Q4KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
+    dots_simd::<R, false>(w, a)
+}
+
+/// [`dots_avx2`] with VNNI's scaled sums.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+unsafe fn dots_vnni<const R: usize>(w: &[Q4KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
+    dots_simd::<R, true>(w, a)
+}
+
+/// The body of both: inlined into each, so it is compiled with its features.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dots_simd<const R: usize, const VNNI: bool>(
+    w: &[Q4KBlock],
+    a: [&[BlockQ8K]; R],
+) -> [f32; R] {
     use std::arch::x86_64::*;
     let m4 = _mm256_set1_epi8(0xF);
     let mut acc = [_mm256_setzero_ps(); R];
@@ -130,12 +154,7 @@ unsafe fn dots_avx2<const R: usize>(w: &[Q4KBlock], a: [&[BlockQ8K]; R]) -> [f32
         let mins = _mm_cvtepu8_epi16(_mm_loadl_epi64(s.mins.as_ptr() as *const __m128i));
         for r in 0..R {
             let y = &a[r][b];
-            let mut sumi = _mm256_setzero_si256();
-            for (i, (qi, si)) in q.iter().zip(&sc).enumerate() {
-                let qy = _mm256_load_si256(y.qs.as_ptr().add(32 * i) as *const __m256i);
-                let p = _mm256_madd_epi16(*si, _mm256_maddubs_epi16(*qi, qy));
-                sumi = _mm256_add_epi32(sumi, p);
-            }
+            let sumi = scaled_sum::<VNNI>(|i| (q[i], sc[i]), y.qs.as_ptr());
             let d = y.d * s.d;
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
             let bsums = _mm256_load_si256(y.bsums.as_ptr() as *const __m256i);

@@ -15,6 +15,8 @@ use half::f16;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::hsum8;
 use crate::cpu_quant::{hsum8_portable, BlockQ8K, QK_K};
+#[cfg(target_arch = "x86_64")]
+use crate::kquant_rows::scaled_sum;
 use crate::kquant_rows::{KMatrix, SuperBlock};
 use crate::q4_k_cpu::scale_min;
 
@@ -51,6 +53,11 @@ impl SuperBlock for Q5KBlock {
     #[cfg(target_arch = "x86_64")]
     unsafe fn dots_avx2<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
         dots_avx2(w, a)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dots_vnni<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
+        dots_vnni(w, a)
     }
 }
 
@@ -114,6 +121,23 @@ fn dot_portable(w: &[Q5KBlock], a: &[BlockQ8K]) -> f32 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dots_avx2<const R: usize>(w: &[Q5KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
+    dots_simd::<R, false>(w, a)
+}
+
+/// [`dots_avx2`] with VNNI's scaled sums.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+unsafe fn dots_vnni<const R: usize>(w: &[Q5KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
+    dots_simd::<R, true>(w, a)
+}
+
+/// The body of both: inlined into each, so it is compiled with its features.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dots_simd<const R: usize, const VNNI: bool>(
+    w: &[Q5KBlock],
+    a: [&[BlockQ8K]; R],
+) -> [f32; R] {
     use std::arch::x86_64::*;
     let mut acc = [_mm256_setzero_ps(); R];
     let mut summs = [0f32; R];
@@ -124,13 +148,11 @@ unsafe fn dots_avx2<const R: usize>(w: &[Q5KBlock], a: [&[BlockQ8K]; R]) -> [f32
         }
         for r in 0..R {
             let y = &a[r][b];
-            let mut sumi = _mm256_setzero_si256();
-            for (i, si) in sc.iter().enumerate() {
+            let chunk = |i: usize| {
                 let qw = _mm256_loadu_si256(s.q.as_ptr().add(32 * i) as *const __m256i);
-                let qy = _mm256_load_si256(y.qs.as_ptr().add(32 * i) as *const __m256i);
-                let p = _mm256_madd_epi16(*si, _mm256_maddubs_epi16(qw, qy));
-                sumi = _mm256_add_epi32(sumi, p);
-            }
+                (qw, sc[i])
+            };
+            let sumi = scaled_sum::<VNNI>(chunk, y.qs.as_ptr());
             let d = y.d * s.d;
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
             let dmin = -y.d * s.dmin;

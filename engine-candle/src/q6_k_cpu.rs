@@ -15,6 +15,8 @@ use half::f16;
 #[cfg(target_arch = "x86_64")]
 use crate::cpu_quant::hsum8;
 use crate::cpu_quant::{hsum8_portable, BlockQ8K, QK_K};
+#[cfg(target_arch = "x86_64")]
+use crate::kquant_rows::scaled_sum;
 use crate::kquant_rows::{KMatrix, SuperBlock};
 
 /// A `[n, k]` Q6_K weight matrix.
@@ -47,6 +49,11 @@ impl SuperBlock for Q6KBlock {
     #[cfg(target_arch = "x86_64")]
     unsafe fn dots_avx2<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
         dots_avx2(w, a)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn dots_vnni<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
+        dots_vnni(w, a)
     }
 }
 
@@ -121,6 +128,23 @@ const SCALE_PAIRS: [[u8; 16]; 8] = {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn dots_avx2<const R: usize>(w: &[Q6KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
+    dots_simd::<R, false>(w, a)
+}
+
+/// [`dots_avx2`] with VNNI's scaled sums.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+unsafe fn dots_vnni<const R: usize>(w: &[Q6KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
+    dots_simd::<R, true>(w, a)
+}
+
+/// The body of both: inlined into each, so it is compiled with its features.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn dots_simd<const R: usize, const VNNI: bool>(
+    w: &[Q6KBlock],
+    a: [&[BlockQ8K]; R],
+) -> [f32; R] {
     use std::arch::x86_64::*;
     let mut acc = [_mm256_setzero_ps(); R];
     for (b, s) in w.iter().enumerate() {
@@ -133,13 +157,11 @@ unsafe fn dots_avx2<const R: usize>(w: &[Q6KBlock], a: [&[BlockQ8K]; R]) -> [f32
         }
         for r in 0..R {
             let y = &a[r][b];
-            let mut sumi = _mm256_setzero_si256();
-            for (c, sc) in sc.iter().enumerate() {
+            let chunk = |c: usize| {
                 let qw = _mm256_loadu_si256(s.q.as_ptr().add(32 * c) as *const __m256i);
-                let qy = _mm256_load_si256(y.qs.as_ptr().add(32 * c) as *const __m256i);
-                let p = _mm256_madd_epi16(*sc, _mm256_maddubs_epi16(qw, qy));
-                sumi = _mm256_add_epi32(sumi, p);
-            }
+                (qw, sc[c])
+            };
+            let mut sumi = scaled_sum::<VNNI>(chunk, y.qs.as_ptr());
             let bsums = _mm256_load_si256(y.bsums.as_ptr() as *const __m256i);
             let off = _mm256_slli_epi32(_mm256_madd_epi16(bsums, scales16), 5);
             sumi = _mm256_sub_epi32(sumi, off);
