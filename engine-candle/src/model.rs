@@ -33,14 +33,22 @@ pub(crate) struct Segment<'a> {
     pub start: usize,
     /// Prompt tokens (else generated ones): picks llama.cpp's arithmetic for `p·V`.
     pub prompt: bool,
-    /// More of this prompt follows in a later pass (its attention keeps what it can reuse).
-    pub continues: bool,
+    /// Where its prompt ends (a position): more of it follows in a later pass when this is
+    /// past the segment's end (its attention keeps what it can reuse, with room for the rest).
+    pub prompt_end: usize,
     /// Its tokens' last hidden states (after the final norm: what embeddings pool) are
     /// wanted instead of the last token's logits.
     pub hidden: bool,
     /// The logits of every one of its tokens are wanted, row after row (a decode token with
     /// the guesses after it: each guess is checked against the model's choice before it).
     pub all_logits: bool,
+}
+
+impl Segment<'_> {
+    /// More of this prompt follows in a later pass.
+    pub fn continues(&self) -> bool {
+        self.start + self.tokens.len() < self.prompt_end
+    }
 }
 
 pub(crate) struct Model {
@@ -460,7 +468,8 @@ impl Model {
                     row: s.row,
                     start: s.start,
                     transposes: transposes(s.prompt, hd),
-                    continues: s.continues,
+                    continues: s.continues(),
+                    ends_at: s.prompt_end,
                 })
                 .collect();
             cache.kept().take(&uses, hp.n_layer, nkv, hd)
@@ -534,7 +543,7 @@ impl Model {
         if !kept.is_empty() {
             let mut store = cache.kept();
             for (s, t) in segs.iter().zip(kept) {
-                if let Some(t) = t.filter(|_| s.continues) {
+                if let Some(t) = t.filter(|_| s.continues()) {
                     store.put_back(s.row, t, s.start + s.tokens.len());
                 }
             }

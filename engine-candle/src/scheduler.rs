@@ -995,7 +995,7 @@ impl Scheduler {
                 tokens: t,
                 start: self.running[i].pos,
                 prompt: false,
-                continues: false,
+                prompt_end: self.running[i].pos + t.len(),
                 hidden: false,
                 all_logits: t.len() > 1,
             })
@@ -1007,7 +1007,7 @@ impl Scheduler {
                 tokens: &p.req.prompt_tokens[p.done..p.done + n],
                 start: p.done,
                 prompt: true,
-                continues: p.done + n < p.req.prompt_tokens.len(),
+                prompt_end: p.req.prompt_tokens.len(),
                 hidden: false,
                 all_logits: false,
             });
@@ -1020,7 +1020,7 @@ impl Scheduler {
                 tokens: &left[..n],
                 start: r.rows[k].done,
                 prompt: true,
-                continues: n < left.len(),
+                prompt_end: r.rows[k].done + left.len(),
                 hidden: true,
                 all_logits: false,
             });

@@ -20,13 +20,16 @@ use std::time::Duration;
 
 use crate::model::PREFILL_CHUNK;
 
-/// Positions of history beyond which a prompt token's share of a pass grows with it. With the
-/// default model on a 2-core AVX2 machine a 16-token pass beside a stream took ~31 ms of
-/// weights and ~34 ms of attention at 1,300 positions and ~105 ms at 1,700–2,000: past this
-/// the chunk shrinks in proportion, so a pass stays about that long however long the prompt
-/// (beside a 3,000-token prompt: passes of 10–16 tokens at 90–110 ms; with 16-token passes
-/// throughout, the stream's longest gap was ~400 ms). 1,536 measured no better.
-pub(crate) const ATTENTION_TAKES_OVER: usize = 2048;
+/// Positions of history beyond which a prompt token's share of a pass grows with it: past
+/// this the chunk shrinks in proportion, so a pass stays about as long as at this point
+/// however long the prompt. With the default model on the 2-core AVX-512 reference machine a
+/// 16-token pass beside a stream takes ~28 ms at the start of a prompt, ~37 ms at 768
+/// positions and ~45 ms at 1,300 (the attention's share grows with the history, and faster
+/// once a layer's keys and values outgrow the core's cache). The stream's longest gap beside
+/// a 1,318-token / a 2,048-token prompt, two paired runs of three rounds each (medians of
+/// the rounds' longest): 2,048 here: 67 / 75–80 ms; 1,024: 60–64 / 55–72 ms; 768: 52–55 /
+/// 54–55 ms, the prompt answered +58–63 % / +81–86 % over an idle pool against +51 % / +47–53 %.
+pub(crate) const ATTENTION_TAKES_OVER: usize = 768;
 
 pub(crate) struct StepBudget {
     /// Prompt tokens a pass takes at least.

@@ -48,6 +48,13 @@ impl Transposed {
         }
     }
 
+    /// Nothing yet, with room for `positions` (extended up to them without moving).
+    pub fn with_room(hd: usize, positions: usize) -> Self {
+        let mut t = Self::empty(hd);
+        t.data.reserve_exact(positions.div_ceil(LANES) * t.stride);
+        t
+    }
+
     /// `rows` is `[len][hd]` (one cache row's head, positions `0..len`).
     pub fn new(rows: &[f32], hd: usize) -> Self {
         let mut t = Self::empty(hd);
@@ -219,6 +226,35 @@ fn weighted_sum(p: &[[f32; LANES]], vals: &Transposed, hd: usize, out: &mut [f32
         }
         for (dd, a) in acc.iter().enumerate() {
             out[d0 + dd] = reduce16(a);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ENG-CHUNK-4: a prompt's transposition made with room for the prompt is extended chunk
+    /// by chunk up to its end without moving (no pass copies the history), and holds what a
+    /// transposition of the whole history holds.
+    #[test]
+    fn a_prompts_transposition_fills_its_room_without_moving() {
+        let (hd, positions) = (64, 1_000);
+        let rows: Vec<f32> = (0..positions * hd)
+            .map(|i| (i as f32 * 0.37).sin())
+            .collect();
+        let mut t = Transposed::with_room(hd, positions);
+        let at = t.data.as_ptr();
+        for chunk in rows.chunks(16 * hd) {
+            t.extend(chunk);
+            assert_eq!(t.data.as_ptr(), at, "moved at {} positions", t.len());
+        }
+        let whole = Transposed::new(&rows, hd);
+        assert_eq!((t.len(), t.blocks()), (whole.len(), whole.blocks()));
+        for c in 0..t.blocks() {
+            for d in 0..hd {
+                assert_eq!(t.block(d, c), whole.block(d, c));
+            }
         }
     }
 }
