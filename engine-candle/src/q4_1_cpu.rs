@@ -157,6 +157,29 @@ unsafe fn tile_dot_avx2<const R: usize>(
     a: [&[BlockQ81]; R],
     tile: &[TileBlock],
 ) -> [[f32; ROWS]; R] {
+    tile_dot_simd::<R, false>(a, tile)
+}
+
+/// [`tile_dot_avx2`] with `vpdpbusd`: the nibbles (unsigned) times the activation's bytes
+/// (signed), four products a lane summed straight into i32 — one instruction a group where
+/// `maddubs` took one and the i16 sums and their widening took more.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+unsafe fn tile_dot_vnni<const R: usize>(
+    a: [&[BlockQ81]; R],
+    tile: &[TileBlock],
+) -> [[f32; ROWS]; R] {
+    tile_dot_simd::<R, true>(a, tile)
+}
+
+/// The body of both, inlined into each (so compiled with its features). A block's integer
+/// sum is the same exact number either way, so both give the same bits.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn tile_dot_simd<const R: usize, const VNNI: bool>(
+    a: [&[BlockQ81]; R],
+    tile: &[TileBlock],
+) -> [[f32; ROWS]; R] {
     use std::arch::x86_64::*;
     let low = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi16(1);
@@ -176,56 +199,20 @@ unsafe fn tile_dot_avx2<const R: usize>(
             let p = y.qs.as_ptr();
             // the activation's four bytes of a group, broadcast to every row
             let four = |g: usize| _mm256_set1_epi32((p.add(4 * g) as *const i32).read_unaligned());
-            let mut s = _mm256_maddubs_epi16(w[0], four(0));
-            for (g, wg) in w.iter().enumerate().skip(1) {
-                s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*wg, four(g)));
-            }
-            let sum = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));
-            let d = _mm256_mul_ps(dw, _mm256_set1_ps(y.d));
-            acc[r] = _mm256_fmadd_ps(d, sum, acc[r]);
-            acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(y.s), acc[r]);
-        }
-    }
-    let mut res = [[0f32; ROWS]; R];
-    for (o, v) in res.iter_mut().zip(acc) {
-        _mm256_storeu_ps(o.as_mut_ptr(), v);
-    }
-    res
-}
-
-/// [`tile_dot_avx2`] with `vpdpbusd`: the nibbles (unsigned) times the activation's bytes
-/// (signed), four products a lane summed straight into i32 — one instruction a group where
-/// `maddubs` took one and the i16 sums and their widening took more. The integer sum is the
-/// same exact number, so the results are the same bits.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-unsafe fn tile_dot_vnni<const R: usize>(
-    a: [&[BlockQ81]; R],
-    tile: &[TileBlock],
-) -> [[f32; ROWS]; R] {
-    use std::arch::x86_64::*;
-    let low = _mm256_set1_epi8(0x0F);
-    let mut acc = [_mm256_setzero_ps(); R];
-    for (b, tb) in tile.iter().enumerate() {
-        let mut w = [_mm256_setzero_si256(); 8];
-        for g in 0..4 {
-            let raw = _mm256_load_si256(tb.qs[g].as_ptr() as *const __m256i);
-            w[g] = _mm256_and_si256(raw, low);
-            w[g + 4] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), low);
-        }
-        let dw = _mm256_load_ps(tb.d.as_ptr());
-        let mw = _mm256_load_ps(tb.m.as_ptr());
-        for r in 0..R {
-            let y = &a[r][b];
-            let p = y.qs.as_ptr();
-            let four = |g: usize| _mm256_set1_epi32((p.add(4 * g) as *const i32).read_unaligned());
-            // four independent chains (a `vpdpbusd` waits for its accumulator), added at the
-            // end: integer sums, so the order does not change the result
-            let mut s = [_mm256_setzero_si256(); 4];
-            for (g, wg) in w.iter().enumerate() {
-                s[g % 4] = _mm256_dpbusd_epi32(s[g % 4], *wg, four(g));
-            }
-            let sum = _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]));
+            let sum = if VNNI {
+                // four independent chains (a `vpdpbusd` waits for its accumulator)
+                let mut s = [_mm256_setzero_si256(); 4];
+                for (g, wg) in w.iter().enumerate() {
+                    s[g % 4] = _mm256_dpbusd_epi32(s[g % 4], *wg, four(g));
+                }
+                _mm256_add_epi32(_mm256_add_epi32(s[0], s[1]), _mm256_add_epi32(s[2], s[3]))
+            } else {
+                let mut s = _mm256_maddubs_epi16(w[0], four(0));
+                for (g, wg) in w.iter().enumerate().skip(1) {
+                    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(*wg, four(g)));
+                }
+                _mm256_madd_epi16(s, ones)
+            };
             let d = _mm256_mul_ps(dw, _mm256_set1_ps(y.d));
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sum), acc[r]);
             acc[r] = _mm256_fmadd_ps(mw, _mm256_set1_ps(y.s), acc[r]);
