@@ -18,18 +18,18 @@ pub(crate) trait SuperBlock: Copy + Send + Sync + 'static {
     fn unpack(stored: &[u8]) -> Self;
     /// One weight row times one activation row, lane by lane as the AVX2 path.
     fn dot_portable(w: &[Self], a: &[BlockQ8K]) -> f32;
-    /// One weight row times `R` activation rows with AVX2.
+    /// One weight row times `R` activation rows with AVX2 (with `VNNI`, AVX-512 VNNI's
+    /// `vpdpwssd` for the scaled sums: the same bits). Implementations are
+    /// `#[inline(always)]`: [`dots`] compiles them into one function per level.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; every activation row has as many blocks as `w`.
+    /// The CPU has AVX2 and FMA (and AVX-512 VNNI and VL with `VNNI`), and the caller's
+    /// features say so; every activation row has as many blocks as `w`.
     #[cfg(target_arch = "x86_64")]
-    unsafe fn dots_avx2<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R];
-    /// [`Self::dots_avx2`] with AVX-512 VNNI's `vpdpwssd` for the scaled sums (the same bits).
-    ///
-    /// # Safety
-    /// As `dots_avx2`, and the CPU has AVX-512 VNNI and VL.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn dots_vnni<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R];
+    unsafe fn dots_simd<const R: usize, const VNNI: bool>(
+        w: &[Self],
+        a: [&[BlockQ8K]; R],
+    ) -> [f32; R];
 }
 
 /// `Σ_c sc_c · (qw_c · qy_c)` over a super-block's eight 32-byte chunks, eight i32 lanes:
@@ -80,12 +80,24 @@ pub(crate) fn dots<S: SuperBlock, const R: usize>(
         // SAFETY: AVX2 and FMA were detected (every level above portable has them); each
         // activation row has as many blocks as the weight row (`Acts::row_k` of this k).
         #[cfg(target_arch = "x86_64")]
-        Simd::Avx2 => unsafe { S::dots_avx2(w, a) },
+        Simd::Avx2 => unsafe { dots_avx2(w, a) },
         // SAFETY: as above, and AVX-512 VNNI and VL were detected.
         #[cfg(target_arch = "x86_64")]
-        Simd::Vnni => unsafe { S::dots_vnni(w, a) },
+        Simd::Vnni => unsafe { dots_vnni(w, a) },
         _ => a.map(|r| S::dot_portable(w, r)),
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dots_avx2<S: SuperBlock, const R: usize>(w: &[S], a: [&[BlockQ8K]; R]) -> [f32; R] {
+    S::dots_simd::<R, false>(w, a)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+unsafe fn dots_vnni<S: SuperBlock, const R: usize>(w: &[S], a: [&[BlockQ8K]; R]) -> [f32; R] {
+    S::dots_simd::<R, true>(w, a)
 }
 
 /// A `[n, k]` matrix of one K-quant format.

@@ -73,13 +73,12 @@ impl SuperBlock for Q4KBlock {
     }
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn dots_avx2<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
-        dots_avx2(w, a)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn dots_vnni<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
-        dots_vnni(w, a)
+    #[inline(always)]
+    unsafe fn dots_simd<const R: usize, const VNNI: bool>(
+        w: &[Self],
+        a: [&[BlockQ8K]; R],
+    ) -> [f32; R] {
+        dots_simd::<R, VNNI>(w, a)
     }
 }
 
@@ -116,20 +115,6 @@ fn dot_portable(w: &[Q4KBlock], a: &[BlockQ8K]) -> f32 {
 }
 
 /// One weight row against `R` activation rows, each super-block's values unpacked once.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots_avx2<const R: usize>(w: &[Q4KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
-    dots_simd::<R, false>(w, a)
-}
-
-/// [`dots_avx2`] with VNNI's scaled sums.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-unsafe fn dots_vnni<const R: usize>(w: &[Q4KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
-    dots_simd::<R, true>(w, a)
-}
-
-/// The body of both: inlined into each, so it is compiled with its features.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn dots_simd<const R: usize, const VNNI: bool>(

@@ -47,13 +47,12 @@ impl SuperBlock for Q6KBlock {
     }
 
     #[cfg(target_arch = "x86_64")]
-    unsafe fn dots_avx2<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
-        dots_avx2(w, a)
-    }
-
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn dots_vnni<const R: usize>(w: &[Self], a: [&[BlockQ8K]; R]) -> [f32; R] {
-        dots_vnni(w, a)
+    #[inline(always)]
+    unsafe fn dots_simd<const R: usize, const VNNI: bool>(
+        w: &[Self],
+        a: [&[BlockQ8K]; R],
+    ) -> [f32; R] {
+        dots_simd::<R, VNNI>(w, a)
     }
 }
 
@@ -125,20 +124,6 @@ const SCALE_PAIRS: [[u8; 16]; 8] = {
 };
 
 /// One weight row against `R` activation rows, each super-block's scales expanded once.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dots_avx2<const R: usize>(w: &[Q6KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
-    dots_simd::<R, false>(w, a)
-}
-
-/// [`dots_avx2`] with VNNI's scaled sums.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-unsafe fn dots_vnni<const R: usize>(w: &[Q6KBlock], a: [&[BlockQ8K]; R]) -> [f32; R] {
-    dots_simd::<R, true>(w, a)
-}
-
-/// The body of both: inlined into each, so it is compiled with its features.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 unsafe fn dots_simd<const R: usize, const VNNI: bool>(
