@@ -1,4 +1,6 @@
-//! Engine speed on the default model: single-stream prompt and decode tokens/s, and aggregate
+//! Engine speed on the default model: single-stream prompt and decode tokens/s (and the share
+//! of the machine's read bandwidth the decode uses: the GGUF's bytes a token over the
+//! bandwidth its threads measure), and aggregate
 //! decode tokens/s with 1, 4 and 8 concurrent sequences (continuous batching), and with 8 drawing
 //! tokens (temperature 1, with and without top-p) against greedy in the same rounds.
 //! `--constrained`: the per-token cost of constrained decoding (a JSON Schema through
@@ -218,6 +220,37 @@ fn prefill_sweep(e: &CandleEngine, lens: &[usize]) {
     }
 }
 
+/// Bytes per second `threads` threads read from memory: each sums its share of a 1 GiB buffer
+/// (16 lanes of accumulators, so the sum is bound by the reads); best of three.
+fn read_bandwidth(threads: usize) -> f64 {
+    let buf = vec![1.0f32; (1 << 30) / 4];
+    let share = buf.len().div_ceil(threads.max(1));
+    (0..3)
+        .map(|_| {
+            let t0 = Instant::now();
+            let total: f32 = std::thread::scope(|s| {
+                let parts: Vec<_> = buf
+                    .chunks(share)
+                    .map(|part| {
+                        s.spawn(move || {
+                            let mut acc = [0f32; 16];
+                            for block in part.as_chunks::<16>().0 {
+                                for (a, x) in acc.iter_mut().zip(block) {
+                                    *a += x;
+                                }
+                            }
+                            acc.iter().sum::<f32>()
+                        })
+                    })
+                    .collect();
+                parts.into_iter().map(|p| p.join().unwrap()).sum()
+            });
+            std::hint::black_box(total);
+            buf.len() as f64 * 4.0 / t0.elapsed().as_secs_f64()
+        })
+        .fold(0.0, f64::max)
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let arg = |name: &str| {
@@ -288,8 +321,20 @@ fn main() {
         format,
         model.rsplit('/').next().unwrap_or("")
     );
+    let decode = median(decode_tps.clone());
     println!("single stream: prompt {:.1} tok/s (128-token prompt), decode {:.1} tok/s (128 tokens), medians of {ROUNDS}",
-        median(prompt_tps), median(decode_tps));
+        median(prompt_tps), decode);
+    // what decoding one token must read at least (the GGUF's tensors: every weight once, the
+    // tied embedding as the output), against what the machine's memory gives these threads
+    let per_token = e.info().weights_bytes as f64;
+    let bandwidth = read_bandwidth(threads);
+    println!(
+        "memory: read bandwidth {:.1} GB/s ({threads} threads, 1 GiB, best of 3); decode reads at least {:.1} MB a token: {:.1} GB/s, {:.0} % of it",
+        bandwidth / 1e9,
+        per_token / 1e6,
+        decode * per_token / 1e9,
+        100.0 * decode * per_token / bandwidth
+    );
     let questions = [
         "Write a short story about a lighthouse keeper.",
         "Explain how a refrigerator works.",
