@@ -1,6 +1,7 @@
 """Servers for the side-by-side benches (`overload_bench.py`, `long_prompt_bench.py`): start
 orchestratord or llama.cpp's `llama-server` on a free loopback port with the same GGUF, slots,
 context and threads, wait until it serves `/v1/models`, stop it."""
+import json
 import os
 import signal
 import socket
@@ -26,9 +27,10 @@ def wait_ready(base, proc, limit=300, path="/v1/models"):
             raise SystemExit(f"server exited with {proc.returncode}")
         try:
             with urllib.request.urlopen(f"{base}{path}", timeout=2) as r:
-                if r.status == 200:
+                # a model list answers before its pool has loaded: wait until it lists one
+                if r.status == 200 and (path != "/v1/models" or json.loads(r.read())["data"]):
                     return
-        except OSError:
+        except (OSError, ValueError, KeyError):
             pass
         time.sleep(0.5)
     raise SystemExit(f"{base} not ready after {limit} s")
