@@ -16,7 +16,7 @@
 //! new one pushes out the least recently used), in f32 whatever the cache's type, with room
 //! for the whole prompt reserved when it is made (the pages are touched only as chunks fill
 //! them). Buffers that grew by doubling copied the whole history in one pass: at 256, 512
-//! and 1,024 positions a stream beside the prompt waited 5–20 ms longer for that token.
+//! and 1,024 positions a stream beside the prompt waited ~20–28 ms longer for that token.
 
 use super::transposed::Transposed;
 use super::HeadPair;
