@@ -385,7 +385,12 @@ async fn client_disconnect_stops_the_worker_engine() {
         &["--bind", &format!("127.0.0.1:{wport}")],
     );
     wait_pools(&base, 1).await;
-    let r = post(&base, "/v1/chat/completions", chat(true, 500)).await;
+    // a greedy answer that runs to the limit: "the capital of France" ends after 7 tokens,
+    // which a fast engine finishes before the first look at the worker's health
+    let mut long = chat(true, 500);
+    long["messages"] = json!([{"role": "user",
+        "content": "Write a long story about a dragon named Ember who guards a library."}]);
+    let r = post(&base, "/v1/chat/completions", long).await;
     let mut body = r.bytes_stream();
     use futures::StreamExt;
     for _ in 0..4 {
