@@ -139,8 +139,9 @@ async fn the_bound_holds_whatever_the_replicas_admitting() {
 }
 
 /// CLU-Q-2: a task taken by a replica that stops answering goes to another after `ack_wait`
-/// (delivered twice); progress acknowledgements keep it with a working taker; past
-/// `cluster.max_deliveries` (3 by default) it is terminated and handed back as exhausted, its place freed.
+/// (delivered twice); progress acknowledgements keep it with a working taker; once its runs
+/// stopped `cluster.max_deliveries` times (3 by default) it is terminated and handed back as
+/// exhausted, its place freed — the times it was given back untried are not runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_whose_taker_stops_goes_to_another() {
     let nats = NatsCluster::start(3).await;
@@ -189,8 +190,9 @@ async fn a_task_whose_taker_stops_goes_to_another() {
             Take::Empty
         ));
     }
-    // given back twice more: the fourth delivery is the end of it
-    taken.give_back().await.unwrap();
+    // b's run stops too (handed back): two runs stopped. Three replicas then take it and
+    // give it back untried (no slot for it after all): not runs, whatever JetStream counts
+    taken.hand_back().await.unwrap();
     let mut deliveries = vec![2];
     let exhausted = loop {
         match qa
@@ -200,15 +202,21 @@ async fn a_task_whose_taker_stops_goes_to_another() {
         {
             Take::Task(t) => {
                 deliveries.push(t.delivered);
-                t.give_back().await.unwrap();
+                if t.delivered < 6 {
+                    t.give_back().await.unwrap();
+                } else {
+                    // the third run, which stops as well
+                    t.hand_back().await.unwrap();
+                }
             }
-            Take::Exhausted { task_id, delivered } => break (task_id, delivered),
+            Take::Exhausted { task_id, runs } => break (task_id, runs),
             Take::Empty => panic!("the task vanished after deliveries {deliveries:?}"),
         }
     };
-    assert_eq!(deliveries, vec![2, 3]);
+    // the seventh delivery, after three runs that stopped, is the end of it
+    assert_eq!(deliveries, vec![2, 3, 4, 5, 6]);
     let max = i64::from(ClusterConfig::default().max_deliveries);
-    assert_eq!(exhausted, ("t1".to_string(), max + 1));
+    assert_eq!(exhausted, ("t1".to_string(), max));
     // its place is free (the stream applies the acknowledgement through its own log)
     let mut depth = 1;
     for _ in 0..40 {

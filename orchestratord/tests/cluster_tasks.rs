@@ -72,6 +72,25 @@ impl Replicas {
             .collect()
     }
 
+    /// Each replica's log lines that name `id` (what happened to one task).
+    fn lines_naming(&self, id: &str) -> String {
+        // the id whole: "burst-6" is not in "burst-65"
+        let names = |l: &str| {
+            l.match_indices(id).any(|(at, _)| {
+                !l[at + id.len()..].starts_with(|c: char| c.is_ascii_alphanumeric() || c == '-')
+            })
+        };
+        let mut out = String::new();
+        for i in 0..self.procs.len() {
+            out.push_str(&format!("--- r{i}\n"));
+            for l in self.log(i).lines().filter(|l| names(l)) {
+                out.push_str(l);
+                out.push('\n');
+            }
+        }
+        out
+    }
+
     /// The replica that took `id` from the queue first (from its log).
     fn runner_of(&self, id: &str) -> Option<usize> {
         self.taker_of(id, 1)
@@ -812,8 +831,9 @@ async fn no_admitted_task_is_lost_when_the_queue_leader_dies() {
         assert_eq!(
             events.last().unwrap().event,
             "end",
-            "{id}: {:?}",
-            events.last()
+            "{id}: {:?}\n{}",
+            events.last(),
+            r.lines_naming(id)
         );
     }
     eprintln!(

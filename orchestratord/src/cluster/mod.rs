@@ -13,6 +13,7 @@ mod ask;
 pub mod cancel;
 mod error;
 pub mod event_relay;
+mod given_back;
 mod head_start;
 pub mod held_prefixes;
 pub mod known_full;
@@ -47,6 +48,8 @@ pub struct Cluster {
     js: jetstream::Context,
     stream_replicas: usize,
     max_deliveries: u32,
+    /// Tasks given back to their queue untried (`given_back.rs`).
+    given_back: Arc<given_back::GivenBack>,
 }
 
 impl Cluster {
@@ -100,9 +103,14 @@ impl Cluster {
             });
         }
         let js = jetstream::new(client.clone());
-        let directory = loop {
-            match PoolDirectory::open(&js, cfg).await {
-                Ok(d) => break d,
+        let open = || async {
+            let directory = PoolDirectory::open(&js, cfg).await?;
+            let given_back = given_back::GivenBack::open(&js, cfg.stream_replicas).await?;
+            Ok::<_, ClusterError>((directory, given_back))
+        };
+        let (directory, given_back) = loop {
+            match open().await {
+                Ok(opened) => break opened,
                 // JetStream answers once the cluster has elected its meta leader
                 Err(e) if Instant::now() + RETRY < deadline => {
                     tracing::debug!(error = %e, "JetStream not ready yet");
@@ -120,6 +128,7 @@ impl Cluster {
             js,
             stream_replicas: cfg.stream_replicas,
             max_deliveries: cfg.max_deliveries,
+            given_back: Arc::new(given_back),
         })
     }
 
@@ -140,6 +149,7 @@ impl Cluster {
             self.stream_replicas,
             ack_wait,
             self.max_deliveries,
+            self.given_back.clone(),
         )
     }
 

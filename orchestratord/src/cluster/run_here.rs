@@ -128,10 +128,10 @@ impl TaskPath {
                 let (path, state, pool) = (self.clone(), state.clone(), pool.to_string());
                 tokio::spawn(async move { path.start(&state, &pool, *t).await });
             }
-            Ok(Take::Exhausted { task_id, delivered }) => {
+            Ok(Take::Exhausted { task_id, runs }) => {
                 self.cluster.say_freed(q.name(), class).await;
                 let path = self.clone();
-                tokio::spawn(async move { path.exhausted(&task_id, delivered).await });
+                tokio::spawn(async move { path.exhausted(&task_id, runs).await });
             }
             Ok(Take::Empty) | Err(_) => {}
         }

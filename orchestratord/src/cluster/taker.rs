@@ -160,11 +160,11 @@ impl TaskPath {
             }
             match took {
                 Ok(Take::Task(t)) => self.start(&state, &pool_id, *t).await,
-                Ok(Take::Exhausted { task_id, delivered }) => {
+                Ok(Take::Exhausted { task_id, runs }) => {
                     if let Some((queue, class)) = &from {
                         self.cluster.say_freed(queue, *class).await;
                     }
-                    self.exhausted(&task_id, delivered).await;
+                    self.exhausted(&task_id, runs).await;
                 }
                 Ok(Take::Empty) => {}
                 Err(e) => {
@@ -198,15 +198,14 @@ impl TaskPath {
         }
     }
 
-    /// Ends task `task_id`, taken out of its queue after `delivered` deliveries, on the relay
-    /// with `REPLICA_EXHAUSTED`.
-    pub(super) async fn exhausted(&self, task_id: &str, delivered: i64) {
-        tracing::warn!(%task_id, delivered, "cluster: task taken too often");
+    /// Ends task `task_id`, taken out of its queue after `runs` runs that stopped, on the
+    /// relay with `REPLICA_EXHAUSTED`.
+    pub(super) async fn exhausted(&self, task_id: &str, runs: i64) {
+        tracing::warn!(%task_id, runs, "cluster: task taken too often");
         let error = TaskEvent::Error(SseError {
             code: ErrorCode::ReplicaExhausted,
             message: format!(
-                "requeue attempts exhausted: the task was taken {} times and each replica running it stopped (requeue_exhausted)",
-                delivered - 1
+                "requeue attempts exhausted: the task was taken {runs} times and each replica running it stopped (requeue_exhausted)"
             ),
             retriable: true,
             retry_after_ms: Some(1000),
@@ -469,7 +468,7 @@ impl TaskPath {
             }
             Outcome::HandBack => {
                 tracing::info!(task_id = %task.id, "cluster: shutting down, task handed back");
-                let _ = run.taken.give_back().await;
+                let _ = run.taken.hand_back().await;
                 state.cancel_task(&task, crate::metrics::CancelReason::Client);
             }
         }

@@ -9,9 +9,11 @@
 //! Taking: every replica pulls from one durable consumer per pool and class, so each task goes
 //! to one of them; the taker acknowledges progress while it works (`Taken::progress`); a taker
 //! that stops (killed, stopped, cut off) loses the task to the next puller after `ack_wait`.
-//! A task delivered more than `cluster.max_deliveries` times is taken out of the queue and handed
-//! back as exhausted, for the caller to fail (`REPLICA_EXHAUSTED`).
+//! A task whose runners stopped `cluster.max_deliveries` times is taken out of the queue and
+//! handed back as exhausted, for the caller to fail (`REPLICA_EXHAUSTED`): its deliveries less
+//! the times it was given back untried (`given_back.rs`).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy};
@@ -20,6 +22,7 @@ use async_nats::jetstream::{self, AckKind};
 use bytes::Bytes;
 use futures::StreamExt;
 
+use super::given_back::GivenBack;
 use super::subject_token::subject_token;
 use super::ClusterError;
 use contracts::Priority as Class;
@@ -41,6 +44,7 @@ pub struct ClusterQueue {
     replicas: usize,
     ack_wait: Duration,
     max_deliveries: i64,
+    given_back: Arc<GivenBack>,
 }
 
 /// One pool's queue.
@@ -50,6 +54,7 @@ pub struct PoolQueue {
     stream: stream::Stream,
     consumers: [jetstream::consumer::PullConsumer; 2],
     max_deliveries: i64,
+    given_back: Arc<GivenBack>,
 }
 
 /// A task admitted into a pool's queue.
@@ -81,18 +86,20 @@ pub struct Taken {
     pub queue: String,
     pub class: Class,
     pub payload: Bytes,
-    /// 1 the first time; more after takers that stopped.
+    /// 1 the first time; more after takers that stopped or gave it back.
     pub delivered: i64,
     msg: jetstream::Message,
+    given_back: Arc<GivenBack>,
 }
 
 /// What a take found.
 pub enum Take {
     Task(Box<Taken>),
-    /// Delivered too often: out of the queue now; the caller fails the task.
+    /// Its runners stopped too often: out of the queue now; the caller fails the task.
     Exhausted {
         task_id: String,
-        delivered: i64,
+        /// The runs that stopped.
+        runs: i64,
     },
     Empty,
 }
@@ -121,18 +128,21 @@ fn subject(pool: &str, class: Class) -> String {
 
 impl ClusterQueue {
     /// The queues of `js`, their streams kept `replicas` times, a taker silent on a task for
-    /// `ack_wait` losing it, a task delivered more than `max_deliveries` times exhausted.
+    /// `ack_wait` losing it, a task whose runners stopped `max_deliveries` times exhausted
+    /// (the times it was given back untried counted in `given_back`).
     pub fn new(
         js: jetstream::Context,
         replicas: usize,
         ack_wait: Duration,
         max_deliveries: u32,
+        given_back: Arc<GivenBack>,
     ) -> Self {
         Self {
             js,
             replicas,
             ack_wait,
             max_deliveries: i64::from(max_deliveries),
+            given_back,
         }
     }
 
@@ -231,6 +241,7 @@ impl ClusterQueue {
             stream,
             consumers: [interactive, batch],
             max_deliveries: self.max_deliveries,
+            given_back: self.given_back.clone(),
         })
     }
 }
@@ -357,10 +368,25 @@ impl PoolQueue {
             .and_then(|h| h.get("Nats-Msg-Id"))
             .map(|v| v.to_string())
             .unwrap_or_default();
+        // the deliveries before this one were runs that stopped, or give-backs (read only
+        // when the deliveries alone would exhaust the task)
         if delivered > self.max_deliveries {
-            // out of the queue, confirmed (the caller fails the task)
-            msg.double_ack().await.map_err(ClusterError::jetstream)?;
-            return Ok(Take::Exhausted { task_id, delivered });
+            let untried = match self.given_back.count(&task_id).await {
+                Ok(n) => n,
+                Err(e) => {
+                    // not known now: the task waits for another look, not failed on a guess
+                    tracing::warn!(%task_id, error = %e, "cluster: cannot read a task's give-backs");
+                    let _ = msg.ack_with(AckKind::Nak(None)).await;
+                    return Err(e);
+                }
+            };
+            let runs = delivered - 1 - untried;
+            if runs >= self.max_deliveries {
+                // out of the queue, confirmed (the caller fails the task)
+                msg.double_ack().await.map_err(ClusterError::jetstream)?;
+                let _ = self.given_back.forget(&task_id).await;
+                return Ok(Take::Exhausted { task_id, runs });
+            }
         }
         Ok(Take::Task(Box::new(Taken {
             task_id,
@@ -369,6 +395,7 @@ impl PoolQueue {
             payload: msg.payload.clone(),
             delivered,
             msg,
+            given_back: self.given_back.clone(),
         })))
     }
 }
@@ -384,11 +411,32 @@ impl Taken {
 
     /// Ended (whatever the outcome): out of the queue, its place free.
     pub async fn done(self) -> Result<(), ClusterError> {
-        self.msg.double_ack().await.map_err(ClusterError::jetstream)
+        self.msg
+            .double_ack()
+            .await
+            .map_err(ClusterError::jetstream)?;
+        if self.delivered > 1 {
+            // it may have been given back before: that count goes with it
+            if let Err(e) = self.given_back.forget(&self.task_id).await {
+                tracing::debug!(task_id = %self.task_id, error = %e, "cluster: a task's give-backs not forgotten");
+            }
+        }
+        Ok(())
     }
 
-    /// Given back for another replica to take at once.
+    /// Given back untried (no slot for it here after all), for another replica to take at
+    /// once: not a run, so it does not bring the task nearer `REPLICA_EXHAUSTED`.
     pub async fn give_back(self) -> Result<(), ClusterError> {
+        if let Err(e) = self.given_back.add(&self.task_id).await {
+            // counted as a run that stopped: the task is exhausted one run sooner at worst
+            tracing::warn!(task_id = %self.task_id, error = %e, "cluster: a give-back not counted");
+        }
+        self.hand_back().await
+    }
+
+    /// Handed back after its run here stopped (this replica shuts down), for another replica
+    /// to take at once and go on with: a run that stopped.
+    pub async fn hand_back(self) -> Result<(), ClusterError> {
         self.msg
             .ack_with(AckKind::Nak(None))
             .await
