@@ -136,6 +136,58 @@ pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> V
     if let Some(dense) = dense {
         return crate::dense_cpu::matmuls(&dense, x, m);
     }
+    let (cols, starts) = columns(ws, x, m);
+    if m == 1 && ws.len() == 1 {
+        // one row of one weight: the kernels' output is the result
+        return vec![cols];
+    }
+    ws.iter()
+        .zip(&starts)
+        .map(|(w, &s0)| transposed(&cols, s0, w.n(), m))
+        .collect()
+}
+
+/// One weight's [`quantized_matmuls`] as `m` rows of `n` (the logits, one row a sequence):
+/// the same numbers, each row its own vector, built without a flat result to copy from (a
+/// single row is the kernels' output itself).
+pub(crate) fn quantized_rows(w: &dyn QuantRows, x: &[f32], m: usize) -> Vec<Vec<f32>> {
+    let n = w.n();
+    if w.dense().is_some() {
+        let flat = quantized_matmuls(&[w], x, m).remove(0);
+        return flat.chunks(n.max(1)).map(<[f32]>::to_vec).collect();
+    }
+    assert!(x.len() == m * w.k());
+    let (cols, _) = columns(&[w], x, m);
+    transposed_rows(cols, n, m)
+}
+
+/// [`transposed`] of a whole `cols` (`n` weight rows) as `m` vectors, each filled in order
+/// (nothing zeroed first); one row is `cols` itself.
+fn transposed_rows(cols: Vec<f32>, n: usize, m: usize) -> Vec<Vec<f32>> {
+    if m == 1 {
+        return vec![cols];
+    }
+    let mut rows: Vec<Vec<f32>> = (0..m).map(|_| Vec::with_capacity(n)).collect();
+    let per = match m * n >= 64 << 10 {
+        true => m.div_ceil(2 * current_workers()),
+        false => m,
+    };
+    par_chunks_mut(&mut rows, per, |c, dst| {
+        let r0 = c * per;
+        for jb in (0..n).step_by(TRANSPOSED_COLUMNS) {
+            let je = (jb + TRANSPOSED_COLUMNS).min(n);
+            for (rr, row) in dst.iter_mut().enumerate() {
+                row.extend((jb..je).map(|j| cols[j * m + r0 + rr]));
+            }
+        }
+    });
+    rows
+}
+
+/// The kernels' output for `ws` over the `m` rows of `x`: `cols[g · m + r]`, global weight
+/// row `g` (weight `i`'s rows from `starts[i]`) times activation row `r`.
+fn columns(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> (Vec<f32>, Vec<usize>) {
+    let k = ws.first().map_or(0, |w| w.k());
     let takes = |b: ActBlocks| ws.iter().any(|w| w.act_blocks() == b);
     let xq: Vec<BlockQ81> = match takes(ActBlocks::Q8_1) {
         true => quantize_rows(x),
@@ -164,40 +216,53 @@ pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> V
         .div_ceil(per_worker * current_workers())
         .max((64 << 10) / (m * k).max(1))
         .next_multiple_of(8);
-    // cols[g · m + r]: global weight row g times activation row r
-    let mut cols: Vec<f32> = vec![0.0; m * total];
-    par_chunks_mut(&mut cols, rows * m, |c, dst| {
-        let (mut g, end) = (c * rows, c * rows + dst.len() / m);
-        while g < end {
-            let i = starts.partition_point(|&s| s <= g) - 1;
-            let count = end.min(starts[i + 1]) - g;
-            let o = (g - c * rows) * m;
-            let a = Acts {
-                xq: &xq,
-                xk: &xk,
-                xf: x,
-                m,
-            };
-            ws[i].rows_into(g - starts[i], count, a, simd, &mut dst[o..o + count * m]);
-            g += count;
-        }
-    });
-    ws.iter()
-        .zip(&starts)
-        .map(|(w, &s0)| transposed(&cols, s0, w.n(), m))
-        .collect()
+    // cols[g · m + r]: global weight row g times activation row r. Each worker zeroes its
+    // own chunks right before the kernels write them (the logits of eight sequences are 8 MiB:
+    // zeroed up front, on one thread, that was ~2.5 % of a decode step)
+    let mut cols: Vec<f32> = Vec::with_capacity(m * total);
+    par_chunks_mut(
+        &mut cols.spare_capacity_mut()[..m * total],
+        rows * m,
+        |c, dst| {
+            dst.fill(std::mem::MaybeUninit::new(0.0));
+            // SAFETY: every element of `dst` was initialised just above, and `MaybeUninit<f32>`
+            // has the layout of `f32`.
+            let dst = unsafe { &mut *(dst as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
+            let (mut g, end) = (c * rows, c * rows + dst.len() / m);
+            while g < end {
+                let i = starts.partition_point(|&s| s <= g) - 1;
+                let count = end.min(starts[i + 1]) - g;
+                let o = (g - c * rows) * m;
+                let a = Acts {
+                    xq: &xq,
+                    xk: &xk,
+                    xf: x,
+                    m,
+                };
+                ws[i].rows_into(g - starts[i], count, a, simd, &mut dst[o..o + count * m]);
+                g += count;
+            }
+        },
+    );
+    // SAFETY: the chunks cover the first m · total elements, each initialised by its worker
+    // (`par_chunks_mut` returns once every chunk's call has; a panic there propagates before
+    // this line).
+    unsafe { cols.set_len(m * total) };
+    (cols, starts)
 }
+
+/// Columns of `cols` a transposition reads at a time (their rows stay in L1).
+const TRANSPOSED_COLUMNS: usize = 32;
 
 /// The `m × n` result of weight rows `s0..s0 + n` from `cols` (`cols[g · m + r]`): in blocks
 /// of 32 columns, so the rows of `cols` read stay in L1 and the writes are contiguous; large
 /// results split by rows among the workers.
 fn transposed(cols: &[f32], s0: usize, n: usize, m: usize) -> Vec<f32> {
-    const COLUMNS: usize = 32;
-    let mut out = vec![0f32; m * n];
+    const COLUMNS: usize = TRANSPOSED_COLUMNS;
     if m == 1 {
-        out.copy_from_slice(&cols[s0..s0 + n]);
-        return out;
+        return cols[s0..s0 + n].to_vec();
     }
+    let mut out = vec![0f32; m * n];
     let rows = match m * n >= 64 << 10 {
         true => m.div_ceil(2 * current_workers()),
         false => m,
@@ -312,6 +377,14 @@ mod tests {
                 for j in 0..n {
                     assert_eq!(out[r * n + j], cols[(s0 + j) * m + r], "{m}x{n} @{r},{j}");
                 }
+            }
+            // the logits' form: the whole of cols, a vector a row
+            let whole = &cols[..total * m];
+            let rows = transposed_rows(whole.to_vec(), total, m);
+            assert_eq!(rows.len(), m);
+            for (r, row) in rows.iter().enumerate() {
+                let want: Vec<f32> = (0..total).map(|j| whole[j * m + r]).collect();
+                assert_eq!(row, &want, "{m}x{total} row {r}");
             }
         }
     }

@@ -278,17 +278,53 @@ pub fn log_probs(logits: &[f32], chosen: u32, n: usize) -> (f32, Vec<(u32, f32)>
     )
 }
 
-/// Index of the largest logit; the lowest index wins a tie.
+/// Index of the largest logit; the lowest index wins a tie (0 when none is above −∞; a NaN
+/// is never chosen). Two passes the compiler vectorises — the largest value in sixteen lanes,
+/// then the first place that holds it — built for AVX2 where the CPU has it: one scalar
+/// compare a logit was ~3 % of a step at eight sequences over Gemma's 262,144 tokens, on the
+/// decode thread alone.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_v {
-            best_v = v;
-            best = i;
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx2")]
+        unsafe fn argmax_avx2(logits: &[f32]) -> u32 {
+            first_largest(logits)
+        }
+        if std::is_x86_feature_detected!("avx2") {
+            // SAFETY: AVX2 was detected.
+            return unsafe { argmax_avx2(logits) };
         }
     }
-    best as u32
+    first_largest(logits)
+}
+
+#[inline(always)]
+fn first_largest(logits: &[f32]) -> u32 {
+    const LANES: usize = 16;
+    let (chunks, tail) = logits.as_chunks::<LANES>();
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    for chunk in chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            // a NaN compares false: never kept
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let max = lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |m, &v| if v > m { v } else { m });
+    if max == f32::NEG_INFINITY {
+        return 0;
+    }
+    // the first chunk holding it, then its place there
+    let at = chunks
+        .iter()
+        .position(|c| c.iter().fold(false, |any, &v| any | (v == max)))
+        .map_or(chunks.len() * LANES, |c| c * LANES);
+    logits[at..]
+        .iter()
+        .position(|&v| v == max)
+        .map_or(0, |i| (at + i) as u32)
 }
 
 #[cfg(test)]
@@ -505,6 +541,50 @@ mod tests {
     fn greedy_picks_the_largest_and_lowest_on_ties() {
         let mut s = Sampler::new(SamplingParams::default());
         assert_eq!(s.sample(&mut [0.1, 3.0, 3.0, -1.0], &[]), 1);
+    }
+
+    /// ENG-SAMP-4: the lane-wise argmax chooses as a scan from the first logit does — the
+    /// first of the largest, never a NaN, 0 when nothing is above −∞ — whatever the length,
+    /// ties, signed zeros and where the largest falls (a chunk, a lane, the tail).
+    #[test]
+    fn the_lane_wise_argmax_is_the_first_largest() {
+        fn scan(l: &[f32]) -> u32 {
+            let (mut best, mut best_v) = (0, f32::NEG_INFINITY);
+            for (i, &v) in l.iter().enumerate() {
+                if v > best_v {
+                    (best, best_v) = (i, v);
+                }
+            }
+            best as u32
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let pool = [
+            0.0,
+            -0.0,
+            1.0,
+            2.0,
+            2.0,
+            -3.0,
+            f32::NAN,
+            f32::NEG_INFINITY,
+            f32::INFINITY,
+        ];
+        for case in 0..4000 {
+            let n = rng.random_range(0..200usize);
+            let l: Vec<f32> = (0..n)
+                .map(|_| match case % 3 {
+                    0 => pool[rng.random_range(0..pool.len())],
+                    1 => pool[rng.random_range(0..6)],
+                    _ => (rng.random_range(0..8) as f32) * 0.5,
+                })
+                .collect();
+            assert_eq!(argmax(&l), scan(&l), "{l:?}");
+        }
+        let mut big: Vec<f32> = (0..262_144).map(|i| ((i * 7919) % 1000) as f32).collect();
+        big[200_003] = 1e6;
+        big[262_143] = 1e6;
+        assert_eq!(argmax(&big), 200_003);
+        assert_eq!(argmax(&[f32::NAN, f32::NEG_INFINITY]), 0);
     }
 
     #[test]

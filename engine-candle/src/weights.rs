@@ -109,6 +109,23 @@ impl Linear {
         }
     }
 
+    /// [`Self::forward`] of a `[m, k]` input as `m` rows of `n` floats (the logits): with an
+    /// own CPU kernel the same numbers without a tensor to copy them out of.
+    pub fn forward_rows(&self, x: &Tensor) -> candle_core::Result<Vec<Vec<f32>>> {
+        let Some(w) = self.cpu_rows() else {
+            return self
+                .forward(x)?
+                .to_dtype(candle_core::DType::F32)?
+                .to_vec2();
+        };
+        let (m, k) = x.dims2()?;
+        if w.k() != k {
+            candle_core::bail!("matmul: input has {k} columns, weight has {}", w.k());
+        }
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        Ok(crate::cpu_quant::quantized_rows(w, &xs, m))
+    }
+
     /// `x` times several weights: with own CPU kernels in one pass (the activations are
     /// quantized once, one parallel job), else one after another. Same results either way.
     pub fn forward_all<const N: usize>(
