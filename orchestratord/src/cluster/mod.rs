@@ -21,6 +21,7 @@ mod mirror;
 pub mod pool_directory;
 pub mod record_stream;
 mod run_here;
+mod slot_claims;
 mod subject_token;
 mod taker;
 pub mod task_path;

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 
 use super::head_start::Preference;
+use super::slot_claims::SlotClaim;
 use super::taker::place_giving_way;
 use super::taker::Run;
 use super::task_path::{Here, QueueKey, TaskPath};
@@ -30,30 +31,34 @@ use crate::lifecycle::task::Task;
 const UNCLAIMED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl TaskPath {
-    /// The pool of this replica that takes from `key`'s queue with the most free slots, when
-    /// one has a slot free and `prefer` names no other pool.
+    /// The pool of this replica that takes from `key`'s queue with the most free slots no
+    /// other take here claimed, when one has such a slot and `prefer` names no other pool:
+    /// with that slot claimed for the take.
     pub(super) fn free_pool_here(
         &self,
         state: &Lifecycle,
         key: &QueueKey,
         prefer: Option<&Preference>,
-    ) -> Option<String> {
+    ) -> Option<(String, SlotClaim)> {
         let me = self.cluster.replica();
-        state
+        let (free, pool) = state
             .pools
             .all()
             .into_iter()
             .filter(|p| key.taken_by(p.id(), &p.spec().model_alias) && p.accepts_work())
             .filter(|p| prefer.is_none_or(|w| w.replica == me && w.pool == p.id()))
             .map(|p| (p.snapshot().slots_free(), p))
-            .filter(|(free, _)| *free > 0)
-            .max_by_key(|(free, _)| *free)
-            .map(|(_, p)| p.id().to_string())
+            .filter(|(free, p)| self.slot_claims.unclaimed(p.id(), *free) > 0)
+            .max_by_key(|(free, p)| self.slot_claims.unclaimed(p.id(), *free))?;
+        let claim = self.slot_claims.claim(pool.id(), free)?;
+        Some((pool.id().to_string(), claim))
     }
 
-    /// What a take from queue `q` for `pool` brought right after `task` went in: true when it was
-    /// `task`, kept on a slot of `pool` for [`Self::start_here`]; anything else is started
-    /// as the take loop starts it (or handed back).
+    /// What a take from queue `q` for `pool` (on the slot `claim` holds) brought right after
+    /// `task` went in: true when it was `task`, kept on a slot of `pool` for
+    /// [`Self::start_here`]; anything else is started as the take loop starts it (or handed
+    /// back).
+    #[allow(clippy::too_many_arguments)]
     pub(super) async fn run_pulled(
         self: &Arc<Self>,
         state: &Arc<Lifecycle>,
@@ -62,12 +67,13 @@ impl TaskPath {
         pool: &str,
         q: &PoolQueue,
         pulled: Result<Take, ClusterError>,
+        claim: SlotClaim,
     ) -> bool {
         let taken = match pulled {
             Ok(Take::Task(t)) if t.task_id == task.id => *t,
             other => {
                 tracing::debug!(task_id = %task.id, pulled = ?other.as_ref().map(Take::what), "cluster: the take brought another task than the one admitted");
-                self.start_pulled(state, pool, q, task.priority, other)
+                self.start_pulled(state, pool, q, task.priority, other, claim)
                     .await;
                 return false;
             }
@@ -82,7 +88,10 @@ impl TaskPath {
             }
         };
         run.mark_run_for_cluster();
-        let lease = match place_giving_way(state, pool, &run).await {
+        let placed = place_giving_way(state, pool, &run).await;
+        // the slot is leased now, or gone to another task: the claim has done its part
+        drop(claim);
+        let lease = match placed {
             Placement::Leased(lease) => lease,
             // the slot went to another task meanwhile: it waits in the queue
             Placement::Wait | Placement::Unavailable(..) => {
@@ -113,8 +122,9 @@ impl TaskPath {
         true
     }
 
-    /// Starts what a pull from queue `q` (of `class`) for `pool` brought, as the take loop
-    /// would: another task than the one admitted, or one taken too often.
+    /// Starts what a pull from queue `q` (of `class`) for `pool` (on the slot `claim` holds)
+    /// brought, as the take loop would: another task than the one admitted, or one taken too
+    /// often.
     pub(super) async fn start_pulled(
         self: &Arc<Self>,
         state: &Arc<Lifecycle>,
@@ -122,11 +132,12 @@ impl TaskPath {
         q: &PoolQueue,
         class: contracts::Priority,
         pulled: Result<Take, ClusterError>,
+        claim: SlotClaim,
     ) {
         match pulled {
             Ok(Take::Task(t)) => {
                 let (path, state, pool) = (self.clone(), state.clone(), pool.to_string());
-                tokio::spawn(async move { path.start(&state, &pool, *t).await });
+                tokio::spawn(async move { path.start(&state, &pool, *t, Some(claim)).await });
             }
             Ok(Take::Exhausted { task_id, runs }) => {
                 self.cluster.say_freed(q.name(), class).await;

@@ -130,7 +130,17 @@ impl TaskPath {
                 }
                 continue;
             }
-            // what is there now, interactive first
+            // what is there now, interactive first — unless admissions here claimed every
+            // free slot for the tasks they take (`slot_claims.rs`; the loop claims none
+            // itself, so an admission never waits on it)
+            if self
+                .slot_claims
+                .unclaimed(&pool_id, pool.snapshot().slots_free())
+                == 0
+            {
+                tokio::time::sleep(SLOT_POLL).await;
+                continue;
+            }
             let mut took = Ok(Take::Empty);
             let mut from = None;
             for class in [Priority::Interactive, Priority::Batch] {
@@ -159,7 +169,7 @@ impl TaskPath {
                 continue;
             }
             match took {
-                Ok(Take::Task(t)) => self.start(&state, &pool_id, *t).await,
+                Ok(Take::Task(t)) => self.start(&state, &pool_id, *t, None).await,
                 Ok(Take::Exhausted { task_id, runs }) => {
                     if let Some((queue, class)) = &from {
                         self.cluster.say_freed(queue, *class).await;
@@ -278,12 +288,14 @@ impl TaskPath {
         }
     }
 
-    /// Runs a taken task on a slot of `pool_id` (or hands it back).
+    /// Runs a taken task on a slot of `pool_id` (or hands it back); `claim` (an admission's
+    /// take) holds a free slot for it until it has one.
     pub(super) async fn start(
         self: &Arc<Self>,
         state: &Arc<Lifecycle>,
         pool_id: &str,
         taken: Taken,
+        claim: Option<super::slot_claims::SlotClaim>,
     ) {
         let Ok(h) = serde_json::from_slice::<Handoff>(&taken.payload) else {
             tracing::warn!(task_id = %taken.task_id, "cluster: a queued task that is no handoff, dropped");
@@ -325,7 +337,9 @@ impl TaskPath {
                 task.push_scored_token(t.t, t.logprobs);
             }
         }
-        let lease = match place_giving_way(state, pool_id, &task).await {
+        let placed = place_giving_way(state, pool_id, &task).await;
+        drop(claim);
+        let lease = match placed {
             Placement::Leased(lease) => lease,
             // the slot went to another task meanwhile: someone else's turn
             Placement::Wait => {

@@ -58,6 +58,8 @@ pub struct TaskPath {
     /// Admitted tasks this replica took to run itself, until announced (`run_here.rs`; each
     /// holds a slot).
     here: Mutex<HashMap<String, Here>>,
+    /// The free slots this replica's takes are pulling a task for (`slot_claims.rs`).
+    pub(super) slot_claims: super::slot_claims::SlotClaims,
 }
 
 /// An admitted task taken from its queue by this replica to run here (`run_here.rs`), on a
@@ -109,6 +111,7 @@ impl TaskPath {
             head_starts: Mutex::new(HashMap::new()),
             known_full: KnownFull::default(),
             here: Mutex::new(HashMap::new()),
+            slot_claims: Default::default(),
         })
     }
 
@@ -280,9 +283,9 @@ impl TaskPath {
         // with a slot free here, the queue's next task is taken at once: it runs here when it
         // is this one (`run_here.rs`)
         let own = match self.free_pool_here(state, &key, prefer.as_ref()) {
-            Some(pool) if !admitted.duplicate => {
+            Some((pool, claim)) if !admitted.duplicate => {
                 let pulled = q.take(task.priority, TAKE_ADMITTED_WITHIN).await;
-                self.run_pulled(state, task, &handoff, &pool, &q, pulled)
+                self.run_pulled(state, task, &handoff, &pool, &q, pulled, claim)
                     .await
             }
             Some(_) => false,

@@ -427,6 +427,7 @@ impl Taken {
     /// Given back untried (no slot for it here after all), for another replica to take at
     /// once: not a run, so it does not bring the task nearer `REPLICA_EXHAUSTED`.
     pub async fn give_back(self) -> Result<(), ClusterError> {
+        tracing::debug!(task_id = %self.task_id, delivered = self.delivered, "cluster: given back untried");
         if let Err(e) = self.given_back.add(&self.task_id).await {
             // counted as a run that stopped: the task is exhausted one run sooner at worst
             tracing::warn!(task_id = %self.task_id, error = %e, "cluster: a give-back not counted");
