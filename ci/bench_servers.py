@@ -68,6 +68,13 @@ def start_llama(binary, model, slots, ctx, threads, extra_args=()):
     return proc, base
 
 
+def cpu_of(pid):
+    """CPU seconds (user + system) of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        parts = f.read().rsplit(")", 1)[1].split()
+    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def stop(proc):
     proc.send_signal(signal.SIGTERM)
     try:

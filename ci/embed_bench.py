@@ -45,12 +45,6 @@ def post(base, body):
     return out
 
 
-def cpu_of(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / 100.0
-
-
 def one_request(base, inputs):
     t = time.time()
     post(base, {"model": bs.MODEL, "input": inputs})
@@ -92,10 +86,10 @@ def measure(name, proc, base, inputs):
                         ("sequential", sequential, inputs),
                         ("short_one_request", one_request, short),
                         ("short_sequential", sequential, short)]:
-        c0 = cpu_of(proc.pid)
+        c0 = bs.cpu_of(proc.pid)
         rate = statistics.median(f(base, xs) for _ in range(3))
         out[what] = rate
-        out[what + "_cpu_s"] = round(cpu_of(proc.pid) - c0, 2)
+        out[what + "_cpu_s"] = round(bs.cpu_of(proc.pid) - c0, 2)
     print(name, {k: round(v, 1) for k, v in out.items()}, flush=True)
     return out
 

@@ -28,13 +28,6 @@ import bench_servers as bs  # noqa: E402
 LEVELS = [1, 8, 16]
 
 
-def cpu_of(pid):
-    """CPU seconds (user + system) of process `pid` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        parts = f.read().rsplit(")", 1)[1].split()
-    return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def machine_cpu():
     """CPU seconds so far: what every core ran (user, nice, system, interrupts), and what the
     hypervisor took from this machine's cores (steal: a noisy host shows there)."""
@@ -48,12 +41,12 @@ def measure(load, proc, base, requests, max_tokens):
     """One server under orchd-load: the levels' reports and the CPU around them."""
     out = tempfile.NamedTemporaryFile(suffix=".json", delete=False)
     out.close()
-    c0, (m0, s0), t0 = cpu_of(proc.pid), machine_cpu(), time.time()
+    c0, (m0, s0), t0 = bs.cpu_of(proc.pid), machine_cpu(), time.time()
     subprocess.run([load, "--base-url", base, "--model", bs.MODEL,
                     "--concurrency", *map(str, LEVELS), "-n", str(requests),
                     "--max-tokens", str(max_tokens), "--json", out.name],
                    check=True, stdout=subprocess.DEVNULL)
-    (m1, s1), server, wall = machine_cpu(), cpu_of(proc.pid) - c0, time.time() - t0
+    (m1, s1), server, wall = machine_cpu(), bs.cpu_of(proc.pid) - c0, time.time() - t0
     machine, steal = m1 - m0, s1 - s0
     with open(out.name) as f:
         levels = {r["concurrency"]: r for r in json.load(f)}

@@ -66,14 +66,22 @@ pub(crate) enum Linear {
 }
 
 /// `x[.., k]` through own CPU kernels, several weights sharing `k` at once: `[.., n_i]` each.
-fn cpu_matmuls(x: &Tensor, ws: &[&dyn QuantRows]) -> candle_core::Result<Vec<Tensor>> {
+/// `x[.., k]` for the own CPU kernels of `ws`: its leading dims, its `m` rows, its floats.
+fn cpu_input(
+    x: &Tensor,
+    ws: &[&dyn QuantRows],
+) -> candle_core::Result<(Vec<usize>, usize, Vec<f32>)> {
     let mut dims = x.dims().to_vec();
     let k = dims.pop().unwrap_or(0);
     if let Some(w) = ws.iter().find(|w| w.k() != k) {
         candle_core::bail!("matmul: input has {k} columns, weight has {}", w.k());
     }
     let m: usize = dims.iter().product();
-    let xs = x.flatten_all()?.to_vec1::<f32>()?;
+    Ok((dims, m, x.flatten_all()?.to_vec1::<f32>()?))
+}
+
+fn cpu_matmuls(x: &Tensor, ws: &[&dyn QuantRows]) -> candle_core::Result<Vec<Tensor>> {
+    let (dims, m, xs) = cpu_input(x, ws)?;
     quantized_matmuls(ws, &xs, m)
         .into_iter()
         .zip(ws)
@@ -118,11 +126,7 @@ impl Linear {
                 .to_dtype(candle_core::DType::F32)?
                 .to_vec2();
         };
-        let (m, k) = x.dims2()?;
-        if w.k() != k {
-            candle_core::bail!("matmul: input has {k} columns, weight has {}", w.k());
-        }
-        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let (_, m, xs) = cpu_input(x, &[w])?;
         Ok(crate::cpu_quant::quantized_rows(w, &xs, m))
     }
 

@@ -44,14 +44,9 @@ impl GivenBack {
             num_replicas: replicas,
             ..Default::default()
         };
-        let kv = match js.create_key_value(config).await {
-            Ok(kv) => kv,
-            Err(created) => js
-                .get_key_value(BUCKET)
-                .await
-                .map_err(|e| ClusterError::JetStream(format!("{created}; {e}")))?,
-        };
-        Ok(Self { kv })
+        Ok(Self {
+            kv: super::key_value_bucket(js, config).await?,
+        })
     }
 
     /// How often `task_id` was given back untried (0 when never, or forgotten).

@@ -216,3 +216,19 @@ impl Cluster {
 
 /// Pause between attempts to reach the cluster at start.
 const RETRY: Duration = Duration::from_millis(250);
+
+/// The key-value bucket `config` describes: created, or opened where another replica created
+/// it (with other settings: used as it is).
+async fn key_value_bucket(
+    js: &jetstream::Context,
+    config: jetstream::kv::Config,
+) -> Result<jetstream::kv::Store, ClusterError> {
+    let bucket = config.bucket.clone();
+    match js.create_key_value(config).await {
+        Ok(kv) => Ok(kv),
+        Err(created) => js
+            .get_key_value(&bucket)
+            .await
+            .map_err(|e| ClusterError::JetStream(format!("{created}; {e}"))),
+    }
+}

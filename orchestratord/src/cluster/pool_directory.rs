@@ -72,14 +72,7 @@ impl PoolDirectory {
             num_replicas: cfg.stream_replicas,
             ..Default::default()
         };
-        let kv = match js.create_key_value(config).await {
-            Ok(kv) => kv,
-            // made by another replica with other settings: use it as it is
-            Err(created) => js
-                .get_key_value(BUCKET)
-                .await
-                .map_err(|e| ClusterError::JetStream(format!("{created}; {e}")))?,
-        };
+        let kv = super::key_value_bucket(js, config).await?;
         Ok(Self {
             kv,
             replica: cfg.replica_id.clone(),
