@@ -178,6 +178,8 @@ def run_against(name, base, args):
 def start_orchd(args):
     step = f"step_prompt_tokens = {args.step_prompt_tokens}\n" if args.step_prompt_tokens else ""
     step += f"step_ms = {args.step_ms}\n" if args.step_ms is not None else ""
+    step += (f"step_prompt_ms = {args.step_prompt_ms}\n"
+             if args.step_prompt_ms is not None else "")
     # a long prompt on a slow build must not be taken for a stuck engine
     return bench_servers.start_orchd(args.orchd, args.model, args.slots, args.ctx, args.threads,
                                      pool_extra=step, extra="[timeouts]\nidle_ms = 600000\n")
@@ -229,6 +231,9 @@ def main():
                     help="orchestratord's pools[].step_prompt_tokens (default: its default)")
     ap.add_argument("--step-ms", type=int,
                     help="orchestratord's pools[].step_ms (default: its default; 0: fixed chunks)")
+    ap.add_argument("--step-prompt-ms", type=int,
+                    help="orchestratord's pools[].step_prompt_ms (default: its default; 0: no "
+                         "ceiling on what a pass's prompt tokens add beside a stream)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args()

@@ -196,15 +196,14 @@ fn attend_with(
     let hd = d.head_dim;
     let group = d.n_head / d.n_head_kv;
     // a span of a few queries over a history it would transpose for them alone goes one query
-    // at a time; over a kept transposition (only its own positions to add) it need not
-    // (a span whose queries reach past a local layer's window goes one query at a time:
-    // the transposed kernels see every position before a query)
+    // at a time; over a kept transposition (only its own positions to add) it need not (a
+    // local layer's window: the transposed kernels mask what is before it and leave out the
+    // blocks wholly before it)
     let use_transposed = |sp: &Span, kept: bool| {
         path != PromptPath::PerQuery
             && sp.prompt
             && (sp.t >= TRANSPOSE_MIN_QUERIES || kept)
             && transposed::supports(hd)
-            && d.window.is_none_or(|w| sp.start + sp.t <= w)
             && d.softcap.is_none()
     };
     // the transposed heads, per span that uses them (`first[s]` indexes its first kv head):
@@ -429,9 +428,10 @@ fn attend_one(
         *x = f32::NEG_INFINITY;
     }
     // ggml_vec_soft_max_f32: 16 lanes of ggml_v_expf, each chunk's reduce added in f64
+    // (a chunk wholly hidden sums to zero: skipped, the same bits)
     let mut sum = 0f64;
     let (whole, rest) = p.as_chunks_mut::<16>();
-    for chunk in whole {
+    for chunk in whole.iter_mut().skip(hidden / 16) {
         // a fixed 16 lanes: the polynomial vectorises
         for x in chunk.iter_mut() {
             *x = v_expf(*x - max);
@@ -447,13 +447,16 @@ fn attend_one(
         sum += reduce16(&lanes) as f64;
     }
     let inv = (1.0 / sum) as f32;
-    for x in p.iter_mut() {
+    for x in p.iter_mut().skip(hidden) {
         *x *= inv;
     }
+    // the hidden positions weigh exactly zero and come first, while every accumulator is
+    // still +0: leaving them out of `p·V` gives the same bits (a window of 512 over a
+    // 1,300-position history read every value row for each query before)
     if prompt {
-        weighted_sum_tinyblas(p, vals, hd, &mut s.acc, out);
+        weighted_sum_tinyblas(p, vals, hd, hidden, &mut s.acc, out);
     } else {
-        weighted_sum_vec_dot(p, vals, hd, &mut s.acc, out);
+        weighted_sum_vec_dot(p, vals, hd, hidden, &mut s.acc, out);
     }
 }
 
@@ -501,12 +504,20 @@ fn vec_dot_f32(x: &[f32], y: &[f32]) -> f32 {
 /// `out[d] = Σ_pos p[pos]·v[pos][d]` as tinyBLAS computes it for multi-token passes: per
 /// output one 16-lane accumulator over 16-position chunks in order, then reduced. (Positions
 /// beyond the last chunk's end contribute zeros in llama.cpp's padded cache.) The lanes are
-/// kept as 16 rows of `hd` so every step vectorizes along `d`.
+/// kept as 16 rows of `hd` so every step vectorizes along `d`. Positions before `first`
+/// (zero weights) are left out.
 #[inline(always)]
-fn weighted_sum_tinyblas(p: &[f32], vals: &[f32], hd: usize, acc: &mut Vec<f32>, out: &mut [f32]) {
+fn weighted_sum_tinyblas(
+    p: &[f32],
+    vals: &[f32],
+    hd: usize,
+    first: usize,
+    acc: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     acc.clear();
     acc.resize(16 * hd, 0.0);
-    for (pos, (pp, vrow)) in p.iter().zip(vals.chunks_exact(hd)).enumerate() {
+    for (pos, (pp, vrow)) in p.iter().zip(vals.chunks_exact(hd)).enumerate().skip(first) {
         let lane = &mut acc[(pos % 16) * hd..(pos % 16 + 1) * hd];
         for (a, x) in lane.iter_mut().zip(vrow) {
             *a = x.mul_add(*pp, *a);
@@ -517,13 +528,27 @@ fn weighted_sum_tinyblas(p: &[f32], vals: &[f32], hd: usize, acc: &mut Vec<f32>,
 
 /// The same sum as `ggml_vec_dot_f32` over positions (llama.cpp's single-token path): four
 /// accumulators of 16 lanes, `(s0+s2) + (s1+s3)`, then across lanes; leftovers one by one.
+/// Positions before `first` (zero weights) are left out.
 #[inline(always)]
-fn weighted_sum_vec_dot(p: &[f32], vals: &[f32], hd: usize, acc: &mut Vec<f32>, out: &mut [f32]) {
+fn weighted_sum_vec_dot(
+    p: &[f32],
+    vals: &[f32],
+    hd: usize,
+    first: usize,
+    acc: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     let np = p.len() & !63;
     acc.clear();
     acc.resize(64 * hd + 16 * hd, 0.0);
     let (slots, lanes) = acc.split_at_mut(64 * hd);
-    for (pos, (pp, vrow)) in p.iter().zip(vals.chunks_exact(hd)).enumerate().take(np) {
+    for (pos, (pp, vrow)) in p
+        .iter()
+        .zip(vals.chunks_exact(hd))
+        .enumerate()
+        .take(np)
+        .skip(first)
+    {
         let slot = pos % 64; // accumulator (pos / 16) % 4, lane pos % 16
         let row = &mut slots[slot * hd..(slot + 1) * hd];
         for (a, x) in row.iter_mut().zip(vrow) {
@@ -538,7 +563,7 @@ fn weighted_sum_vec_dot(p: &[f32], vals: &[f32], hd: usize, acc: &mut Vec<f32>, 
         }
     }
     reduce16_rows(lanes, hd, out);
-    for pos in np..p.len() {
+    for pos in np.max(first)..p.len() {
         let vrow = &vals[pos * hd..(pos + 1) * hd];
         for (o, x) in out.iter_mut().zip(vrow) {
             *o += x * p[pos];
@@ -669,6 +694,33 @@ mod tests {
         }
     }
 
+    /// ENG-BATCH-3: a local layer's hidden positions (the zero weights before the window)
+    /// left out of `p·V` give the bits of the sums over every position, both ways of summing,
+    /// for windows that end inside and at the edge of a 16- and 64-position block.
+    #[test]
+    fn positions_before_the_window_are_left_out_with_the_same_bits() {
+        let hd = 32;
+        let total = 300;
+        let vals: Vec<f32> = (0..total * hd).map(|i| (i as f32 * 0.11).cos()).collect();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for hidden in [0, 1, 15, 16, 63, 64, 65, 200, 256, 299] {
+            let mut p: Vec<f32> = (0..total)
+                .map(|i| ((i as f32 * 0.7).sin() + 1.1) / total as f32)
+                .collect();
+            for x in &mut p[..hidden] {
+                *x = 0.0;
+            }
+            let (mut acc, mut whole, mut skipped) = (Vec::new(), vec![0f32; hd], vec![0f32; hd]);
+            weighted_sum_tinyblas(&p, &vals, hd, 0, &mut acc, &mut whole);
+            weighted_sum_tinyblas(&p, &vals, hd, hidden, &mut acc, &mut skipped);
+            assert_eq!(bits(&skipped), bits(&whole), "tinyBLAS, {hidden} hidden");
+            let (mut whole, mut skipped) = (vec![0f32; hd], vec![0f32; hd]);
+            weighted_sum_vec_dot(&p, &vals, hd, 0, &mut acc, &mut whole);
+            weighted_sum_vec_dot(&p, &vals, hd, hidden, &mut acc, &mut skipped);
+            assert_eq!(bits(&skipped), bits(&whole), "vec_dot, {hidden} hidden");
+        }
+    }
+
     /// ENG-BATCH-3: a query's result does not depend on the pass it is in.
     #[test]
     fn matches_naive_attention_and_is_independent_of_the_pass() {
@@ -774,11 +826,18 @@ mod tests {
     }
 
     /// ENG-BATCH-3, ENG-PREFILL-1: the transposed prompt path gives the per-query path's bits
-    /// for every query, at any start, length and head size it takes, beside decode tokens.
+    /// for every query, at any start, length and head size it takes, beside decode tokens,
+    /// with and without a local layer's window (shorter than a block, a block, neither, and
+    /// longer than the spans).
     #[test]
     fn the_transposed_path_gives_the_per_query_bits() {
         let f = |i: usize| (((i * 2654435761) >> 7) % 2000) as f32 / 997.0 - 1.0;
-        for (hd, n_head, n_head_kv) in [(64, 9, 3), (128, 4, 2), (64, 2, 2)] {
+        let shapes = [(64, 9, 3), (128, 4, 2), (64, 2, 2)];
+        let windows = [None, Some(7), Some(16), Some(40), Some(512)];
+        for ((hd, n_head, n_head_kv), window) in shapes
+            .into_iter()
+            .flat_map(|s| windows.into_iter().map(move |w| (s, w)))
+        {
             let ctx = 300;
             let slots = 3;
             let d = Dims {
@@ -787,7 +846,7 @@ mod tests {
                 head_dim: hd,
                 ctx,
                 scale: 1.0 / (hd as f32).sqrt(),
-                window: None,
+                window,
                 softcap: None,
             };
             let cache = slots * n_head_kv * ctx * hd;
@@ -844,7 +903,10 @@ mod tests {
                         .zip(&reference)
                         .filter(|(a, b)| a.to_bits() != b.to_bits())
                         .count();
-                    assert_eq!(differ, 0, "{path:?}: hd {hd}, start {start}, t {t}");
+                    assert_eq!(
+                        differ, 0,
+                        "{path:?}: hd {hd}, start {start}, t {t}, window {window:?}"
+                    );
                 }
             }
         }

@@ -126,6 +126,11 @@ pub struct EngineSettings {
     /// waits between two tokens while a long prompt arrives); 0 = exactly
     /// `step_prompt_tokens` a pass.
     pub step_ms: u64,
+    /// With fixed chunks (`step_ms` 0), the most a pass beside decoding sequences spends on
+    /// prompt tokens (ms, over what the decoding tokens alone take; learned from the
+    /// passes): fewer prompt tokens than `step_prompt_tokens` go in where they would take
+    /// longer (at least one); 0 = no ceiling.
+    pub step_prompt_ms: u64,
     /// A chat template (Jinja) used over the model's own: a built-in by name
     /// (`builtin_templates.rs`) or a file, resolved by whoever configures the pool.
     pub chat_template: Option<String>,
@@ -146,6 +151,7 @@ impl Default for EngineSettings {
             prompt_cache_bytes: DEFAULT_PROMPT_CACHE_BYTES,
             step_prompt_tokens: DEFAULT_STEP_PROMPT_TOKENS,
             step_ms: DEFAULT_STEP_MS,
+            step_prompt_ms: DEFAULT_STEP_PROMPT_MS,
             chat_template: None,
             draft_tokens: 0,
         }
@@ -170,6 +176,9 @@ pub const DEFAULT_STEP_PROMPT_TOKENS: usize = 16;
 /// pass 150 ms: every pass then takes about the time, where fixed chunks take it only at the
 /// prompt's end; `ENG-CHUNK-3` in `.specs/engine.md`).
 pub const DEFAULT_STEP_MS: u64 = 0;
+/// Default most time (ms) a pass beside decoding sequences spends on prompt tokens
+/// (`ENG-CHUNK-6` in `.specs/engine.md`).
+pub const DEFAULT_STEP_PROMPT_MS: u64 = 25;
 
 impl EngineOptions {
     pub fn new(model_path: impl Into<PathBuf>) -> Self {

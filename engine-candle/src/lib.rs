@@ -64,7 +64,8 @@ pub use encoder_engine::{
 pub use engine::{
     configure_process_threads, served_context, CandleEngine, DeviceChoice, EngineOptions,
     EngineSettings, ModelInfo, DEFAULT_KV_CACHE_MAX_BYTES, DEFAULT_PROMPT_CACHE_BYTES,
-    DEFAULT_STEP_MS, DEFAULT_STEP_PROMPT_TOKENS, ENGINE_NAME, ENGINE_VERSION,
+    DEFAULT_STEP_MS, DEFAULT_STEP_PROMPT_MS, DEFAULT_STEP_PROMPT_TOKENS, ENGINE_NAME,
+    ENGINE_VERSION,
 };
 pub use error::{EngineError, Result};
 pub use hparams::{Activation, Hparams, RopeStyle, SlidingWindow};

@@ -292,6 +292,7 @@ impl Scheduler {
             step: StepBudget::new(
                 settings.step_prompt_tokens,
                 Duration::from_millis(settings.step_ms),
+                Duration::from_millis(settings.step_prompt_ms),
             ),
             free: (0..slots)
                 .map(|row| FreeRow {

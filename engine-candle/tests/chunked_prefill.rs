@@ -21,10 +21,17 @@ fn engine() -> CandleEngine {
 /// An engine whose passes beside a stream should take `step_ms` (0: exactly
 /// `step_prompt_tokens` prompt tokens a pass).
 fn engine_stepping(step_ms: u64) -> CandleEngine {
+    engine_with(step_ms, engine_candle::DEFAULT_STEP_PROMPT_MS)
+}
+
+/// An engine with a step time and, for fixed chunks, a ceiling (ms) on what a pass's prompt
+/// tokens add beside a stream.
+fn engine_with(step_ms: u64, step_prompt_ms: u64) -> CandleEngine {
     let mut opts = test_options();
     opts.slots = 2;
     opts.ctx = 2048;
     opts.settings.step_ms = step_ms;
+    opts.settings.step_prompt_ms = step_prompt_ms;
     CandleEngine::load(opts).expect("default model loads")
 }
 
@@ -118,6 +125,57 @@ fn a_long_prompt_goes_through_between_the_tokens_of_a_running_stream() {
     assert_eq!(
         ids, alone,
         "chunked beside a stream vs whole on an idle engine"
+    );
+    stop_stream.cancel();
+}
+
+/// ENG-CHUNK-6: with a ceiling on what a pass's prompt tokens may add beside a stream
+/// (here 1 ms, less than any prompt token of the default model costs on a CPU) the fixed
+/// chunks of 16 shrink to a token or two a pass: the stream gets a token for about every one
+/// or two of the prompt's, not every sixteen, and the answer is still the idle engine's.
+#[test]
+fn a_ceiling_on_the_prompts_time_shrinks_the_chunks_beside_a_stream() {
+    let _alone = ALONE.lock().unwrap_or_else(|e| e.into_inner());
+    let e = engine_with(0, 1);
+    let long = long_prompt(&e, "Story five.");
+    let alone = {
+        let idle = engine();
+        greedy(&idle, long.clone(), 8).ids
+    };
+    let (mut stream, stop_stream) =
+        start(&e, counting(&e), SamplingParams::default(), 2000, vec![]);
+    for _ in 0..5 {
+        assert!(matches!(next(&mut stream), SeqEvent::Token { .. }));
+    }
+    let (mut rx, _c) = start(&e, long.clone(), SamplingParams::default(), 8, vec![]);
+    let mut during = 0;
+    let mut ids = Vec::new();
+    loop {
+        while let Ok(ev) = stream.try_recv() {
+            assert!(matches!(ev, SeqEvent::Token { .. }), "{ev:?}");
+            if ids.is_empty() {
+                during += 1;
+            }
+        }
+        match rx.try_recv() {
+            Ok(SeqEvent::Token { id, .. }) => ids.push(id.expect("candle gives every token's id")),
+            Ok(SeqEvent::Done(_)) => break,
+            Ok(SeqEvent::Failed(m)) => panic!("{m}"),
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    // fixed chunks alone would give about len / 16 passes
+    assert!(
+        during >= long.len() / 4,
+        "the stream got {during} tokens while {} prompt tokens went through",
+        long.len()
+    );
+    assert_eq!(
+        ids, alone,
+        "one-token chunks beside a stream vs whole on an idle engine"
     );
     stop_stream.cancel();
 }

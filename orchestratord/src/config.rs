@@ -908,6 +908,12 @@ pub struct PoolConfig {
     /// `step_prompt_tokens` a pass.
     #[serde(default = "default_step_ms")]
     pub step_ms: u64,
+    /// With fixed chunks (`step_ms` 0), the most time (ms) a pass beside streaming tasks
+    /// spends on prompt tokens, over what their tokens alone take (learned from the pool's
+    /// passes): a long prompt's chunk gets fewer than `step_prompt_tokens` tokens where they
+    /// would take longer, so a stream's gap stays short on a larger model; 0 = no ceiling.
+    #[serde(default = "default_step_prompt_ms")]
+    pub step_prompt_ms: u64,
     /// A chat template over the model's own (llama-server's `--chat-template`): a built-in
     /// name (`chatml`, `llama3`, `gemma`, `mistral-v7`, `phi3`, … — an unknown name is refused
     /// with the list) or Jinja text.
@@ -950,6 +956,9 @@ fn default_step_prompt_tokens() -> usize {
 }
 fn default_step_ms() -> u64 {
     candle::DEFAULT_STEP_MS
+}
+fn default_step_prompt_ms() -> u64 {
+    candle::DEFAULT_STEP_PROMPT_MS
 }
 
 /// The compute threads' default nice steps: none. Decoding competes with the machine's other
@@ -1394,6 +1403,7 @@ impl PoolConfig {
             prompt_cache_mib: default_prompt_cache_mib(),
             step_prompt_tokens: default_step_prompt_tokens(),
             step_ms: default_step_ms(),
+            step_prompt_ms: default_step_prompt_ms(),
             chat_template: None,
             chat_template_file: None,
             draft_tokens: 0,
@@ -1450,6 +1460,7 @@ impl PoolConfig {
             prompt_cache_bytes: self.prompt_cache_mib << 20,
             step_prompt_tokens: self.step_prompt_tokens,
             step_ms: self.step_ms,
+            step_prompt_ms: self.step_prompt_ms,
             chat_template: self.chat_template_text()?,
             draft_tokens: self.draft_tokens,
         };

@@ -27,8 +27,8 @@ pub use engine_candle::model_facts::{inspect, FileFacts};
 pub use engine_candle::{
     builtin_template, builtin_template_names, configure_process_threads, lower_current_thread,
     DeviceChoice, EngineSettings as Settings, KvType, WeightFormat, DEFAULT_KV_CACHE_MAX_BYTES,
-    DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS, DEFAULT_STEP_PROMPT_TOKENS, ENCODER_ARCHITECTURES,
-    MAX_NICE,
+    DEFAULT_PROMPT_CACHE_BYTES, DEFAULT_STEP_MS, DEFAULT_STEP_PROMPT_MS,
+    DEFAULT_STEP_PROMPT_TOKENS, ENCODER_ARCHITECTURES, MAX_NICE,
 };
 
 /// A loaded candle model seen through the port.

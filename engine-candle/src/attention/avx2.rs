@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::transposed::{Block, Transposed};
+use super::transposed::{hidden_before, Block, Transposed};
 use super::LANES;
 
 /// Two registers: lanes 0..8 and 8..16.
@@ -78,6 +78,10 @@ pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
             *total = b.start + b.first + t0 + i + 1;
         }
         let most = totals[n - 1].div_ceil(LANES);
+        // positions before a local layer's window: −∞; the blocks before the tile's first
+        // query's window are left out (every query of the tile weighs them zero)
+        let hidden: [usize; TILE] = std::array::from_fn(|i| hidden_before(b.dims, totals[i]));
+        let lo = hidden[0] / LANES;
         let q = |i: usize| {
             let ti = b.first + t0 + i;
             &b.q[ti * hd..(ti + 1) * hd]
@@ -85,7 +89,7 @@ pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
         // scores, block by block of keys for all the tile's queries
         let ninf = _mm256_set1_ps(f32::NEG_INFINITY);
         let mut max = [V16(ninf, ninf); TILE];
-        for c in 0..most {
+        for c in lo..most {
             for i in 0..n {
                 let left = totals[i].saturating_sub(c * LANES);
                 if left == 0 {
@@ -93,11 +97,16 @@ pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
                 }
                 let s = score_block(q(i), b.keys, c);
                 let mut s = V16(_mm256_mul_ps(s.0, scale), _mm256_mul_ps(s.1, scale));
-                if left < LANES {
-                    // positions past the query's own: −∞ (their probability is 0)
+                let unseen = hidden[i].saturating_sub(c * LANES).min(LANES);
+                if left < LANES || unseen > 0 {
+                    // positions past the query's own or before its window: −∞ (their
+                    // probability is 0)
                     let mut a = [0f32; LANES];
                     store(s, &mut a);
-                    for x in &mut a[left..] {
+                    for x in &mut a[left.min(LANES)..] {
+                        *x = f32::NEG_INFINITY;
+                    }
+                    for x in &mut a[..unseen] {
                         *x = f32::NEG_INFINITY;
                     }
                     s = load(&a);
@@ -112,7 +121,7 @@ pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
             // the maximum is exact whatever the order
             let m = m.iter().copied().fold(f32::NEG_INFINITY, f32::max);
             let own = totals[i].div_ceil(LANES);
-            softmax(&mut probs[i * blocks..i * blocks + own], m);
+            softmax(&mut probs[i * blocks + lo..i * blocks + own], m);
         }
         // p·V, four outputs at a time for all the tile's queries, a span of positions at a
         // time: the span's values and the tile's probabilities stay in L1 while they are
@@ -123,7 +132,7 @@ pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
         let z = _mm256_setzero_ps();
         acc.clear();
         acc.resize(n * groups * 4, V16(z, z));
-        for c0 in (0..most).step_by(PV_SPAN_BLOCKS) {
+        for c0 in (lo..most).step_by(PV_SPAN_BLOCKS) {
             let c1 = most.min(c0 + PV_SPAN_BLOCKS);
             for g in 0..groups {
                 for i in 0..n {

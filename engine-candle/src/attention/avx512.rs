@@ -6,7 +6,7 @@
 
 use std::arch::x86_64::*;
 
-use super::transposed::{Block, Transposed};
+use super::transposed::{hidden_before, Block, Transposed};
 use super::LANES;
 
 /// Queries whose probabilities are kept together (as in `avx2.rs`).
@@ -52,6 +52,10 @@ pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
         }
         let own = |i: usize| totals[i].div_ceil(LANES);
         let most = own(n - 1);
+        // positions before a local layer's window: −∞; the blocks before the tile's first
+        // query's window are left out (every query of the tile weighs them zero)
+        let hidden: [usize; TILE] = std::array::from_fn(|i| hidden_before(b.dims, totals[i]));
+        let lo = hidden[0] / LANES;
         let q = |i: usize| {
             let ti = b.first + t0 + i;
             &b.q[ti * hd..(ti + 1) * hd]
@@ -59,7 +63,7 @@ pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
         // scores, block by block of keys for all the tile's queries, four at a time (a short
         // group repeats its last query; the repeats are not kept)
         let mut max = [ninf; TILE];
-        for c in 0..most {
+        for c in lo..most {
             for g0 in (0..n).step_by(GROUP) {
                 let g = GROUP.min(n - g0);
                 let s = score_blocks(std::array::from_fn(|j| q(g0 + j.min(g - 1))), b.keys, c);
@@ -74,6 +78,11 @@ pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
                         // positions past the query's own: −∞ (their probability is 0)
                         s = _mm512_mask_blend_ps(((1u32 << left) - 1) as __mmask16, ninf, s);
                     }
+                    let unseen = hidden[i].saturating_sub(c * LANES).min(LANES);
+                    if unseen > 0 {
+                        // positions before its window: −∞ too
+                        s = _mm512_mask_blend_ps(((1u32 << unseen) - 1) as __mmask16, s, ninf);
+                    }
                     max[i] = _mm512_max_ps(max[i], s);
                     _mm512_storeu_ps(probs[i * blocks + c].as_mut_ptr(), s);
                 }
@@ -84,7 +93,7 @@ pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
             _mm512_storeu_ps(m.as_mut_ptr(), *max);
             // the maximum is exact whatever the order
             let m = m.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            softmax(&mut probs[i * blocks..i * blocks + own(i)], m);
+            softmax(&mut probs[i * blocks + lo..i * blocks + own(i)], m);
         }
         // p·V, four outputs for four queries at a time, a span of positions at a time (see
         // `avx2.rs`); the group's common positions together, then each query's own rest: every
@@ -92,7 +101,7 @@ pub(super) unsafe fn queries(b: &Block<'_>, out: &mut [f32]) {
         let groups = hd / 4;
         acc.clear();
         acc.resize(n * groups * 4, _mm512_setzero_ps());
-        for c0 in (0..most).step_by(PV_SPAN_BLOCKS) {
+        for c0 in (lo..most).step_by(PV_SPAN_BLOCKS) {
             let c1 = most.min(c0 + PV_SPAN_BLOCKS);
             for g in 0..groups {
                 for g0 in (0..n).step_by(GROUP) {

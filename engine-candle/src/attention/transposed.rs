@@ -128,17 +128,44 @@ pub(super) fn queries(b: &Block<'_>, out: &mut [f32]) {
     for i in 0..b.count {
         let ti = b.first + i;
         let total = b.start + ti + 1;
-        let p = &mut probs[..total.div_ceil(LANES)];
-        scores(&b.q[ti * hd..(ti + 1) * hd], b.keys, total, b.dims.scale, p);
+        let hidden = hidden_before(b.dims, total);
+        // blocks wholly before a local layer's window weigh zero everywhere: left out
+        let lo = hidden / LANES;
+        let p = &mut probs[lo..total.div_ceil(LANES)];
+        scores(
+            &b.q[ti * hd..(ti + 1) * hd],
+            b.keys,
+            lo,
+            hidden..total,
+            b.dims.scale,
+            p,
+        );
         softmax(p);
-        weighted_sum(p, b.vals, hd, &mut out[i * hd..(i + 1) * hd]);
+        weighted_sum(p, b.vals, hd, lo, &mut out[i * hd..(i + 1) * hd]);
     }
 }
 
-/// `p[pos] = ggml_vec_dot_f32(q, k[pos]) · scale` for `pos < total`, −∞ for the padding.
+/// Positions a query whose history is `total` positions long does not see: those before a
+/// local layer's window (masked as ggml masks them: −∞ before the softmax, so they weigh
+/// exactly zero and, all coming first, leave every sum over positions as it was).
 #[inline(always)]
-fn scores(q: &[f32], keys: &Transposed, total: usize, scale: f32, p: &mut [[f32; LANES]]) {
+pub(super) fn hidden_before(d: &Dims, total: usize) -> usize {
+    d.window.map_or(0, |w| total.saturating_sub(w))
+}
+
+/// `p[c][l] = ggml_vec_dot_f32(q, k[pos]) · scale` for position `pos = 16·(lo + c) + l` in
+/// `seen`, −∞ for the others (hidden, or padding).
+#[inline(always)]
+fn scores(
+    q: &[f32],
+    keys: &Transposed,
+    lo: usize,
+    seen: std::ops::Range<usize>,
+    scale: f32,
+    p: &mut [[f32; LANES]],
+) {
     for (c, chunk) in p.iter_mut().enumerate() {
+        let c = lo + c;
         let p0 = c * LANES;
         // reduce16 over the lanes r[l] of 16 positions at once: t3[j] = r[j+8] + r[j],
         // t6[j] = t3[j+4] + t3[j], s = (t6[0] + t6[2]) + (t6[1] + t6[3])
@@ -146,7 +173,7 @@ fn scores(q: &[f32], keys: &Transposed, total: usize, scale: f32, p: &mut [[f32;
         let (u1, u3) = (t6(q, keys, c, 1), t6(q, keys, c, 3));
         for k in 0..LANES {
             let s = (u0[k] + u2[k]) + (u1[k] + u3[k]);
-            chunk[k] = if p0 + k < total {
+            chunk[k] = if seen.contains(&(p0 + k)) {
                 s * scale
             } else {
                 f32::NEG_INFINITY
@@ -211,14 +238,14 @@ fn softmax(p: &mut [[f32; LANES]]) {
 }
 
 /// tinyBLAS's `p·V`: per output one 16-lane accumulator over the positions in 16-position
-/// chunks, in order, then `reduce16`; four outputs at a time.
+/// chunks, in order, then `reduce16`; four outputs at a time. `p[c]` weighs block `lo + c`.
 #[inline(always)]
-fn weighted_sum(p: &[[f32; LANES]], vals: &Transposed, hd: usize, out: &mut [f32]) {
+fn weighted_sum(p: &[[f32; LANES]], vals: &Transposed, hd: usize, lo: usize, out: &mut [f32]) {
     for d0 in (0..hd).step_by(4) {
         let mut acc = [[0f32; LANES]; 4];
         for (c, pc) in p.iter().enumerate() {
             for (dd, a) in acc.iter_mut().enumerate() {
-                let row = vals.block(d0 + dd, c);
+                let row = vals.block(d0 + dd, lo + c);
                 for l in 0..LANES {
                     a[l] = row[l].mul_add(pc[l], a[l]);
                 }
