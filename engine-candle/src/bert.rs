@@ -113,7 +113,27 @@ impl BertHparams {
 /// A matmul weight and its bias.
 struct Affine {
     w: Linear,
-    b: Option<Tensor>,
+    b: Option<Bias>,
+}
+
+/// A bias: the tensor, and its values for the own CPU kernels (added as they write).
+struct Bias {
+    t: Tensor,
+    values: Vec<f32>,
+}
+
+impl Bias {
+    fn new(t: Tensor) -> Result<Self> {
+        let values = t
+            .flatten_all()?
+            .to_dtype(candle_core::DType::F32)?
+            .to_vec1()?;
+        Ok(Self { t, values })
+    }
+
+    fn pair(b: &Option<Bias>) -> Option<(&Tensor, &[f32])> {
+        b.as_ref().map(|b| (&b.t, b.values.as_slice()))
+    }
 }
 
 impl Affine {
@@ -121,7 +141,7 @@ impl Affine {
         let w = f.encoder_matmul(&format!("{name}.weight"), device, format)?;
         let bias = format!("{name}.bias");
         let b = if f.has(&bias) {
-            Some(f.dense(&bias, device)?)
+            Some(Bias::new(f.dense(&bias, device)?)?)
         } else {
             None
         };
@@ -170,7 +190,11 @@ impl Affine {
             None
         };
         let [bq, bk, bv] = match b {
-            Some([q, k, v]) => [Some(q), Some(k), Some(v)],
+            Some([q, k, v]) => [
+                Some(Bias::new(q)?),
+                Some(Bias::new(k)?),
+                Some(Bias::new(v)?),
+            ],
             None => [None, None, None],
         };
         Ok([
@@ -181,11 +205,8 @@ impl Affine {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let y = self.w.forward(x)?;
-        Ok(match &self.b {
-            Some(b) => y.broadcast_add(b)?,
-            None => y,
-        })
+        let [y] = Linear::forward_all_biased([&self.w], [Bias::pair(&self.b)], x)?;
+        Ok(y)
     }
 }
 
@@ -506,14 +527,11 @@ impl Bert {
     }
 
     fn qkv(&self, b: &Block, x: &Tensor) -> Result<[Tensor; 3]> {
-        let [q, k, v] = Linear::forward_all([&b.q.w, &b.k.w, &b.v.w], x)?;
-        let add = |t: Tensor, bias: &Option<Tensor>| -> Result<Tensor> {
-            Ok(match bias {
-                Some(bias) => t.broadcast_add(bias)?,
-                None => t,
-            })
-        };
-        Ok([add(q, &b.q.b)?, add(k, &b.k.b)?, add(v, &b.v.b)?])
+        Ok(Linear::forward_all_biased(
+            [&b.q.w, &b.k.w, &b.v.w],
+            [Bias::pair(&b.q.b), Bias::pair(&b.k.b), Bias::pair(&b.v.b)],
+            x,
+        )?)
     }
 
     /// A reranker's scores of a pooled first token (`cls` then tanh, then `cls.output`, as

@@ -128,23 +128,65 @@ pub(crate) trait QuantRows: Sync {
 /// to Q8_1 once and one parallel job covers the rows of all the weights. Returns each
 /// weight's `m × n_i` result. A result does not depend on which weights come together.
 pub(crate) fn quantized_matmuls(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> Vec<Vec<f32>> {
+    quantized_affine(ws, &[], x, m)
+}
+
+/// [`quantized_matmuls`] plus a bias per weight where `biases` has one (`biases[i]`: weight
+/// `i`'s `n` values, added to every row; a short `biases` leaves the rest without), added
+/// as each result is written — the bits of adding it after (one f32 addition either way),
+/// without another pass over the result.
+pub(crate) fn quantized_affine(
+    ws: &[&dyn QuantRows],
+    biases: &[Option<&[f32]>],
+    x: &[f32],
+    m: usize,
+) -> Vec<Vec<f32>> {
     let Some(k) = ws.first().map(|w| w.k()) else {
         return Vec::new();
     };
     assert!(ws.iter().all(|w| w.k() == k) && x.len() == m * k);
+    let bias = |i: usize| biases.get(i).copied().flatten();
+    assert!((0..ws.len()).all(|i| bias(i).is_none_or(|b| b.len() == ws[i].n())));
     let dense: Option<Vec<&crate::dense_cpu::DenseRows>> = ws.iter().map(|w| w.dense()).collect();
     if let Some(dense) = dense {
-        return crate::dense_cpu::matmuls(&dense, x, m);
+        let mut outs = crate::dense_cpu::matmuls(&dense, x, m);
+        for (i, out) in outs.iter_mut().enumerate() {
+            if let Some(b) = bias(i) {
+                add_to_rows(out, b);
+            }
+        }
+        return outs;
     }
-    let (cols, starts) = columns(ws, x, m);
+    let (mut cols, starts) = columns(ws, x, m);
     if m == 1 && ws.len() == 1 {
         // one row of one weight: the kernels' output is the result
+        if let Some(b) = bias(0) {
+            add_to_rows(&mut cols, b);
+        }
         return vec![cols];
     }
     ws.iter()
         .zip(&starts)
-        .map(|(w, &s0)| transposed(&cols, s0, w.n(), m))
+        .enumerate()
+        .map(|(i, (w, &s0))| transposed(&cols, s0, w.n(), m, bias(i)))
         .collect()
+}
+
+/// `b` added to every row of `out` (rows of `b.len()`), large results split among the workers.
+fn add_to_rows(out: &mut [f32], b: &[f32]) {
+    let n = b.len().max(1);
+    let m = out.len() / n;
+    let rows = match out.len() >= 64 << 10 {
+        true => m.div_ceil(2 * current_workers()),
+        false => m,
+    };
+    par_chunks_mut(out, rows.max(1) * n, |_, dst| {
+        for row in dst.chunks_exact_mut(n) {
+            for (y, b) in row.iter_mut().zip(b) {
+                *y += b;
+            }
+        }
+    });
 }
 
 /// One weight's [`quantized_matmuls`] as `m` rows of `n` (the logits, one row a sequence):
@@ -254,31 +296,53 @@ fn columns(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> (Vec<f32>, Vec<usize>)
 /// Columns of `cols` a transposition reads at a time (their rows stay in L1).
 const TRANSPOSED_COLUMNS: usize = 32;
 
-/// The `m × n` result of weight rows `s0..s0 + n` from `cols` (`cols[g · m + r]`): in blocks
-/// of 32 columns, so the rows of `cols` read stay in L1 and the writes are contiguous; large
-/// results split by rows among the workers.
-fn transposed(cols: &[f32], s0: usize, n: usize, m: usize) -> Vec<f32> {
+/// The `m × n` result of weight rows `s0..s0 + n` from `cols` (`cols[g · m + r]`), plus
+/// `bias` where given: in blocks of 32 columns, so the rows of `cols` read stay in L1 and the
+/// writes are contiguous; large results split by rows among the workers.
+fn transposed(cols: &[f32], s0: usize, n: usize, m: usize, bias: Option<&[f32]>) -> Vec<f32> {
     const COLUMNS: usize = TRANSPOSED_COLUMNS;
     if m == 1 {
-        return cols[s0..s0 + n].to_vec();
+        let mut out = cols[s0..s0 + n].to_vec();
+        if let Some(b) = bias {
+            add_to_rows(&mut out, b);
+        }
+        return out;
     }
-    let mut out = vec![0f32; m * n];
     let rows = match m * n >= 64 << 10 {
         true => m.div_ceil(2 * current_workers()),
         false => m,
     };
-    par_chunks_mut(&mut out, rows * n, |c, dst| {
-        let r0 = c * rows;
-        for jb in (0..n).step_by(COLUMNS) {
-            let cols_of = |j: usize| &cols[(s0 + j) * m + r0..];
-            let je = (jb + COLUMNS).min(n);
-            for (rr, row) in dst.chunks_exact_mut(n).enumerate() {
-                for (j, v) in row[jb..je].iter_mut().enumerate() {
-                    *v = cols_of(jb + j)[rr];
+    // written once by the workers, not zeroed first (an encoder's 282 rows × 1,536: zeroed
+    // on one thread, that was ~7 % of a batch of short inputs)
+    let mut out: Vec<f32> = Vec::with_capacity(m * n);
+    par_chunks_mut(
+        &mut out.spare_capacity_mut()[..m * n],
+        rows * n,
+        |c, dst| {
+            let r0 = c * rows;
+            for jb in (0..n).step_by(COLUMNS) {
+                let cols_of = |j: usize| &cols[(s0 + j) * m + r0..];
+                let je = (jb + COLUMNS).min(n);
+                for (rr, row) in dst.chunks_exact_mut(n).enumerate() {
+                    match bias {
+                        Some(b) => {
+                            for (j, v) in row[jb..je].iter_mut().enumerate() {
+                                v.write(cols_of(jb + j)[rr] + b[jb + j]);
+                            }
+                        }
+                        None => {
+                            for (j, v) in row[jb..je].iter_mut().enumerate() {
+                                v.write(cols_of(jb + j)[rr]);
+                            }
+                        }
+                    }
                 }
             }
-        }
-    });
+        },
+    );
+    // SAFETY: every chunk's rows were written in every column (`jb` covers `0..n`, `rr`
+    // every row of the chunk, the chunks every row of `0..m`).
+    unsafe { out.set_len(m * n) };
     out
 }
 
@@ -372,10 +436,23 @@ mod tests {
         for (m, n, s0) in [(3, 10, 0), (1, 7, 2), (70, 1001, 5), (130, 520, 0)] {
             let total = s0 + n + 3;
             let cols: Vec<f32> = (0..total * m).map(|i| i as f32).collect();
-            let out = transposed(&cols, s0, n, m);
+            let out = transposed(&cols, s0, n, m, None);
             for r in 0..m {
                 for j in 0..n {
                     assert_eq!(out[r * n + j], cols[(s0 + j) * m + r], "{m}x{n} @{r},{j}");
+                }
+            }
+            // a bias added as the result is written: the bits of adding it after
+            let bias: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin()).collect();
+            let biased = transposed(&cols, s0, n, m, Some(&bias));
+            for r in 0..m {
+                for j in 0..n {
+                    let want = cols[(s0 + j) * m + r] + bias[j];
+                    assert_eq!(
+                        biased[r * n + j].to_bits(),
+                        want.to_bits(),
+                        "{m}x{n} @{r},{j}"
+                    );
                 }
             }
             // the logits' form: the whole of cols, a vector a row

@@ -198,6 +198,26 @@ mod tests {
                 .collect();
             let rows: Vec<&dyn QuantRows> = ws.iter().map(|(_, d)| d as &dyn QuantRows).collect();
             let outs = crate::cpu_quant::quantized_matmuls(&rows, &x, m);
+            // biases added to the first and last weights: the bits of adding them after
+            let biases: Vec<Vec<f32>> = ns
+                .iter()
+                .map(|&n| (0..n).map(|j| j as f32 * 0.01 - 0.2).collect())
+                .collect();
+            let given: Vec<Option<&[f32]>> = (0..ns.len())
+                .map(|i| (i == 0 || i + 1 == ns.len()).then_some(biases[i].as_slice()))
+                .collect();
+            let biased = crate::cpu_quant::quantized_affine(&rows, &given, &x, m);
+            for (i, (out, b)) in outs.iter().zip(&biased).enumerate() {
+                let n = ns[i];
+                let want: Vec<f32> = match given[i] {
+                    Some(bias) => out
+                        .chunks(n)
+                        .flat_map(|row| row.iter().zip(bias).map(|(y, b)| y + b))
+                        .collect(),
+                    None => out.clone(),
+                };
+                assert_eq!(b, &want, "weight {i}");
+            }
             for ((w, _), (out, &n)) in ws.iter().zip(outs.iter().zip(&ns)) {
                 assert_eq!(out.len(), m * n);
                 for r in 0..m {

@@ -367,5 +367,17 @@ mod tests {
         let both = quantized_matmuls(&[&a, &b], &x, 5);
         assert_eq!(both[0], quantized_matmuls(&[&a], &x, 5)[0]);
         assert_eq!(both[1], quantized_matmuls(&[&b], &x, 5)[0]);
+        // a bias for the second weight only, added as the results are written: the bits of
+        // adding it after; and one row of one weight (its own path)
+        let bias: Vec<f32> = (0..24).map(|j| (j as f32 * 0.7).cos()).collect();
+        let biased = crate::cpu_quant::quantized_affine(&[&a, &b], &[None, Some(&bias)], &x, 5);
+        assert_eq!(biased[0], both[0]);
+        let after: Vec<f32> = both[1]
+            .chunks(24)
+            .flat_map(|row| row.iter().zip(&bias).map(|(y, b)| y + b))
+            .collect();
+        assert_eq!(biased[1], after);
+        let one = crate::cpu_quant::quantized_affine(&[&b], &[Some(&bias)], &x[..64], 1);
+        assert_eq!(one[0], after[..24]);
     }
 }

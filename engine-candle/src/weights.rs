@@ -7,7 +7,7 @@ use std::path::Path;
 use candle_core::quantized::{gguf_file, GgmlDType, QMatMul, QTensor};
 use candle_core::{Device, Module, Tensor};
 
-use crate::cpu_quant::{quantized_matmuls, QuantRows};
+use crate::cpu_quant::{quantized_affine, QuantRows};
 use crate::dense_cpu::DenseRows;
 use crate::error::{message_of, EngineError, Result};
 use crate::hparams::Hparams;
@@ -80,9 +80,13 @@ fn cpu_input(
     Ok((dims, m, x.flatten_all()?.to_vec1::<f32>()?))
 }
 
-fn cpu_matmuls(x: &Tensor, ws: &[&dyn QuantRows]) -> candle_core::Result<Vec<Tensor>> {
+fn cpu_matmuls(
+    x: &Tensor,
+    ws: &[&dyn QuantRows],
+    biases: &[Option<&[f32]>],
+) -> candle_core::Result<Vec<Tensor>> {
     let (dims, m, xs) = cpu_input(x, ws)?;
-    quantized_matmuls(ws, &xs, m)
+    quantized_affine(ws, biases, &xs, m)
         .into_iter()
         .zip(ws)
         .map(|(out, w)| {
@@ -110,7 +114,7 @@ impl Linear {
     /// `x[.., k]` times the weight's transpose: `[.., n]`.
     pub fn forward(&self, x: &Tensor) -> candle_core::Result<Tensor> {
         match (self, self.cpu_rows()) {
-            (_, Some(w)) => Ok(cpu_matmuls(x, &[w])?.remove(0)),
+            (_, Some(w)) => Ok(cpu_matmuls(x, &[w], &[])?.remove(0)),
             (Self::Candle(q), None) => q.forward(x),
             (Self::Dense(w), None) => x.broadcast_matmul(&w.t()?),
             _ => candle_core::bail!("matmul: weight without a kernel"),
@@ -136,12 +140,29 @@ impl Linear {
         ls: [&Linear; N],
         x: &Tensor,
     ) -> candle_core::Result<[Tensor; N]> {
+        Self::forward_all_biased(ls, [None; N], x)
+    }
+
+    /// [`Self::forward_all`] plus each weight's bias where given (the tensor, and its values
+    /// for the own CPU kernels, which add it as they write the result).
+    pub fn forward_all_biased<const N: usize>(
+        ls: [&Linear; N],
+        biases: [Option<(&Tensor, &[f32])>; N],
+        x: &Tensor,
+    ) -> candle_core::Result<[Tensor; N]> {
         let rows: Option<Vec<&dyn QuantRows>> = ls.iter().map(|l| l.cpu_rows()).collect();
         let outs = match rows {
-            Some(ws) => cpu_matmuls(x, &ws)?,
+            Some(ws) => cpu_matmuls(x, &ws, &biases.map(|b| b.map(|(_, v)| v)))?,
             None => ls
                 .iter()
-                .map(|l| l.forward(x))
+                .zip(biases)
+                .map(|(l, b)| {
+                    let y = l.forward(x)?;
+                    match b {
+                        Some((t, _)) => y.broadcast_add(t),
+                        None => Ok(y),
+                    }
+                })
                 .collect::<candle_core::Result<_>>()?,
         };
         outs.try_into()
