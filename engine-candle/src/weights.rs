@@ -65,29 +65,39 @@ pub(crate) enum Linear {
     Float(DenseRows),
 }
 
-/// `x[.., k]` through own CPU kernels, several weights sharing `k` at once: `[.., n_i]` each.
-/// `x[.., k]` for the own CPU kernels of `ws`: its leading dims, its `m` rows, its floats.
-fn cpu_input(
+/// `f(dims, m, floats)` of `x[.., k]` for the own CPU kernels of `ws`: its leading dims, its
+/// `m` rows and its floats — borrowed where `x` is a contiguous f32 CPU tensor (an encoder's
+/// 282 × 1,536 activations were copied out on one thread before every matmul), else copied.
+fn with_cpu_input<R>(
     x: &Tensor,
     ws: &[&dyn QuantRows],
-) -> candle_core::Result<(Vec<usize>, usize, Vec<f32>)> {
+    f: impl FnOnce(Vec<usize>, usize, &[f32]) -> R,
+) -> candle_core::Result<R> {
     let mut dims = x.dims().to_vec();
     let k = dims.pop().unwrap_or(0);
     if let Some(w) = ws.iter().find(|w| w.k() != k) {
         candle_core::bail!("matmul: input has {k} columns, weight has {}", w.k());
     }
     let m: usize = dims.iter().product();
-    Ok((dims, m, x.flatten_all()?.to_vec1::<f32>()?))
+    let mut f = Some(f);
+    let mut call = |xs: &[f32]| f.take().map(|f| f(dims.clone(), m, xs));
+    if let Some(Some(r)) = crate::cpu_tensor::with_f32(x, &mut call) {
+        return Ok(r);
+    }
+    let xs = x.flatten_all()?.to_vec1::<f32>()?;
+    call(&xs).ok_or_else(|| candle_core::Error::Msg("matmul: input taken twice".into()))
 }
 
+/// `x[.., k]` through own CPU kernels, several weights sharing `k` at once: `[.., n_i]` each.
 fn cpu_matmuls(
     x: &Tensor,
     ws: &[&dyn QuantRows],
     biases: &[Option<&[f32]>],
 ) -> candle_core::Result<Vec<Tensor>> {
-    let (dims, m, xs) = cpu_input(x, ws)?;
-    quantized_affine(ws, biases, &xs, m)
-        .into_iter()
+    let (dims, outs) = with_cpu_input(x, ws, |dims, m, xs| {
+        (dims, quantized_affine(ws, biases, xs, m))
+    })?;
+    outs.into_iter()
         .zip(ws)
         .map(|(out, w)| {
             let mut d = dims.clone();
@@ -130,8 +140,9 @@ impl Linear {
                 .to_dtype(candle_core::DType::F32)?
                 .to_vec2();
         };
-        let (_, m, xs) = cpu_input(x, &[w])?;
-        Ok(crate::cpu_quant::quantized_rows(w, &xs, m))
+        with_cpu_input(x, &[w], |_, m, xs| {
+            crate::cpu_quant::quantized_rows(w, xs, m)
+        })
     }
 
     /// `x` times several weights: with own CPU kernels in one pass (the activations are
