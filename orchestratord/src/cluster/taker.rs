@@ -411,7 +411,10 @@ impl TaskPath {
     pub(super) async fn relay_run(self: Arc<Self>, state: Arc<Lifecycle>, mut run: Run) {
         let task = run.task.clone();
         let mut changes = task.subscribe();
-        let mut progress = tokio::time::interval(self.ack_wait / 4);
+        // the first acknowledgement of progress a quarter of `ack_wait` after the take (an
+        // interval's first tick is at once: a short task paid a replicated write for nothing)
+        let every = self.ack_wait / 4;
+        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let outcome = loop {
             // the admitted task ended here (its client's cancel or disconnect): that `end`

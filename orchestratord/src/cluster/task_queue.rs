@@ -155,9 +155,10 @@ impl ClusterQueue {
             if !name.starts_with(STREAM_PREFIX) {
                 continue;
             }
+            // the subjects' counts come with their own look: no stream info asked first
             let stream = self
                 .js
-                .get_stream(&name)
+                .get_stream_no_info(&name)
                 .await
                 .map_err(ClusterError::jetstream)?;
             let mut subjects = stream
