@@ -70,6 +70,35 @@ fn next(rx: &mut tokio::sync::mpsc::Receiver<SeqEvent>) -> SeqEvent {
     }
 }
 
+/// The running `stream`'s tokens until the long prompt (`rx`) gave its first event, and the
+/// long prompt's answer to its end (failing the test after five minutes).
+fn answer_beside(
+    stream: &mut tokio::sync::mpsc::Receiver<SeqEvent>,
+    rx: &mut tokio::sync::mpsc::Receiver<SeqEvent>,
+) -> (usize, Vec<u32>) {
+    let until = Instant::now() + Duration::from_secs(300);
+    let mut during = 0;
+    let mut ids = Vec::new();
+    loop {
+        while let Ok(ev) = stream.try_recv() {
+            assert!(matches!(ev, SeqEvent::Token { .. }), "{ev:?}");
+            if ids.is_empty() {
+                during += 1;
+            }
+        }
+        match rx.try_recv() {
+            Ok(SeqEvent::Token { id, .. }) => ids.push(id.expect("candle gives every token's id")),
+            Ok(SeqEvent::Done(_)) => return (during, ids),
+            Ok(SeqEvent::Failed(m)) => panic!("{m}"),
+            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                assert!(Instant::now() < until, "no answer in five minutes");
+                std::thread::sleep(Duration::from_millis(1))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
 /// ENG-CHUNK-1: while a long prompt goes through, a running stream keeps getting tokens
 /// (one per pass: with no step time the prompt takes exactly `step_prompt_tokens` per pass
 /// beside it), and the long prompt's answer is token for token what it is on an idle engine,
@@ -92,36 +121,13 @@ fn a_long_prompt_goes_through_between_the_tokens_of_a_running_stream() {
     }
     let (mut rx, _c) = start(&e, long.clone(), SamplingParams::default(), 8, vec![]);
     // the stream's tokens until the long prompt's first token
-    let mut during = 0;
-    let first = loop {
-        while let Ok(ev) = stream.try_recv() {
-            assert!(matches!(ev, SeqEvent::Token { .. }), "{ev:?}");
-            during += 1;
-        }
-        match rx.try_recv() {
-            Ok(ev) => break ev,
-            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("{e}"),
-        }
-    };
+    let (during, ids) = answer_beside(&mut stream, &mut rx);
     let passes = long.len() / engine_candle::DEFAULT_STEP_PROMPT_TOKENS;
     assert!(
         during >= passes / 2,
         "the stream got {during} tokens while {} prompt tokens went through (≈{passes} passes)",
         long.len()
     );
-    let mut ids = Vec::new();
-    let mut ev = first;
-    loop {
-        match ev {
-            SeqEvent::Token { id, .. } => ids.push(id.expect("candle gives every token's id")),
-            SeqEvent::Done(_) => break,
-            SeqEvent::Failed(m) => panic!("{m}"),
-        }
-        ev = next(&mut rx);
-    }
     assert_eq!(
         ids, alone,
         "chunked beside a stream vs whole on an idle engine"
@@ -148,25 +154,7 @@ fn a_ceiling_on_the_prompts_time_shrinks_the_chunks_beside_a_stream() {
         assert!(matches!(next(&mut stream), SeqEvent::Token { .. }));
     }
     let (mut rx, _c) = start(&e, long.clone(), SamplingParams::default(), 8, vec![]);
-    let mut during = 0;
-    let mut ids = Vec::new();
-    loop {
-        while let Ok(ev) = stream.try_recv() {
-            assert!(matches!(ev, SeqEvent::Token { .. }), "{ev:?}");
-            if ids.is_empty() {
-                during += 1;
-            }
-        }
-        match rx.try_recv() {
-            Ok(SeqEvent::Token { id, .. }) => ids.push(id.expect("candle gives every token's id")),
-            Ok(SeqEvent::Done(_)) => break,
-            Ok(SeqEvent::Failed(m)) => panic!("{m}"),
-            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let (during, ids) = answer_beside(&mut stream, &mut rx);
     // fixed chunks alone would give about len / 16 passes
     assert!(
         during >= long.len() / 4,
@@ -202,25 +190,7 @@ fn a_step_time_grows_the_chunks_beside_a_stream() {
     // drain what came meanwhile: counted from here on, the passes beside the prompt
     while stream.try_recv().is_ok() {}
     let (mut rx, _c) = start(&e, long.clone(), SamplingParams::default(), 8, vec![]);
-    let mut during = 0;
-    let mut ids = Vec::new();
-    loop {
-        while let Ok(ev) = stream.try_recv() {
-            assert!(matches!(ev, SeqEvent::Token { .. }), "{ev:?}");
-            if ids.is_empty() {
-                during += 1;
-            }
-        }
-        match rx.try_recv() {
-            Ok(SeqEvent::Token { id, .. }) => ids.push(id.expect("candle gives every token's id")),
-            Ok(SeqEvent::Done(_)) => break,
-            Ok(SeqEvent::Failed(m)) => panic!("{m}"),
-            Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
-                std::thread::sleep(Duration::from_millis(1))
-            }
-            Err(e) => panic!("{e}"),
-        }
-    }
+    let (during, ids) = answer_beside(&mut stream, &mut rx);
     let whole_chunks = long.len().div_ceil(256);
     assert!(
         (whole_chunks..=12).contains(&during),
