@@ -78,8 +78,12 @@ const MAX_PENDING_HEAD_STARTS: usize = 4096;
 /// How long the admitting replica's take waits for the task it just put in the queue: the
 /// queue's consumer may live on another NATS node than the stream's leader and see the task
 /// a moment after the stream took it (a take that only looks would find the queue empty and
-/// leave the task to another replica's next look). Ends as soon as a task comes.
-const TAKE_ADMITTED_WITHIN: Duration = Duration::from_millis(50);
+/// leave the task to another replica's next look). Ends as soon as a task comes. On two cores
+/// that also run three NATS nodes and real models, the consumer's node saw the task more than
+/// 50 ms after the stream took it (`cache_placement`'s conversation then went to the other
+/// replica, whose head start had just ended): a longer wait costs only the admission that
+/// loses its task to another replica's take in that moment.
+const TAKE_ADMITTED_WITHIN: Duration = Duration::from_millis(250);
 
 impl TaskPath {
     /// Opens the relay (its stream created by the first replica) for `cluster`.
