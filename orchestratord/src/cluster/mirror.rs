@@ -57,7 +57,7 @@ impl TaskPath {
                         if apply(&state, &task, &r) {
                             // ended by this event, or here meanwhile (a cancel that came
                             // beside it: `select!` may take either first)
-                            if WireEvent::decode(&r.payload).is_some_and(|w| w.is_terminal()) {
+                            if WireEvent::ends_task(&r.payload) {
                                 tracing::debug!(task_id = %task.id, id = r.id, "cluster: a followed task ended on the relay");
                                 return;
                             }
@@ -173,7 +173,8 @@ impl TaskPath {
             Ok(Some(Err(e))) => return Err(unavailable(e)),
             _ => return Ok(None),
         };
-        let Some(wire) = WireEvent::decode(&first.payload) else {
+        let wires = WireEvent::decode_all(&first.payload);
+        let Some((wire, with_it)) = wires.split_first() else {
             return Ok(None);
         };
         let (Some(handoff), Some(started @ TaskEvent::Started(_))) =
@@ -187,6 +188,10 @@ impl TaskPath {
         let task = relayed_task::build(state, handoff, Purpose::Follow).await?;
         if let TaskEvent::Started(s) = started {
             task.push_started(s);
+        }
+        // what came in one message with it (a `started` is appended alone today)
+        for w in with_it {
+            apply_one(state, &task, w, first.at);
         }
         match state.tasks.insert(task.clone()) {
             Inserted::New => {}
@@ -223,18 +228,22 @@ impl TaskPath {
     }
 }
 
-/// Applies one relayed event to `task`, timed when the relay stored it; true once the task
-/// has ended.
+/// Applies one relayed message's events to `task`, timed when the relay stored it; true once
+/// the task has ended.
 fn apply(state: &Lifecycle, task: &Task, relayed: &Relayed) -> bool {
-    let at = relayed.at;
-    let Some(wire) = WireEvent::decode(&relayed.payload) else {
-        return false;
-    };
+    for wire in WireEvent::decode_all(&relayed.payload) {
+        apply_one(state, task, &wire, relayed.at);
+    }
+    task.is_terminal()
+}
+
+/// Applies one relayed event to `task`, timed at `at`.
+fn apply_one(state: &Lifecycle, task: &Task, wire: &WireEvent, at: std::time::Instant) {
     if let Some(placed) = wire.placed.clone() {
         task.mark_placed_elsewhere(placed);
     }
     let Some(ev) = wire.to_event() else {
-        return false;
+        return;
     };
     match ev {
         TaskEvent::Started(s) => task.push_started(s),
@@ -250,5 +259,4 @@ fn apply(state: &Lifecycle, task: &Task, relayed: &Relayed) -> bool {
             state.end_relayed(task, end, at);
         }
     }
-    task.is_terminal()
 }

@@ -32,6 +32,11 @@ const STARTED_WAIT: Duration = Duration::from_secs(15);
 const PUBLISH_FOR: Duration = Duration::from_secs(5);
 /// How long a taken task waits for the slots the pool's load-time measurement gives up.
 const MEASUREMENT_GIVES_WAY: Duration = Duration::from_secs(2);
+/// Events in one relay message at most (what a run had pending while its last append was
+/// answered goes in one write).
+const BATCH_EVENTS: usize = 64;
+/// A relay message stops taking events past this many bytes of them (NATS takes 1 MiB).
+const BATCH_BYTES: usize = 128 << 10;
 
 impl TaskPath {
     /// Starts taking tasks for each pool of this replica (and for pools added later).
@@ -249,8 +254,10 @@ impl TaskPath {
             }
         };
         // only its `started` so far (a task taken the first time): that is the history
-        if let Some(w) = WireEvent::decode(&last.payload).filter(|w| w.event == "started") {
-            return (vec![w], last.id);
+        if let [w] = WireEvent::decode_all(&last.payload).as_slice() {
+            if w.event == "started" {
+                return (vec![w.clone()], last.id);
+            }
         }
         let last = last.id;
         let Ok(events) = self.relay.follow(task_id, 0).await else {
@@ -259,9 +266,7 @@ impl TaskPath {
         let mut events = Box::pin(events);
         let mut out = Vec::new();
         while let Ok(Some(Ok(r))) = tokio::time::timeout(STARTED_WAIT, events.next()).await {
-            if let Some(w) = WireEvent::decode(&r.payload) {
-                out.push(w);
-            }
+            out.extend(WireEvent::decode_all(&r.payload));
             if r.id >= last {
                 return (out, r.id);
             }
@@ -475,9 +480,7 @@ impl TaskPath {
                     .await
                     .ok()
                     .flatten()
-                    .is_some_and(|r| {
-                        WireEvent::decode(&r.payload).is_some_and(|w| w.is_terminal())
-                    });
+                    .is_some_and(|r| WireEvent::ends_task(&r.payload));
                 tracing::info!(task_id = %task.id, ended, "cluster: another replica appended to the task; stopped here");
                 if ended {
                     let _ = self.let_go(run.taken).await;
@@ -491,8 +494,9 @@ impl TaskPath {
         }
     }
 
-    /// Appends `events` after `run.last` (each given to the run's follower once appended),
-    /// moving `run.from` past each; stops before the next while the follower has ended here.
+    /// Appends `events` after `run.last`, as few messages as the bounds of one allow (each
+    /// message given to the run's follower once appended), moving `run.from` past them; stops
+    /// before the next message while the follower has ended here.
     async fn append_all(
         &self,
         state: &Lifecycle,
@@ -501,17 +505,14 @@ impl TaskPath {
     ) -> Appending {
         let task_id = run.task.id.clone();
         let task_id = task_id.as_str();
-        for ev in events {
+        let mut rest = events;
+        while !rest.is_empty() {
             if run.follower.as_ref().is_some_and(|f| f.is_terminal()) {
                 return Appending::More;
             }
-            run.from += 1;
-            let mut wire = WireEvent::of(ev);
-            if !run.placed_said {
-                wire.placed = run.task.placement(self.cluster.replica());
-                run.placed_said = wire.placed.is_some();
-            }
-            let payload = wire.encode();
+            let (batch, ends) = self.next_batch(run, &mut rest);
+            let count = batch.len() as u64;
+            let payload = WireEvent::encode_all(&batch);
             let until = tokio::time::Instant::now() + PUBLISH_FOR;
             let appended = loop {
                 match self
@@ -539,7 +540,7 @@ impl TaskPath {
             match appended {
                 Appended::At(id) | Appended::Duplicate(id) => {
                     run.last = id;
-                    run.n += 1;
+                    run.n += count;
                     if let Some(f) = &run.follower {
                         let relayed = Relayed {
                             id,
@@ -551,11 +552,34 @@ impl TaskPath {
                 }
                 Appended::Superseded => return Appending::Lost,
             }
-            if matches!(ev, TaskEvent::End(_) | TaskEvent::Error(_)) {
+            if ends {
                 return Appending::Ended;
             }
         }
         Appending::More
+    }
+
+    /// The next relay message's events from the front of `rest` (moving `rest` and
+    /// `run.from` past them): at most [`BATCH_EVENTS`] and about [`BATCH_BYTES`], and none
+    /// after a terminal event; whether it holds the terminal.
+    fn next_batch(&self, run: &mut Run, rest: &mut &[TaskEvent]) -> (Vec<WireEvent>, bool) {
+        let (mut batch, mut bytes, mut ends) = (Vec::new(), 0usize, false);
+        while let Some((ev, after)) = rest.split_first() {
+            let mut wire = WireEvent::of(ev);
+            if !run.placed_said {
+                wire.placed = run.task.placement(self.cluster.replica());
+                run.placed_said = wire.placed.is_some();
+            }
+            bytes += wire.data.to_string().len();
+            batch.push(wire);
+            *rest = after;
+            run.from += 1;
+            ends = matches!(ev, TaskEvent::End(_) | TaskEvent::Error(_));
+            if ends || batch.len() >= BATCH_EVENTS || bytes >= BATCH_BYTES {
+                break;
+            }
+        }
+        (batch, ends)
     }
 }
 

@@ -5,6 +5,12 @@
 //! admitting replica's `started`, which carries the handoff; the replica running the task
 //! appends the rest. Every replica following the task keeps them in that order, so an event's
 //! id (its position, as the SSE routes give it) is the same on every replica.
+//!
+//! A relay message holds one event or several in order (a JSON object, or an array of them):
+//! a run appends at once what it has pending when its previous append is answered, so a burst
+//! of events (a short task's last token, `metrics` and `end`; tokens faster than the relay's
+//! round trip) is one replicated write, not one per event. Positions count events, not
+//! messages.
 
 use bytes::Bytes;
 use contracts::{SseEnd, SseError, SseMetrics, SseStarted, SseToken, TaskRequest};
@@ -60,6 +66,30 @@ impl WireEvent {
     /// `None` for a payload that is not an event (nothing this server wrote).
     pub fn decode(payload: &[u8]) -> Option<Self> {
         serde_json::from_slice(payload).ok()
+    }
+
+    /// One relay message holding `events` in order: the event itself when it is one.
+    pub fn encode_all(events: &[WireEvent]) -> Bytes {
+        match events {
+            [one] => one.encode(),
+            // a list of structs of strings and JSON values always serializes
+            more => Bytes::from(serde_json::to_vec(more).unwrap_or_default()),
+        }
+    }
+
+    /// The events one relay message holds, in order; none for a payload that is not events.
+    pub fn decode_all(payload: &[u8]) -> Vec<Self> {
+        match payload.iter().find(|b| !b.is_ascii_whitespace()) {
+            Some(b'[') => serde_json::from_slice(payload).unwrap_or_default(),
+            _ => Self::decode(payload).into_iter().collect(),
+        }
+    }
+
+    /// Whether the relay message `payload` ends its task (its last event is terminal).
+    pub fn ends_task(payload: &[u8]) -> bool {
+        Self::decode_all(payload)
+            .last()
+            .is_some_and(WireEvent::is_terminal)
     }
 
     /// The event it carries; `None` for a name or payload this server does not know.
@@ -142,5 +172,42 @@ mod tests {
             placed: None,
         };
         assert!(odd.to_event().is_none());
+    }
+
+    /// CLU-EV-2: events appended together come back in order; positions count events.
+    #[test]
+    fn several_events_in_one_relay_message_keep_their_order() {
+        let token = |i: u32| {
+            WireEvent::of(&TaskEvent::Token(SseToken {
+                t: format!("t{i}"),
+                i,
+                logprobs: None,
+            }))
+        };
+        let end = WireEvent::of(&TaskEvent::End(SseEnd {
+            tokens_out: 2,
+            decode_time_ms: 1,
+            decode_ms: 1,
+            finish_reason: "length".into(),
+            stop_sequence: None,
+            cached_tokens: 0,
+            embeddings: None,
+            prompt_tokens: None,
+        }));
+        let batch = [token(0), token(1), end];
+        let payload = WireEvent::encode_all(&batch);
+        let back = WireEvent::decode_all(&payload);
+        let names: Vec<_> = back.iter().map(|w| w.event.as_str()).collect();
+        assert_eq!(names, ["token", "token", "end"]);
+        assert_eq!(back[1].to_event(), batch[1].to_event());
+        assert!(WireEvent::ends_task(&payload));
+        // one event is written as before: a lone object
+        let one = WireEvent::encode_all(&batch[..1]);
+        assert_eq!(one, batch[0].encode());
+        assert_eq!(WireEvent::decode_all(&one).len(), 1);
+        assert!(!WireEvent::ends_task(&one));
+        assert!(!WireEvent::ends_task(&WireEvent::encode_all(&batch[..2])));
+        assert!(WireEvent::decode_all(b"[1, 2]").is_empty());
+        assert!(WireEvent::decode_all(b"nope").is_empty());
     }
 }
