@@ -188,7 +188,8 @@ async fn main() {
     for i in 0..3 {
         let name = format!("r{i}");
         let (p, base) = procs::server_env(
-            &format!("[cluster]\nheartbeat_ms = 200\n\n{config}"),
+            // the default heartbeat (1 s): its background is what a default cluster pays
+            &config,
             &[
                 ("ORCHD_CLUSTER_NATS", urls.as_str()),
                 ("ORCHD_REPLICA_ID", name.as_str()),

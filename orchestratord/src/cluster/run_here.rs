@@ -83,7 +83,7 @@ impl TaskPath {
             Ok(run) => run,
             Err(_) => {
                 // the take loop builds it again and says why on the relay
-                let _ = taken.give_back().await;
+                let _ = self.give_back(taken).await;
                 return false;
             }
         };
@@ -96,7 +96,7 @@ impl TaskPath {
             // the slot went to another task meanwhile: it waits in the queue
             Placement::Wait | Placement::Unavailable(..) => {
                 tracing::debug!(task_id = %task.id, "cluster: the free slot went to another task; the admitted one waits in the queue");
-                let _ = taken.give_back().await;
+                let _ = self.give_back(taken).await;
                 return false;
             }
         };

@@ -21,8 +21,13 @@ use crate::lifecycle::runner;
 use crate::lifecycle::state::Lifecycle;
 use crate::lifecycle::task::{Task, TaskEvent};
 
-/// How often a replica with a free slot looks at its queues without being nudged.
-const LOOK_EVERY: Duration = Duration::from_millis(250);
+/// How often a replica with a free slot looks at its queues without being nudged: every task
+/// that goes in, and every task given or handed back, comes with a nudge (core NATS, at most
+/// once); only a task whose runner stopped answering comes back without one, after `ack_wait`
+/// (10 s by default), and a nudge lost on the way is made up here. Each look is four pull
+/// requests (two queues, two classes) per pool and replica: at 250 ms they were most of an idle
+/// cluster's NATS CPU.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
 /// How often a pool with no free slot is looked at again.
 const SLOT_POLL: Duration = Duration::from_millis(20);
 /// How long a taken task waits for the admitting replica's `started` on the relay (longer
@@ -239,6 +244,24 @@ impl TaskPath {
         Ok(())
     }
 
+    /// Gives `taken` back untried (its slot went to another task) and nudges its queue's
+    /// takers: another replica takes it now, not at its next look.
+    pub(super) async fn give_back(&self, taken: Taken) -> Result<(), super::ClusterError> {
+        let queue = taken.queue.clone();
+        let given = taken.give_back().await;
+        self.cluster.nudge(&queue, None).await;
+        given
+    }
+
+    /// Hands `taken` back after its run here stopped (a shutdown) and nudges its queue's
+    /// takers, as [`Self::give_back`].
+    async fn hand_back(&self, taken: Taken) -> Result<(), super::ClusterError> {
+        let queue = taken.queue.clone();
+        let handed = taken.hand_back().await;
+        self.cluster.nudge(&queue, None).await;
+        handed
+    }
+
     /// The events of `task_id` on the relay so far and the last one's id, waiting a moment
     /// for its `started` (the admitting replica puts it there right after the queue took the
     /// task). Empty when it has none.
@@ -348,7 +371,7 @@ impl TaskPath {
             Placement::Leased(lease) => lease,
             // the slot went to another task meanwhile: someone else's turn
             Placement::Wait => {
-                let _ = taken.give_back().await;
+                let _ = self.give_back(taken).await;
                 return;
             }
             Placement::Unavailable(code, why) => {
@@ -488,7 +511,7 @@ impl TaskPath {
             }
             Outcome::HandBack => {
                 tracing::info!(task_id = %task.id, "cluster: shutting down, task handed back");
-                let _ = run.taken.hand_back().await;
+                let _ = self.hand_back(run.taken).await;
                 state.cancel_task(&task, crate::metrics::CancelReason::Client);
             }
         }
