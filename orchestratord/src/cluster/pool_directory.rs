@@ -109,6 +109,43 @@ impl PoolDirectory {
         self.of_others(|p| p.pools.clone())
     }
 
+    /// `f` of each pool of every other live replica, in no particular order, read in place
+    /// (admission asks on every request: nothing is copied): the sum of what it gives.
+    pub fn sum_over_others(&self, f: impl Fn(&PoolHealth) -> i64) -> i64 {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        peers
+            .iter()
+            .filter(|(name, p)| **name != self.replica && self.heard(&peers, p))
+            .flat_map(|(_, p)| p.pools.iter())
+            .map(f)
+            .sum()
+    }
+
+    /// Whether `f` holds for a pool of another live replica (read in place).
+    pub fn any_other_pool(&self, f: impl Fn(&PoolHealth) -> bool) -> bool {
+        self.sum_over_others(|p| i64::from(f(p))) > 0
+    }
+
+    /// Whether a pool of another live replica that `takes` selects has a line for which `line`
+    /// holds (read in place, as [`Self::sum_over_others`]).
+    pub fn any_other_line(
+        &self,
+        takes: impl Fn(&PoolHealth) -> bool,
+        line: impl Fn(&SlotForecast) -> bool,
+    ) -> bool {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        peers
+            .iter()
+            .filter(|(name, p)| **name != self.replica && self.heard(&peers, p))
+            .any(|(_, p)| {
+                p.pools
+                    .iter()
+                    .filter(|pool| takes(pool))
+                    .filter_map(|pool| p.lines.get(&pool.pool_id))
+                    .any(&line)
+            })
+    }
+
     /// The workers connected to every other replica heard from within three heartbeats, by
     /// replica name.
     pub fn other_workers(&self) -> Vec<WorkerInfo> {

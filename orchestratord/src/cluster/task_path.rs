@@ -174,14 +174,13 @@ impl TaskPath {
             .filter(|p| key.taken_by(p.id(), &p.spec().model_alias))
             .map(|p| p.snapshot().slots_total)
             .sum();
-        let elsewhere: i64 = self
-            .cluster
-            .directory()
-            .others()
-            .iter()
-            .filter(|h| key.taken_by(&h.pool_id, h.model_alias.as_deref().unwrap_or("")))
-            .map(|h| i64::from(h.slots_total))
-            .sum();
+        let elsewhere = self.cluster.directory().sum_over_others(|h| {
+            if key.taken_by(&h.pool_id, h.model_alias.as_deref().unwrap_or("")) {
+                i64::from(h.slots_total)
+            } else {
+                0
+            }
+        });
         state.cfg.queue.capacity as i64 + here as i64 + elsewhere
     }
 
@@ -189,9 +188,7 @@ impl TaskPath {
     fn taken_elsewhere(&self, key: &QueueKey) -> bool {
         self.cluster
             .directory()
-            .others()
-            .iter()
-            .any(|h| key.taken_by(&h.pool_id, h.model_alias.as_deref().unwrap_or("")))
+            .any_other_pool(|h| key.taken_by(&h.pool_id, h.model_alias.as_deref().unwrap_or("")))
     }
 
     /// `key`'s queue with `bound` (opened once; its bound updated when it changed).
@@ -501,11 +498,10 @@ impl ClusterPort for Arc<TaskPath> {
             Some(p) => QueueKey::Pool(p.to_string()),
             None => QueueKey::Model(model.to_string()),
         };
-        self.cluster
-            .directory()
-            .other_lines(|h| key.taken_by(&h.pool_id, h.model_alias.as_deref().unwrap_or("")))
-            .iter()
-            .any(|l| l.confirmed)
+        self.cluster.directory().any_other_line(
+            |h| key.taken_by(&h.pool_id, h.model_alias.as_deref().unwrap_or("")),
+            |l| l.confirmed,
+        )
     }
 
     fn admit<'a>(
