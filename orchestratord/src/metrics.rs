@@ -535,10 +535,14 @@ pub fn queue_depth(interactive: usize, batch: usize) {
     gauge!(QUEUE_DEPTH, L_PRIORITY => "batch").set(batch as f64);
 }
 
-/// The cluster's tasks (queued and running) by priority, and its live replicas.
-pub fn cluster(interactive: u64, batch: u64, replicas: usize) {
+/// The cluster's tasks (queued and running) by priority.
+pub fn cluster_tasks(interactive: u64, batch: u64) {
     gauge!(CLUSTER_TASKS, L_PRIORITY => "interactive").set(interactive as f64);
     gauge!(CLUSTER_TASKS, L_PRIORITY => "batch").set(batch as f64);
+}
+
+/// The cluster's live replicas.
+pub fn cluster_replicas(replicas: usize) {
     gauge!(CLUSTER_REPLICAS).set(replicas as f64);
 }
 

@@ -404,7 +404,7 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
             tracing::error!(error = %e, "cluster: cannot take the other replicas' worker requests");
         }
     });
-    let (st, path) = (state.clone(), path.clone());
+    let st = state.clone();
     tokio::spawn(async move {
         let directory = cluster.directory();
         let mut tick = tokio::time::interval(directory.heartbeat());
@@ -432,10 +432,6 @@ pub async fn start_cluster(state: &SharedState) -> Result<(), crate::cluster::Cl
                     .into_iter()
                     .collect(),
             };
-            // the cluster's figures, the same on every replica
-            if let Ok((interactive, batch)) = path.queued_and_running().await {
-                crate::metrics::cluster(interactive, batch, directory.live_replicas());
-            }
             match directory.announce(&now).await {
                 Ok(()) if failing => {
                     failing = false;

@@ -860,7 +860,9 @@ async fn the_bound_holds_when_the_queue_leader_is_stopped() {
         .unwrap_or_else(|| panic!("no leader of {stream}"));
     r.nats.signal(leader, "-STOP");
     let stopped = Instant::now();
-    let long = json!({"prompt": COUNT, "max_tokens": 400});
+    // long enough to outlast the burst's ~10 s and the checks after it: a task admitted early
+    // in the burst ran 400 tokens to its end before them once (its place free, a 202)
+    let long = json!({"prompt": COUNT, "max_tokens": 900});
     let mut burst = tokio::task::JoinSet::new();
     for i in 0..12 {
         let (base, long) = (r.bases[i % 3].clone(), long.clone());

@@ -60,6 +60,8 @@ pub struct TaskPath {
     here: Mutex<HashMap<String, Here>>,
     /// The free slots this replica's takes are pulling a task for (`slot_claims.rs`).
     pub(super) slot_claims: super::slot_claims::SlotClaims,
+    /// When the queue streams were last asked for the cluster's task gauge.
+    gauged_at: Mutex<Option<Instant>>,
 }
 
 /// An admitted task taken from its queue by this replica to run here (`run_here.rs`), on a
@@ -72,6 +74,9 @@ pub(super) struct Here {
     pub(super) taken: super::task_queue::Taken,
 }
 
+/// How long a scrape waits for the queue streams' counts (past it, the gauge keeps its last
+/// value).
+const GAUGE_WAIT: Duration = Duration::from_secs(1);
 /// Admitted tasks whose head start waits for their announcement, at most (past it the map is
 /// emptied: a task that loses its entry is announced with a plain nudge).
 const MAX_PENDING_HEAD_STARTS: usize = 4096;
@@ -116,6 +121,7 @@ impl TaskPath {
             known_full: KnownFull::default(),
             here: Mutex::new(HashMap::new()),
             slot_claims: Default::default(),
+            gauged_at: Mutex::new(None),
         })
     }
 
@@ -157,6 +163,29 @@ impl TaskPath {
     /// Tasks in the cluster's queues (queued and running), interactive and batch.
     pub async fn queued_and_running(&self) -> Result<(u64, u64), ClusterError> {
         self.queues.tasks_by_class().await
+    }
+
+    /// Sets the cluster's gauges for a scrape: its live replicas, and its tasks as the queue
+    /// streams count them, asked at most once a heartbeat (and for at most [`GAUGE_WAIT`]): a
+    /// cluster nobody scrapes asks its streams nothing.
+    pub async fn publish_gauges(&self) {
+        let directory = self.cluster.directory();
+        crate::metrics::cluster_replicas(directory.live_replicas());
+        let due = {
+            let mut at = self.gauged_at.lock().unwrap_or_else(|p| p.into_inner());
+            let due = at.is_none_or(|t| t.elapsed() >= directory.heartbeat());
+            if due {
+                *at = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            match tokio::time::timeout(GAUGE_WAIT, self.queued_and_running()).await {
+                Ok(Ok((interactive, batch))) => crate::metrics::cluster_tasks(interactive, batch),
+                Ok(Err(e)) => tracing::debug!(error = %e, "cluster: the task gauge not refreshed"),
+                Err(_) => tracing::debug!("cluster: the task gauge not refreshed in time"),
+            }
+        }
     }
 
     /// The task `id` when this replica took it from the cluster's queue and runs it now.
@@ -466,6 +495,10 @@ impl QueueKey {
 }
 
 impl ClusterPort for Arc<TaskPath> {
+    fn publish_gauges(&self) -> BoxFuture<'_, ()> {
+        Box::pin(TaskPath::publish_gauges(self))
+    }
+
     fn serves_elsewhere(&self, pin: Option<&str>, model: &str) -> bool {
         let key = match pin {
             Some(p) => QueueKey::Pool(p.to_string()),

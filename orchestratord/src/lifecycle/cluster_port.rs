@@ -39,6 +39,9 @@ pub enum ClusterRefusal {
 }
 
 pub trait ClusterPort: Send + Sync {
+    /// Sets the cluster's gauges (its tasks, its live replicas) for a scrape of `/metrics`.
+    fn publish_gauges(&self) -> BoxFuture<'_, ()>;
+
     /// Whether a pool of another replica takes tasks pinned to `pin`, or else of `model`.
     fn serves_elsewhere(&self, pin: Option<&str>, model: &str) -> bool;
 

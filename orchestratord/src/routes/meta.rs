@@ -20,6 +20,9 @@ pub async fn metrics(
     principal: Option<Extension<Principal>>,
 ) -> impl IntoResponse {
     state.publish_pool_gauges();
+    if let Some(cluster) = state.cluster_tasks.get() {
+        cluster.publish_gauges().await;
+    }
     crate::metrics::process();
     let text = state.metrics.render();
     let admin = principal.is_some_and(|Extension(p)| p.scope == Scope::Admin);
