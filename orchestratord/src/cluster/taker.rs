@@ -535,7 +535,7 @@ impl TaskPath {
             }
             let (batch, ends) = self.next_batch(run, &mut rest);
             let count = batch.len() as u64;
-            let payload = WireEvent::encode_all(&batch);
+            let payload = WireEvent::join_encoded(&batch);
             let until = tokio::time::Instant::now() + PUBLISH_FOR;
             let appended = loop {
                 match self
@@ -582,10 +582,10 @@ impl TaskPath {
         Appending::More
     }
 
-    /// The next relay message's events from the front of `rest` (moving `rest` and
-    /// `run.from` past them): at most [`BATCH_EVENTS`] and about [`BATCH_BYTES`], and none
+    /// The next relay message's events, each encoded once, from the front of `rest` (moving
+    /// `rest` and `run.from` past them): at most [`BATCH_EVENTS`] and about [`BATCH_BYTES`], and none
     /// after a terminal event; whether it holds the terminal.
-    fn next_batch(&self, run: &mut Run, rest: &mut &[TaskEvent]) -> (Vec<WireEvent>, bool) {
+    fn next_batch(&self, run: &mut Run, rest: &mut &[TaskEvent]) -> (Vec<bytes::Bytes>, bool) {
         let (mut batch, mut bytes, mut ends) = (Vec::new(), 0usize, false);
         while let Some((ev, after)) = rest.split_first() {
             let mut wire = WireEvent::of(ev);
@@ -593,8 +593,9 @@ impl TaskPath {
                 wire.placed = run.task.placement(self.cluster.replica());
                 run.placed_said = wire.placed.is_some();
             }
-            bytes += wire.data.to_string().len();
-            batch.push(wire);
+            let encoded = wire.encode();
+            bytes += encoded.len();
+            batch.push(encoded);
             *rest = after;
             run.from += 1;
             ends = matches!(ev, TaskEvent::End(_) | TaskEvent::Error(_));

@@ -68,12 +68,24 @@ impl WireEvent {
         serde_json::from_slice(payload).ok()
     }
 
-    /// One relay message holding `events` in order: the event itself when it is one.
-    pub fn encode_all(events: &[WireEvent]) -> Bytes {
+    /// One relay message holding events already encoded (each [`Self::encode`]), in order:
+    /// the event itself when it is one, else their JSON array.
+    pub fn join_encoded(events: &[Bytes]) -> Bytes {
         match events {
-            [one] => one.encode(),
-            // a list of structs of strings and JSON values always serializes
-            more => Bytes::from(serde_json::to_vec(more).unwrap_or_default()),
+            [one] => one.clone(),
+            more => {
+                let len = more.iter().map(Bytes::len).sum::<usize>() + more.len() + 1;
+                let mut out = Vec::with_capacity(len);
+                out.push(b'[');
+                for (i, e) in more.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    out.extend_from_slice(e);
+                }
+                out.push(b']');
+                Bytes::from(out)
+            }
         }
     }
 
@@ -195,18 +207,21 @@ mod tests {
             prompt_tokens: None,
         }));
         let batch = [token(0), token(1), end];
-        let payload = WireEvent::encode_all(&batch);
+        let encoded: Vec<Bytes> = batch.iter().map(WireEvent::encode).collect();
+        let payload = WireEvent::join_encoded(&encoded);
         let back = WireEvent::decode_all(&payload);
         let names: Vec<_> = back.iter().map(|w| w.event.as_str()).collect();
         assert_eq!(names, ["token", "token", "end"]);
         assert_eq!(back[1].to_event(), batch[1].to_event());
         assert!(WireEvent::ends_task(&payload));
         // one event is written as before: a lone object
-        let one = WireEvent::encode_all(&batch[..1]);
+        let one = WireEvent::join_encoded(&encoded[..1]);
         assert_eq!(one, batch[0].encode());
         assert_eq!(WireEvent::decode_all(&one).len(), 1);
         assert!(!WireEvent::ends_task(&one));
-        assert!(!WireEvent::ends_task(&WireEvent::encode_all(&batch[..2])));
+        assert!(!WireEvent::ends_task(&WireEvent::join_encoded(
+            &encoded[..2]
+        )));
         assert!(WireEvent::decode_all(b"[1, 2]").is_empty());
         assert!(WireEvent::decode_all(b"nope").is_empty());
     }
