@@ -474,6 +474,43 @@ async fn a_replica_with_a_free_slot_runs_what_it_admits() {
     let events = read_stream(&b[1], &next, None, |_| false).await;
     assert_eq!(events.last().unwrap().event, "end", "{events:?}");
     assert_eq!(r.runner_of(&next), Some(1), "{}", r.logs());
+    // CLU-PATH-2: a task id sent again to r0, which never saw it and has its slot free: r0's
+    // run starts before the stream says the task is there already, and is withdrawn — the
+    // same events, nothing run twice, no start counted on r0
+    let body = json!({"task_id": "sent-twice", "prompt": COUNT, "max_tokens": 6, "temperature": 0});
+    let id = submit_ok(&b[1], body.clone()).await;
+    let first = read_stream(&b[1], &id, None, |_| false).await;
+    assert_whole(&first, "the first time");
+    let started_on_r0 = || async {
+        let text = reqwest::get(format!("{}/metrics", b[0]))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        support::counter(&text, "orchd_tasks_started_total{pool=\"p\"}")
+    };
+    let before = started_on_r0().await;
+    let again = submit_ok(&b[0], body).await;
+    assert_eq!(again, id);
+    let resent = read_stream(&b[0], &id, None, |_| false).await;
+    assert_eq!(resent, first, "the resent task's events on r0");
+    assert_eq!(r.runner_of(&id), Some(1), "{}", r.logs());
+    assert_eq!(
+        started_on_r0().await,
+        before,
+        "r0 counted a start\n{}",
+        r.logs()
+    );
+    let b0 = b[0].clone();
+    let free = eventually(Duration::from_secs(3), || async {
+        pools_of(&b0)
+            .await
+            .iter()
+            .any(|p| p["replica"] == "r0" && p["slots_free"] == 1)
+    })
+    .await;
+    assert!(free, "r0's slot stays taken\n{}", r.logs());
 }
 
 /// CLU-TASK-2: `kill -9` of the replica a client streams from: the client resumes on another

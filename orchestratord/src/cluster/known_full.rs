@@ -76,6 +76,12 @@ pub struct Claim<'a> {
 }
 
 impl Claim<'_> {
+    /// It holds a freed place of a queue the stream refused into a moment ago: the tasks
+    /// that filled it wait before this one.
+    pub fn is_probe(&self) -> bool {
+        self.probe
+    }
+
     /// The stream answered (admitted, or refused as full): the place is spent.
     pub fn answered(mut self) {
         self.probe = false;

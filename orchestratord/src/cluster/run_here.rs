@@ -1,15 +1,19 @@
-//! The admitting replica runs the task itself when it can (CLU-PATH-1): right after the stream
-//! took the task, a replica with a free slot in a pool that takes from its queue (and no head
-//! start given to another pool) takes the queue's next task of its class at once, without
-//! waiting for a nudge, as any taker would. When that is the task it just admitted, the task
-//! starts on that slot while its `started` goes on the relay (no queue look, no history read,
-//! no consumer to follow it), and the admitted task — what its clients read — gets each event
-//! from this replica's run once the relay has it (the same events with the same ids a replica
-//! following it on the relay would get, so a client resuming elsewhere misses nothing). The
-//! queue's order is kept: when another task was first, that one is started here and the
-//! admitted task waits its turn in the queue. Everything else is the taker's path: the
-//! task stays in the stream until it ends (the bound counts it), progress is acknowledged,
-//! and a replica that dies loses the task to the next taker after `ack_wait`.
+//! The admitting replica runs the task itself when it can (CLU-PATH-1): with a slot free here
+//! in a pool that takes from its queue (and no head start given to another pool), the task's
+//! run starts on that slot while its admission goes to the queue's stream (CLU-PATH-2: the
+//! prefill does not wait for the stream's round trips), and right after the stream took it
+//! this replica takes the queue's next task of its class, without waiting for a nudge, as any
+//! taker would. When that is the task it just admitted, the early run is its run: its
+//! `started` goes on the relay (no queue look, no history read, no consumer to follow it),
+//! and the admitted task — what its clients read — gets each event from this replica's run
+//! once the relay has it (the same events with the same ids a replica following it on the
+//! relay would get, so a client resuming elsewhere misses nothing). Anything else — the
+//! stream refused it, it was there already, another task was first in the queue — withdraws
+//! the early run (no event of it goes anywhere; its slot is back within a pass) and the queue's
+//! order is kept: the task first in line is started here on that slot, the admitted task waits
+//! its turn. Everything else is the taker's path: the task stays in the stream until it ends
+//! (the bound counts it), progress is acknowledged, and a replica that dies loses the task to
+//! the next taker after `ack_wait`.
 
 use std::sync::Arc;
 
@@ -26,9 +30,59 @@ use crate::lifecycle::relayed_task::{self, Purpose};
 use crate::lifecycle::state::Lifecycle;
 use crate::lifecycle::task::Task;
 
+/// How long after an early run here missed (its task refused, or another task first in its
+/// queue) the admissions into that queue start their runs only once the take brought them:
+/// under a flood most early runs would be withdrawn, each a prefill for nothing.
+const MISSED_LATELY: std::time::Duration = std::time::Duration::from_millis(500);
+/// Queues remembered at most (past it the map is emptied).
+const MAX_MISS_MARKS: usize = 1024;
+
+/// When an early run here last missed, per queue.
+#[derive(Default)]
+pub(super) struct EarlyMisses(
+    std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
+);
+
+impl EarlyMisses {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, tokio::time::Instant>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An early run for `queue` missed at `now`.
+    pub(super) fn missed(&self, queue: &str, now: tokio::time::Instant) {
+        let mut m = self.lock();
+        if m.len() >= MAX_MISS_MARKS && !m.contains_key(queue) {
+            m.clear();
+        }
+        m.insert(queue.to_string(), now);
+    }
+
+    /// Whether one missed for `queue` within [`MISSED_LATELY`] of `now`.
+    pub(super) fn recent(&self, queue: &str, now: tokio::time::Instant) -> bool {
+        self.lock()
+            .get(queue)
+            .is_some_and(|&at| now.saturating_duration_since(at) < MISSED_LATELY)
+    }
+}
+
+/// A run started on a slot here before its admission was answered (`start_early`).
+pub(super) struct Early {
+    pub(super) pool: String,
+    pub(super) run: Arc<Task>,
+    /// Its first event to put on the relay.
+    pub(super) from: usize,
+}
+
 /// How long a task kept to run here waits for its announcement (which follows its admission
 /// at once) before it is given up: its admission was dropped.
 const UNCLAIMED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+/// How long a task pulled in place of the one admitted waits for the slot the admitted
+/// task's early run gives back (its engine stops it between two passes).
+const WITHDRAWN_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+/// How often it looks.
+const WITHDRAWN_POLL: std::time::Duration = std::time::Duration::from_millis(5);
 
 impl TaskPath {
     /// The pool of this replica that takes from `key`'s queue with the most free slots no
@@ -54,77 +108,117 @@ impl TaskPath {
         Some((pool.id().to_string(), claim))
     }
 
-    /// What a take from queue `q` for `pool` (on the slot `claim` holds) brought right after
-    /// `task` went in: true when it was `task`, kept on a slot of `pool` for
-    /// [`Self::start_here`]; anything else is started as the take loop starts it (or handed
-    /// back).
-    #[allow(clippy::too_many_arguments)]
-    pub(super) async fn run_pulled(
+    /// Starts the task of `handoff` on a slot of `pool` (the one `claim` holds) before its
+    /// admission is answered (CLU-PATH-2): its prefill runs while the queue's stream takes
+    /// it and while this replica takes it from the queue, so those round trips are not
+    /// waited for before its first token. `None` when this pool cannot run it (the take loop
+    /// says why when it takes it) or its slot went to another task.
+    pub(super) async fn start_early(
+        self: &Arc<Self>,
+        state: &Arc<Lifecycle>,
+        task: &Task,
+        handoff: &Handoff,
+        pool: String,
+        claim: SlotClaim,
+    ) -> Option<Early> {
+        // built as any taker builds it, from what goes into the queue (its prompt's ids as
+        // the admission counted them)
+        let purpose = Purpose::Run {
+            pool: &pool,
+            counted: task.prompt_ids.as_ref(),
+        };
+        let run = relayed_task::build(state, handoff, purpose).await.ok()?;
+        run.mark_run_for_cluster();
+        let placed = place_giving_way(state, &pool, &run).await;
+        // the slot is leased now, or gone to another task: the claim has done its part
+        drop(claim);
+        let Placement::Leased(lease) = placed else {
+            tracing::debug!(task_id = %handoff.task_id, "cluster: the free slot went to another task; the admitted one waits in the queue");
+            return None;
+        };
+        let from = self.start_engine(state, &pool, &run, lease);
+        Some(Early { pool, run, from })
+    }
+
+    /// What a take from queue `q` brought right after `task` went in, its run started early
+    /// (`early`): true when it was `task`, kept for [`Self::start_here`]; anything else is
+    /// started as the take loop starts it (or handed back), and the early run withdrawn.
+    pub(super) async fn keep_pulled(
         self: &Arc<Self>,
         state: &Arc<Lifecycle>,
         task: &Arc<Task>,
         handoff: &Handoff,
-        pool: &str,
         q: &PoolQueue,
         pulled: Result<Take, ClusterError>,
-        claim: SlotClaim,
+        early: Early,
     ) -> bool {
         let taken = match pulled {
             Ok(Take::Task(t)) if t.task_id == task.id => *t,
             other => {
                 tracing::debug!(task_id = %task.id, pulled = ?other.as_ref().map(Take::what), "cluster: the take brought another task than the one admitted");
-                self.start_pulled(state, pool, q, task.priority, other, claim)
+                self.early_misses
+                    .missed(q.name(), tokio::time::Instant::now());
+                state.withdraw_run(&early.run);
+                self.start_pulled(state, &early.pool, q, task.priority, other)
                     .await;
                 return false;
             }
         };
-        // built as any taker builds it, from what went into the queue
-        let run = match relayed_task::build(state, handoff, Purpose::Run { pool }).await {
-            Ok(run) => run,
-            Err(_) => {
-                // the take loop builds it again and says why on the relay
-                let _ = self.give_back(taken).await;
-                return false;
-            }
-        };
-        run.mark_run_for_cluster();
-        let placed = place_giving_way(state, pool, &run).await;
-        // the slot is leased now, or gone to another task: the claim has done its part
-        drop(claim);
-        let lease = match placed {
-            Placement::Leased(lease) => lease,
-            // the slot went to another task meanwhile: it waits in the queue
-            Placement::Wait | Placement::Unavailable(..) => {
-                tracing::debug!(task_id = %task.id, "cluster: the free slot went to another task; the admitted one waits in the queue");
-                let _ = self.give_back(taken).await;
-                return false;
-            }
-        };
         let here = Here {
-            pool: pool.to_string(),
+            pool: early.pool,
             handoff: handoff.clone(),
-            run,
-            lease,
+            run: early.run,
+            from: early.from,
             taken,
         };
         // each entry holds a slot: never more than this replica's slots, and never for long —
         // an admission dropped before its announcement (its client gone) gives both back
         self.here().insert(task.id.clone(), here);
-        let (path, id) = (self.clone(), task.id.clone());
+        let (path, id, state) = (self.clone(), task.id.clone(), state.clone());
         tokio::spawn(async move {
             tokio::time::sleep(UNCLAIMED_FOR).await;
             let left = path.here().remove(&id);
             if let Some(h) = left {
                 tracing::info!(task_id = %id, "cluster: an admission dropped before its start; its slot and place freed");
+                state.withdraw_run(&h.run);
                 let _ = path.let_go(h.taken).await;
             }
         });
         true
     }
 
-    /// Starts what a pull from queue `q` (of `class`) for `pool` (on the slot `claim` holds)
-    /// brought, as the take loop would: another task than the one admitted, or one taken too
-    /// often.
+    /// What a take from queue `q` for `pool` brought right after `task` went in, when no
+    /// early run of it was started (`later` holds the slot claimed for it) or its slot went
+    /// to another task: `task` is started now and kept for [`Self::start_here`] (true), or
+    /// whatever came is started as the take loop starts it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn start_taken(
+        self: &Arc<Self>,
+        state: &Arc<Lifecycle>,
+        task: &Arc<Task>,
+        handoff: &Handoff,
+        q: &PoolQueue,
+        pool: &str,
+        pulled: Result<Take, ClusterError>,
+        later: Option<(String, SlotClaim)>,
+    ) -> bool {
+        let own = matches!(&pulled, Ok(Take::Task(t)) if t.task_id == task.id);
+        if let (true, Some((pool, claim))) = (own, later) {
+            if let Some(early) = self.start_early(state, task, handoff, pool, claim).await {
+                return self
+                    .keep_pulled(state, task, handoff, q, pulled, early)
+                    .await;
+            }
+        }
+        self.start_pulled(state, pool, q, task.priority, pulled)
+            .await;
+        false
+    }
+
+    /// Starts what a pull from queue `q` (of `class`) for `pool` brought where no early run
+    /// of the task just admitted takes it, as the take loop would: a task (on a slot free now,
+    /// or the one the admitted task's withdrawn early run gives back within a pass), or one
+    /// taken too often.
     pub(super) async fn start_pulled(
         self: &Arc<Self>,
         state: &Arc<Lifecycle>,
@@ -132,12 +226,14 @@ impl TaskPath {
         q: &PoolQueue,
         class: contracts::Priority,
         pulled: Result<Take, ClusterError>,
-        claim: SlotClaim,
     ) {
         match pulled {
             Ok(Take::Task(t)) => {
                 let (path, state, pool) = (self.clone(), state.clone(), pool.to_string());
-                tokio::spawn(async move { path.start(&state, &pool, *t, Some(claim)).await });
+                tokio::spawn(async move {
+                    let claim = path.claim_when_free(&state, &pool).await;
+                    path.start(&state, &pool, *t, claim).await
+                });
             }
             Ok(Take::Exhausted { task_id, runs }) => {
                 self.cluster.say_freed(q.name(), class).await;
@@ -148,7 +244,26 @@ impl TaskPath {
         }
     }
 
-    /// Starts `task`, kept by [`Self::run_pulled`], on its slot while its `started` (the
+    /// A claim on a free slot of `pool` as soon as one is, waiting at most
+    /// [`WITHDRAWN_WITHIN`]: `None` past it (the task pulled for it is given back).
+    async fn claim_when_free(&self, state: &Lifecycle, pool: &str) -> Option<SlotClaim> {
+        let until = tokio::time::Instant::now() + WITHDRAWN_WITHIN;
+        loop {
+            let free = state
+                .pools
+                .get(pool)
+                .map_or(0, |p| p.snapshot().slots_free());
+            if let Some(claim) = self.slot_claims.claim(pool, free) {
+                return Some(claim);
+            }
+            if tokio::time::Instant::now() >= until {
+                return None;
+            }
+            tokio::time::sleep(WITHDRAWN_POLL).await;
+        }
+    }
+
+    /// Starts `task`, kept by [`Self::keep_pulled`], on its slot while its `started` (the
     /// wire event `started`, with the handoff) goes on the relay; its events go to `task`
     /// from the run here. An error when the relay did not take the `started`: the run is
     /// stopped and the task out of its queue (the admission is refused).
@@ -182,12 +297,12 @@ impl TaskPath {
             pool,
             handoff,
             run,
-            lease,
+            from,
             taken,
         } = here;
         // its record is kept as a followed task's: on this replica and for the others
         task.mark_relayed();
-        let started_run = self.launch(state, &pool, &handoff, run.clone(), lease, taken);
+        let started_run = self.register(state, &pool, &handoff, run.clone(), taken, Some(from));
         let id = match self.publish_started(&task.id, started).await {
             Ok(id) => id,
             Err(e) => {
@@ -207,5 +322,30 @@ impl TaskPath {
         let (path, state) = (self.clone(), state.clone());
         tokio::spawn(async move { path.relay_run(state, run).await });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::time::{Duration, Instant};
+
+    #[test]
+    fn a_miss_holds_early_runs_back_for_a_moment_and_per_queue() {
+        let m = EarlyMisses::default();
+        let t0 = Instant::now();
+        assert!(!m.recent("q", t0), "no miss yet");
+        m.missed("q", t0);
+        assert!(m.recent("q", t0 + Duration::from_millis(499)));
+        assert!(
+            !m.recent("q", t0 + MISSED_LATELY),
+            "over after MISSED_LATELY"
+        );
+        assert!(!m.recent("other", t0), "another queue is not held back");
+        // bounded: past MAX_MISS_MARKS queues the marks start again
+        for i in 0..MAX_MISS_MARKS {
+            m.missed(&format!("q{i}"), t0);
+        }
+        assert!(m.lock().len() <= MAX_MISS_MARKS);
     }
 }

@@ -342,7 +342,16 @@ impl TaskPath {
             return;
         }
         let n = history.len() as u64;
-        let task = match relayed_task::build(state, &h, Purpose::Run { pool: pool_id }).await {
+        let task = match relayed_task::build(
+            state,
+            &h,
+            Purpose::Run {
+                pool: pool_id,
+                counted: None,
+            },
+        )
+        .await
+        {
             Ok(t) => t,
             Err(e) => {
                 let e = e.envelope;
@@ -407,6 +416,44 @@ impl TaskPath {
         lease: pool_manager::SlotLease,
         taken: Taken,
     ) -> Run {
+        // registered first: a cancel finds it from its first event on
+        let run = self.register(state, pool_id, h, task, taken, None);
+        self.start_engine(state, pool_id, &run.task, lease);
+        run
+    }
+
+    /// Starts the engine's run of `task` on `lease`, a slot of `pool_id`: its events gather
+    /// in `task` until [`Self::relay_run`] puts them on the relay. The number of events it
+    /// had before (an earlier run's tokens, on the relay already).
+    pub(super) fn start_engine(
+        &self,
+        state: &Arc<Lifecycle>,
+        pool_id: &str,
+        task: &Arc<Task>,
+        lease: pool_manager::SlotLease,
+    ) -> usize {
+        // what it had before it runs (tokens of an earlier run) is on the relay already
+        let from = task.lock().events.len();
+        let span = tracing::info_span!("task", task_id = %task.id, correlation_id = %task.correlation_id, pool = %pool_id);
+        tokio::spawn(runner::run(state.clone(), task.clone(), lease).instrument(span));
+        from
+    }
+
+    /// `task`, taken from its queue as `taken`, as one of this replica's runs (a cancel finds
+    /// it; its start, its wait since its admission and where it was placed counted here, not
+    /// by the runner: an early run may be withdrawn before it is taken): what is left is to
+    /// put its events on the relay, from its event `from` (its number of events now when
+    /// `None`), once they may follow the task's last event there (`n` and `last` of the run it
+    /// returns).
+    pub(super) fn register(
+        &self,
+        state: &Lifecycle,
+        pool_id: &str,
+        h: &Handoff,
+        task: Arc<Task>,
+        taken: Taken,
+        from: Option<usize>,
+    ) -> Run {
         crate::lifecycle::placement::taken_from_cluster(
             state,
             &task,
@@ -414,12 +461,11 @@ impl TaskPath {
             h.request.pool_id.is_some(),
         );
         let waited_ms = crate::lifecycle::handoff::unix_ms().saturating_sub(h.admitted_unix_ms);
+        crate::metrics::started(pool_id);
+        crate::metrics::queue_wait(Duration::from_millis(waited_ms), task.priority);
         tracing::info!(task_id = %task.id, pool = %pool_id, waited_ms, delivered = taken.delivered, "cluster: task taken");
         self.running().insert(task.id.clone(), task.clone());
-        // what it had before it runs (tokens of an earlier run) is on the relay already
-        let from = task.lock().events.len();
-        let span = tracing::info_span!("task", task_id = %task.id, correlation_id = %task.correlation_id, pool = %pool_id);
-        tokio::spawn(runner::run(state.clone(), task.clone(), lease).instrument(span));
+        let from = from.unwrap_or_else(|| task.lock().events.len());
         Run {
             task,
             taken,

@@ -60,23 +60,29 @@ pub struct TaskPath {
     here: Mutex<HashMap<String, Here>>,
     /// The free slots this replica's takes are pulling a task for (`slot_claims.rs`).
     pub(super) slot_claims: super::slot_claims::SlotClaims,
+    /// When an early run here last missed, per queue (`run_here.rs`).
+    pub(super) early_misses: super::run_here::EarlyMisses,
     /// When the queue streams were last asked for the cluster's task gauge.
     gauged_at: Mutex<Option<Instant>>,
 }
 
-/// An admitted task taken from its queue by this replica to run here (`run_here.rs`), on a
-/// slot here, waiting for its announcement to start.
+/// An admitted task taken from its queue by this replica to run here (`run_here.rs`), its run
+/// started on a slot here, waiting for its announcement to put its events on the relay.
 pub(super) struct Here {
     pub(super) pool: String,
     pub(super) handoff: Handoff,
     pub(super) run: Arc<Task>,
-    pub(super) lease: pool_manager::SlotLease,
+    /// The run's first event to put on the relay.
+    pub(super) from: usize,
     pub(super) taken: super::task_queue::Taken,
 }
 
 /// How long a scrape waits for the queue streams' counts (past it, the gauge keeps its last
 /// value).
 const GAUGE_WAIT: Duration = Duration::from_secs(1);
+/// How long one try at opening a queue (its stream and consumers, created or looked up)
+/// waits before it is made again.
+const OPEN_TRY: Duration = Duration::from_secs(2);
 /// Admitted tasks whose head start waits for their announcement, at most (past it the map is
 /// emptied: a task that loses its entry is announced with a plain nudge).
 const MAX_PENDING_HEAD_STARTS: usize = 4096;
@@ -121,6 +127,7 @@ impl TaskPath {
             known_full: KnownFull::default(),
             here: Mutex::new(HashMap::new()),
             slot_claims: Default::default(),
+            early_misses: Default::default(),
             gauged_at: Mutex::new(None),
         })
     }
@@ -234,7 +241,29 @@ impl TaskPath {
                 return Ok(q);
             }
         }
-        let q = Arc::new(self.queues.pool(&name, bound).await?);
+        // a JetStream API request a stream just created (or between leaders) does not answer
+        // is lost, not refused: asked again after a short wait rather than the client's 5 s
+        // twice (a fresh cluster's first admission on a replica was seen to fail so, once in
+        // many runs on a loaded machine)
+        let until = Instant::now() + ANNOUNCE_FOR;
+        let q = loop {
+            let tried = tokio::time::timeout(OPEN_TRY, self.queues.pool(&name, bound))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ClusterError::JetStream(format!(
+                        "queue {name} not opened within {} ms",
+                        OPEN_TRY.as_millis()
+                    )))
+                });
+            match tried {
+                Ok(q) => break Arc::new(q),
+                Err(e) if Instant::now() >= until => return Err(e),
+                Err(e) => {
+                    tracing::debug!(queue = %name, error = %e, "cluster: a queue not opened; trying again");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        };
         self.opened
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -295,12 +324,49 @@ impl TaskPath {
         if let Some(p) = &prefer {
             self.cluster.nudge(&key.name(), Some(p)).await;
         }
-        let admitted = match q.admit(task.priority, &task.id, payload.into()).await {
+        // with a slot free here, the task's run starts while the stream takes it
+        // (CLU-PATH-2): its first token does not wait for the queue's round trips — unless
+        // the queue was full a moment ago, or an early run here missed a moment ago (other
+        // tasks were waiting first): then it starts once the take brought it
+        let own = self.free_pool_here(state, &key, prefer.as_ref());
+        let pool_here = own.as_ref().map(|(pool, _)| pool.clone());
+        if own.is_none() {
+            tracing::debug!(task_id = %task.id, queue = %q.name(), "cluster: no free slot here for the task admitted; it waits in the queue");
+        }
+        let early_now = !claim.is_probe() && !self.early_misses.recent(q.name(), Instant::now());
+        let (own_now, own_later) = if early_now { (own, None) } else { (None, own) };
+        let early = async {
+            match own_now {
+                Some((pool, slot)) => self.start_early(state, task, &handoff, pool, slot).await,
+                None => None,
+            }
+        };
+        // with that slot, the queue's next task is taken as soon as the stream took this one:
+        // it runs here (on the early run) when it is this one (`run_here.rs`)
+        let admit_and_take = async {
+            let admitted = q.admit(task.priority, &task.id, payload.into()).await;
+            let pulled = match &admitted {
+                Ok(a) if pool_here.is_some() && !a.duplicate => {
+                    Some(q.take(task.priority, TAKE_ADMITTED_WITHIN).await)
+                }
+                _ => None,
+            };
+            (admitted, pulled)
+        };
+        let ((admitted, pulled), early) = tokio::join!(admit_and_take, early);
+        let withdraw = |early: Option<super::run_here::Early>| {
+            if let Some(e) = early {
+                self.early_misses.missed(q.name(), Instant::now());
+                state.withdraw_run(&e.run);
+            }
+        };
+        let admitted = match admitted {
             Ok(a) => {
                 claim.answered();
                 a
             }
             Err(AdmitError::Full { .. }) => {
+                withdraw(early);
                 let seen = claim.seen;
                 claim.answered();
                 self.known_full
@@ -308,19 +374,22 @@ impl TaskPath {
                 return Err(full());
             }
             // no answer: a freed place it held is given back
-            Err(AdmitError::Cluster(e)) => return Err(unavailable(e)),
+            Err(AdmitError::Cluster(e)) => {
+                withdraw(early);
+                return Err(unavailable(e));
+            }
         };
-        // with a slot free here, the queue's next task is taken at once: it runs here when it
-        // is this one (`run_here.rs`)
-        let own = match self.free_pool_here(state, &key, prefer.as_ref()) {
-            Some((pool, claim)) if !admitted.duplicate => {
-                let pulled = q.take(task.priority, TAKE_ADMITTED_WITHIN).await;
-                self.run_pulled(state, task, &handoff, &pool, &q, pulled, claim)
+        let own = match (pulled, early, &pool_here) {
+            (Some(pulled), Some(early), _) => {
+                self.keep_pulled(state, task, &handoff, &q, pulled, early)
                     .await
             }
-            Some(_) => false,
-            None => {
-                tracing::debug!(task_id = %task.id, queue = %q.name(), "cluster: no free slot here for the task admitted; it waits in the queue");
+            (Some(pulled), None, Some(pool)) => {
+                self.start_taken(state, task, &handoff, &q, pool, pulled, own_later)
+                    .await
+            }
+            (_, early, _) => {
+                withdraw(early);
                 false
             }
         };

@@ -66,6 +66,20 @@ impl Lifecycle {
         true
     }
 
+    /// Stops a run begun before its task was known to be this replica's to run (a cluster
+    /// admission's early start, CLU-PATH-2): nobody asked for it, so it counts as no cancel
+    /// and no ending; its slot is given back when its engine run stops. False if it had
+    /// already ended.
+    pub fn withdraw_run(&self, task: &Task) -> bool {
+        task.stop_cause.set(WireCancel::ClientDisconnect);
+        if !task.finish("cancelled", None) {
+            return false;
+        }
+        tracing::info!(task_id = %task.id, "cluster: an early run withdrawn");
+        self.after_end(task);
+        true
+    }
+
     /// Ends an embedding task with its vectors. False if it had already ended.
     pub fn complete_embedded(&self, task: &Task, vectors: contracts::EmbedVectors) -> bool {
         if !task.finish_embedded(vectors) {

@@ -14,14 +14,19 @@ use crate::lifecycle::admission::{
     count_inputs, count_prompt, prepare_constraint, redact, validate,
 };
 use crate::lifecycle::handoff::{unix_ms, Handoff};
-use crate::lifecycle::request_work::Turn;
+use crate::lifecycle::request_work::{PromptIds, Turn};
 use crate::lifecycle::state::SharedLifecycle;
 use crate::lifecycle::task::{NewTask, Task};
 
 /// What the task is built for.
 pub enum Purpose<'a> {
-    /// Running it on `pool` (pinned there: the pool's queue is where it was taken from).
-    Run { pool: &'a str },
+    /// Running it on `pool` (pinned there: the pool's queue is where it was taken from);
+    /// `counted`: its prompt's ids as this replica's admission counted them, used when the
+    /// pool's engine is the model that counted them (no second tokenization).
+    Run {
+        pool: &'a str,
+        counted: Option<&'a PromptIds>,
+    },
     /// Following it while another replica runs it.
     Follow,
 }
@@ -36,7 +41,7 @@ pub async fn build(
     let v = validate(state, req)?;
     let follows = matches!(purpose, Purpose::Follow);
     let (pin, prompt_tokens, prompt_ids, embed_ids, ctx) = match purpose {
-        Purpose::Run { pool } => {
+        Purpose::Run { pool, counted } => {
             let p = state.pools.get(pool).ok_or_else(|| {
                 ApiError::invalid("pool_id", format!("pool {pool:?} is not on this replica"))
             })?;
@@ -48,7 +53,11 @@ pub async fn build(
                 let (n, ids) = count_inputs(state, turn, &pools, spec).await?;
                 (Some(pool.to_string()), n, None, ids, ctx)
             } else {
-                let (n, ids) = count_prompt(state, turn, &pools, &v).await?;
+                let model_ref = pools[0].engine().map(|e| e.descriptor().model_ref.clone());
+                let (n, ids) = match counted.filter(|c| Some(&c.model_ref) == model_ref.as_ref()) {
+                    Some(c) => (c.ids.len(), Some(c.clone())),
+                    None => count_prompt(state, turn, &pools, &v).await?,
+                };
                 if let Some(c) = &v.constraint {
                     prepare_constraint(state, turn, &pools, c).await?;
                 }

@@ -32,10 +32,14 @@ pub async fn run(state: SharedLifecycle, task: Arc<Task>, mut lease: SlotLease) 
         return;
     }
     let _running = state.running.enter(pool.id(), &task);
-    metrics::started(pool.id());
-    let waited = task.submitted.elapsed();
-    metrics::queue_wait(waited, task.priority);
-    metrics::start_prediction(task.predicted_start, waited);
+    // a run for the cluster is counted by its taker once the task is its to run (an early
+    // run may be withdrawn: `cluster/run_here.rs`), its wait from its admission elsewhere
+    if !task.is_run_for_cluster() {
+        metrics::started(pool.id());
+        let waited = task.submitted.elapsed();
+        metrics::queue_wait(waited, task.priority);
+        metrics::start_prediction(task.predicted_start, waited);
+    }
     let placed = Instant::now();
     if task.spec.embed.is_some() {
         crate::lifecycle::embed_runner::run(&state, &task, &mut lease, placed).await;

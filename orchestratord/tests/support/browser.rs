@@ -75,6 +75,8 @@ impl Browser {
             ])
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
+            // its own process group: the renderers and helpers it starts go with it on drop
+            .process_group(0)
             .kill_on_drop(true)
             .spawn()
             .expect("start chromium");
@@ -217,7 +219,15 @@ impl Browser {
 }
 
 impl Drop for Browser {
+    /// The whole process group: killing the browser alone left its renderer, GPU and network
+    /// helpers running after the tests.
     fn drop(&mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
         let _ = self.child.start_kill();
     }
 }
