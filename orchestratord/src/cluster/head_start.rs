@@ -148,6 +148,11 @@ pub fn heed(payload: &[u8], me: &str, pool: &str, cap: Duration) -> Heed {
     }
 }
 
+/// Whether `p` leaves its task to another pool than `pool` of replica `me`, still now.
+pub fn left_elsewhere(p: &Preference, me: &str, pool: &str) -> bool {
+    !(p.replica == me && p.pool == pool) && p.until_unix_ms > unix_ms()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,6 +168,19 @@ mod tests {
 
     /// PLACE-8: the named pool looks at once; any other waits out the head start, at most
     /// its own cap; a nudge without a name, or one whose head start is over, holds nobody.
+    #[test]
+    fn a_task_is_left_to_another_pool_until_its_head_start_ends() {
+        let p = |replica: &str, pool: &str, in_ms: i64| Preference {
+            replica: replica.into(),
+            pool: pool.into(),
+            until_unix_ms: (unix_ms() as i64 + in_ms) as u64,
+        };
+        assert!(left_elsewhere(&p("r0", "p", 1000), "r1", "p"));
+        assert!(left_elsewhere(&p("r1", "q", 1000), "r1", "p"));
+        assert!(!left_elsewhere(&p("r1", "p", 1000), "r1", "p"), "its own");
+        assert!(!left_elsewhere(&p("r0", "p", -1), "r1", "p"), "ended");
+    }
+
     #[test]
     fn only_the_pools_not_named_wait_and_never_past_the_cap() {
         let cap = Duration::from_millis(50);

@@ -14,7 +14,7 @@ pub mod cancel;
 mod error;
 pub mod event_relay;
 mod given_back;
-mod head_start;
+pub(crate) mod head_start;
 pub mod held_prefixes;
 pub mod known_full;
 mod mirror;

@@ -229,6 +229,18 @@ impl TaskPath {
     ) {
         match pulled {
             Ok(Take::Task(t)) => {
+                // left to another pool for a moment (PLACE-8): back to the queue for it
+                let left_to = serde_json::from_slice::<Handoff>(&t.payload)
+                    .ok()
+                    .and_then(|h| h.head_start)
+                    .filter(|p| super::head_start::left_elsewhere(p, self.cluster.replica(), pool));
+                if let Some(p) = left_to {
+                    tracing::debug!(task_id = %t.task_id, replica = %p.replica, pool = %p.pool, "cluster: a task taken by an admission here is left to another pool; given back");
+                    let queue = t.queue.clone();
+                    let _ = t.give_back().await;
+                    self.cluster.nudge(&queue, Some(&p)).await;
+                    return;
+                }
                 let (path, state, pool) = (self.clone(), state.clone(), pool.to_string());
                 tokio::spawn(async move {
                     let claim = path.claim_when_free(&state, &pool).await;

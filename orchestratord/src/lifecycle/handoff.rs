@@ -31,6 +31,10 @@ pub struct Handoff {
     pub prompt_tokens: u32,
     /// When it was admitted (ms since the Unix epoch): its deadline counts from there.
     pub admitted_unix_ms: u64,
+    /// The pool it is left to for a moment (PLACE-8), as it went into its queue: a replica
+    /// whose admission's take brings it gives it back to that pool rather than run it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_start: Option<crate::cluster::head_start::Preference>,
 }
 
 /// One event of a task on the relay.

@@ -69,6 +69,7 @@ pub(super) async fn take_place(
                 request: req.clone(),
                 prompt_tokens: prompt_tokens as u32,
                 admitted_unix_ms: unix_ms(),
+                head_start: None,
             };
             match path.admit(task, handoff.clone(), plan.wait_allowed).await {
                 Ok(place) => Ok(Placed {
