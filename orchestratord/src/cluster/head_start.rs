@@ -13,22 +13,14 @@
 
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
 use super::Cluster;
 use crate::lifecycle::handoff::unix_ms;
 use crate::lifecycle::placement::{order, Candidate, Reason, Weights};
 use crate::lifecycle::state::Lifecycle;
 use crate::lifecycle::task::Task;
 
-/// The pool a queued task is left to for a moment.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct Preference {
-    pub replica: String,
-    pub pool: String,
-    /// Until when (Unix ms) the other pools leave the task to this one.
-    pub until_unix_ms: u64,
-}
+/// The pool a queued task is left to for a moment (defined with the handoff that carries it).
+pub use crate::lifecycle::handoff::HeadStart as Preference;
 
 /// One pool of the cluster serving the task's model.
 struct Seat {

@@ -11,10 +11,11 @@
 
 mod ask;
 pub mod cancel;
+mod early_run;
 mod error;
 pub mod event_relay;
 mod given_back;
-pub(crate) mod head_start;
+mod head_start;
 pub mod held_prefixes;
 pub mod known_full;
 mod mirror;

@@ -61,7 +61,7 @@ pub struct TaskPath {
     /// The free slots this replica's takes are pulling a task for (`slot_claims.rs`).
     pub(super) slot_claims: super::slot_claims::SlotClaims,
     /// When an early run here last missed, per queue (`run_here.rs`).
-    pub(super) early_misses: super::run_here::EarlyMisses,
+    pub(super) early_misses: super::early_run::EarlyMisses,
     /// When the queue streams were last asked for the cluster's task gauge.
     gauged_at: Mutex<Option<Instant>>,
 }
@@ -358,7 +358,7 @@ impl TaskPath {
             (admitted, pulled)
         };
         let ((admitted, pulled), early) = tokio::join!(admit_and_take, early);
-        let withdraw = |early: Option<super::run_here::Early>| {
+        let withdraw = |early: Option<super::early_run::Early>| {
             if let Some(e) = early {
                 self.early_misses.missed(q.name(), Instant::now());
                 state.withdraw_run(&e.run);

@@ -34,7 +34,16 @@ pub struct Handoff {
     /// The pool it is left to for a moment (PLACE-8), as it went into its queue: a replica
     /// whose admission's take brings it gives it back to that pool rather than run it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub head_start: Option<crate::cluster::head_start::Preference>,
+    pub head_start: Option<HeadStart>,
+}
+
+/// The pool of the cluster a queued task is left to for a moment (PLACE-8).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HeadStart {
+    pub replica: String,
+    pub pool: String,
+    /// Until when (Unix ms) the other pools leave the task to this one.
+    pub until_unix_ms: u64,
 }
 
 /// One event of a task on the relay.
