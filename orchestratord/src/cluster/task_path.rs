@@ -319,12 +319,10 @@ impl TaskPath {
         // the pool holding its prefix is named before the task is in the queue: no other
         // pool finds it there first (and an admission's take elsewhere gives it back)
         let prefer = super::head_start::preferred(&self.cluster, state, task);
-        let queued = Handoff {
-            head_start: prefer.clone(),
-            ..handoff.clone()
-        };
+        let mut handoff = handoff;
+        handoff.head_start = prefer.clone();
         let payload =
-            serde_json::to_vec(&queued).map_err(|e| unavailable(ClusterError::jetstream(e)))?;
+            serde_json::to_vec(&handoff).map_err(|e| unavailable(ClusterError::jetstream(e)))?;
         if let Some(p) = &prefer {
             self.cluster.nudge(&key.name(), Some(p)).await;
         }
