@@ -23,7 +23,7 @@ pub(crate) enum ActBlocks {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Simd {
     Portable,
-    /// `maddubs` + `madd` (AVX2, FMA).
+    /// `maddubs` + `madd` (AVX2, FMA, F16C).
     Avx2,
     /// `vpdpbusd` on 256-bit vectors (AVX-512 VNNI + VL): one instruction instead of two.
     Vnni,
@@ -39,7 +39,11 @@ impl Simd {
     pub(crate) fn detect() -> Self {
         #[cfg(target_arch = "x86_64")]
         {
-            if !(std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")) {
+            // F16C widens the tiles' f16 scales (every AVX2 CPU has it)
+            if !(std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c"))
+            {
                 return Self::Portable;
             }
             if std::env::var_os("ORCHD_NO_VNNI").is_none()

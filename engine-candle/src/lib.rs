@@ -39,6 +39,7 @@ mod pooling;
 mod prompt_cache;
 mod q4_1_cpu;
 mod q4_k_cpu;
+mod q5_0_cpu;
 mod q5_k_cpu;
 mod q6_k_cpu;
 mod q8_0_cpu;

@@ -1,9 +1,11 @@
-//! A CPU matmul for Q8_0 weights (and Q4_0 / Q5_0, whose values are Q8_0 blocks exactly):
+//! A CPU matmul for Q8_0 weights (and Q4_0, whose values are Q8_0 blocks exactly):
 //! activations quantized to Q8 blocks as ggml does, weights in tiles of eight rows.
 //!
 //! At load the weights are repacked into tiles of eight rows, as `q4_1_cpu.rs` does: per
 //! 32-element block, bytes `4g..4g+4` of the eight rows side by side in one 32-byte vector,
-//! and the rows' scales as eight f32 lanes. One lane then carries one weight row: a block's
+//! and apart from them the rows' scales as eight f16 lanes (as the file holds them: 34 bytes
+//! a row's block, as in the file — f32 scales read 6 % more per token, and single-stream
+//! decode reads every weight once a token), widened by `vcvtph2ps` in the kernel. One lane then carries one weight row: a block's
 //! exact integer dot `Σ q_w·q_a` comes out of `|q_w|` times the activation's four bytes
 //! (broadcast, with the weights' signs moved onto them) — `vpdpbusd` on AVX-512 VNNI,
 //! `maddubs` and `madd` on AVX2 — summed over the eight groups in i32; then per block and
@@ -23,14 +25,12 @@ use crate::cpu_quant::{rows_by_tiles, Acts, BlockQ81, QuantRows, Simd, QK, TILE_
 /// Weight rows per tile.
 const ROWS: usize = TILE_ROWS;
 
-/// One 32-element block of a tile's eight rows.
+/// One 32-element block of a tile's eight rows: `qs[g][4·row + i]` = element `4g + i` of
+/// that row's block.
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
 struct TileBlock {
-    /// `qs[g][4·row + i]` = element `4g + i` of that row's block.
     qs: [[i8; 32]; 8],
-    /// The rows' scales.
-    d: [f32; ROWS],
 }
 
 /// A `[n, k]` Q8_0 weight matrix in tiles of eight rows (the last tile padded with zero
@@ -40,6 +40,15 @@ pub(crate) struct Q80Matrix {
     k: usize,
     /// `blocks[t · nb + b]`: block `b` of tile `t`.
     blocks: Vec<TileBlock>,
+    /// `scales[t · nb + b]`: the eight rows' scales of that block (f16 bits).
+    scales: Vec<[u16; ROWS]>,
+}
+
+/// A tile's blocks and their scales.
+#[derive(Clone, Copy)]
+struct Tile<'a> {
+    blocks: &'a [TileBlock],
+    scales: &'a [[u16; ROWS]],
 }
 
 /// One stored block's 32 values as i8.
@@ -52,15 +61,6 @@ fn block_values(dtype: GgmlDType, c: &[u8]) -> [i8; 32] {
                 b[j + 16] = (v >> 4) as i8 - 8;
             }
         }
-        GgmlDType::Q5_0 => {
-            let qh = u32::from_le_bytes([c[2], c[3], c[4], c[5]]);
-            for (j, v) in c[6..22].iter().enumerate() {
-                let lo = (v & 0x0f) | (((qh >> j) & 1) << 4) as u8;
-                let hi = (v >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8;
-                b[j] = lo as i8 - 16;
-                b[j + 16] = hi as i8 - 16;
-            }
-        }
         _ => {
             for (o, v) in b.iter_mut().zip(&c[2..]) {
                 *o = *v as i8;
@@ -71,15 +71,14 @@ fn block_values(dtype: GgmlDType, c: &[u8]) -> [i8; 32] {
 }
 
 impl Q80Matrix {
-    /// Takes the raw blocks of a 2-D Q8_0 tensor, or of a Q4_0 / Q5_0 one — whose values are
-    /// whole multiples of their block's scale (−8..7 and −16..15 of it), so they are Q8_0
-    /// blocks exactly (the integer sums with Q8_0-quantized activations are llama.cpp's).
-    /// `None` for any other tensor.
+    /// Takes the raw blocks of a 2-D Q8_0 tensor, or of a Q4_0 one — whose values are whole
+    /// multiples of their block's scale (−8..7 of it), so they are Q8_0 blocks exactly (the
+    /// integer sums with Q8_0-quantized activations are llama.cpp's). `None` for any other
+    /// tensor (Q5_0 has its own tiles, `q5_0_cpu.rs`).
     pub fn from_qtensor(q: &QTensor) -> Option<Self> {
         let block = match q.dtype() {
             GgmlDType::Q8_0 => 34,
             GgmlDType::Q4_0 => 18,
-            GgmlDType::Q5_0 => 22,
             _ => return None,
         };
         let (n, k) = q.shape().dims2().ok()?;
@@ -91,28 +90,34 @@ impl Q80Matrix {
         if data.len() != n * nb * block {
             return None;
         }
-        let zero = TileBlock {
-            qs: [[0; 32]; 8],
-            d: [0.0; ROWS],
-        };
+        let zero = TileBlock { qs: [[0; 32]; 8] };
         let mut blocks = vec![zero; n.div_ceil(ROWS) * nb];
+        let mut scales = vec![[0u16; ROWS]; n.div_ceil(ROWS) * nb];
         for (j, row) in data.chunks_exact(nb * block).enumerate() {
             let (t, lane) = (j / ROWS, j % ROWS);
             for (b, c) in row.chunks_exact(block).enumerate() {
+                scales[t * nb + b][lane] = u16::from_le_bytes([c[0], c[1]]);
                 let tb = &mut blocks[t * nb + b];
-                tb.d[lane] = f16::from_le_bytes([c[0], c[1]]).to_f32();
                 let v = block_values(q.dtype(), c);
                 for (g, group) in tb.qs.iter_mut().enumerate() {
                     group[4 * lane..4 * lane + 4].copy_from_slice(&v[4 * g..4 * g + 4]);
                 }
             }
         }
-        Some(Self { n, k, blocks })
+        Some(Self {
+            n,
+            k,
+            blocks,
+            scales,
+        })
     }
 
-    fn tile(&self, t: usize) -> &[TileBlock] {
+    fn tile(&self, t: usize) -> Tile<'_> {
         let nb = self.k / QK;
-        &self.blocks[t * nb..(t + 1) * nb]
+        Tile {
+            blocks: &self.blocks[t * nb..(t + 1) * nb],
+            scales: &self.scales[t * nb..(t + 1) * nb],
+        }
     }
 }
 
@@ -138,11 +143,7 @@ impl QuantRows for Q80Matrix {
 }
 
 /// The eight rows of a tile times `R` activation rows: `[R][8]`.
-fn tile_dot<const R: usize>(
-    a: [&[BlockQ81]; R],
-    tile: &[TileBlock],
-    simd: Simd,
-) -> [[f32; ROWS]; R] {
+fn tile_dot<const R: usize>(a: [&[BlockQ81]; R], tile: Tile<'_>, simd: Simd) -> [[f32; ROWS]; R] {
     match simd {
         // SAFETY: each level is used only where `Simd::detect` found its features; each
         // activation row has as many blocks as the tile.
@@ -155,9 +156,10 @@ fn tile_dot<const R: usize>(
 }
 
 /// The arithmetic every path computes, one lane (row) at a time.
-fn tile_dot_portable(a: &[BlockQ81], tile: &[TileBlock]) -> [f32; ROWS] {
+fn tile_dot_portable(a: &[BlockQ81], tile: Tile<'_>) -> [f32; ROWS] {
     let mut acc = [0f32; ROWS];
-    for (tb, y) in tile.iter().zip(a) {
+    for ((tb, sc), y) in tile.blocks.iter().zip(tile.scales).zip(a) {
+        let d = sc.map(|s| f16::from_bits(s).to_f32());
         for (lane, acc) in acc.iter_mut().enumerate() {
             let mut sum = 0i32;
             for (g, group) in tb.qs.iter().enumerate() {
@@ -165,7 +167,7 @@ fn tile_dot_portable(a: &[BlockQ81], tile: &[TileBlock]) -> [f32; ROWS] {
                     sum += group[4 * lane + i] as i32 * y.qs[4 * g + i] as i32;
                 }
             }
-            *acc = (tb.d[lane] * y.d).mul_add(sum as f32, *acc);
+            *acc = (d[lane] * y.d).mul_add(sum as f32, *acc);
         }
     }
     acc
@@ -175,22 +177,19 @@ fn tile_dot_portable(a: &[BlockQ81], tile: &[TileBlock]) -> [f32; ROWS] {
 /// them) with `maddubs` + `madd` — exact: at most 4·128·127 in magnitude — the eight groups
 /// added in i32.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn tile_dot_avx2<const R: usize>(
-    a: [&[BlockQ81]; R],
-    tile: &[TileBlock],
-) -> [[f32; ROWS]; R] {
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_dot_avx2<const R: usize>(a: [&[BlockQ81]; R], tile: Tile<'_>) -> [[f32; ROWS]; R] {
     use std::arch::x86_64::*;
     let ones = _mm256_set1_epi16(1);
     let mut acc = [_mm256_setzero_ps(); R];
-    for (b, tb) in tile.iter().enumerate() {
+    for (b, (tb, sc)) in tile.blocks.iter().zip(tile.scales).enumerate() {
         let mut w = [_mm256_setzero_si256(); 8];
         let mut aw = [_mm256_setzero_si256(); 8];
         for g in 0..8 {
             w[g] = _mm256_load_si256(tb.qs[g].as_ptr() as *const __m256i);
             aw[g] = _mm256_sign_epi8(w[g], w[g]);
         }
-        let dw = _mm256_load_ps(tb.d.as_ptr());
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
         for r in 0..R {
             let y = &a[r][b];
             let p = y.qs.as_ptr();
@@ -218,21 +217,18 @@ unsafe fn tile_dot_avx2<const R: usize>(
 /// activation block's exact sum): the same integers as the AVX2 path, one instruction a
 /// group and activation row.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-unsafe fn tile_dot_vnni<const R: usize>(
-    a: [&[BlockQ81]; R],
-    tile: &[TileBlock],
-) -> [[f32; ROWS]; R] {
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn tile_dot_vnni<const R: usize>(a: [&[BlockQ81]; R], tile: Tile<'_>) -> [[f32; ROWS]; R] {
     use std::arch::x86_64::*;
     let flip = _mm256_set1_epi8(i8::MIN);
     let mut acc = [_mm256_setzero_ps(); R];
-    for (b, tb) in tile.iter().enumerate() {
+    for (b, (tb, sc)) in tile.blocks.iter().zip(tile.scales).enumerate() {
         let mut u = [_mm256_setzero_si256(); 8];
         for (g, u) in u.iter_mut().enumerate() {
             let w = _mm256_load_si256(tb.qs[g].as_ptr() as *const __m256i);
             *u = _mm256_xor_si256(w, flip);
         }
-        let dw = _mm256_load_ps(tb.d.as_ptr());
+        let dw = _mm256_cvtph_ps(_mm_loadu_si128(sc.as_ptr() as *const __m128i));
         for r in 0..R {
             let y = &a[r][b];
             let p = y.qs.as_ptr();
@@ -270,9 +266,14 @@ mod tests {
     /// Row `j`'s values and block scales, read back from the tiles.
     fn row_of(mat: &Q80Matrix, j: usize) -> Vec<f32> {
         let (t, lane) = (j / ROWS, j % ROWS);
-        mat.tile(t)
+        let tile = mat.tile(t);
+        tile.blocks
             .iter()
-            .flat_map(|tb| (0..32).map(move |e| tb.qs[e / 4][4 * lane + e % 4] as f32 * tb.d[lane]))
+            .zip(tile.scales)
+            .flat_map(|(tb, sc)| {
+                let d = f16::from_bits(sc[lane]).to_f32();
+                (0..32).map(move |e| tb.qs[e / 4][4 * lane + e % 4] as f32 * d)
+            })
             .collect()
     }
 
@@ -352,34 +353,35 @@ mod tests {
         let got = tile_dot_portable(&xq, mat.tile(0));
         for (j, got) in got.iter().take(3).enumerate() {
             let mut want = 0f32;
-            for (b, tb) in mat.tile(0).iter().enumerate() {
+            let tile = mat.tile(0);
+            for (b, (tb, sc)) in tile.blocks.iter().zip(tile.scales).enumerate() {
                 let sum: i32 = (0..32)
                     .map(|e| tb.qs[e / 4][4 * j + e % 4] as i32 * xq[b].qs[e] as i32)
                     .sum();
-                want = (tb.d[j] * xq[b].d).mul_add(sum as f32, want);
+                let d = f16::from_bits(sc[j]).to_f32();
+                want = (d * xq[b].d).mul_add(sum as f32, want);
             }
             assert_eq!(*got, want, "row {j}");
         }
     }
 
-    /// ENG-KQ-2: Q4_0 and Q5_0 blocks become Q8_0 blocks without changing a value.
+    /// ENG-KQ-2: Q4_0 blocks become Q8_0 blocks without changing a value (Q5_0 has its own
+    /// tiles, `q5_0_cpu.rs`).
     #[test]
-    fn q4_0_and_q5_0_are_taken_exactly() {
-        for dtype in [GgmlDType::Q4_0, GgmlDType::Q5_0] {
-            let (n, k) = (6, 96);
-            let w: Vec<f32> = (0..n * k).map(|i| ((i as f32) * 0.37).sin()).collect();
-            let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
-            let q = QTensor::quantize(&t, dtype).unwrap();
-            let want: Vec<f32> = q
-                .dequantize(&Device::Cpu)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1()
-                .unwrap();
-            let mat = Q80Matrix::from_qtensor(&q).unwrap();
-            let got: Vec<f32> = (0..n).flat_map(|j| row_of(&mat, j)).collect();
-            assert_eq!(got, want, "{dtype:?}");
-        }
+    fn q4_0_is_taken_exactly() {
+        let (n, k) = (6, 96);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i as f32) * 0.37).sin()).collect();
+        let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+        let q = QTensor::quantize(&t, GgmlDType::Q4_0).unwrap();
+        let want: Vec<f32> = q
+            .dequantize(&Device::Cpu)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1()
+            .unwrap();
+        let mat = Q80Matrix::from_qtensor(&q).unwrap();
+        let got: Vec<f32> = (0..n).flat_map(|j| row_of(&mat, j)).collect();
+        assert_eq!(got, want);
     }
 }

@@ -13,6 +13,7 @@ use crate::error::{message_of, EngineError, Result};
 use crate::hparams::Hparams;
 use crate::q4_1_cpu::Q41Matrix;
 use crate::q4_k_cpu::Q4KMatrix;
+use crate::q5_0_cpu::Q50Matrix;
 use crate::q5_k_cpu::Q5KMatrix;
 use crate::q6_k_cpu::Q6KMatrix;
 use crate::q8_0_cpu::Q80Matrix;
@@ -53,6 +54,8 @@ pub(crate) enum Linear {
     Dense(Tensor),
     /// Q4_1 on the CPU with the eight-row-tile SIMD kernel.
     Q41(Q41Matrix),
+    /// Q5_0 on the CPU, five bits a value in eight-row tiles.
+    Q50(Q50Matrix),
     /// Q8_0 on the CPU with the llama.cpp-arithmetic SIMD kernel.
     Q80(Q80Matrix),
     /// Q4_K on the CPU with llama.cpp's arithmetic, four activation rows per weight pass.
@@ -113,6 +116,7 @@ impl Linear {
         match self {
             Self::Candle(_) | Self::Dense(_) => None,
             Self::Q41(w) => Some(w),
+            Self::Q50(w) => Some(w),
             Self::Q80(w) => Some(w),
             Self::Q4K(w) => Some(w),
             Self::Q5K(w) => Some(w),
@@ -361,6 +365,9 @@ fn linear(q: QTensor, device: &Device, format: WeightFormat) -> Result<Linear> {
     if format == WeightFormat::Auto && device.is_cpu() {
         if let Some(m) = Q41Matrix::from_qtensor(&q) {
             return Ok(Linear::Q41(m));
+        }
+        if let Some(m) = Q50Matrix::from_qtensor(&q) {
+            return Ok(Linear::Q50(m));
         }
         if let Some(m) = Q80Matrix::from_qtensor(&q) {
             return Ok(Linear::Q80(m));
