@@ -46,6 +46,7 @@ mod q8_0_cpu;
 mod rms_norm;
 mod rotary;
 mod sampling;
+mod scaled_tiles;
 mod scheduler;
 mod spm_vocab;
 mod step_budget;

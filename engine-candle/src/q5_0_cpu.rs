@@ -21,7 +21,8 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-use crate::cpu_quant::{rows_by_tiles, Acts, BlockQ81, QuantRows, Simd, QK, TILE_ROWS};
+use crate::cpu_quant::{BlockQ81, Simd, TILE_ROWS};
+use crate::scaled_tiles::{self, ScaledTiles, TileFormat};
 
 /// Weight rows per tile.
 const ROWS: usize = TILE_ROWS;
@@ -29,7 +30,7 @@ const ROWS: usize = TILE_ROWS;
 /// One 32-element block of a tile's eight rows, five bits a value.
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
-struct TileBlock {
+pub(crate) struct TileBlock {
     /// `qs[g][4·row + i]`: byte `4g + i` of that row's nibbles (elements `4g + i` low,
     /// `16 + 4g + i` high).
     qs: [[u8; 32]; 4],
@@ -39,21 +40,9 @@ struct TileBlock {
 
 /// A `[n, k]` Q5_0 weight matrix in tiles of eight rows (the last tile padded with zero
 /// rows).
-pub(crate) struct Q50Matrix {
-    n: usize,
-    k: usize,
-    /// `blocks[t · nb + b]`: block `b` of tile `t`.
-    blocks: Vec<TileBlock>,
-    /// `scales[t · nb + b]`: the eight rows' scales of that block (f16 bits).
-    scales: Vec<[u16; ROWS]>,
-}
+pub(crate) type Q50Matrix = ScaledTiles<TileBlock>;
 
-/// A tile's blocks and their scales.
-#[derive(Clone, Copy)]
-struct Tile<'a> {
-    blocks: &'a [TileBlock],
-    scales: &'a [[u16; ROWS]],
-}
+type Tile<'a> = scaled_tiles::Tile<'a, TileBlock>;
 
 /// d (f16), the fifth bits (u32), 16 bytes of nibbles.
 const STORED: usize = 22;
@@ -65,71 +54,28 @@ impl Q50Matrix {
             return None;
         }
         let (n, k) = q.shape().dims2().ok()?;
-        if k % QK != 0 {
-            return None;
-        }
         let data = q.data().ok()?;
-        let nb = k / QK;
-        if data.len() != n * nb * STORED {
-            return None;
-        }
-        let zero = TileBlock {
-            qs: [[0; 32]; 4],
-            hi: [0; 32],
-        };
-        let tiles = n.div_ceil(ROWS);
-        let mut blocks = vec![zero; tiles * nb];
-        let mut scales = vec![[0u16; ROWS]; tiles * nb];
-        for (j, row) in data.chunks_exact(nb * STORED).enumerate() {
-            let (t, lane) = (j / ROWS, j % ROWS);
-            for (b, c) in row.chunks_exact(STORED).enumerate() {
-                scales[t * nb + b][lane] = u16::from_le_bytes([c[0], c[1]]);
-                let qh = u32::from_le_bytes([c[2], c[3], c[4], c[5]]);
-                let tb = &mut blocks[t * nb + b];
-                for (g, group) in tb.qs.iter_mut().enumerate() {
-                    group[4 * lane..4 * lane + 4].copy_from_slice(&c[6 + 4 * g..10 + 4 * g]);
-                }
-                for e in 0..32 {
-                    let (g, i) = (e / 4, e % 4);
-                    tb.hi[4 * lane + i] |= (((qh >> e) & 1) as u8) << g;
-                }
+        Self::from_blocks(n, k, &data, STORED, |tb: &mut TileBlock, lane, c| {
+            let qh = u32::from_le_bytes([c[2], c[3], c[4], c[5]]);
+            for (g, group) in tb.qs.iter_mut().enumerate() {
+                group[4 * lane..4 * lane + 4].copy_from_slice(&c[6 + 4 * g..10 + 4 * g]);
             }
-        }
-        Some(Self {
-            n,
-            k,
-            blocks,
-            scales,
+            for e in 0..32 {
+                let (g, i) = (e / 4, e % 4);
+                tb.hi[4 * lane + i] |= (((qh >> e) & 1) as u8) << g;
+            }
         })
-    }
-
-    fn tile(&self, t: usize) -> Tile<'_> {
-        let nb = self.k / QK;
-        Tile {
-            blocks: &self.blocks[t * nb..(t + 1) * nb],
-            scales: &self.scales[t * nb..(t + 1) * nb],
-        }
     }
 }
 
-impl QuantRows for Q50Matrix {
-    fn n(&self) -> usize {
-        self.n
-    }
+impl TileFormat for TileBlock {
+    const ZERO: Self = Self {
+        qs: [[0; 32]; 4],
+        hi: [0; 32],
+    };
 
-    fn k(&self) -> usize {
-        self.k
-    }
-
-    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
-        rows_by_tiles(
-            j0,
-            count,
-            a,
-            out,
-            |t, rows| tile_dot(rows, self.tile(t), simd),
-            |t, row| tile_dot([row], self.tile(t), simd)[0],
-        );
+    fn dot<const R: usize>(a: [&[BlockQ81]; R], tile: Tile<'_>, simd: Simd) -> [[f32; ROWS]; R] {
+        tile_dot(a, tile, simd)
     }
 }
 
@@ -265,6 +211,7 @@ mod tests {
     use super::*;
     use crate::cpu_quant::matmul_into;
     use crate::cpu_quant::quantize_q8_1;
+    use crate::cpu_quant::QK;
     use candle_core::{Device, Module, Tensor};
 
     fn matrix(n: usize, k: usize) -> QTensor {

@@ -20,7 +20,8 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-use crate::cpu_quant::{rows_by_tiles, Acts, BlockQ81, QuantRows, Simd, QK, TILE_ROWS};
+use crate::cpu_quant::{BlockQ81, Simd, TILE_ROWS};
+use crate::scaled_tiles::{self, ScaledTiles, TileFormat};
 
 /// Weight rows per tile.
 const ROWS: usize = TILE_ROWS;
@@ -29,27 +30,15 @@ const ROWS: usize = TILE_ROWS;
 /// that row's block.
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
-struct TileBlock {
+pub(crate) struct TileBlock {
     qs: [[i8; 32]; 8],
 }
 
 /// A `[n, k]` Q8_0 weight matrix in tiles of eight rows (the last tile padded with zero
 /// rows).
-pub(crate) struct Q80Matrix {
-    n: usize,
-    k: usize,
-    /// `blocks[t · nb + b]`: block `b` of tile `t`.
-    blocks: Vec<TileBlock>,
-    /// `scales[t · nb + b]`: the eight rows' scales of that block (f16 bits).
-    scales: Vec<[u16; ROWS]>,
-}
+pub(crate) type Q80Matrix = ScaledTiles<TileBlock>;
 
-/// A tile's blocks and their scales.
-#[derive(Clone, Copy)]
-struct Tile<'a> {
-    blocks: &'a [TileBlock],
-    scales: &'a [[u16; ROWS]],
-}
+type Tile<'a> = scaled_tiles::Tile<'a, TileBlock>;
 
 /// One stored block's 32 values as i8.
 fn block_values(dtype: GgmlDType, c: &[u8]) -> [i8; 32] {
@@ -76,69 +65,27 @@ impl Q80Matrix {
     /// integer sums with Q8_0-quantized activations are llama.cpp's). `None` for any other
     /// tensor (Q5_0 has its own tiles, `q5_0_cpu.rs`).
     pub fn from_qtensor(q: &QTensor) -> Option<Self> {
-        let block = match q.dtype() {
-            GgmlDType::Q8_0 => 34,
-            GgmlDType::Q4_0 => 18,
+        let (dtype, stored) = match q.dtype() {
+            GgmlDType::Q8_0 => (GgmlDType::Q8_0, 34),
+            GgmlDType::Q4_0 => (GgmlDType::Q4_0, 18),
             _ => return None,
         };
         let (n, k) = q.shape().dims2().ok()?;
-        if k % QK != 0 {
-            return None;
-        }
         let data = q.data().ok()?;
-        let nb = k / QK;
-        if data.len() != n * nb * block {
-            return None;
-        }
-        let zero = TileBlock { qs: [[0; 32]; 8] };
-        let mut blocks = vec![zero; n.div_ceil(ROWS) * nb];
-        let mut scales = vec![[0u16; ROWS]; n.div_ceil(ROWS) * nb];
-        for (j, row) in data.chunks_exact(nb * block).enumerate() {
-            let (t, lane) = (j / ROWS, j % ROWS);
-            for (b, c) in row.chunks_exact(block).enumerate() {
-                scales[t * nb + b][lane] = u16::from_le_bytes([c[0], c[1]]);
-                let tb = &mut blocks[t * nb + b];
-                let v = block_values(q.dtype(), c);
-                for (g, group) in tb.qs.iter_mut().enumerate() {
-                    group[4 * lane..4 * lane + 4].copy_from_slice(&v[4 * g..4 * g + 4]);
-                }
+        Self::from_blocks(n, k, &data, stored, |tb: &mut TileBlock, lane, c| {
+            let v = block_values(dtype, c);
+            for (g, group) in tb.qs.iter_mut().enumerate() {
+                group[4 * lane..4 * lane + 4].copy_from_slice(&v[4 * g..4 * g + 4]);
             }
-        }
-        Some(Self {
-            n,
-            k,
-            blocks,
-            scales,
         })
-    }
-
-    fn tile(&self, t: usize) -> Tile<'_> {
-        let nb = self.k / QK;
-        Tile {
-            blocks: &self.blocks[t * nb..(t + 1) * nb],
-            scales: &self.scales[t * nb..(t + 1) * nb],
-        }
     }
 }
 
-impl QuantRows for Q80Matrix {
-    fn n(&self) -> usize {
-        self.n
-    }
+impl TileFormat for TileBlock {
+    const ZERO: Self = Self { qs: [[0; 32]; 8] };
 
-    fn k(&self) -> usize {
-        self.k
-    }
-
-    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
-        rows_by_tiles(
-            j0,
-            count,
-            a,
-            out,
-            |t, rows| tile_dot(rows, self.tile(t), simd),
-            |t, row| tile_dot([row], self.tile(t), simd)[0],
-        );
+    fn dot<const R: usize>(a: [&[BlockQ81]; R], tile: Tile<'_>, simd: Simd) -> [[f32; ROWS]; R] {
+        tile_dot(a, tile, simd)
     }
 }
 
@@ -253,6 +200,7 @@ mod tests {
     use super::*;
     use crate::cpu_quant::matmul_into;
     use crate::cpu_quant::quantize_q8_1;
+    use crate::cpu_quant::QK;
     use candle_core::{Device, Module, Tensor};
 
     fn matrix(n: usize, k: usize) -> QTensor {
