@@ -3,6 +3,8 @@
 //! the horizontal sum ggml uses, CPU feature detection, and the parallel row loop.
 
 use crate::cpu_parallel::{current_workers, par_chunks_mut};
+pub(crate) use crate::result_rows::ResultRows;
+use crate::result_rows::RowStart;
 
 #[cfg(test)]
 pub(crate) use crate::act_quant::{quantize_q8_1, quantize_q8_k};
@@ -116,10 +118,10 @@ pub(crate) trait QuantRows: Sync {
     fn act_blocks(&self) -> ActBlocks {
         ActBlocks::Q8_1
     }
-    /// Weight rows `j0..j0 + count` times the `m` activation rows into `out[jj · m + r]`.
-    /// A result depends only on its weight row and its activation row, never on `j0`,
-    /// `count` or `m`.
-    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]);
+    /// Weight rows `j0..j0 + count` times the `m` activation rows: every element of `out`
+    /// written, row `r`'s column `jj` its weight row `j0 + jj`. A result depends only on its
+    /// weight row and its activation row, never on `j0`, `count` or `m`.
+    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut ResultRows<'_>);
     /// The weight as float rows, when it is stored as floats (`quantized_matmuls` then writes
     /// each result in place, with no transposed copy).
     fn dense(&self) -> Option<&crate::dense_cpu::DenseRows> {
@@ -161,19 +163,19 @@ pub(crate) fn quantized_affine(
         }
         return outs;
     }
-    let (mut cols, starts) = columns(ws, x, m);
-    if m == 1 && ws.len() == 1 {
-        // one row of one weight: the kernels' output is the result
-        if let Some(b) = bias(0) {
-            add_to_rows(&mut cols, b);
-        }
-        return vec![cols];
+    let n_of: Vec<usize> = ws.iter().map(|w| w.n()).collect();
+    let mut outs: Vec<Vec<f32>> = n_of.iter().map(|&n| Vec::with_capacity(m * n)).collect();
+    let starts: Vec<Vec<RowStart>> = outs
+        .iter_mut()
+        .zip(&n_of)
+        .map(|(o, &n)| (0..m).map(|r| RowStart::spare(o, r * n)).collect())
+        .collect();
+    fill(ws, biases, x, m, &starts);
+    for (o, &n) in outs.iter_mut().zip(&n_of) {
+        // SAFETY: `fill` wrote every row's n columns (a panic there propagates first).
+        unsafe { o.set_len(m * n) };
     }
-    ws.iter()
-        .zip(&starts)
-        .enumerate()
-        .map(|(i, (w, &s0))| transposed(&cols, s0, w.n(), m, bias(i)))
-        .collect()
+    outs
 }
 
 /// `b` added to every row of `out` (rows of `b.len()`), large results split among the workers.
@@ -194,8 +196,7 @@ fn add_to_rows(out: &mut [f32], b: &[f32]) {
 }
 
 /// One weight's [`quantized_matmuls`] as `m` rows of `n` (the logits, one row a sequence):
-/// the same numbers, each row its own vector, built without a flat result to copy from (a
-/// single row is the kernels' output itself).
+/// the same numbers, each row its own vector, written there by the kernels.
 pub(crate) fn quantized_rows(w: &dyn QuantRows, x: &[f32], m: usize) -> Vec<Vec<f32>> {
     let n = w.n();
     if w.dense().is_some() {
@@ -203,36 +204,27 @@ pub(crate) fn quantized_rows(w: &dyn QuantRows, x: &[f32], m: usize) -> Vec<Vec<
         return flat.chunks(n.max(1)).map(<[f32]>::to_vec).collect();
     }
     assert!(x.len() == m * w.k());
-    let (cols, _) = columns(&[w], x, m);
-    transposed_rows(cols, n, m)
-}
-
-/// [`transposed`] of a whole `cols` (`n` weight rows) as `m` vectors, each filled in order
-/// (nothing zeroed first); one row is `cols` itself.
-fn transposed_rows(cols: Vec<f32>, n: usize, m: usize) -> Vec<Vec<f32>> {
-    if m == 1 {
-        return vec![cols];
-    }
     let mut rows: Vec<Vec<f32>> = (0..m).map(|_| Vec::with_capacity(n)).collect();
-    let per = match m * n >= 64 << 10 {
-        true => m.div_ceil(2 * current_workers()),
-        false => m,
-    };
-    par_chunks_mut(&mut rows, per, |c, dst| {
-        let r0 = c * per;
-        for jb in (0..n).step_by(TRANSPOSED_COLUMNS) {
-            let je = (jb + TRANSPOSED_COLUMNS).min(n);
-            for (rr, row) in dst.iter_mut().enumerate() {
-                row.extend((jb..je).map(|j| cols[j * m + r0 + rr]));
-            }
-        }
-    });
+    let starts: Vec<RowStart> = rows.iter_mut().map(|v| RowStart::spare(v, 0)).collect();
+    fill(&[w], &[], x, m, &[starts]);
+    for v in &mut rows {
+        // SAFETY: `fill` wrote the row's n columns (a panic there propagates first).
+        unsafe { v.set_len(n) };
+    }
     rows
 }
 
-/// The kernels' output for `ws` over the `m` rows of `x`: `cols[g · m + r]`, global weight
-/// row `g` (weight `i`'s rows from `starts[i]`) times activation row `r`.
-fn columns(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> (Vec<f32>, Vec<usize>) {
+/// `ws` over the `m` rows of `x`, plus weight `i`'s bias where `biases[i]` is given: weight
+/// `i`'s result for activation row `r` written from `starts[i][r]` on (its `n` columns, each
+/// element once). One parallel job over the weights' rows together.
+fn fill(
+    ws: &[&dyn QuantRows],
+    biases: &[Option<&[f32]>],
+    x: &[f32],
+    m: usize,
+    starts: &[Vec<RowStart>],
+) {
+    assert!(starts.len() == ws.len() && starts.iter().all(|s| s.len() == m));
     let k = ws.first().map_or(0, |w| w.k());
     let takes = |b: ActBlocks| ws.iter().any(|w| w.act_blocks() == b);
     let xq: Vec<BlockQ81> = match takes(ActBlocks::Q8_1) {
@@ -244,12 +236,12 @@ fn columns(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> (Vec<f32>, Vec<usize>)
         false => Vec::new(),
     };
     let simd = Simd::current();
-    // weight i has global rows starts[i]..starts[i + 1]
-    let mut starts = vec![0];
+    // weight i has global rows first[i]..first[i + 1]
+    let mut first = vec![0];
     for w in ws {
-        starts.push(starts[starts.len() - 1] + w.n());
+        first.push(first[first.len() - 1] + w.n());
     }
-    let total = starts[ws.len()];
+    let total = first[ws.len()];
     // about eight chunks per worker, so the last chunks of a job even out (a worker that is
     // late or descheduled leaves its share to the others), but never chunks so small that
     // taking one costs much next to its work (≥ 64 Ki multiply-adds); whole tiles of eight
@@ -262,92 +254,29 @@ fn columns(ws: &[&dyn QuantRows], x: &[f32], m: usize) -> (Vec<f32>, Vec<usize>)
         .div_ceil(per_worker * current_workers())
         .max((64 << 10) / (m * k).max(1))
         .next_multiple_of(8);
-    // cols[g · m + r]: global weight row g times activation row r. Each worker zeroes its
-    // own chunks right before the kernels write them (the logits of eight sequences are 8 MiB:
-    // zeroed up front, on one thread, that was ~2.5 % of a decode step)
-    let mut cols: Vec<f32> = Vec::with_capacity(m * total);
-    par_chunks_mut(
-        &mut cols.spare_capacity_mut()[..m * total],
-        rows * m,
-        |c, dst| {
-            dst.fill(std::mem::MaybeUninit::new(0.0));
-            // SAFETY: every element of `dst` was initialised just above, and `MaybeUninit<f32>`
-            // has the layout of `f32`.
-            let dst = unsafe { &mut *(dst as *mut [std::mem::MaybeUninit<f32>] as *mut [f32]) };
-            let (mut g, end) = (c * rows, c * rows + dst.len() / m);
-            while g < end {
-                let i = starts.partition_point(|&s| s <= g) - 1;
-                let count = end.min(starts[i + 1]) - g;
-                let o = (g - c * rows) * m;
-                let a = Acts {
-                    xq: &xq,
-                    xk: &xk,
-                    xf: x,
-                    m,
-                };
-                ws[i].rows_into(g - starts[i], count, a, simd, &mut dst[o..o + count * m]);
-                g += count;
+    let mut chunks = vec![(); total.div_ceil(rows)];
+    par_chunks_mut(&mut chunks, 1, |c, _| {
+        let (mut g, end) = (c * rows, ((c + 1) * rows).min(total));
+        let a = Acts {
+            xq: &xq,
+            xk: &xk,
+            xf: x,
+            m,
+        };
+        while g < end {
+            let i = first.partition_point(|&s| s <= g) - 1;
+            let (j0, count) = (g - first[i], end.min(first[i + 1]) - g);
+            // SAFETY: the chunks cover disjoint global rows, so columns j0..j0 + count of
+            // weight i's rows are this chunk's alone; every row start has room for the
+            // weight's n columns (the callers' buffers outlive the job).
+            let mut out = unsafe { ResultRows::new(&starts[i], j0, count) };
+            ws[i].rows_into(j0, count, a, simd, &mut out);
+            if let Some(b) = biases.get(i).copied().flatten() {
+                out.add_to_every_row(&b[j0..j0 + count]);
             }
-        },
-    );
-    // SAFETY: the chunks cover the first m · total elements, each initialised by its worker
-    // (`par_chunks_mut` returns once every chunk's call has; a panic there propagates before
-    // this line).
-    unsafe { cols.set_len(m * total) };
-    (cols, starts)
-}
-
-/// Columns of `cols` a transposition reads at a time (their rows stay in L1).
-const TRANSPOSED_COLUMNS: usize = 32;
-
-/// The `m × n` result of weight rows `s0..s0 + n` from `cols` (`cols[g · m + r]`), plus
-/// `bias` where given: in blocks of 32 columns, so the rows of `cols` read stay in L1 and the
-/// writes are contiguous; large results split by rows among the workers.
-fn transposed(cols: &[f32], s0: usize, n: usize, m: usize, bias: Option<&[f32]>) -> Vec<f32> {
-    const COLUMNS: usize = TRANSPOSED_COLUMNS;
-    if m == 1 {
-        let mut out = cols[s0..s0 + n].to_vec();
-        if let Some(b) = bias {
-            add_to_rows(&mut out, b);
+            g += count;
         }
-        return out;
-    }
-    let rows = match m * n >= 64 << 10 {
-        true => m.div_ceil(2 * current_workers()),
-        false => m,
-    };
-    // written once by the workers, not zeroed first (an encoder's 282 rows × 1,536: zeroed
-    // on one thread, that was ~7 % of a batch of short inputs)
-    let mut out: Vec<f32> = Vec::with_capacity(m * n);
-    par_chunks_mut(
-        &mut out.spare_capacity_mut()[..m * n],
-        rows * n,
-        |c, dst| {
-            let r0 = c * rows;
-            for jb in (0..n).step_by(COLUMNS) {
-                let cols_of = |j: usize| &cols[(s0 + j) * m + r0..];
-                let je = (jb + COLUMNS).min(n);
-                for (rr, row) in dst.chunks_exact_mut(n).enumerate() {
-                    match bias {
-                        Some(b) => {
-                            for (j, v) in row[jb..je].iter_mut().enumerate() {
-                                v.write(cols_of(jb + j)[rr] + b[jb + j]);
-                            }
-                        }
-                        None => {
-                            for (j, v) in row[jb..je].iter_mut().enumerate() {
-                                v.write(cols_of(jb + j)[rr]);
-                            }
-                        }
-                    }
-                }
-            }
-        },
-    );
-    // SAFETY: every chunk's rows were written in every column (`jb` covers `0..n`, `rr`
-    // every row of the chunk, the chunks every row of `0..m`).
-    unsafe { out.set_len(m * n) };
-    out
+    });
 }
 
 /// One weight's `quantized_matmuls` into `out` (`m × n`).
@@ -368,17 +297,18 @@ pub(crate) fn rows_by_tiles(
     j0: usize,
     count: usize,
     a: Acts<'_>,
-    out: &mut [f32],
+    out: &mut ResultRows<'_>,
     dot4: impl Fn(usize, [&[BlockQ81]; 4]) -> [[f32; TILE_ROWS]; 4],
     dot1: impl Fn(usize, &[BlockQ81]) -> [f32; TILE_ROWS],
 ) {
     let (m, row) = (a.m, |r: usize| a.row(r));
+    assert!(out.m() == m && out.count() == count);
     let end = j0 + count;
     for t in j0 / TILE_ROWS..end.div_ceil(TILE_ROWS) {
         let lanes = (t * TILE_ROWS).max(j0)..((t + 1) * TILE_ROWS).min(end);
         let mut put = |r: usize, res: &[f32; TILE_ROWS]| {
             for j in lanes.clone() {
-                out[(j - j0) * m + r] = res[j - t * TILE_ROWS];
+                out.put(r, j - j0, res[j - t * TILE_ROWS]);
             }
         };
         let mut r = 0;
@@ -408,23 +338,26 @@ pub(crate) fn rows_by_dots<'a, B: 'a>(
     m: usize,
     row: impl Fn(usize) -> &'a [B],
     simd: Simd,
-    out: &mut [f32],
+    out: &mut ResultRows<'_>,
     dot4: impl Fn(usize, [&'a [B]; 4]) -> [f32; 4],
     dot: impl Fn(usize, &'a [B]) -> f32,
 ) {
+    assert!(out.m() == m && out.count() == count);
     for t0 in (0..count).step_by(WEIGHT_ROWS_PER_TILE) {
         let tile = t0..count.min(t0 + WEIGHT_ROWS_PER_TILE);
         let mut r = 0;
         while simd != Simd::Portable && r + 4 <= m {
             let rows = [row(r), row(r + 1), row(r + 2), row(r + 3)];
             for jj in tile.clone() {
-                out[jj * m + r..jj * m + r + 4].copy_from_slice(&dot4(j0 + jj, rows));
+                for (i, v) in dot4(j0 + jj, rows).into_iter().enumerate() {
+                    out.put(r + i, jj, v);
+                }
             }
             r += 4;
         }
         for jj in tile {
             for rr in r..m {
-                out[jj * m + rr] = dot(j0 + jj, row(rr));
+                out.put(rr, jj, dot(j0 + jj, row(rr)));
             }
         }
     }
@@ -433,39 +366,58 @@ pub(crate) fn rows_by_dots<'a, B: 'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::q8_0_cpu::Q80Matrix;
+    use candle_core::quantized::{GgmlDType, QTensor};
+    use candle_core::{Device, Tensor};
 
+    /// Every result lands in its row and column whatever the sizes (one chunk; many chunks
+    /// split among the workers, a chunk crossing from one weight into the next), equal to the
+    /// row computed alone; the logits' form (a vector a row) holds the same numbers, and a
+    /// bias added as the result is written has the bits of adding it after.
     #[test]
     fn results_come_out_row_major_whatever_their_size() {
-        // small (one chunk), large (split among the workers, a last block of columns short)
-        for (m, n, s0) in [(3, 10, 0), (1, 7, 2), (70, 1001, 5), (130, 520, 0)] {
-            let total = s0 + n + 3;
-            let cols: Vec<f32> = (0..total * m).map(|i| i as f32).collect();
-            let out = transposed(&cols, s0, n, m, None);
-            for r in 0..m {
-                for j in 0..n {
-                    assert_eq!(out[r * n + j], cols[(s0 + j) * m + r], "{m}x{n} @{r},{j}");
+        let k = 64;
+        let weight = |n: usize, salt: usize| {
+            let w: Vec<f32> = (0..n * k)
+                .map(|i| (((i * 31 + salt) % 97) as f32 / 48.0 - 1.0) * 0.4)
+                .collect();
+            let t = Tensor::from_vec(w, (n, k), &Device::Cpu).unwrap();
+            Q80Matrix::from_qtensor(&QTensor::quantize(&t, GgmlDType::Q8_0).unwrap()).unwrap()
+        };
+        for (m, ns) in [
+            (3, vec![10]),
+            (1, vec![7, 9]),
+            (9, vec![1001, 520, 64]),
+            (130, vec![520]),
+        ] {
+            let ws: Vec<Q80Matrix> = ns.iter().enumerate().map(|(i, &n)| weight(n, i)).collect();
+            let rows: Vec<&dyn QuantRows> = ws.iter().map(|w| w as &dyn QuantRows).collect();
+            let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin() * 2.0).collect();
+            let outs = quantized_matmuls(&rows, &x, m);
+            let biases: Vec<Vec<f32>> = ns
+                .iter()
+                .map(|&n| (0..n).map(|j| (j as f32 * 0.11).cos()).collect())
+                .collect();
+            let given: Vec<Option<&[f32]>> = biases.iter().map(|b| Some(b.as_slice())).collect();
+            let biased = quantized_affine(&rows, &given, &x, m);
+            for (i, (w, &n)) in rows.iter().zip(&ns).enumerate() {
+                assert_eq!(outs[i].len(), m * n);
+                let as_rows = quantized_rows(*w, &x, m);
+                assert_eq!(as_rows.len(), m);
+                for r in 0..m {
+                    let alone = quantized_matmuls(&[*w], &x[r * k..(r + 1) * k], 1).remove(0);
+                    let got = &outs[i][r * n..(r + 1) * n];
+                    assert_eq!(got, alone.as_slice(), "weight {i}, {m} rows: row {r}");
+                    assert_eq!(as_rows[r], alone, "weight {i} as rows, row {r}");
+                    for j in 0..n {
+                        let want = got[j] + biases[i][j];
+                        assert_eq!(
+                            biased[i][r * n + j].to_bits(),
+                            want.to_bits(),
+                            "{i} @{r},{j}"
+                        );
+                    }
                 }
-            }
-            // a bias added as the result is written: the bits of adding it after
-            let bias: Vec<f32> = (0..n).map(|j| (j as f32 * 0.37).sin()).collect();
-            let biased = transposed(&cols, s0, n, m, Some(&bias));
-            for r in 0..m {
-                for j in 0..n {
-                    let want = cols[(s0 + j) * m + r] + bias[j];
-                    assert_eq!(
-                        biased[r * n + j].to_bits(),
-                        want.to_bits(),
-                        "{m}x{n} @{r},{j}"
-                    );
-                }
-            }
-            // the logits' form: the whole of cols, a vector a row
-            let whole = &cols[..total * m];
-            let rows = transposed_rows(whole.to_vec(), total, m);
-            assert_eq!(rows.len(), m);
-            for (r, row) in rows.iter().enumerate() {
-                let want: Vec<f32> = (0..total).map(|j| whole[j * m + r]).collect();
-                assert_eq!(row, &want, "{m}x{total} row {r}");
             }
         }
     }

@@ -16,7 +16,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use candle_core::Device;
 
-use crate::cpu_quant::{ActBlocks, Acts, QuantRows, Simd};
+use crate::cpu_quant::{ActBlocks, Acts, QuantRows, ResultRows, Simd};
 
 /// A float `[n, k]` weight, f32, column-major: `W[j, c]` at `cols[c · n + j]`.
 pub(crate) struct DenseRows {
@@ -109,16 +109,31 @@ impl QuantRows for DenseRows {
         Some(self)
     }
 
-    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, _simd: Simd, out: &mut [f32]) {
+    fn rows_into(
+        &self,
+        j0: usize,
+        count: usize,
+        a: Acts<'_>,
+        _simd: Simd,
+        out: &mut ResultRows<'_>,
+    ) {
         let m = a.m;
         assert!(
-            out.len() == count * m,
+            out.count() == count && out.m() == m,
             "dense rows {j0}+{count}: {} results for {m} rows",
-            out.len()
+            out.count()
         );
-        // out[jj · m + r]: row stride m, column stride 1
-        // SAFETY: out holds count × m elements, all ours (a unique borrow).
-        unsafe { self.rows_times(j0..j0 + count, a.xf, m, out.as_mut_ptr(), m as isize, 1) };
+        // only a float weight among quantized ones comes here (the rest go through
+        // `matmuls`): its columns computed together, then put in place
+        let mut part = vec![0f32; count * m];
+        // part[jj · m + r]: row stride m, column stride 1
+        // SAFETY: part holds count × m elements, all ours (a unique borrow).
+        unsafe { self.rows_times(j0..j0 + count, a.xf, m, part.as_mut_ptr(), m as isize, 1) };
+        for (jj, col) in part.chunks_exact(m.max(1)).enumerate() {
+            for (r, &v) in col.iter().enumerate() {
+                out.put(r, jj, v);
+            }
+        }
     }
 }
 
@@ -169,6 +184,7 @@ pub(crate) fn matmuls(ws: &[&DenseRows], x: &[f32], m: usize) -> Vec<Vec<f32>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::result_rows::RowStart;
     use candle_core::Tensor;
 
     fn weight(n: usize, k: usize, salt: usize) -> (Vec<f32>, DenseRows) {
@@ -229,20 +245,27 @@ mod tests {
                 }
             }
             // one weight's rows 3..20 alone, as the mixed (float and quantized) path asks:
-            // out[jj · m + r], the same values
+            // each activation row's columns, the same values
             let (w, d) = &ws[0];
-            let mut part = vec![0f32; 17 * m];
+            let mut part: Vec<Vec<f32>> = (0..m).map(|_| Vec::with_capacity(17)).collect();
+            let starts: Vec<RowStart> = part.iter_mut().map(|v| RowStart::spare(v, 0)).collect();
             let acts = Acts {
                 xq: &[],
                 xk: &[],
                 xf: &x,
                 m,
             };
-            d.rows_into(3, 17, acts, Simd::current(), &mut part);
+            // SAFETY: columns 0..17 of rows with room for 17, nothing else touching them.
+            let mut out = unsafe { ResultRows::new(&starts, 0, 17) };
+            d.rows_into(3, 17, acts, Simd::current(), &mut out);
+            for v in &mut part {
+                // SAFETY: rows_into wrote the 17 columns of every row.
+                unsafe { v.set_len(17) };
+            }
             for jj in 0..17 {
                 for r in 0..m {
                     let want: f32 = (0..k).map(|c| w[(3 + jj) * k + c] * x[r * k + c]).sum();
-                    let got = part[jj * m + r];
+                    let got = part[r][jj];
                     assert!(
                         (got - want).abs() < 1e-4,
                         "rows_into [{jj}, {r}]: {got} vs {want}"

@@ -6,7 +6,9 @@
 
 use candle_core::quantized::{GgmlDType, QTensor};
 
-use crate::cpu_quant::{rows_by_dots, ActBlocks, Acts, BlockQ8K, QuantRows, Simd, QK_K};
+use crate::cpu_quant::{
+    rows_by_dots, ActBlocks, Acts, BlockQ8K, QuantRows, ResultRows, Simd, QK_K,
+};
 
 /// One K-quant format's 256-element super-block, unpacked for its kernel.
 pub(crate) trait SuperBlock: Copy + Send + Sync + 'static {
@@ -143,7 +145,14 @@ impl<S: SuperBlock> QuantRows for KMatrix<S> {
         ActBlocks::Q8K
     }
 
-    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
+    fn rows_into(
+        &self,
+        j0: usize,
+        count: usize,
+        a: Acts<'_>,
+        simd: Simd,
+        out: &mut ResultRows<'_>,
+    ) {
         rows_by_dots(
             j0,
             count,

@@ -43,6 +43,7 @@ mod q5_0_cpu;
 mod q5_k_cpu;
 mod q6_k_cpu;
 mod q8_0_cpu;
+mod result_rows;
 mod rms_norm;
 mod rotary;
 mod sampling;

@@ -23,7 +23,7 @@
 use candle_core::quantized::{GgmlDType, QTensor};
 use half::f16;
 
-use crate::cpu_quant::{rows_by_tiles, Acts, BlockQ81, QuantRows, Simd, QK, TILE_ROWS};
+use crate::cpu_quant::{rows_by_tiles, Acts, BlockQ81, QuantRows, ResultRows, Simd, QK, TILE_ROWS};
 
 /// Weight rows per tile.
 const ROWS: usize = TILE_ROWS;
@@ -102,7 +102,14 @@ impl QuantRows for Q41Matrix {
         self.k
     }
 
-    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
+    fn rows_into(
+        &self,
+        j0: usize,
+        count: usize,
+        a: Acts<'_>,
+        simd: Simd,
+        out: &mut ResultRows<'_>,
+    ) {
         rows_by_tiles(
             j0,
             count,

@@ -5,7 +5,7 @@
 //! spends on them. Each format says how a stored block goes into its tile block and how a
 //! tile meets the activation rows.
 
-use crate::cpu_quant::{rows_by_tiles, Acts, BlockQ81, QuantRows, Simd, QK, TILE_ROWS};
+use crate::cpu_quant::{rows_by_tiles, Acts, BlockQ81, QuantRows, ResultRows, Simd, QK, TILE_ROWS};
 
 /// A tile's blocks and their scales (f16 bits, one lane a row).
 pub(crate) struct Tile<'a, B> {
@@ -97,7 +97,14 @@ impl<B: TileFormat> QuantRows for ScaledTiles<B> {
         self.k
     }
 
-    fn rows_into(&self, j0: usize, count: usize, a: Acts<'_>, simd: Simd, out: &mut [f32]) {
+    fn rows_into(
+        &self,
+        j0: usize,
+        count: usize,
+        a: Acts<'_>,
+        simd: Simd,
+        out: &mut ResultRows<'_>,
+    ) {
         rows_by_tiles(
             j0,
             count,
