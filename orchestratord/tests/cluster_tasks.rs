@@ -927,7 +927,12 @@ async fn the_bound_holds_when_the_queue_leader_is_stopped() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     for i in 0..3 {
         let (status, _) = submit_until_answered(&r.bases[i], &format!("after-{i}"), &long).await;
-        assert_eq!(status, 429, "past the bound after the old leader came back");
+        assert_eq!(
+            status,
+            429,
+            "past the bound after the old leader came back\n{}",
+            r.logs()
+        );
     }
     eprintln!(
         "node n{leader} (the queue's leader) stopped: 12 admissions answered within {answered_in:?} ({retried} retries), 4 admitted; leader now {now_leader:?}"

@@ -402,6 +402,20 @@ impl TaskPath {
             });
         }
         let depth = q.depth(task.priority).await.unwrap_or(0);
+        // the stream's leader enforces the bound from the subject's count it holds; a leader
+        // elected a moment ago (its old one stopped and back) has been seen to take one task
+        // past it: the count read here, this task included, holds the bound whatever the
+        // server did (CLU-TASK-7)
+        if depth > bound.max(0) as u64 && !admitted.duplicate {
+            tracing::warn!(task_id = %task.id, queue = %q.name(), depth, bound, "cluster: the stream took a task past the bound; taken out again");
+            match q.withdraw(admitted.sequence).await {
+                Ok(()) => self.cluster.say_freed(q.name(), task.priority).await,
+                Err(e) => {
+                    tracing::warn!(task_id = %task.id, error = %e, "cluster: a task past the bound not taken out of its queue")
+                }
+            }
+            return Err(full());
+        }
         let slots = (bound - state.cfg.queue.capacity as i64).max(0) as u64;
         // the tasks ahead of it in the queue, as one box counts them (the stream counts the
         // running ones and this one too)
