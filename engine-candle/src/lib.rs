@@ -51,6 +51,7 @@ mod scaled_tiles;
 mod scheduler;
 mod spm_vocab;
 mod step_budget;
+mod swiglu;
 mod text_stream;
 mod tokenizer;
 mod weights;

@@ -347,7 +347,7 @@ impl Model {
         let h = crate::rms_norm::rms_norm(&x, &l.ffn_norm, eps)?;
         let [gate, up] = Linear::forward_all([&l.w_gate, &l.w_up], &h)?;
         let act = match self.hp.activation {
-            Activation::Silu => (candle_nn::ops::silu(&gate)? * up)?,
+            Activation::Silu => crate::swiglu::swiglu(&gate, &up)?,
             Activation::GeluTanh => crate::geglu::geglu(&gate, &up)?,
         };
         let out = post(l.w_down.forward(&act)?, &l.post_ffw_norm)?;
