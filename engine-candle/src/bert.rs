@@ -470,7 +470,7 @@ impl Bert {
             let ff = match &b.gate {
                 Some(gate) => {
                     let [g, u] = Linear::forward_all([gate, &b.up.w], &h)?;
-                    b.down.forward(&(candle_nn::ops::silu(&g)? * u)?)?
+                    b.down.forward(&crate::swiglu::swiglu(&g, &u)?)?
                 }
                 None => b.down.forward(&crate::geglu::gelu(&b.up.forward(&h)?)?)?,
             };

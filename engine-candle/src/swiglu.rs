@@ -1,4 +1,5 @@
-//! SwiGLU, `silu(gate) · up` (the feed-forward of Llama-style models: SmolLM2), with ggml's
+//! SwiGLU, `silu(gate) · up` (the feed-forward of Llama-style models such as SmolLM2, and of
+//! nomic-bert encoders), with ggml's
 //! CPU arithmetic (`ggml_vec_swiglu_f32`): eight lanes at a time through ggml's vector `exp`
 //! (ARM's optimized-routines `expf`: `2^n · (1 + p(b))` with `n = round(x · log2 e)`, a
 //! degree-5 polynomial in the remainder, exact scaling where `2^n` would overflow), then
